@@ -1,0 +1,904 @@
+//! The reliability engine, sans-IO: messages in, packets out; packets in,
+//! messages out. Time is an argument; the engine reads no clock, makes no
+//! system call and holds no unsafe code, so the same code runs over rings in
+//! BAR windows, over RDMA, and over a simulated medium in tests.
+//!
+//! # Driving an engine
+//! In the style of quinn-proto, an [`Engine`] is driven by its owner:
+//! - [`Engine::send`] queues a message (the engine keeps the caller's buffer
+//!   until the peer acknowledges it, and hands it back then);
+//! - [`Engine::handle_packet`] feeds it bytes that arrived from the peer;
+//! - [`Engine::poll_transmit`] (or [`Engine::poll_transmit_with`]) yields
+//!   packets to put on the medium — call it until it returns `None`;
+//! - [`Engine::poll_timeout`] says when to call [`Engine::handle_timeout`]
+//!   if nothing arrives before then;
+//! - [`Engine::poll_event`] yields delivered messages, completed and failed
+//!   sends, and changes of the peer's state.
+//!
+//! # Protocol in brief
+//! Each message is cut into fragments of `mtu - HEADER_LEN` bytes, one per
+//! data packet, numbered by consecutive sequence numbers. Every packet of
+//! either kind carries the sender's cumulative and selective acknowledgement
+//! and its credit (how far past the acknowledgement it will accept). A
+//! receiver NAKs a corrupt packet, naming the last intact transmission
+//! before it, and the sender resends the packet it sent next; a packet whose
+//! acknowledgement does not come is resent after a timeout that backs off.
+//! Each side has an epoch; a packet names the sender's epoch and the
+//! receiver's as the sender knows it. A side that restarts comes back with a
+//! newer epoch, which ends the old session on both sides: nothing of it is
+//! delivered into the new one. See `docs/WIRE.md` and `docs/ARCHITECTURE.md`.
+
+mod config;
+mod recv;
+mod send;
+mod stats;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::Duration;
+
+pub use config::{ConfigError, EngineConfig, MAX_MTU, MIN_MTU};
+pub use stats::Stats;
+
+use crate::crc::Crc32c;
+use crate::time::Time;
+use crate::wire::{
+    self, HEADER_LEN, Packet, PacketKind, ParseLimits, Repr, WireError, flags,
+};
+use recv::{Completed, Receiver};
+use send::Sender;
+
+/// Identifies a message within one engine's sending side; the receiving
+/// side sees the same id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MessageId(pub u64);
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "message {}", self.0)
+    }
+}
+
+/// Something the owner of an engine should know about.
+#[derive(Debug)]
+pub enum Event<B> {
+    /// The peer answered for the first time.
+    Connected { peer_epoch: u32 },
+    /// A message arrived whole and intact, in order, exactly once.
+    Message { id: MessageId, data: Vec<u8> },
+    /// The peer acknowledged every fragment; the buffer is yours again.
+    SendComplete { id: MessageId, buf: B },
+    /// The message will not be delivered by this session; the buffer is
+    /// yours again. The peer may have received some or all of it.
+    SendFailed {
+        id: MessageId,
+        buf: B,
+        error: LinkError,
+    },
+    /// The peer restarted: every message of the old session not yet
+    /// acknowledged failed with [`LinkError::PeerRestarted`], a partly
+    /// received message was dropped, and a new session began.
+    PeerRestarted { old_epoch: u32, new_epoch: u32 },
+    /// The link ended; nothing more will be sent or delivered.
+    Closed { reason: LinkError },
+}
+
+/// Why a link ended or a message could not be delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LinkError {
+    /// This side closed the link.
+    LocalClose,
+    /// The peer closed the link.
+    PeerClosed,
+    /// Nothing intact came from the peer for `silent_for`.
+    PeerLost { silent_for: Duration },
+    /// The peer came back with a new epoch; the old session is gone.
+    PeerRestarted { old_epoch: u32, new_epoch: u32 },
+    /// One packet was sent `transmissions` times and never acknowledged
+    /// while the peer stayed alive: the path loses or corrupts it every time.
+    RetransmitLimit {
+        msg_id: u64,
+        seq: u64,
+        transmissions: u32,
+    },
+    /// The peer sent fragments, with valid CRCs, that contradict each other.
+    ProtocolViolation { seq: u64, detail: Violation },
+}
+
+impl fmt::Display for LinkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LinkError::LocalClose => write!(f, "the link was closed by this side"),
+            LinkError::PeerClosed => write!(f, "the peer closed the link"),
+            LinkError::PeerLost { silent_for } => write!(
+                f,
+                "peer lost: nothing intact arrived for {silent_for:?} (is the peer process alive? is the path delivering? try `barlink doctor`)"
+            ),
+            LinkError::PeerRestarted {
+                old_epoch,
+                new_epoch,
+            } => write!(
+                f,
+                "the peer restarted (epoch {old_epoch} -> {new_epoch}); messages of the old session were not confirmed"
+            ),
+            LinkError::RetransmitLimit {
+                msg_id,
+                seq,
+                transmissions,
+            } => write!(
+                f,
+                "message {msg_id}: packet {seq} was sent {transmissions} times and never got through intact; the path corrupts or drops it every time (run `barlink validate` on it)"
+            ),
+            LinkError::ProtocolViolation { seq, detail } => {
+                write!(f, "protocol violation by the peer at packet {seq}: {detail}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LinkError {}
+
+/// Ways a peer's fragments, each valid alone, contradict the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Violation {
+    /// A message's first in-order fragment is not fragment 0.
+    MessageStartsMidway { msg_id: u64, index: u32 },
+    /// A message id out of sequence.
+    UnexpectedMessageId { expected: u64, found: u64 },
+    /// A fragment's message fields differ from the message being assembled.
+    FragmentOfAnotherMessage {
+        expected_msg_id: u64,
+        found_msg_id: u64,
+    },
+    /// A fragment index out of sequence.
+    FragmentOutOfPlace { msg_id: u64, expected: u32, found: u32 },
+    /// A fragment whose size does not fit its message.
+    FragmentLengthWrong {
+        msg_id: u64,
+        index: u32,
+        payload_len: usize,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Violation::MessageStartsMidway { msg_id, index } => {
+                write!(f, "message {msg_id} starts at fragment {index}, not 0")
+            }
+            Violation::UnexpectedMessageId { expected, found } => {
+                write!(f, "expected message {expected}, got message {found}")
+            }
+            Violation::FragmentOfAnotherMessage {
+                expected_msg_id,
+                found_msg_id,
+            } => write!(
+                f,
+                "fragment of message {found_msg_id} (or with different length or count) inside message {expected_msg_id}"
+            ),
+            Violation::FragmentOutOfPlace {
+                msg_id,
+                expected,
+                found,
+            } => write!(
+                f,
+                "message {msg_id}: expected fragment {expected}, got fragment {found}"
+            ),
+            Violation::FragmentLengthWrong {
+                msg_id,
+                index,
+                payload_len,
+            } => write!(
+                f,
+                "message {msg_id}: fragment {index} of {payload_len} bytes does not fit the message"
+            ),
+        }
+    }
+}
+
+/// Why [`Engine::handle_packet`] dropped a packet. None of these ends the
+/// link by itself except [`PacketError::Violation`] (reported as
+/// [`Event::Closed`] too); they are for logs and statistics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PacketError {
+    /// Malformed or corrupt on the wire (a NAK goes back).
+    Wire(WireError),
+    /// From an earlier epoch of the peer: left over from before it restarted.
+    StaleEpoch { epoch: u32, current: u32 },
+    /// Addressed to another epoch of this side (0: the peer does not know
+    /// us yet); data in it is not ours to deliver.
+    Misaddressed { addressed_to: u32, mine: u32 },
+    /// Acknowledges a packet never sent.
+    AckBeyondSent { ack: u64, next_seq: u64 },
+    /// Beyond the credit this side granted.
+    OutsideWindow {
+        seq: u64,
+        window_start: u64,
+        window_end: u64,
+    },
+    /// Contradicts the stream; the link is closed.
+    Violation { seq: u64, detail: Violation },
+    /// The engine is closed and takes no more packets.
+    EngineClosed,
+}
+
+impl From<WireError> for PacketError {
+    fn from(error: WireError) -> Self {
+        PacketError::Wire(error)
+    }
+}
+
+impl fmt::Display for PacketError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PacketError::Wire(error) => error.fmt(f),
+            PacketError::StaleEpoch { epoch, current } => write!(
+                f,
+                "stale epoch {epoch}: the peer is now at epoch {current}; this packet predates its restart"
+            ),
+            PacketError::Misaddressed {
+                addressed_to,
+                mine,
+            } => write!(
+                f,
+                "packet addressed to epoch {addressed_to} of this side, which is at epoch {mine}"
+            ),
+            PacketError::AckBeyondSent { ack, next_seq } => write!(
+                f,
+                "acknowledgement {ack} covers packets never sent (next is {next_seq})"
+            ),
+            PacketError::OutsideWindow {
+                seq,
+                window_start,
+                window_end,
+            } => write!(
+                f,
+                "packet {seq} outside the granted window {window_start}..{window_end}: the peer ignores flow control"
+            ),
+            PacketError::Violation { seq, detail } => {
+                write!(f, "protocol violation at packet {seq}: {detail}")
+            }
+            PacketError::EngineClosed => write!(f, "the engine is closed"),
+        }
+    }
+}
+
+impl std::error::Error for PacketError {}
+
+/// Why [`Engine::send`] refused a message; the buffer comes back.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SendError<B> {
+    /// `send_queue_limit` messages are already queued: poll, then retry.
+    QueueFull(B),
+    /// Longer than `max_message_len`.
+    TooLong { buf: B, len: u64, max: u64 },
+    /// The link is closing or closed.
+    Closed(B),
+}
+
+impl<B> SendError<B> {
+    /// The buffer that was not sent.
+    pub fn into_buf(self) -> B {
+        match self {
+            SendError::QueueFull(buf) | SendError::TooLong { buf, .. } | SendError::Closed(buf) => {
+                buf
+            }
+        }
+    }
+}
+
+impl<B> fmt::Display for SendError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::QueueFull(_) => write!(
+                f,
+                "send queue full: wait for completions (poll events) before sending more"
+            ),
+            SendError::TooLong { len, max, .. } => write!(
+                f,
+                "message of {len} bytes exceeds max_message_len {max}"
+            ),
+            SendError::Closed(_) => write!(f, "the link is closed"),
+        }
+    }
+}
+
+impl<B: fmt::Debug> std::error::Error for SendError<B> {}
+
+/// One packet ready for the medium: its header (CRC field still zero) and
+/// its payload, borrowed from the sender's buffer.
+///
+/// A link copies the payload to the medium chunk by chunk while taking the
+/// CRC of each chunk ([`Transmit::crc_of_header`], then [`Crc32c::update`]
+/// per chunk), then writes the header with [`Transmit::header_with_crc`].
+/// [`Transmit::write_to`] does all of it into a plain buffer.
+#[derive(Debug)]
+pub struct Transmit<'a> {
+    header: [u8; HEADER_LEN],
+    payload: &'a [u8],
+    crc: bool,
+}
+
+impl Transmit<'_> {
+    /// Bytes on the wire.
+    pub fn len(&self) -> usize {
+        HEADER_LEN + self.payload.len()
+    }
+
+    /// Never true: a packet always has a header.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The payload to copy after the header.
+    pub fn payload(&self) -> &[u8] {
+        self.payload
+    }
+
+    /// Whether this packet carries a CRC (both sides configured with one).
+    pub fn has_crc(&self) -> bool {
+        self.crc
+    }
+
+    /// A CRC already fed with the header's covered bytes; feed it the
+    /// payload, then pass `finish()` to [`Transmit::header_with_crc`].
+    pub fn crc_of_header(&self) -> Crc32c {
+        let mut crc = Crc32c::new();
+        crc.update(&self.header[..wire::CRC_COVERED_HEADER_LEN]);
+        crc
+    }
+
+    /// The header with `crc` filled in (0 when the packet carries no CRC).
+    pub fn header_with_crc(&self, crc: u32) -> [u8; HEADER_LEN] {
+        let mut header = self.header;
+        let crc = if self.crc { crc } else { 0 };
+        header[wire::field::CRC].copy_from_slice(&crc.to_le_bytes());
+        header
+    }
+
+    /// Writes the whole packet into `out` and returns its length. Panics if
+    /// `out` is shorter than [`Transmit::len`].
+    pub fn write_to(&self, out: &mut [u8]) -> usize {
+        let len = self.len();
+        assert!(out.len() >= len, "buffer of {} bytes < packet of {len}", out.len());
+        out[HEADER_LEN..len].copy_from_slice(self.payload);
+        let crc = if self.crc {
+            // The CRC of the copy, which the copy just brought into cache.
+            let mut crc = self.crc_of_header();
+            crc.update(&out[HEADER_LEN..len]);
+            crc.finish()
+        } else {
+            0
+        };
+        out[..HEADER_LEN].copy_from_slice(&self.header_with_crc(crc));
+        len
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Open,
+    /// `close` was called: finish sending, then say goodbye.
+    Closing,
+    Closed,
+}
+
+/// A delivered event and, for messages, what taking it frees.
+#[derive(Debug)]
+struct Queued<B> {
+    event: Event<B>,
+    packets: u32,
+    bytes: usize,
+}
+
+/// One side of a reliable, ordered, checksummed message link.
+///
+/// `B` is the type of the caller's message buffers (`Vec<u8>`, `Arc<[u8]>`,
+/// a registered-memory handle): the engine holds each until the peer
+/// acknowledges it and then returns it in [`Event::SendComplete`].
+#[derive(Debug)]
+pub struct Engine<B = Vec<u8>> {
+    config: EngineConfig,
+    limits: ParseLimits,
+    epoch: u32,
+    peer_epoch: Option<u32>,
+    state: State,
+    close_packet_pending: bool,
+    sender: Sender<B>,
+    receiver: Receiver,
+    events: VecDeque<Queued<B>>,
+    stats: Stats,
+    /// Serial for the next packet sent, of any kind (starts at 1: a NAK
+    /// naming 0 means "nothing intact arrived yet").
+    next_xmit: u32,
+    last_sent: Option<Time>,
+    last_heard: Time,
+}
+
+impl<B: AsRef<[u8]>> Engine<B> {
+    /// Creates an engine for one side of a link.
+    ///
+    /// `epoch` names this incarnation of this side: nonzero, and newer (in
+    /// serial-number order, RFC 1982) each time the side restarts, so the
+    /// peer can tell a restart from a late packet. Links keep a counter.
+    pub fn new(config: EngineConfig, epoch: u32, now: Time) -> Result<Self, ConfigError> {
+        config.validate()?;
+        if epoch == 0 {
+            return Err(ConfigError::Zero { name: "epoch" });
+        }
+        Ok(Engine {
+            limits: config.parse_limits(),
+            sender: Sender::new(&config),
+            receiver: Receiver::default(),
+            config,
+            epoch,
+            peer_epoch: None,
+            state: State::Open,
+            close_packet_pending: false,
+            events: VecDeque::new(),
+            stats: Stats::default(),
+            next_xmit: 1,
+            last_sent: None,
+            last_heard: now,
+        })
+    }
+
+    /// The configuration it was created with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// This side's epoch.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// The peer's epoch, once it has been heard from.
+    pub fn peer_epoch(&self) -> Option<u32> {
+        self.peer_epoch
+    }
+
+    /// Whether the peer has been heard from and the link is not closed.
+    pub fn is_connected(&self) -> bool {
+        self.peer_epoch.is_some() && self.state != State::Closed
+    }
+
+    /// Whether the link has ended ([`Event::Closed`] was or will be emitted).
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Messages queued and not yet acknowledged.
+    pub fn queued_messages(&self) -> usize {
+        self.sender.queued_messages()
+    }
+
+    /// Bytes the receiving side holds: buffered ahead of a gap, being
+    /// assembled, or delivered and not yet taken. Bounded by configuration.
+    pub fn buffered_bytes(&self) -> usize {
+        self.receiver.buffered_bytes()
+    }
+
+    /// Queues a message for sending. The engine keeps `buf` until the peer
+    /// acknowledges the whole message ([`Event::SendComplete`]) or the
+    /// session ends ([`Event::SendFailed`]).
+    pub fn send(&mut self, buf: B) -> Result<MessageId, SendError<B>> {
+        if self.state != State::Open {
+            return Err(SendError::Closed(buf));
+        }
+        let len = buf.as_ref().len() as u64;
+        if len > self.config.max_message_len {
+            return Err(SendError::TooLong {
+                buf,
+                len,
+                max: self.config.max_message_len,
+            });
+        }
+        if self.sender.queued_messages() >= self.config.send_queue_limit {
+            return Err(SendError::QueueFull(buf));
+        }
+        Ok(MessageId(self.sender.enqueue(buf)))
+    }
+
+    /// Begins an orderly close: queued messages are still sent; once all are
+    /// acknowledged a Close packet tells the peer, and [`Event::Closed`]
+    /// with [`LinkError::LocalClose`] follows. Sends are refused from now.
+    pub fn close(&mut self) {
+        if self.state == State::Open {
+            self.state = State::Closing;
+        }
+    }
+
+    /// Feeds one packet that arrived from the peer.
+    ///
+    /// An `Err` means the packet was dropped, and why; the engine has already
+    /// counted it and, for a corrupt packet, arranged a NAK. Only a
+    /// [`PacketError::Violation`] ends the link (with [`Event::Closed`]).
+    pub fn handle_packet(&mut self, now: Time, bytes: &[u8]) -> Result<(), PacketError> {
+        self.stats.bytes_received += bytes.len() as u64;
+        if self.state == State::Closed {
+            return Err(PacketError::EngineClosed);
+        }
+        let packet = Packet::new_unchecked(bytes);
+        let repr = match Repr::parse(&packet, &self.limits) {
+            Ok(repr) => repr,
+            Err(error) => {
+                if error.is_corruption() {
+                    self.stats.crc_failures += 1;
+                } else {
+                    self.stats.malformed += 1;
+                }
+                // On a medium that keeps order, what arrived corrupt is what
+                // the peer sent right after the last intact packet.
+                self.receiver.nak_pending = true;
+                return Err(error.into());
+            }
+        };
+        self.check_peer_epoch(&repr)?;
+        self.last_heard = now;
+        self.stats.packets_received += 1;
+        self.receiver.last_intact_xmit = repr.xmit;
+        if repr.peer_epoch != self.epoch {
+            // The peer does not know this incarnation yet: its ack fields
+            // describe another session and its data is not for us. Answer so
+            // that it learns our epoch.
+            self.receiver.ack_now = true;
+            if repr.peer_epoch != 0 {
+                self.stats.stale += 1;
+            }
+            return match repr.kind {
+                PacketKind::Data | PacketKind::Nak | PacketKind::Close => {
+                    Err(PacketError::Misaddressed {
+                        addressed_to: repr.peer_epoch,
+                        mine: self.epoch,
+                    })
+                }
+                PacketKind::Ack | PacketKind::Heartbeat => Ok(()),
+            };
+        }
+        let events = &mut self.events;
+        let stats = &mut self.stats;
+        self.sender.on_ack(
+            now,
+            repr.ack,
+            repr.sack,
+            repr.credit,
+            &self.config,
+            |message| {
+                stats.messages_sent += 1;
+                events.push_back(Queued {
+                    event: Event::SendComplete {
+                        id: MessageId(message.id),
+                        buf: message.buf,
+                    },
+                    packets: 0,
+                    bytes: 0,
+                });
+            },
+        )?;
+        match repr.kind {
+            PacketKind::Data => {
+                let fragment = repr.fragment.expect("parser guarantees data has a fragment");
+                let result = self.receiver.on_data(
+                    now,
+                    repr.seq,
+                    fragment,
+                    repr.flags,
+                    packet.payload(),
+                    &self.config,
+                    &mut self.stats,
+                    |completed: Completed| {
+                        queue_delivered(&mut self.events, completed);
+                    },
+                );
+                if let Err(PacketError::Violation { seq, detail }) = result {
+                    self.fail(LinkError::ProtocolViolation { seq, detail });
+                    // Tell the peer we hung up rather than let it time out.
+                    self.close_packet_pending = true;
+                }
+                result
+            }
+            PacketKind::Nak => {
+                self.stats.naks_received += 1;
+                // The parser cannot know the kind-specific range: a NAK names
+                // a 32-bit transmission serial.
+                if let Ok(last_intact) = u32::try_from(repr.seq) {
+                    self.sender.on_nak(last_intact);
+                }
+                Ok(())
+            }
+            PacketKind::Close => {
+                self.fail(LinkError::PeerClosed);
+                Ok(())
+            }
+            PacketKind::Ack | PacketKind::Heartbeat => Ok(()),
+        }
+    }
+
+    /// Learns the peer's epoch, or detects its restart, or rejects a stale
+    /// packet.
+    fn check_peer_epoch(&mut self, repr: &Repr) -> Result<(), PacketError> {
+        match self.peer_epoch {
+            None => {
+                self.peer_epoch = Some(repr.epoch);
+                self.receiver.ack_now = true;
+                self.push_event(Event::Connected {
+                    peer_epoch: repr.epoch,
+                });
+            }
+            Some(current) if repr.epoch == current => {}
+            Some(current) if serial_lt(repr.epoch, current) => {
+                self.stats.stale += 1;
+                return Err(PacketError::StaleEpoch {
+                    epoch: repr.epoch,
+                    current,
+                });
+            }
+            Some(old_epoch) => {
+                let new_epoch = repr.epoch;
+                self.stats.peer_restarts += 1;
+                self.push_event(Event::PeerRestarted {
+                    old_epoch,
+                    new_epoch,
+                });
+                self.end_session(LinkError::PeerRestarted {
+                    old_epoch,
+                    new_epoch,
+                });
+                self.peer_epoch = Some(new_epoch);
+                self.receiver.ack_now = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails every unacknowledged message and resets both halves.
+    fn end_session(&mut self, error: LinkError) {
+        for message in self.sender.drain_all() {
+            self.events.push_back(Queued {
+                event: Event::SendFailed {
+                    id: MessageId(message.id),
+                    buf: message.buf,
+                    error: error.clone(),
+                },
+                packets: 0,
+                bytes: 0,
+            });
+        }
+        self.receiver.reset();
+    }
+
+    /// Ends the link for good.
+    fn fail(&mut self, reason: LinkError) {
+        if self.state == State::Closed {
+            return;
+        }
+        self.end_session(reason.clone());
+        self.state = State::Closed;
+        self.push_event(Event::Closed { reason });
+    }
+
+    fn push_event(&mut self, event: Event<B>) {
+        self.events.push_back(Queued {
+            event,
+            packets: 0,
+            bytes: 0,
+        });
+    }
+
+    /// Processes timers that are due: retransmissions and peer loss. Call it
+    /// at [`Engine::poll_timeout`] (calling it early or often is harmless).
+    pub fn handle_timeout(&mut self, now: Time) {
+        if self.state == State::Closed {
+            return;
+        }
+        let silent_for = now.saturating_duration_since(self.last_heard);
+        if silent_for >= self.config.peer_timeout {
+            self.fail(LinkError::PeerLost { silent_for });
+            return;
+        }
+        if let Err(error) = self.sender.on_timeout(now, &self.config) {
+            self.fail(error);
+            self.close_packet_pending = true;
+        }
+    }
+
+    /// When [`Engine::handle_timeout`] should next be called if nothing
+    /// arrives and nothing is sent; `None` once the link has ended.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        if self.state == State::Closed {
+            return None;
+        }
+        let keepalive = match self.last_sent {
+            None => self.last_heard, // say hello at once
+            Some(sent) => sent + self.keepalive_interval(),
+        };
+        [
+            Some(keepalive),
+            Some(self.last_heard + self.config.peer_timeout),
+            self.sender.next_deadline(),
+            self.receiver.ack_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Heartbeats keep an idle link alive; before the peer is known they are
+    /// hellos and repeat at the initial retransmission timeout.
+    fn keepalive_interval(&self) -> Duration {
+        if self.peer_epoch.is_some() {
+            self.config.heartbeat_interval
+        } else {
+            self.config.initial_rto
+        }
+    }
+
+    /// Whether [`Engine::poll_transmit`] has something to send now.
+    pub fn wants_transmit(&self, now: Time) -> bool {
+        self.next_kind(now).is_some()
+    }
+
+    fn next_kind(&self, now: Time) -> Option<PacketKind> {
+        if self.state == State::Closed {
+            return self.close_packet_pending.then_some(PacketKind::Close);
+        }
+        if self.receiver.nak_pending {
+            return Some(PacketKind::Nak);
+        }
+        if self.peer_epoch.is_some() && self.sender.wants_to_send(&self.config) {
+            return Some(PacketKind::Data);
+        }
+        if self.receiver.wants_ack(now, &self.config) {
+            return Some(PacketKind::Ack);
+        }
+        let keepalive_due = self
+            .last_sent
+            .is_none_or(|sent| now >= sent + self.keepalive_interval());
+        if keepalive_due {
+            return Some(PacketKind::Heartbeat);
+        }
+        None
+    }
+
+    /// Produces the next packet to send, if any, and hands it to `write`
+    /// while the payload is borrowed from the caller's buffer. Call until
+    /// it returns `None`.
+    pub fn poll_transmit_with<R>(
+        &mut self,
+        now: Time,
+        write: impl FnOnce(&Transmit<'_>) -> R,
+    ) -> Option<R> {
+        if self.state == State::Closing && self.sender.is_idle() {
+            self.state = State::Closed;
+            self.close_packet_pending = true;
+            self.push_event(Event::Closed {
+                reason: LinkError::LocalClose,
+            });
+        }
+        let mut kind = self.next_kind(now)?;
+        let xmit = self.next_xmit;
+        let mut data = None;
+        if kind == PacketKind::Data {
+            data = self
+                .sender
+                .next_packet(now, xmit, &self.config, &mut self.stats);
+            if data.is_none() {
+                // Everything queued for resending was acknowledged meanwhile.
+                kind = match self.next_kind(now) {
+                    Some(PacketKind::Data) | None => return None,
+                    Some(other) => other,
+                };
+            }
+        }
+        self.next_xmit = self.next_xmit.wrapping_add(1).max(1);
+        let credit = self.receiver.credit(&self.config);
+        let mut packet_flags = if self.config.crc { 0 } else { flags::NO_CRC };
+        let mut seq = 0;
+        let mut fragment = None;
+        let mut payload_len = 0;
+        match kind {
+            PacketKind::Data => {
+                let packet = data.expect("data chosen above");
+                seq = packet.seq;
+                fragment = Some(packet.fragment);
+                if packet.ack_requested {
+                    packet_flags |= flags::ACK_REQUESTED;
+                }
+                if packet.retransmission {
+                    packet_flags |= flags::RETRANSMISSION;
+                }
+            }
+            PacketKind::Nak => {
+                seq = u64::from(self.receiver.last_intact_xmit);
+                self.receiver.nak_pending = false;
+                self.stats.naks_sent += 1;
+            }
+            PacketKind::Ack => self.stats.acks_sent += 1,
+            PacketKind::Heartbeat => self.stats.heartbeats_sent += 1,
+            PacketKind::Close => self.close_packet_pending = false,
+        }
+        let payload: &[u8] = match &fragment {
+            Some(fragment) => self.sender.payload(fragment),
+            None => &[],
+        };
+        if fragment.is_some() {
+            payload_len = payload.len() as u32;
+            self.stats.data_packets_sent += 1;
+            self.stats.payload_bytes_sent += u64::from(payload_len);
+        }
+        let repr = Repr {
+            kind,
+            flags: packet_flags,
+            epoch: self.epoch,
+            peer_epoch: self.peer_epoch.unwrap_or(0),
+            seq,
+            ack: self.receiver.ack(),
+            sack: self.receiver.sack(),
+            credit,
+            xmit,
+            fragment,
+            payload_len,
+        };
+        let mut header = [0u8; HEADER_LEN];
+        repr.emit_header(&mut header);
+        self.receiver.on_ack_sent(credit);
+        self.last_sent = Some(now);
+        self.stats.packets_sent += 1;
+        self.stats.bytes_sent += repr.buffer_len() as u64;
+        let transmit = Transmit {
+            header,
+            payload,
+            crc: self.config.crc,
+        };
+        Some(write(&transmit))
+    }
+
+    /// Writes the next packet to send, if any, into `out` (at least `mtu`
+    /// bytes) and returns its length. Call until it returns `None`.
+    pub fn poll_transmit(&mut self, now: Time, out: &mut [u8]) -> Option<usize> {
+        self.poll_transmit_with(now, |transmit| transmit.write_to(out))
+    }
+
+    /// The next event, if any. Taking a delivered message frees the credit
+    /// its packets held.
+    pub fn poll_event(&mut self) -> Option<Event<B>> {
+        let queued = self.events.pop_front()?;
+        if let Event::Message { .. } = queued.event {
+            self.stats.messages_delivered += 1;
+        }
+        if queued.packets > 0 || queued.bytes > 0 {
+            self.receiver
+                .on_taken(queued.packets, queued.bytes, &self.config);
+        }
+        Some(queued.event)
+    }
+}
+
+/// Queues a completed message for the caller (a free function so that the
+/// receiver can call it while the engine's other fields are borrowed).
+fn queue_delivered<B>(events: &mut VecDeque<Queued<B>>, completed: Completed) {
+    let bytes = completed.data.len();
+    events.push_back(Queued {
+        event: Event::Message {
+            id: MessageId(completed.msg_id),
+            data: completed.data,
+        },
+        packets: completed.packets,
+        bytes,
+    });
+}
+
+/// `a` comes before `b` in RFC 1982 serial-number order (wrapping u32).
+pub(crate) fn serial_lt(a: u32, b: u32) -> bool {
+    a != b && b.wrapping_sub(a) < 1 << 31
+}

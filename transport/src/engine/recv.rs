@@ -1,0 +1,290 @@
+//! The receiving half: duplicate suppression, buffering ahead of a gap,
+//! reassembly, in-order delivery, and the acknowledgement state sent back.
+//!
+//! Every fragment is checked against the message it joins before its bytes
+//! are appended; a peer whose fragments contradict each other (with a valid
+//! CRC, so not line noise) is a protocol violation that ends the link,
+//! because the only alternatives are delivering something wrong or waiting
+//! forever.
+
+use std::collections::BTreeMap;
+
+use super::{EngineConfig, PacketError, Stats, Violation};
+use crate::time::Time;
+use crate::wire::{Fragment, flags};
+
+/// A fragment that arrived ahead of a gap.
+#[derive(Debug)]
+struct Buffered {
+    fragment: Fragment,
+    payload: Vec<u8>,
+}
+
+/// The message being put together from in-order fragments.
+#[derive(Debug)]
+struct Assembly {
+    msg_id: u64,
+    msg_len: u64,
+    count: u32,
+    next_index: u32,
+    /// Payload size of every fragment but the last.
+    frag_size: usize,
+    data: Vec<u8>,
+}
+
+/// A message complete and ready for the caller.
+#[derive(Debug)]
+pub(super) struct Completed {
+    pub(super) msg_id: u64,
+    pub(super) data: Vec<u8>,
+    pub(super) packets: u32,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Receiver {
+    /// Every sequence number below this arrived and was consumed in order.
+    next_seq: u64,
+    ahead: BTreeMap<u64, Buffered>,
+    ahead_bytes: usize,
+    assembly: Option<Assembly>,
+    /// The id the next message must carry (learned from the session's first).
+    expected_msg_id: Option<u64>,
+    /// Packets of delivered messages the caller has not taken yet; they
+    /// count against the credit so that a slow caller stops the sender.
+    pub(super) undelivered_packets: u64,
+    pub(super) undelivered_bytes: usize,
+    unacked_packets: u32,
+    ack_deadline: Option<Time>,
+    /// An acknowledgement should go out at the next chance.
+    pub(super) ack_now: bool,
+    /// Serial of the last intact packet from the peer (0: none yet).
+    pub(super) last_intact_xmit: u32,
+    /// A corrupt packet arrived: a NAK should go out.
+    pub(super) nak_pending: bool,
+    credit_advertised: u32,
+}
+
+impl Receiver {
+    /// The cumulative acknowledgement: every sequence number below arrived.
+    pub(super) fn ack(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Bit `i` set: `ack() + 1 + i` is buffered.
+    pub(super) fn sack(&self) -> u64 {
+        let first = self.next_seq + 1;
+        self.ahead
+            .range(first..first + 64)
+            .fold(0, |bits, (&seq, _)| bits | 1 << (seq - first))
+    }
+
+    /// Packets beyond `ack()` this side will accept.
+    pub(super) fn credit(&self, config: &EngineConfig) -> u32 {
+        let held = u32::try_from(self.undelivered_packets).unwrap_or(u32::MAX);
+        config.recv_window.saturating_sub(held)
+    }
+
+    /// Bytes held for the caller or ahead of a gap (memory accounting).
+    pub(super) fn buffered_bytes(&self) -> usize {
+        self.ahead_bytes
+            + self.undelivered_bytes
+            + self.assembly.as_ref().map_or(0, |a| a.data.capacity())
+    }
+
+    pub(super) fn wants_ack(&self, now: Time, config: &EngineConfig) -> bool {
+        self.ack_now
+            || self.unacked_packets >= config.ack_every
+            || self.ack_deadline.is_some_and(|deadline| now >= deadline)
+    }
+
+    pub(super) fn ack_deadline(&self) -> Option<Time> {
+        self.ack_deadline
+    }
+
+    /// Every outgoing packet carries the acknowledgement state.
+    pub(super) fn on_ack_sent(&mut self, credit: u32) {
+        self.ack_now = false;
+        self.unacked_packets = 0;
+        self.ack_deadline = None;
+        self.credit_advertised = credit;
+    }
+
+    /// The caller took a delivered message: its packets free credit. If the
+    /// peer may be waiting for credit, tell it now.
+    pub(super) fn on_taken(&mut self, packets: u32, bytes: usize, config: &EngineConfig) {
+        self.undelivered_packets -= u64::from(packets);
+        self.undelivered_bytes -= bytes;
+        if self.credit_advertised <= config.recv_window / 2 {
+            self.ack_now = true;
+        }
+    }
+
+    /// A data packet that passed the wire checks, from the current session.
+    pub(super) fn on_data(
+        &mut self,
+        now: Time,
+        seq: u64,
+        fragment: Fragment,
+        packet_flags: u16,
+        payload: &[u8],
+        config: &EngineConfig,
+        stats: &mut Stats,
+        mut deliver: impl FnMut(Completed),
+    ) -> Result<(), PacketError> {
+        if seq < self.next_seq || self.ahead.contains_key(&seq) {
+            stats.duplicates += 1;
+            // Our acknowledgement may have been lost: repeat it.
+            self.ack_now = true;
+            return Ok(());
+        }
+        let window_end = self.next_seq + u64::from(self.credit(config));
+        if seq >= window_end {
+            stats.credit_violations += 1;
+            self.ack_now = true;
+            return Err(PacketError::OutsideWindow {
+                seq,
+                window_start: self.next_seq,
+                window_end,
+            });
+        }
+        stats.payload_bytes_received += payload.len() as u64;
+        if seq == self.next_seq {
+            self.consume(seq, &fragment, payload, &mut deliver)?;
+            let mut filled_gap = false;
+            while let Some(buffered) = self.ahead.remove(&self.next_seq) {
+                self.ahead_bytes -= buffered.payload.len();
+                filled_gap = true;
+                self.consume(
+                    self.next_seq,
+                    &buffered.fragment,
+                    &buffered.payload,
+                    &mut deliver,
+                )?;
+            }
+            if filled_gap {
+                self.ack_now = true;
+            }
+        } else {
+            stats.out_of_order += 1;
+            self.ahead_bytes += payload.len();
+            self.ahead.insert(
+                seq,
+                Buffered {
+                    fragment,
+                    payload: payload.to_vec(),
+                },
+            );
+            // Tell the sender about the gap at once (selective ack).
+            self.ack_now = true;
+        }
+        self.unacked_packets += 1;
+        if packet_flags & flags::ACK_REQUESTED != 0 {
+            self.ack_now = true;
+        }
+        if self.ack_deadline.is_none() {
+            self.ack_deadline = Some(now + config.ack_delay);
+        }
+        Ok(())
+    }
+
+    /// Appends the in-order fragment `seq` to its message.
+    fn consume(
+        &mut self,
+        seq: u64,
+        fragment: &Fragment,
+        payload: &[u8],
+        deliver: &mut impl FnMut(Completed),
+    ) -> Result<(), PacketError> {
+        let violation = |detail| Err(PacketError::Violation { seq, detail });
+        let assembly = match &mut self.assembly {
+            None => {
+                if fragment.index != 0 {
+                    return violation(Violation::MessageStartsMidway {
+                        msg_id: fragment.msg_id,
+                        index: fragment.index,
+                    });
+                }
+                if let Some(expected) = self.expected_msg_id
+                    && fragment.msg_id != expected
+                {
+                    return violation(Violation::UnexpectedMessageId {
+                        expected,
+                        found: fragment.msg_id,
+                    });
+                }
+                // msg_len was checked against max_message_len by the parser,
+                // so this reservation is bounded by configuration.
+                let capacity = usize::try_from(fragment.msg_len).unwrap_or(usize::MAX);
+                self.assembly.insert(Assembly {
+                    msg_id: fragment.msg_id,
+                    msg_len: fragment.msg_len,
+                    count: fragment.count,
+                    next_index: 0,
+                    frag_size: payload.len(),
+                    data: Vec::with_capacity(capacity),
+                })
+            }
+            Some(assembly) => {
+                if fragment.msg_id != assembly.msg_id
+                    || fragment.msg_len != assembly.msg_len
+                    || fragment.count != assembly.count
+                {
+                    return violation(Violation::FragmentOfAnotherMessage {
+                        expected_msg_id: assembly.msg_id,
+                        found_msg_id: fragment.msg_id,
+                    });
+                }
+                if fragment.index != assembly.next_index {
+                    return violation(Violation::FragmentOutOfPlace {
+                        msg_id: assembly.msg_id,
+                        expected: assembly.next_index,
+                        found: fragment.index,
+                    });
+                }
+                assembly
+            }
+        };
+        let fits = assembly.data.len() + payload.len() <= assembly.msg_len as usize;
+        let sized = fragment.is_last() || payload.len() == assembly.frag_size;
+        if !fits || !sized {
+            return violation(Violation::FragmentLengthWrong {
+                msg_id: assembly.msg_id,
+                index: fragment.index,
+                payload_len: payload.len(),
+            });
+        }
+        assembly.data.extend_from_slice(payload);
+        assembly.next_index += 1;
+        self.next_seq = seq + 1;
+        if fragment.is_last() {
+            if assembly.data.len() as u64 != assembly.msg_len {
+                return violation(Violation::FragmentLengthWrong {
+                    msg_id: assembly.msg_id,
+                    index: fragment.index,
+                    payload_len: payload.len(),
+                });
+            }
+            let assembly = self.assembly.take().expect("matched above");
+            self.expected_msg_id = Some(assembly.msg_id.wrapping_add(1));
+            self.undelivered_packets += u64::from(assembly.count);
+            self.undelivered_bytes += assembly.data.len();
+            deliver(Completed {
+                msg_id: assembly.msg_id,
+                data: assembly.data,
+                packets: assembly.count,
+            });
+        }
+        Ok(())
+    }
+
+    /// Ends the session: a partly assembled message and everything buffered
+    /// ahead of a gap are dropped, never delivered. Messages already
+    /// delivered but not yet taken stay counted until taken.
+    pub(super) fn reset(&mut self) {
+        *self = Receiver {
+            undelivered_packets: self.undelivered_packets,
+            undelivered_bytes: self.undelivered_bytes,
+            ..Receiver::default()
+        };
+    }
+}

@@ -1,0 +1,444 @@
+//! The sending half: the send queue, fragmentation, the sliding window,
+//! acknowledgement processing and retransmission.
+//!
+//! Messages are kept as the caller's buffers (`B`) until every fragment is
+//! acknowledged; a retransmission re-reads the fragment's range of that
+//! buffer, so there is never a second copy of a payload.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Duration;
+
+use super::{EngineConfig, LinkError, PacketError, Stats, serial_lt};
+use crate::time::Time;
+use crate::wire::Fragment;
+
+/// Why a packet is sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RetransmitCause {
+    Nak,
+    Timeout,
+    Sack,
+}
+
+/// A message from `send` until its last fragment is acknowledged.
+#[derive(Debug)]
+pub(super) struct OutMessage<B> {
+    pub(super) id: u64,
+    pub(super) buf: B,
+    len: u64,
+    frag_count: u32,
+    /// Next fragment to transmit for the first time.
+    next_frag: u32,
+}
+
+/// A data packet sent and not yet cumulatively acknowledged.
+#[derive(Debug, Clone)]
+struct InFlight {
+    msg_id: u64,
+    frag_index: u32,
+    /// Serial of this packet's latest transmission.
+    last_xmit: u32,
+    last_sent: Time,
+    transmissions: u32,
+    /// The peer reported it received (selective ack): never resend it.
+    sacked: bool,
+    /// Waiting in `retransmit_queue`.
+    queued: bool,
+}
+
+/// What the engine should put in the next data packet.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DataPacket {
+    pub(super) seq: u64,
+    pub(super) fragment: Fragment,
+    pub(super) retransmission: bool,
+    /// Ask the receiver to acknowledge at once: the sender is about to wait.
+    pub(super) ack_requested: bool,
+}
+
+/// RFC 6298 round-trip estimation, with Karn's rule applied by the caller
+/// (only packets sent once are sampled).
+#[derive(Debug, Clone)]
+struct RttEstimator {
+    smoothed: Option<Duration>,
+    variation: Duration,
+    rto: Duration,
+}
+
+impl RttEstimator {
+    fn new(initial_rto: Duration) -> Self {
+        RttEstimator {
+            smoothed: None,
+            variation: Duration::ZERO,
+            rto: initial_rto,
+        }
+    }
+
+    fn sample(&mut self, rtt: Duration, config: &EngineConfig) {
+        let smoothed = match self.smoothed {
+            None => {
+                self.variation = rtt / 2;
+                rtt
+            }
+            Some(srtt) => {
+                let deviation = srtt.abs_diff(rtt);
+                self.variation = (self.variation * 3 + deviation) / 4;
+                (srtt * 7 + rtt) / 8
+            }
+        };
+        self.smoothed = Some(smoothed);
+        let rto = smoothed + (self.variation * 4).max(Duration::from_micros(1));
+        self.rto = rto.clamp(config.min_rto, config.max_rto);
+    }
+
+    /// The timeout for a packet's `transmissions`-th transmission: doubled
+    /// for each earlier one, up to `max_rto`.
+    fn backed_off(&self, transmissions: u32, config: &EngineConfig) -> Duration {
+        let doublings = transmissions.saturating_sub(1).min(20);
+        self.rto.saturating_mul(1 << doublings).min(config.max_rto)
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Sender<B> {
+    payload_size: u32,
+    /// Unacknowledged messages in id order; ids are contiguous.
+    outbox: VecDeque<OutMessage<B>>,
+    /// Index in `outbox` of the first message with fragments never sent.
+    unstarted: usize,
+    next_msg_id: u64,
+    /// Entry `i` is sequence number `base_seq + i`.
+    in_flight: VecDeque<InFlight>,
+    base_seq: u64,
+    next_seq: u64,
+    retransmit_queue: VecDeque<(u64, RetransmitCause)>,
+    /// Retransmission deadlines `(when, seq, xmit)`; an entry whose packet
+    /// was acknowledged or sent again since is stale and skipped.
+    timers: BinaryHeap<Reverse<(Time, u64, u32)>>,
+    /// The peer accepts sequence numbers below this.
+    credit_limit: u64,
+    rtt: RttEstimator,
+    stalled: bool,
+}
+
+impl<B: AsRef<[u8]>> Sender<B> {
+    pub(super) fn new(config: &EngineConfig) -> Self {
+        Sender {
+            payload_size: config.max_payload_len(),
+            outbox: VecDeque::new(),
+            unstarted: 0,
+            next_msg_id: 0,
+            in_flight: VecDeque::new(),
+            base_seq: 0,
+            next_seq: 0,
+            retransmit_queue: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            credit_limit: 0,
+            rtt: RttEstimator::new(config.initial_rto),
+            stalled: false,
+        }
+    }
+
+    /// Queues a message; the caller has checked its length and the limits.
+    pub(super) fn enqueue(&mut self, buf: B) -> u64 {
+        let len = buf.as_ref().len() as u64;
+        let frag_count = len.div_ceil(u64::from(self.payload_size)).max(1);
+        let id = self.next_msg_id;
+        self.next_msg_id += 1;
+        self.outbox.push_back(OutMessage {
+            id,
+            buf,
+            len,
+            // The caller checked len <= max_message_len, which validate()
+            // bounded to u32::MAX fragments.
+            frag_count: u32::try_from(frag_count).expect("fragment count checked by config"),
+            next_frag: 0,
+        });
+        id
+    }
+
+    pub(super) fn queued_messages(&self) -> usize {
+        self.outbox.len()
+    }
+
+    pub(super) fn packets_in_flight(&self) -> u64 {
+        self.next_seq - self.base_seq
+    }
+
+    pub(super) fn is_idle(&self) -> bool {
+        self.outbox.is_empty()
+    }
+
+    fn has_new_data(&self) -> bool {
+        self.unstarted < self.outbox.len()
+    }
+
+    fn may_send_new(&self, config: &EngineConfig) -> bool {
+        self.packets_in_flight() < u64::from(config.send_window) && self.next_seq < self.credit_limit
+    }
+
+    /// Whether `next_packet` would produce a packet now.
+    pub(super) fn wants_to_send(&self, config: &EngineConfig) -> bool {
+        !self.retransmit_queue.is_empty() || (self.has_new_data() && self.may_send_new(config))
+    }
+
+    /// Picks the next data packet: a queued retransmission first, then the
+    /// next new fragment if the window and the peer's credit allow.
+    pub(super) fn next_packet(
+        &mut self,
+        now: Time,
+        xmit: u32,
+        config: &EngineConfig,
+        stats: &mut Stats,
+    ) -> Option<DataPacket> {
+        while let Some((seq, cause)) = self.retransmit_queue.pop_front() {
+            let Some(index) = seq.checked_sub(self.base_seq) else {
+                continue; // acknowledged meanwhile
+            };
+            let Some(entry) = self.in_flight.get_mut(index as usize) else {
+                continue;
+            };
+            entry.queued = false;
+            if entry.sacked {
+                continue;
+            }
+            match cause {
+                RetransmitCause::Nak => stats.retransmits_nak += 1,
+                RetransmitCause::Timeout => stats.retransmits_timeout += 1,
+                RetransmitCause::Sack => stats.retransmits_sack += 1,
+            }
+            entry.last_xmit = xmit;
+            entry.last_sent = now;
+            entry.transmissions += 1;
+            let (msg_id, frag_index, transmissions) =
+                (entry.msg_id, entry.frag_index, entry.transmissions);
+            let deadline = now + self.rtt.backed_off(transmissions, config);
+            self.timers.push(Reverse((deadline, seq, xmit)));
+            return Some(DataPacket {
+                seq,
+                fragment: self.fragment_of(msg_id, frag_index),
+                retransmission: true,
+                ack_requested: true,
+            });
+        }
+        if !self.has_new_data() {
+            return None;
+        }
+        if !self.may_send_new(config) {
+            if !self.stalled {
+                self.stalled = true;
+                stats.credit_stalls += 1;
+            }
+            return None;
+        }
+        self.stalled = false;
+        let message = &mut self.outbox[self.unstarted];
+        let frag_index = message.next_frag;
+        message.next_frag += 1;
+        let msg_id = message.id;
+        if message.next_frag == message.frag_count {
+            self.unstarted += 1;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.in_flight.push_back(InFlight {
+            msg_id,
+            frag_index,
+            last_xmit: xmit,
+            last_sent: now,
+            transmissions: 1,
+            sacked: false,
+            queued: false,
+        });
+        let deadline = now + self.rtt.backed_off(1, config);
+        self.timers.push(Reverse((deadline, seq, xmit)));
+        let about_to_wait = !self.has_new_data() || !self.may_send_new(config);
+        Some(DataPacket {
+            seq,
+            fragment: self.fragment_of(msg_id, frag_index),
+            retransmission: false,
+            ack_requested: about_to_wait,
+        })
+    }
+
+    fn message(&self, msg_id: u64) -> &OutMessage<B> {
+        let front = self.outbox.front().expect("in-flight packets belong to queued messages");
+        &self.outbox[(msg_id - front.id) as usize]
+    }
+
+    fn fragment_of(&self, msg_id: u64, index: u32) -> Fragment {
+        let message = self.message(msg_id);
+        Fragment {
+            msg_id,
+            msg_len: message.len,
+            index,
+            count: message.frag_count,
+        }
+    }
+
+    /// The bytes of one fragment, read from the caller's buffer.
+    pub(super) fn payload(&self, fragment: &Fragment) -> &[u8] {
+        let message = self.message(fragment.msg_id);
+        let start = u64::from(fragment.index) * u64::from(self.payload_size);
+        let end = (start + u64::from(self.payload_size)).min(message.len);
+        &message.buf.as_ref()[start as usize..end as usize]
+    }
+
+    /// Applies the acknowledgement fields of a packet the peer sent to this
+    /// session. Completed messages are handed to `completed` in order.
+    pub(super) fn on_ack(
+        &mut self,
+        now: Time,
+        ack: u64,
+        sack: u64,
+        credit: u32,
+        config: &EngineConfig,
+        mut completed: impl FnMut(OutMessage<B>),
+    ) -> Result<(), PacketError> {
+        if ack > self.next_seq {
+            return Err(PacketError::AckBeyondSent {
+                ack,
+                next_seq: self.next_seq,
+            });
+        }
+        if ack < self.base_seq {
+            // Overtaken by a later acknowledgement (reordering): nothing new,
+            // and its credit is older than what we hold.
+            return Ok(());
+        }
+        self.credit_limit = ack.saturating_add(u64::from(credit));
+        let mut newest_covered: Option<u32> = None;
+        let mut rtt_sample = None;
+        while self.base_seq < ack {
+            let entry = self.in_flight.pop_front().expect("in-flight entry per unacked seq");
+            self.base_seq += 1;
+            if !entry.sacked {
+                newest_covered = Some(serial_max(newest_covered, entry.last_xmit));
+                if entry.transmissions == 1 {
+                    rtt_sample = Some(now.saturating_duration_since(entry.last_sent));
+                }
+            }
+            let message = self.outbox.front().expect("acked packet has a message");
+            if entry.frag_index + 1 == message.frag_count {
+                let message = self.outbox.pop_front().expect("checked above");
+                self.unstarted -= 1;
+                completed(message);
+            }
+        }
+        if let Some(rtt) = rtt_sample {
+            self.rtt.sample(rtt, config);
+        }
+        if sack == 0 {
+            return Ok(());
+        }
+        let mut highest_sacked = ack;
+        for bit in 0..64u64 {
+            if sack & (1 << bit) == 0 {
+                continue;
+            }
+            let seq = ack + 1 + bit;
+            if seq >= self.next_seq {
+                break; // the peer claims packets never sent; ignore the rest
+            }
+            highest_sacked = seq;
+            let entry = &mut self.in_flight[(seq - self.base_seq) as usize];
+            if !entry.sacked {
+                entry.sacked = true;
+                newest_covered = Some(serial_max(newest_covered, entry.last_xmit));
+            }
+        }
+        // Packets sent before one that arrived, and still missing, were lost
+        // or corrupted on a medium that keeps order (rings, RDMA RC): resend
+        // them without waiting for the timer.
+        if let Some(newest) = newest_covered {
+            let end = (highest_sacked - self.base_seq) as usize;
+            for (offset, entry) in self.in_flight.iter_mut().take(end).enumerate() {
+                if !entry.sacked && !entry.queued && serial_lt(entry.last_xmit, newest) {
+                    entry.queued = true;
+                    self.retransmit_queue
+                        .push_back((self.base_seq + offset as u64, RetransmitCause::Sack));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The peer received something corrupt right after its last intact
+    /// packet, transmission `last_intact_xmit`: resend what followed it.
+    pub(super) fn on_nak(&mut self, last_intact_xmit: u32) {
+        let suspect = last_intact_xmit.wrapping_add(1);
+        let base_seq = self.base_seq;
+        if let Some((offset, entry)) = self
+            .in_flight
+            .iter_mut()
+            .enumerate()
+            .find(|(_, entry)| entry.last_xmit == suspect)
+            && !entry.sacked
+            && !entry.queued
+        {
+            entry.queued = true;
+            self.retransmit_queue
+                .push_back((base_seq + offset as u64, RetransmitCause::Nak));
+        }
+    }
+
+    /// Queues packets whose acknowledgement is overdue. Fails when one has
+    /// been sent `max_transmissions` times without getting through.
+    pub(super) fn on_timeout(&mut self, now: Time, config: &EngineConfig) -> Result<(), LinkError> {
+        while let Some(&Reverse((deadline, seq, xmit))) = self.timers.peek() {
+            if deadline > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(index) = seq.checked_sub(self.base_seq) else {
+                continue;
+            };
+            let Some(entry) = self.in_flight.get_mut(index as usize) else {
+                continue;
+            };
+            if entry.last_xmit != xmit || entry.sacked || entry.queued {
+                continue;
+            }
+            if entry.transmissions >= config.max_transmissions {
+                return Err(LinkError::RetransmitLimit {
+                    msg_id: entry.msg_id,
+                    seq,
+                    transmissions: entry.transmissions,
+                });
+            }
+            entry.queued = true;
+            self.retransmit_queue
+                .push_back((seq, RetransmitCause::Timeout));
+        }
+        Ok(())
+    }
+
+    /// The earliest retransmission deadline (possibly of a stale entry,
+    /// which only makes the caller wake early).
+    pub(super) fn next_deadline(&self) -> Option<Time> {
+        self.timers.peek().map(|Reverse((deadline, _, _))| *deadline)
+    }
+
+    /// Ends the session: every unacknowledged message is handed back, and
+    /// the sequence space starts again for the next session.
+    pub(super) fn drain_all(&mut self) -> VecDeque<OutMessage<B>> {
+        let messages = std::mem::take(&mut self.outbox);
+        self.unstarted = 0;
+        self.in_flight.clear();
+        self.base_seq = 0;
+        self.next_seq = 0;
+        self.retransmit_queue.clear();
+        self.timers.clear();
+        self.credit_limit = 0;
+        self.stalled = false;
+        messages
+    }
+}
+
+fn serial_max(current: Option<u32>, candidate: u32) -> u32 {
+    match current {
+        Some(current) if !serial_lt(current, candidate) => current,
+        _ => candidate,
+    }
+}

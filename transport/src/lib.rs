@@ -1,0 +1,28 @@
+//! barlink's transport: everything that moves messages and needs no
+//! hardware.
+//!
+//! - [`wire`]: the packet format (an 80-byte header and a CRC-32C over
+//!   header and payload), parsed with every peer-written field checked;
+//! - [`engine`]: the sans-IO reliability protocol — fragmentation, sliding
+//!   window, cumulative and selective acknowledgement, NAK on corruption,
+//!   retransmission with backoff, credit-based flow control, in-order
+//!   exactly-once delivery, heartbeats, peer loss and restart detection;
+//! - [`sim`]: a simulated medium with seeded loss, corruption, duplication,
+//!   reordering and delay, to drive two engines in tests and benchmarks;
+//! - [`crc`], [`time`]: the checksum and the engine's notion of time.
+//!
+//! Links that bind an engine to memory windows come later in this crate.
+//! Protocol code here contains no unsafe code.
+#![forbid(unsafe_code)]
+
+pub mod crc;
+pub mod engine;
+pub mod sim;
+pub mod time;
+pub mod wire;
+
+pub use engine::{
+    ConfigError, Engine, EngineConfig, Event, LinkError, MessageId, PacketError, SendError, Stats,
+    Transmit,
+};
+pub use time::Time;

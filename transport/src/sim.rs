@@ -1,0 +1,455 @@
+//! A simulated medium for driving two engines against each other, with
+//! seeded faults, in simulated time.
+//!
+//! This is how the engine is tested without hardware (property tests, fuzz
+//! targets) and how its cost is measured without a medium in the way
+//! (benchmarks). Every run is a function of its seed: a failing case replays
+//! exactly. Faults are applied per packet, in the spirit of smoltcp's
+//! `FaultInjector`: loss, a flipped bit anywhere in header or payload,
+//! truncation (a torn write), duplication, and reordering by extra delay.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use crate::engine::{ConfigError, Engine, EngineConfig};
+use crate::time::Time;
+
+/// A small, fast, seeded generator (SplitMix64); good enough to pick
+/// faults, and dependency-free so that fuzz targets and benches share it.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator whose whole output is fixed by `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..bound` (`bound` > 0).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        // Multiply-shift: unbiased enough for test workloads.
+        ((u128::from(self.next_u64()) * u128::from(bound)) >> 64) as u64
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64) < p
+    }
+
+    /// Fills `buf` with random bytes.
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        let mut chunks = buf.chunks_exact_mut(8);
+        for chunk in &mut chunks {
+            chunk.copy_from_slice(&self.next_u64().to_le_bytes());
+        }
+        let tail = chunks.into_remainder();
+        let bytes = self.next_u64().to_le_bytes();
+        tail.copy_from_slice(&bytes[..tail.len()]);
+    }
+}
+
+/// Per-packet fault probabilities and delays of one direction.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Faults {
+    /// The packet vanishes.
+    pub loss: f64,
+    /// One random bit of the packet (header or payload) flips.
+    pub corrupt: f64,
+    /// The packet is cut short at a random length (a torn write).
+    pub truncate: f64,
+    /// The packet arrives twice.
+    pub duplicate: f64,
+    /// The packet is held back by up to `reorder_delay` extra, so that later
+    /// packets overtake it.
+    pub reorder: f64,
+    /// Base one-way latency.
+    pub latency: Duration,
+    /// Longest extra delay of a reordered packet.
+    pub reorder_delay: Duration,
+}
+
+impl Faults {
+    /// No faults and no latency.
+    pub fn none() -> Self {
+        Faults::default()
+    }
+
+    /// Whether this medium keeps packets in order (no reordering), as rings
+    /// and RDMA RC queue pairs do.
+    pub fn keeps_order(&self) -> bool {
+        self.reorder == 0.0 && self.duplicate == 0.0
+    }
+}
+
+/// What a channel did to the packets it carried.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    /// Packets offered to the channel.
+    pub offered: u64,
+    /// Dropped.
+    pub lost: u64,
+    /// Had a bit flipped.
+    pub corrupted: u64,
+    /// Cut short.
+    pub truncated: u64,
+    /// Delivered twice.
+    pub duplicated: u64,
+    /// Held back so later packets overtook them.
+    pub reordered: u64,
+}
+
+/// One direction of the medium.
+#[derive(Debug)]
+pub struct Channel {
+    faults: Faults,
+    in_flight: BinaryHeap<Reverse<(Time, u64, Vec<u8>)>>,
+    /// Tie-breaker that keeps equal arrival times in sending order.
+    order: u64,
+    spare: Vec<Vec<u8>>,
+    counts: FaultCounts,
+}
+
+impl Channel {
+    /// A channel that applies `faults`.
+    pub fn new(faults: Faults) -> Self {
+        Channel {
+            faults,
+            in_flight: BinaryHeap::new(),
+            order: 0,
+            spare: Vec::new(),
+            counts: FaultCounts::default(),
+        }
+    }
+
+    /// What the channel has done so far.
+    pub fn counts(&self) -> &FaultCounts {
+        &self.counts
+    }
+
+    /// Changes the faults from now on.
+    pub fn set_faults(&mut self, faults: Faults) {
+        self.faults = faults;
+    }
+
+    /// Packets still on their way.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// A buffer of at least `len` bytes to write a packet into.
+    pub fn take_buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(len, 0);
+        buf
+    }
+
+    /// Returns a delivered packet's buffer for reuse.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if self.spare.len() < 64 {
+            self.spare.push(buf);
+        }
+    }
+
+    /// Puts a packet on the channel at `now`, applying faults.
+    pub fn send(&mut self, now: Time, mut packet: Vec<u8>, rng: &mut SplitMix64) {
+        self.counts.offered += 1;
+        let faults = &self.faults;
+        if rng.chance(faults.loss) {
+            self.counts.lost += 1;
+            self.recycle(packet);
+            return;
+        }
+        if rng.chance(faults.corrupt) && !packet.is_empty() {
+            let bit = rng.below(packet.len() as u64 * 8);
+            packet[(bit / 8) as usize] ^= 1 << (bit % 8);
+            self.counts.corrupted += 1;
+        }
+        if rng.chance(faults.truncate) && !packet.is_empty() {
+            let len = rng.below(packet.len() as u64) as usize;
+            packet.truncate(len);
+            self.counts.truncated += 1;
+        }
+        let mut arrival = now + faults.latency;
+        if rng.chance(faults.reorder) {
+            let extra = rng.below(faults.reorder_delay.as_nanos().max(1) as u64);
+            arrival += Duration::from_nanos(extra);
+            self.counts.reordered += 1;
+        }
+        if rng.chance(faults.duplicate) {
+            self.counts.duplicated += 1;
+            let copy = packet.clone();
+            let later = arrival + Duration::from_nanos(rng.below(1000) + 1);
+            self.push(later, copy);
+        }
+        self.push(arrival, packet);
+    }
+
+    fn push(&mut self, arrival: Time, packet: Vec<u8>) {
+        self.order += 1;
+        self.in_flight.push(Reverse((arrival, self.order, packet)));
+    }
+
+    /// The next packet that has arrived by `now`.
+    pub fn receive(&mut self, now: Time) -> Option<Vec<u8>> {
+        match self.in_flight.peek() {
+            Some(Reverse((arrival, _, _))) if *arrival <= now => {
+                self.in_flight.pop().map(|Reverse((_, _, packet))| packet)
+            }
+            _ => None,
+        }
+    }
+
+    /// When the next packet arrives.
+    pub fn next_arrival(&self) -> Option<Time> {
+        self.in_flight
+            .peek()
+            .map(|Reverse((arrival, _, _))| *arrival)
+    }
+
+    /// Drops everything on the way (a peer that died with packets in flight).
+    pub fn clear(&mut self) {
+        self.in_flight.clear();
+    }
+}
+
+/// Which engine of a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The first engine.
+    A,
+    /// The second engine.
+    B,
+}
+
+/// Two engines joined by two channels, in simulated time.
+///
+/// [`SimPair::step`] moves packets and time; the caller sends messages and
+/// takes events between steps through the public fields.
+#[derive(Debug)]
+pub struct SimPair<B = Vec<u8>> {
+    /// Simulated now.
+    pub now: Time,
+    /// The first engine.
+    pub a: Engine<B>,
+    /// The second engine.
+    pub b: Engine<B>,
+    /// Packets from `a` to `b`.
+    pub a_to_b: Channel,
+    /// Packets from `b` to `a`.
+    pub b_to_a: Channel,
+    /// When false, `a` is not driven and packets to it vanish (a dead peer).
+    pub a_alive: bool,
+    /// When false, `b` is not driven and packets to it vanish.
+    pub b_alive: bool,
+    rng: SplitMix64,
+    /// Packet errors the engines returned, per side (for assertions).
+    pub packet_errors: [u64; 2],
+}
+
+impl<B: AsRef<[u8]>> SimPair<B> {
+    /// Two engines (epochs 1 and 2) created at time zero.
+    pub fn new(
+        config_a: EngineConfig,
+        config_b: EngineConfig,
+        faults_a_to_b: Faults,
+        faults_b_to_a: Faults,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        let now = Time::ZERO;
+        Ok(SimPair {
+            now,
+            a: Engine::new(config_a, 1, now)?,
+            b: Engine::new(config_b, 2, now)?,
+            a_to_b: Channel::new(faults_a_to_b),
+            b_to_a: Channel::new(faults_b_to_a),
+            a_alive: true,
+            b_alive: true,
+            rng: SplitMix64::new(seed),
+            packet_errors: [0; 2],
+        })
+    }
+
+    /// The pair's generator, for workloads that should follow the seed too.
+    pub fn rng(&mut self) -> &mut SplitMix64 {
+        &mut self.rng
+    }
+
+    /// Replaces one side with a fresh engine (a restarted process), keeping
+    /// what is on the wire.
+    pub fn restart(&mut self, side: Side, config: EngineConfig, epoch: u32) -> Result<(), ConfigError> {
+        let engine = Engine::new(config, epoch, self.now)?;
+        match side {
+            Side::A => {
+                self.a = engine;
+                self.a_alive = true;
+            }
+            Side::B => {
+                self.b = engine;
+                self.b_alive = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves every packet the engines want to send onto the channels and
+    /// delivers every packet that has arrived; if nothing moved, advances
+    /// time to the next arrival or timer. Returns false when nothing will
+    /// ever happen again (both sides closed or dead, channels empty).
+    pub fn step(&mut self) -> bool {
+        let mut moved = false;
+        if self.a_alive {
+            moved |= transmit_all(&mut self.a, self.now, &mut self.a_to_b, &mut self.rng);
+        }
+        if self.b_alive {
+            moved |= transmit_all(&mut self.b, self.now, &mut self.b_to_a, &mut self.rng);
+        }
+        moved |= deliver_all(
+            &mut self.b,
+            self.b_alive,
+            self.now,
+            &mut self.a_to_b,
+            &mut self.packet_errors[1],
+        );
+        moved |= deliver_all(
+            &mut self.a,
+            self.a_alive,
+            self.now,
+            &mut self.b_to_a,
+            &mut self.packet_errors[0],
+        );
+        if moved {
+            return true;
+        }
+        let next = [
+            self.a_to_b.next_arrival(),
+            self.b_to_a.next_arrival(),
+            self.a_alive.then(|| self.a.poll_timeout()).flatten(),
+            self.b_alive.then(|| self.b.poll_timeout()).flatten(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(next) = next else {
+            return false;
+        };
+        // Always move forward, so a timer that is due but has nothing to do
+        // cannot spin the loop.
+        self.now = next.max(self.now + Duration::from_nanos(1));
+        if self.a_alive {
+            self.a.handle_timeout(self.now);
+        }
+        if self.b_alive {
+            self.b.handle_timeout(self.now);
+        }
+        true
+    }
+}
+
+/// Bound on packets one engine may emit in one step; a correct engine is
+/// limited by its window long before this.
+const MAX_PACKETS_PER_STEP: usize = 1 << 16;
+
+fn transmit_all<B: AsRef<[u8]>>(
+    engine: &mut Engine<B>,
+    now: Time,
+    channel: &mut Channel,
+    rng: &mut SplitMix64,
+) -> bool {
+    let mut sent = 0;
+    let mtu = engine.config().mtu;
+    while sent < MAX_PACKETS_PER_STEP {
+        let mut buf = channel.take_buffer(mtu);
+        match engine.poll_transmit(now, &mut buf) {
+            Some(len) => {
+                buf.truncate(len);
+                channel.send(now, buf, rng);
+                sent += 1;
+            }
+            None => {
+                channel.recycle(buf);
+                break;
+            }
+        }
+    }
+    sent > 0
+}
+
+fn deliver_all<B: AsRef<[u8]>>(
+    engine: &mut Engine<B>,
+    alive: bool,
+    now: Time,
+    channel: &mut Channel,
+    errors: &mut u64,
+) -> bool {
+    let mut delivered = false;
+    while let Some(packet) = channel.receive(now) {
+        delivered = true;
+        if alive && engine.handle_packet(now, &packet).is_err() {
+            *errors += 1;
+        }
+        channel.recycle(packet);
+    }
+    delivered
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generator_is_reproducible_and_spread() {
+        let mut a = SplitMix64::new(42);
+        let mut b = SplitMix64::new(42);
+        let xs: Vec<u64> = (0..100).map(|_| a.next_u64()).collect();
+        let ys: Vec<u64> = (0..100).map(|_| b.next_u64()).collect();
+        assert_eq!(xs, ys);
+        let hits = (0..100_000).filter(|_| a.chance(0.25)).count();
+        assert!((23_000..27_000).contains(&hits), "{hits}");
+        assert!((0..10_000).all(|_| a.below(7) < 7));
+        assert!(!a.chance(0.0));
+    }
+
+    #[test]
+    fn channel_applies_each_fault() {
+        let mut rng = SplitMix64::new(1);
+        let mut channel = Channel::new(Faults {
+            loss: 0.1,
+            corrupt: 0.1,
+            truncate: 0.1,
+            duplicate: 0.1,
+            reorder: 0.1,
+            latency: Duration::from_micros(5),
+            reorder_delay: Duration::from_micros(50),
+        });
+        for i in 0..10_000u32 {
+            channel.send(Time::ZERO, i.to_le_bytes().repeat(4), &mut rng);
+        }
+        let counts = channel.counts().clone();
+        for (name, count) in [
+            ("lost", counts.lost),
+            ("corrupted", counts.corrupted),
+            ("truncated", counts.truncated),
+            ("duplicated", counts.duplicated),
+            ("reordered", counts.reordered),
+        ] {
+            assert!((700..1300).contains(&count), "{name}: {count}");
+        }
+        assert_eq!(channel.receive(Time::ZERO), None, "latency holds packets back");
+        let mut arrived = 0;
+        while channel.receive(Time::from_nanos(1_000_000)).is_some() {
+            arrived += 1;
+        }
+        assert_eq!(arrived, 10_000 - counts.lost + counts.duplicated);
+    }
+}

@@ -1,0 +1,573 @@
+//! Scenario tests of two engines over the simulated medium: each names one
+//! behaviour of the protocol and checks it happens, and only it.
+
+mod common;
+
+use std::time::Duration;
+
+use barlink_transport::engine::{MAX_MTU, MIN_MTU};
+use barlink_transport::sim::{Faults, Side, SimPair};
+use barlink_transport::wire::{self, Packet, PacketKind, Repr};
+use barlink_transport::{Engine, EngineConfig, Event, LinkError, PacketError, SendError, Time};
+use common::{assert_delivery_is_exact, drain_events, exchange, payloads, SideLog};
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        mtu: 1024,
+        ..EngineConfig::default()
+    }
+}
+
+fn pair(faults: Faults, seed: u64) -> SimPair {
+    SimPair::new(config(), config(), faults.clone(), faults, seed).unwrap()
+}
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn messages_of_every_shape_arrive_intact_in_order() {
+    let sizes = [0, 1, 943, 944, 945, 1888, 1889, 10_000, 65_536, 3];
+    let mut pair = pair(Faults::none(), 1);
+    let out = exchange(&mut pair, payloads(&sizes, 1), payloads(&sizes, 2), LIMIT);
+    assert_eq!(out.a.completed.len(), sizes.len());
+    assert_eq!(out.b.completed.len(), sizes.len());
+    assert_delivery_is_exact(&out.sent_a, &out.b.delivered, &out.a.completed);
+    assert_delivery_is_exact(&out.sent_b, &out.a.delivered, &out.b.completed);
+    assert_eq!(out.b.delivered.len(), sizes.len());
+    assert_eq!(pair.a.stats().retransmits(), 0, "a clean medium needs no retransmission");
+    assert_eq!(pair.a.stats().messages_sent, sizes.len() as u64);
+    assert_eq!(pair.b.stats().messages_delivered, sizes.len() as u64);
+    assert_eq!(out.a.connected, 1);
+}
+
+#[test]
+fn fragments_are_mtu_sized() {
+    let mut pair = pair(Faults::none(), 2);
+    let payload = config().max_payload_len() as usize;
+    let out = exchange(&mut pair, payloads(&[payload * 3 + 1], 3), vec![], LIMIT);
+    assert_eq!(out.b.delivered.len(), 1);
+    assert_eq!(pair.a.stats().data_packets_sent, 4);
+    assert_eq!(pair.a.stats().payload_bytes_sent, (payload * 3 + 1) as u64);
+}
+
+#[test]
+fn one_corrupt_packet_is_naked_and_resent_at_once() {
+    // Corrupt exactly the fifth packet A sends (after the handshake).
+    let mut pair = pair(Faults::none(), 3);
+    let messages = payloads(&[20_000], 4);
+    let id = pair.a.send(messages[0].clone()).unwrap();
+    let mut sent_by_a = 0;
+    let mut log = SideLog::default();
+    let mut a_log = SideLog::default();
+    let mut buf = vec![0u8; config().mtu];
+    while a_log.completed.is_empty() && pair.now < Time::ZERO + LIMIT {
+        while let Some(len) = pair.a.poll_transmit(pair.now, &mut buf) {
+            sent_by_a += 1;
+            if sent_by_a == 5 {
+                buf[wire::HEADER_LEN + 10] ^= 0x04;
+            }
+            let copy = buf[..len].to_vec();
+            let _ = pair.b.handle_packet(pair.now, &copy);
+            while let Some(len) = pair.b.poll_transmit(pair.now, &mut buf) {
+                let copy = buf[..len].to_vec();
+                let _ = pair.a.handle_packet(pair.now, &copy);
+            }
+        }
+        drain_events(&mut pair.b, pair.now, &mut log);
+        drain_events(&mut pair.a, pair.now, &mut a_log);
+        pair.now += Duration::from_micros(10);
+        pair.a.handle_timeout(pair.now);
+        pair.b.handle_timeout(pair.now);
+    }
+    assert_eq!(a_log.completed, vec![id.0]);
+    assert_eq!(log.delivered.len(), 1);
+    assert!(log.delivered[0].1 == messages[0]);
+    assert_eq!(pair.b.stats().crc_failures, 1);
+    assert_eq!(pair.b.stats().naks_sent, 1);
+    assert_eq!(pair.a.stats().naks_received, 1);
+    assert_eq!(pair.a.stats().retransmits_nak, 1);
+    assert_eq!(pair.a.stats().retransmits_timeout, 0, "the NAK made the timer unnecessary");
+    assert!(
+        pair.now < Time::ZERO + config().initial_rto,
+        "recovered before any timeout could fire"
+    );
+}
+
+#[test]
+fn lost_packets_are_recovered_by_sack_or_timeout() {
+    let faults = Faults {
+        loss: 0.1,
+        ..Faults::none()
+    };
+    let mut pair = pair(faults, 5);
+    let out = exchange(&mut pair, payloads(&[100_000; 10], 5), vec![], LIMIT);
+    assert_eq!(out.a.completed.len(), 10, "{:?}", out.a.failed);
+    assert_delivery_is_exact(&out.sent_a, &out.b.delivered, &out.a.completed);
+    let stats = pair.a.stats();
+    assert!(stats.retransmits_sack > 0, "{stats:?}");
+    assert!(pair.b.stats().out_of_order > 0);
+}
+
+#[test]
+fn duplicates_are_suppressed() {
+    let faults = Faults {
+        duplicate: 0.3,
+        ..Faults::none()
+    };
+    let mut pair = pair(faults, 6);
+    let out = exchange(&mut pair, payloads(&[5000; 20], 6), vec![], LIMIT);
+    assert_eq!(out.b.delivered.len(), 20);
+    assert_delivery_is_exact(&out.sent_a, &out.b.delivered, &out.a.completed);
+    assert!(pair.b.stats().duplicates > 0);
+}
+
+#[test]
+fn a_message_of_one_gibibyte_arrives_intact() {
+    const GIB: usize = 1 << 30;
+    let config = EngineConfig {
+        mtu: 1 << 20,
+        max_message_len: GIB as u64,
+        send_window: 64,
+        recv_window: 64,
+        ..EngineConfig::default()
+    };
+    let mut pair = SimPair::new(config.clone(), config, Faults::none(), Faults::none(), 7).unwrap();
+    // memset-speed fill, with a distinct marker in every fragment so that a
+    // misplaced or repeated fragment cannot compare equal.
+    let mut message = vec![0x5Au8; GIB];
+    for (index, chunk) in message.chunks_mut(1 << 20).enumerate() {
+        chunk[..8].copy_from_slice(&(index as u64).to_le_bytes());
+    }
+    let expected_crc = barlink_transport::crc::crc32c(&message);
+    pair.a.send(message).unwrap();
+    let mut a_log = SideLog::default();
+    let mut b_log = SideLog::default();
+    while a_log.completed.is_empty() && pair.step() {
+        drain_events(&mut pair.a, pair.now, &mut a_log);
+        drain_events(&mut pair.b, pair.now, &mut b_log);
+    }
+    assert_eq!(a_log.completed, vec![0]);
+    assert_eq!(b_log.delivered.len(), 1);
+    let delivered = &b_log.delivered[0].1;
+    assert_eq!(delivered.len(), GIB);
+    assert_eq!(barlink_transport::crc::crc32c(delivered), expected_crc);
+}
+
+#[test]
+fn a_slow_receiver_stalls_the_sender_and_bounds_memory() {
+    let config = EngineConfig {
+        recv_window: 16,
+        ..config()
+    };
+    let mut pair = SimPair::new(config.clone(), config.clone(), Faults::none(), Faults::none(), 8)
+        .unwrap();
+    for message in payloads(&[3000; 50], 8) {
+        pair.a.send(message).unwrap();
+    }
+    // B never takes its events: after the credit runs out, A must stop.
+    for _ in 0..10_000 {
+        pair.step();
+    }
+    let bound = 16 * config.mtu + 3000;
+    assert!(
+        pair.b.buffered_bytes() <= bound,
+        "{} bytes held, bound {bound}",
+        pair.b.buffered_bytes()
+    );
+    assert!(pair.a.stats().credit_stalls > 0);
+    assert_eq!(pair.b.stats().credit_violations, 0, "A respected the credit");
+    assert!(pair.a.queued_messages() > 0, "A is still waiting");
+    // Taking the events frees the credit and everything flows.
+    let mut a_log = SideLog::default();
+    let mut b_log = SideLog::default();
+    while a_log.completed.len() < 50 && pair.step() {
+        drain_events(&mut pair.a, pair.now, &mut a_log);
+        drain_events(&mut pair.b, pair.now, &mut b_log);
+    }
+    assert_eq!(b_log.delivered.len(), 50);
+}
+
+#[test]
+fn a_dead_peer_is_reported_within_the_deadline() {
+    let mut pair = pair(Faults::none(), 9);
+    let out = exchange(&mut pair, payloads(&[1000], 9), vec![], LIMIT);
+    assert_eq!(out.a.completed.len(), 1);
+    // B dies (SIGKILL): it neither sends nor receives from now on.
+    pair.b_alive = false;
+    pair.b_to_a.clear();
+    let died_at = pair.now;
+    pair.a.send(vec![1; 5000]).unwrap();
+    let mut log = SideLog::default();
+    while log.closed.is_none() && pair.step() {
+        drain_events(&mut pair.a, pair.now, &mut log);
+    }
+    let (when, reason) = log.closed.expect("peer loss reported");
+    let deadline = died_at + config().peer_timeout;
+    assert!(when <= deadline, "reported at {when:?}, deadline {deadline:?}");
+    assert!(matches!(reason, LinkError::PeerLost { .. }), "{reason:?}");
+    assert_eq!(log.failed.len(), 1, "the unacknowledged message failed");
+    assert!(matches!(log.failed[0].1, LinkError::PeerLost { .. }));
+    assert!(reason.to_string().contains("peer lost"));
+    // The engine is finished: no timers, no packets, no sends.
+    assert_eq!(pair.a.poll_timeout(), None);
+    assert!(matches!(pair.a.send(vec![1]), Err(SendError::Closed(_))));
+}
+
+#[test]
+fn a_peer_that_never_appears_is_reported_too() {
+    let mut pair = pair(Faults::none(), 10);
+    pair.b_alive = false;
+    let mut log = SideLog::default();
+    while log.closed.is_none() && pair.step() {
+        drain_events(&mut pair.a, pair.now, &mut log);
+    }
+    let (when, reason) = log.closed.unwrap();
+    assert_eq!(when, Time::ZERO + config().peer_timeout);
+    assert!(matches!(reason, LinkError::PeerLost { .. }));
+    assert!(pair.a.stats().heartbeats_sent > 10, "hellos repeated while waiting");
+}
+
+/// A sends a large message; mid-way A restarts (new epoch) and sends a
+/// different one. B must deliver the new message alone: nothing of the old
+/// one, and never a mix of the two.
+#[test]
+fn a_sender_restart_mid_message_never_delivers_a_mixed_message() {
+    let mut pair = pair(Faults::none(), 11);
+    let old = vec![0xAA; 200_000];
+    let new = vec![0xBB; 200_000];
+    pair.a.send(old).unwrap();
+    let mut b_log = SideLog::default();
+    // Run until B has part of the old message.
+    while pair.b.stats().payload_bytes_received < 50_000 {
+        pair.step();
+        drain_events(&mut pair.b, pair.now, &mut b_log);
+    }
+    assert!(b_log.delivered.is_empty());
+    pair.restart(Side::A, config(), 5).unwrap();
+    pair.a.send(new.clone()).unwrap();
+    let mut a_log = SideLog::default();
+    while a_log.completed.is_empty() && pair.now < Time::ZERO + LIMIT {
+        pair.step();
+        drain_events(&mut pair.a, pair.now, &mut a_log);
+        drain_events(&mut pair.b, pair.now, &mut b_log);
+    }
+    assert_eq!(b_log.restarts, vec![(1, 5)]);
+    assert_eq!(b_log.delivered.len(), 1, "only the new message");
+    assert!(b_log.delivered[0].1 == new, "delivered bytes are the new message, unmixed");
+    assert!(pair.b.stats().stale > 0 || pair.b.stats().payload_bytes_received > 0);
+}
+
+/// B restarts while A has messages in flight: A's messages fail with a
+/// clear error, and A then talks to the new B without old data reaching it.
+#[test]
+fn a_receiver_restart_fails_unconfirmed_sends_and_starts_clean() {
+    let mut pair = pair(Faults::none(), 12);
+    for message in payloads(&[100_000; 3], 12) {
+        pair.a.send(message).unwrap();
+    }
+    let mut a_log = SideLog::default();
+    let mut b_log = SideLog::default();
+    while pair.b.stats().payload_bytes_received < 150_000 {
+        pair.step();
+        drain_events(&mut pair.a, pair.now, &mut a_log);
+        drain_events(&mut pair.b, pair.now, &mut b_log);
+    }
+    pair.restart(Side::B, config(), 9).unwrap();
+    let mut new_b_log = SideLog::default();
+    let fresh = payloads(&[7777], 13);
+    let mut sent_fresh = false;
+    while pair.now < Time::ZERO + LIMIT {
+        pair.step();
+        drain_events(&mut pair.a, pair.now, &mut a_log);
+        drain_events(&mut pair.b, pair.now, &mut new_b_log);
+        if !a_log.restarts.is_empty() && !sent_fresh {
+            pair.a.send(fresh[0].clone()).unwrap();
+            sent_fresh = true;
+        }
+        if new_b_log.delivered.len() == 1 {
+            break;
+        }
+    }
+    assert_eq!(a_log.restarts, vec![(2, 9)]);
+    assert!(!a_log.failed.is_empty());
+    for (_, error) in &a_log.failed {
+        assert_eq!(
+            *error,
+            LinkError::PeerRestarted {
+                old_epoch: 2,
+                new_epoch: 9
+            }
+        );
+    }
+    assert_eq!(a_log.completed.len() + a_log.failed.len(), 3);
+    assert_eq!(new_b_log.delivered.len(), 1);
+    assert!(new_b_log.delivered[0].1 == fresh[0], "the new B got only the new message");
+}
+
+#[test]
+fn a_path_that_corrupts_everything_ends_with_a_retransmit_limit() {
+    let config = EngineConfig {
+        max_transmissions: 5,
+        peer_timeout: Duration::from_secs(600),
+        ..config()
+    };
+    // A's data never gets through intact, but B's acks and heartbeats reach
+    // A, so A knows B is alive: the path is bad, not the peer.
+    let mut pair = SimPair::new(
+        config.clone(),
+        config,
+        Faults {
+            corrupt: 1.0,
+            ..Faults::none()
+        },
+        Faults::none(),
+        13,
+    )
+    .unwrap();
+    let out = exchange(&mut pair, payloads(&[100], 14), vec![], LIMIT);
+    let (_, reason) = out.a.closed.expect("link ended");
+    assert!(
+        matches!(reason, LinkError::RetransmitLimit { transmissions: 5, .. }),
+        "{reason:?}"
+    );
+    assert_eq!(out.a.failed.len(), 1);
+    assert!(out.b.delivered.is_empty());
+    assert!(pair.b.stats().crc_failures >= 5);
+}
+
+#[test]
+fn orderly_close_finishes_sending_then_tells_the_peer() {
+    let mut pair = pair(Faults::none(), 15);
+    for message in payloads(&[30_000; 3], 15) {
+        pair.a.send(message).unwrap();
+    }
+    pair.a.close();
+    assert!(matches!(pair.a.send(vec![0]), Err(SendError::Closed(_))));
+    let mut a_log = SideLog::default();
+    let mut b_log = SideLog::default();
+    while pair.step() {
+        drain_events(&mut pair.a, pair.now, &mut a_log);
+        drain_events(&mut pair.b, pair.now, &mut b_log);
+        if b_log.closed.is_some() {
+            break;
+        }
+    }
+    assert_eq!(a_log.completed.len(), 3);
+    assert_eq!(b_log.delivered.len(), 3);
+    assert_eq!(a_log.closed.map(|(_, r)| r), Some(LinkError::LocalClose));
+    assert_eq!(b_log.closed.map(|(_, r)| r), Some(LinkError::PeerClosed));
+}
+
+/// Builds a packet from `b` to `a` as the real engine would, but lets the
+/// test change fields (and fixes the CRC), to probe A's stateful checks.
+fn forged(repr: Repr, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0; repr.buffer_len()];
+    repr.emit(&mut buf, payload);
+    buf
+}
+
+fn connected_pair() -> SimPair {
+    let mut pair = pair(Faults::none(), 16);
+    for _ in 0..20 {
+        pair.step();
+    }
+    assert!(pair.a.is_connected() && pair.b.is_connected());
+    while pair.a.poll_event().is_some() {}
+    pair
+}
+
+fn heartbeat_from_b(epoch: u32, peer_epoch: u32) -> Repr {
+    Repr {
+        kind: PacketKind::Heartbeat,
+        flags: 0,
+        epoch,
+        peer_epoch,
+        seq: 0,
+        ack: 0,
+        sack: 0,
+        credit: 16,
+        xmit: 1000,
+        fragment: None,
+        payload_len: 0,
+    }
+}
+
+#[test]
+fn stale_and_misaddressed_packets_are_dropped_with_their_reason() {
+    let mut pair = connected_pair();
+    // B is epoch 2. A packet "from B" at epoch 1 predates it.
+    let now = pair.now;
+    let stale = forged(heartbeat_from_b(1, 1), &[]);
+    assert_eq!(
+        pair.a.handle_packet(now, &stale),
+        Err(PacketError::StaleEpoch {
+            epoch: 1,
+            current: 2
+        })
+    );
+    // Data addressed to an earlier epoch of A is not A's to deliver.
+    let data = Repr {
+        kind: PacketKind::Data,
+        fragment: Some(wire::Fragment {
+            msg_id: 0,
+            msg_len: 3,
+            index: 0,
+            count: 1,
+        }),
+        payload_len: 3,
+        ..heartbeat_from_b(2, 77)
+    };
+    assert_eq!(
+        pair.a.handle_packet(now, &forged(data, b"abc")),
+        Err(PacketError::Misaddressed {
+            addressed_to: 77,
+            mine: 1
+        })
+    );
+    assert!(pair.a.stats().stale >= 2);
+    assert!(std::iter::from_fn(|| pair.a.poll_event()).all(|e| !matches!(e, Event::Message { .. })));
+}
+
+#[test]
+fn acknowledging_unsent_packets_is_rejected() {
+    let mut pair = connected_pair();
+    let bogus = Repr {
+        ack: 1_000_000,
+        ..heartbeat_from_b(2, 1)
+    };
+    assert_eq!(
+        pair.a.handle_packet(pair.now, &forged(bogus, &[])),
+        Err(PacketError::AckBeyondSent {
+            ack: 1_000_000,
+            next_seq: 0
+        })
+    );
+}
+
+#[test]
+fn data_beyond_the_granted_credit_is_dropped() {
+    let mut pair = connected_pair();
+    let window = config().recv_window as u64;
+    let data = Repr {
+        kind: PacketKind::Data,
+        seq: window + 5,
+        fragment: Some(wire::Fragment {
+            msg_id: 0,
+            msg_len: 1,
+            index: 0,
+            count: 1,
+        }),
+        payload_len: 1,
+        ..heartbeat_from_b(2, 1)
+    };
+    assert_eq!(
+        pair.a.handle_packet(pair.now, &forged(data, b"x")),
+        Err(PacketError::OutsideWindow {
+            seq: window + 5,
+            window_start: 0,
+            window_end: window
+        })
+    );
+    assert_eq!(pair.a.stats().credit_violations, 1);
+    assert_eq!(pair.a.buffered_bytes(), 0);
+}
+
+#[test]
+fn contradictory_fragments_end_the_link_with_a_violation() {
+    let mut pair = connected_pair();
+    let first = Repr {
+        kind: PacketKind::Data,
+        seq: 0,
+        fragment: Some(wire::Fragment {
+            msg_id: 0,
+            msg_len: 10,
+            index: 0,
+            count: 2,
+        }),
+        payload_len: 5,
+        ..heartbeat_from_b(2, 1)
+    };
+    pair.a.handle_packet(pair.now, &forged(first, b"hello")).unwrap();
+    // The second fragment claims another message.
+    let second = Repr {
+        seq: 1,
+        fragment: Some(wire::Fragment {
+            msg_id: 1,
+            msg_len: 10,
+            index: 1,
+            count: 2,
+        }),
+        ..first
+    };
+    let result = pair.a.handle_packet(pair.now, &forged(second, b"world"));
+    assert!(matches!(result, Err(PacketError::Violation { seq: 1, .. })), "{result:?}");
+    let mut log = SideLog::default();
+    drain_events(&mut pair.a, pair.now, &mut log);
+    assert!(log.delivered.is_empty());
+    assert!(matches!(
+        log.closed,
+        Some((_, LinkError::ProtocolViolation { seq: 1, .. }))
+    ));
+    // A tells B it hung up.
+    let mut buf = vec![0; config().mtu];
+    let len = pair.a.poll_transmit(pair.now, &mut buf).unwrap();
+    let packet = Packet::new_checked(&buf[..len]).unwrap();
+    assert_eq!(packet.kind_byte(), PacketKind::Close as u8);
+}
+
+#[test]
+fn send_refusals_return_the_buffer() {
+    let config = EngineConfig {
+        send_queue_limit: 2,
+        max_message_len: 100,
+        ..config()
+    };
+    let mut engine: Engine = Engine::new(config, 1, Time::ZERO).unwrap();
+    match engine.send(vec![0; 101]) {
+        Err(SendError::TooLong { buf, len: 101, max: 100 }) => assert_eq!(buf.len(), 101),
+        other => panic!("{other:?}"),
+    }
+    engine.send(vec![1]).unwrap();
+    engine.send(vec![2]).unwrap();
+    let refused = engine.send(vec![3]).unwrap_err();
+    assert!(refused.to_string().contains("queue full"));
+    assert_eq!(refused.into_buf(), vec![3]);
+}
+
+#[test]
+fn epoch_zero_and_bad_configs_are_refused() {
+    assert!(Engine::<Vec<u8>>::new(config(), 0, Time::ZERO).is_err());
+    for mtu in [MIN_MTU - 1, MAX_MTU + 1] {
+        let config = EngineConfig { mtu, ..config() };
+        assert!(Engine::<Vec<u8>>::new(config, 1, Time::ZERO).is_err());
+    }
+}
+
+#[test]
+fn mtu_extremes_work() {
+    for mtu in [MIN_MTU, 64 << 10, 1 << 20] {
+        let config = EngineConfig {
+            mtu,
+            ..EngineConfig::default()
+        };
+        let mut pair =
+            SimPair::new(config.clone(), config, Faults::none(), Faults::none(), 17).unwrap();
+        let out = exchange(&mut pair, payloads(&[0, 1, 5000, 2 << 20], 17), vec![], LIMIT);
+        assert_eq!(out.a.completed.len(), 4, "mtu {mtu}");
+        assert_delivery_is_exact(&out.sent_a, &out.b.delivered, &out.a.completed);
+    }
+}
+
+#[test]
+fn an_idle_link_stays_up_on_heartbeats() {
+    let mut pair = pair(Faults::none(), 18);
+    let mut a_log = SideLog::default();
+    while pair.now < Time::ZERO + Duration::from_secs(30) {
+        pair.step();
+        drain_events(&mut pair.a, pair.now, &mut a_log);
+    }
+    assert!(a_log.closed.is_none());
+    let heartbeats = pair.a.stats().heartbeats_sent;
+    // One per heartbeat interval, give or take the start.
+    assert!((250..=320).contains(&heartbeats), "{heartbeats}");
+}
