@@ -255,6 +255,9 @@ pub struct SimPair<B = Vec<u8>> {
     rng: SplitMix64,
     /// Packet errors the engines returned, per side (for assertions).
     pub packet_errors: [u64; 2],
+    /// A function applied to every packet a side sends before the channel's
+    /// faults: targeted corruption for tests ("every data packet from A").
+    pub tamper: [Option<fn(&mut Vec<u8>)>; 2],
 }
 
 impl<B: AsRef<[u8]>> SimPair<B> {
@@ -277,6 +280,7 @@ impl<B: AsRef<[u8]>> SimPair<B> {
             b_alive: true,
             rng: SplitMix64::new(seed),
             packet_errors: [0; 2],
+            tamper: [None; 2],
         })
     }
 
@@ -309,10 +313,22 @@ impl<B: AsRef<[u8]>> SimPair<B> {
     pub fn step(&mut self) -> bool {
         let mut moved = false;
         if self.a_alive {
-            moved |= transmit_all(&mut self.a, self.now, &mut self.a_to_b, &mut self.rng);
+            moved |= transmit_all(
+                &mut self.a,
+                self.now,
+                &mut self.a_to_b,
+                &mut self.rng,
+                self.tamper[0],
+            );
         }
         if self.b_alive {
-            moved |= transmit_all(&mut self.b, self.now, &mut self.b_to_a, &mut self.rng);
+            moved |= transmit_all(
+                &mut self.b,
+                self.now,
+                &mut self.b_to_a,
+                &mut self.rng,
+                self.tamper[1],
+            );
         }
         moved |= deliver_all(
             &mut self.b,
@@ -365,6 +381,7 @@ fn transmit_all<B: AsRef<[u8]>>(
     now: Time,
     channel: &mut Channel,
     rng: &mut SplitMix64,
+    tamper: Option<fn(&mut Vec<u8>)>,
 ) -> bool {
     let mut sent = 0;
     let mtu = engine.config().mtu;
@@ -373,6 +390,9 @@ fn transmit_all<B: AsRef<[u8]>>(
         match engine.poll_transmit(now, &mut buf) {
             Some(len) => {
                 buf.truncate(len);
+                if let Some(tamper) = tamper {
+                    tamper(&mut buf);
+                }
                 channel.send(now, buf, rng);
                 sent += 1;
             }

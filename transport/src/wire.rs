@@ -62,7 +62,7 @@ pub enum PacketKind {
     Data = 1,
     /// Acknowledgement state and credit, nothing else.
     Ack = 2,
-    /// "A packet arrived corrupt": resend what followed the last intact one.
+    /// "Transmission N arrived corrupt": resend it.
     Nak = 3,
     /// Liveness (and, before the peer is known, a hello).
     Heartbeat = 4,
@@ -353,7 +353,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         peer_epoch, u32, field::PEER_EPOCH);
     le_getter!(
         /// Data: this fragment's sequence number. Nak: the transmission
-        /// serial of the last intact packet.
+        /// serial of the packet that arrived corrupt.
         seq, u64, field::SEQ);
     le_getter!(
         /// Cumulative acknowledgement: every sequence number below it arrived.
@@ -521,7 +521,7 @@ pub struct Repr {
     /// The receiver's epoch as the sender knows it; 0 before it knows.
     pub peer_epoch: u32,
     /// Data: the fragment's sequence number. Nak: the transmission serial of
-    /// the last intact packet the sender of the NAK received (0: none).
+    /// the packet that arrived corrupt (as the NAK's sender infers it).
     pub seq: u64,
     /// Cumulative acknowledgement.
     pub ack: u64,

@@ -118,7 +118,7 @@ fn duplicates_are_suppressed() {
     let out = exchange(&mut pair, payloads(&[5000; 20], 6), vec![], LIMIT);
     assert_eq!(out.b.delivered.len(), 20);
     assert_delivery_is_exact(&out.sent_a, &out.b.delivered, &out.a.completed);
-    assert!(pair.b.stats().duplicates > 0);
+    assert!(pair.b.stats().duplicates > 0, "{:?} {:?}", pair.b.stats(), pair.a_to_b.counts());
 }
 
 #[test]
@@ -232,7 +232,12 @@ fn a_peer_that_never_appears_is_reported_too() {
 /// one, and never a mix of the two.
 #[test]
 fn a_sender_restart_mid_message_never_delivers_a_mixed_message() {
-    let mut pair = pair(Faults::none(), 11);
+    let config = EngineConfig {
+        send_window: 8,
+        ..config()
+    };
+    let mut pair =
+        SimPair::new(config.clone(), config.clone(), Faults::none(), Faults::none(), 11).unwrap();
     let old = vec![0xAA; 200_000];
     let new = vec![0xBB; 200_000];
     pair.a.send(old).unwrap();
@@ -243,7 +248,7 @@ fn a_sender_restart_mid_message_never_delivers_a_mixed_message() {
         drain_events(&mut pair.b, pair.now, &mut b_log);
     }
     assert!(b_log.delivered.is_empty());
-    pair.restart(Side::A, config(), 5).unwrap();
+    pair.restart(Side::A, config, 5).unwrap();
     pair.a.send(new.clone()).unwrap();
     let mut a_log = SideLog::default();
     while a_log.completed.is_empty() && pair.now < Time::ZERO + LIMIT {
@@ -305,34 +310,51 @@ fn a_receiver_restart_fails_unconfirmed_sends_and_starts_clean() {
 }
 
 #[test]
-fn a_path_that_corrupts_everything_ends_with_a_retransmit_limit() {
+fn a_path_that_corrupts_every_data_packet_ends_with_a_retransmit_limit() {
     let config = EngineConfig {
         max_transmissions: 5,
-        peer_timeout: Duration::from_secs(600),
         ..config()
     };
-    // A's data never gets through intact, but B's acks and heartbeats reach
-    // A, so A knows B is alive: the path is bad, not the peer.
-    let mut pair = SimPair::new(
-        config.clone(),
-        config,
-        Faults {
-            corrupt: 1.0,
-            ..Faults::none()
-        },
-        Faults::none(),
-        13,
-    )
-    .unwrap();
+    let mut pair =
+        SimPair::new(config.clone(), config, Faults::none(), Faults::none(), 13).unwrap();
+    // Every data packet from A arrives with a flipped payload bit; its
+    // control packets pass, so A knows B is alive: the path is bad, not the
+    // peer.
+    pair.tamper[0] = Some(|packet: &mut Vec<u8>| {
+        if packet[wire::field::KIND] == PacketKind::Data as u8 {
+            let last = packet.len() - 1;
+            packet[last] ^= 0x80;
+        }
+    });
     let out = exchange(&mut pair, payloads(&[100], 14), vec![], LIMIT);
     let (_, reason) = out.a.closed.expect("link ended");
     assert!(
         matches!(reason, LinkError::RetransmitLimit { transmissions: 5, .. }),
         "{reason:?}"
     );
+    assert!(reason.to_string().contains("sent 5 times"));
     assert_eq!(out.a.failed.len(), 1);
     assert!(out.b.delivered.is_empty());
-    assert!(pair.b.stats().crc_failures >= 5);
+    assert_eq!(pair.b.stats().crc_failures, 5);
+    assert_eq!(pair.a.stats().retransmits_nak, 4, "each corruption NAKed, each NAK answered");
+    // A told B it gave up, rather than leave B to time out.
+    assert_eq!(out.b.closed.map(|(_, r)| r), Some(LinkError::PeerClosed));
+}
+
+#[test]
+fn a_path_broken_one_way_is_reported_as_peer_loss_on_both_sides() {
+    let mut pair = pair(Faults::none(), 19);
+    // Nothing from A reaches B; B's hellos reach A, but never show that B
+    // hears A. Neither side may wait forever.
+    pair.tamper[0] = Some(|packet: &mut Vec<u8>| packet[0] ^= 0xFF);
+    let out = exchange(&mut pair, payloads(&[100], 19), vec![], LIMIT);
+    for (side, log) in [("A", &out.a), ("B", &out.b)] {
+        let (when, reason) = log.closed.clone().unwrap_or_else(|| panic!("{side} never gave up"));
+        assert!(matches!(reason, LinkError::PeerLost { .. }), "{side}: {reason:?}");
+        assert!(when <= Time::ZERO + config().peer_timeout, "{side} at {when:?}");
+    }
+    assert_eq!(out.a.failed.len(), 1);
+    assert!(pair.a.stats().packets_sent < 1000, "no packet storm: {:?}", pair.a.stats());
 }
 
 #[test]

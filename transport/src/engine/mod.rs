@@ -20,8 +20,9 @@
 //! data packet, numbered by consecutive sequence numbers. Every packet of
 //! either kind carries the sender's cumulative and selective acknowledgement
 //! and its credit (how far past the acknowledgement it will accept). A
-//! receiver NAKs a corrupt packet, naming the last intact transmission
-//! before it, and the sender resends the packet it sent next; a packet whose
+//! receiver NAKs a corrupt packet, naming the transmission serial it must
+//! have had (the last intact one plus the corrupt ones since: the medium
+//! keeps order), and the sender resends that packet at once; a packet whose
 //! acknowledgement does not come is resent after a timeout that backs off.
 //! Each side has an epoch; a packet names the sender's epoch and the
 //! receiver's as the sender knows it. A side that restarts comes back with a
@@ -91,7 +92,8 @@ pub enum LinkError {
     LocalClose,
     /// The peer closed the link.
     PeerClosed,
-    /// Nothing intact came from the peer for `silent_for`.
+    /// For `silent_for`, no intact packet came from the peer addressed to
+    /// this side's epoch: the peer is dead, or the path fails one way.
     PeerLost { silent_for: Duration },
     /// The peer came back with a new epoch; the old session is gone.
     PeerRestarted { old_epoch: u32, new_epoch: u32 },
@@ -113,7 +115,7 @@ impl fmt::Display for LinkError {
             LinkError::PeerClosed => write!(f, "the peer closed the link"),
             LinkError::PeerLost { silent_for } => write!(
                 f,
-                "peer lost: nothing intact arrived for {silent_for:?} (is the peer process alive? is the path delivering? try `barlink doctor`)"
+                "peer lost: for {silent_for:?} no intact packet showed that the peer hears this side (is the peer process alive? does the path deliver both ways? try `barlink doctor`)"
             ),
             LinkError::PeerRestarted {
                 old_epoch,
@@ -539,19 +541,22 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 }
                 // On a medium that keeps order, what arrived corrupt is what
                 // the peer sent right after the last intact packet.
-                self.receiver.nak_pending = true;
+                self.receiver.on_corrupt();
                 return Err(error.into());
             }
         };
         self.check_peer_epoch(&repr)?;
-        self.last_heard = now;
         self.stats.packets_received += 1;
-        self.receiver.last_intact_xmit = repr.xmit;
+        self.receiver.on_intact(repr.xmit);
         if repr.peer_epoch != self.epoch {
             // The peer does not know this incarnation yet: its ack fields
-            // describe another session and its data is not for us. Answer so
-            // that it learns our epoch.
-            self.receiver.ack_now = true;
+            // describe another session and its data is not for us. Answer a
+            // hello at once so that it learns our epoch; anything else waits
+            // for our next heartbeat, so that two sides that cannot hear each
+            // other never trade packets in a tight loop.
+            if repr.kind == PacketKind::Heartbeat {
+                self.receiver.ack_now = true;
+            }
             if repr.peer_epoch != 0 {
                 self.stats.stale += 1;
             }
@@ -565,6 +570,9 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 PacketKind::Ack | PacketKind::Heartbeat => Ok(()),
             };
         }
+        // Liveness means the peer hears *this* side: a peer that only ever
+        // sends hellos (a path broken one way) is as lost as a silent one.
+        self.last_heard = now;
         let events = &mut self.events;
         let stats = &mut self.stats;
         self.sender.on_ack(
@@ -611,8 +619,11 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 self.stats.naks_received += 1;
                 // The parser cannot know the kind-specific range: a NAK names
                 // a 32-bit transmission serial.
-                if let Ok(last_intact) = u32::try_from(repr.seq) {
-                    self.sender.on_nak(last_intact);
+                if let Ok(corrupt_xmit) = u32::try_from(repr.seq)
+                    && let Err(error) = self.sender.on_nak(corrupt_xmit, &self.config)
+                {
+                    self.fail(error);
+                    self.close_packet_pending = true;
                 }
                 Ok(())
             }
@@ -752,7 +763,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
         if self.state == State::Closed {
             return self.close_packet_pending.then_some(PacketKind::Close);
         }
-        if self.receiver.nak_pending {
+        if self.receiver.nak_pending() {
             return Some(PacketKind::Nak);
         }
         if self.peer_epoch.is_some() && self.sender.wants_to_send(&self.config) {
@@ -784,6 +795,9 @@ impl<B: AsRef<[u8]>> Engine<B> {
             self.push_event(Event::Closed {
                 reason: LinkError::LocalClose,
             });
+        }
+        if self.peer_epoch.is_some() && self.state != State::Closed {
+            self.sender.note_if_blocked(&self.config, &mut self.stats);
         }
         let mut kind = self.next_kind(now)?;
         let xmit = self.next_xmit;
@@ -819,8 +833,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 }
             }
             PacketKind::Nak => {
-                seq = u64::from(self.receiver.last_intact_xmit);
-                self.receiver.nak_pending = false;
+                seq = u64::from(self.receiver.take_nak().expect("chosen because pending"));
                 self.stats.naks_sent += 1;
             }
             PacketKind::Ack => self.stats.acks_sent += 1,

@@ -7,11 +7,15 @@
 //! because the only alternatives are delivering something wrong or waiting
 //! forever.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::{EngineConfig, PacketError, Stats, Violation};
 use crate::time::Time;
 use crate::wire::{Fragment, flags};
+
+/// NAKs held back at most; a burst of corruption longer than this is left
+/// to the sender's retransmission timer.
+const MAX_PENDING_NAKS: usize = 16;
 
 /// A fragment that arrived ahead of a gap.
 #[derive(Debug)]
@@ -58,13 +62,43 @@ pub(super) struct Receiver {
     /// An acknowledgement should go out at the next chance.
     pub(super) ack_now: bool,
     /// Serial of the last intact packet from the peer (0: none yet).
-    pub(super) last_intact_xmit: u32,
-    /// A corrupt packet arrived: a NAK should go out.
-    pub(super) nak_pending: bool,
+    last_intact_xmit: u32,
+    /// Corrupt packets since the last intact one.
+    corrupt_run: u32,
+    /// Transmission serials believed corrupt, to NAK (bounded: beyond it
+    /// the sender's timer recovers).
+    naks: VecDeque<u32>,
     credit_advertised: u32,
 }
 
 impl Receiver {
+    /// An intact packet from the current peer arrived.
+    pub(super) fn on_intact(&mut self, xmit: u32) {
+        self.last_intact_xmit = xmit;
+        self.corrupt_run = 0;
+    }
+
+    /// A packet arrived corrupt. On a medium that keeps order (rings, RDMA
+    /// RC) it is the transmission right after the last intact one, counting
+    /// the corrupt ones in between; that is the serial the NAK names.
+    pub(super) fn on_corrupt(&mut self) {
+        self.corrupt_run = self.corrupt_run.wrapping_add(1);
+        if self.naks.len() == MAX_PENDING_NAKS {
+            self.naks.pop_front();
+        }
+        self.naks
+            .push_back(self.last_intact_xmit.wrapping_add(self.corrupt_run));
+    }
+
+    pub(super) fn nak_pending(&self) -> bool {
+        !self.naks.is_empty()
+    }
+
+    /// The next transmission serial to NAK.
+    pub(super) fn take_nak(&mut self) -> Option<u32> {
+        self.naks.pop_front()
+    }
+
     /// The cumulative acknowledgement: every sequence number below arrived.
     pub(super) fn ack(&self) -> u64 {
         self.next_seq

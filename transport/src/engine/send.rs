@@ -183,6 +183,15 @@ impl<B: AsRef<[u8]>> Sender<B> {
         !self.retransmit_queue.is_empty() || (self.has_new_data() && self.may_send_new(config))
     }
 
+    /// Counts the start of a stall: data waiting, but the window is full or
+    /// the peer's credit is spent.
+    pub(super) fn note_if_blocked(&mut self, config: &EngineConfig, stats: &mut Stats) {
+        if self.has_new_data() && !self.may_send_new(config) && !self.stalled {
+            self.stalled = true;
+            stats.credit_stalls += 1;
+        }
+    }
+
     /// Picks the next data packet: a queued retransmission first, then the
     /// next new fragment if the window and the peer's credit allow.
     pub(super) fn next_packet(
@@ -222,14 +231,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
                 ack_requested: true,
             });
         }
-        if !self.has_new_data() {
-            return None;
-        }
-        if !self.may_send_new(config) {
-            if !self.stalled {
-                self.stalled = true;
-                stats.credit_stalls += 1;
-            }
+        if !self.has_new_data() || !self.may_send_new(config) {
             return None;
         }
         self.stalled = false;
@@ -364,23 +366,33 @@ impl<B: AsRef<[u8]>> Sender<B> {
         Ok(())
     }
 
-    /// The peer received something corrupt right after its last intact
-    /// packet, transmission `last_intact_xmit`: resend what followed it.
-    pub(super) fn on_nak(&mut self, last_intact_xmit: u32) {
-        let suspect = last_intact_xmit.wrapping_add(1);
+    /// The peer received transmission `corrupt_xmit` corrupt: resend it if
+    /// it was a data packet still unacknowledged (a retransmission since has
+    /// another serial, so a late NAK resends nothing twice).
+    pub(super) fn on_nak(&mut self, corrupt_xmit: u32, config: &EngineConfig) -> Result<(), LinkError> {
         let base_seq = self.base_seq;
-        if let Some((offset, entry)) = self
+        let Some((offset, entry)) = self
             .in_flight
             .iter_mut()
             .enumerate()
-            .find(|(_, entry)| entry.last_xmit == suspect)
-            && !entry.sacked
-            && !entry.queued
-        {
-            entry.queued = true;
-            self.retransmit_queue
-                .push_back((base_seq + offset as u64, RetransmitCause::Nak));
+            .find(|(_, entry)| entry.last_xmit == corrupt_xmit)
+        else {
+            return Ok(());
+        };
+        if entry.sacked || entry.queued {
+            return Ok(());
         }
+        let seq = base_seq + offset as u64;
+        if entry.transmissions >= config.max_transmissions {
+            return Err(LinkError::RetransmitLimit {
+                msg_id: entry.msg_id,
+                seq,
+                transmissions: entry.transmissions,
+            });
+        }
+        entry.queued = true;
+        self.retransmit_queue.push_back((seq, RetransmitCause::Nak));
+        Ok(())
     }
 
     /// Queues packets whose acknowledgement is overdue. Fails when one has

@@ -91,6 +91,18 @@ pub fn exchange(
             break;
         }
     }
+    // Let what is still to send or on the wire (a Close, late duplicates)
+    // arrive too.
+    for _ in 0..10_000 {
+        let quiet = pair.a_to_b.in_flight() + pair.b_to_a.in_flight() == 0
+            && !pair.a.wants_transmit(pair.now)
+            && !pair.b.wants_transmit(pair.now);
+        if quiet || !pair.step() {
+            break;
+        }
+        drain_events(&mut pair.a, pair.now, &mut outcome.a);
+        drain_events(&mut pair.b, pair.now, &mut outcome.b);
+    }
     outcome.finished_at = pair.now;
     outcome
 }
