@@ -89,7 +89,10 @@ fuzz_target!(|data: &[u8]| {
                 packet.set_sack(script.u64());
                 packet.set_msg_id(script.small());
                 packet.set_msg_len(
-                    script.small().wrapping_mul(100).wrapping_add(u64::from(script.u8())),
+                    script
+                        .small()
+                        .wrapping_mul(100)
+                        .wrapping_add(u64::from(script.u8())),
                 );
                 packet.set_frag_index(script.small() as u32);
                 packet.set_frag_count(script.small() as u32);

@@ -26,9 +26,16 @@ fuzz_target!(|data: &[u8]| {
     let mut again = vec![0u8; repr.buffer_len()];
     repr.emit(&mut again, payload);
     if limits.verify_crc {
-        assert_eq!(&again[..], &bytes[..repr.buffer_len()], "emit(parse(x)) != x");
+        assert_eq!(
+            &again[..],
+            &bytes[..repr.buffer_len()],
+            "emit(parse(x)) != x"
+        );
     } else {
         assert_eq!(&again[..HEADER_LEN - 4], &bytes[..HEADER_LEN - 4]);
     }
-    assert_eq!(Repr::parse(&Packet::new_unchecked(&again[..]), &limits), Ok(repr));
+    assert_eq!(
+        Repr::parse(&Packet::new_unchecked(&again[..]), &limits),
+        Ok(repr)
+    );
 });

@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use crate::engine::{ConfigError, Engine, EngineConfig};
+use crate::engine::{ConfigError, Engine, EngineConfig, Event, LinkError};
 use crate::time::Time;
 
 /// A small, fast, seeded generator (SplitMix64); good enough to pick
@@ -108,11 +108,19 @@ pub struct FaultCounts {
     pub reordered: u64,
 }
 
+/// A packet on its way: `(arrival, order, buffer, length)`.
+type Scheduled = (Time, u64, Vec<u8>, usize);
+
+/// Changes a packet before the channel's faults apply (see [`SimPair::tamper`]).
+pub type Tamper = fn(&mut Vec<u8>);
+
 /// One direction of the medium.
 #[derive(Debug)]
 pub struct Channel {
     faults: Faults,
-    in_flight: BinaryHeap<Reverse<(Time, u64, Vec<u8>)>>,
+    /// `(arrival, order, buffer, length)`: buffers keep their full size so
+    /// that reusing one never zeroes it again.
+    in_flight: BinaryHeap<Reverse<Scheduled>>,
     /// Tie-breaker that keeps equal arrival times in sending order.
     order: u64,
     spare: Vec<Vec<u8>>,
@@ -146,23 +154,31 @@ impl Channel {
         self.in_flight.len()
     }
 
-    /// A buffer of at least `len` bytes to write a packet into.
+    /// A buffer of at least `len` bytes to write a packet into. Its
+    /// contents are whatever a recycled packet left there: it is not
+    /// zeroed, because writing a packet overwrites what it uses, and zeroing
+    /// a 64 KiB buffer per packet would cost more than the protocol being
+    /// measured.
     pub fn take_buffer(&mut self, len: usize) -> Vec<u8> {
         let mut buf = self.spare.pop().unwrap_or_default();
-        buf.clear();
-        buf.resize(len, 0);
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
         buf
     }
 
     /// Returns a delivered packet's buffer for reuse.
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        if self.spare.len() < 64 {
+        // Enough for a full window of packets in flight, so that steady
+        // state allocates nothing.
+        if self.spare.len() < 4096 {
             self.spare.push(buf);
         }
     }
 
-    /// Puts a packet on the channel at `now`, applying faults.
-    pub fn send(&mut self, now: Time, mut packet: Vec<u8>, rng: &mut SplitMix64) {
+    /// Puts the packet in the first `len` bytes of `packet` on the channel
+    /// at `now`, applying faults.
+    pub fn send(&mut self, now: Time, mut packet: Vec<u8>, mut len: usize, rng: &mut SplitMix64) {
         self.counts.offered += 1;
         let faults = &self.faults;
         if rng.chance(faults.loss) {
@@ -170,14 +186,13 @@ impl Channel {
             self.recycle(packet);
             return;
         }
-        if rng.chance(faults.corrupt) && !packet.is_empty() {
-            let bit = rng.below(packet.len() as u64 * 8);
+        if rng.chance(faults.corrupt) && len > 0 {
+            let bit = rng.below(len as u64 * 8);
             packet[(bit / 8) as usize] ^= 1 << (bit % 8);
             self.counts.corrupted += 1;
         }
-        if rng.chance(faults.truncate) && !packet.is_empty() {
-            let len = rng.below(packet.len() as u64) as usize;
-            packet.truncate(len);
+        if rng.chance(faults.truncate) && len > 0 {
+            len = rng.below(len as u64) as usize;
             self.counts.truncated += 1;
         }
         let mut arrival = now + faults.latency;
@@ -188,33 +203,34 @@ impl Channel {
         }
         if rng.chance(faults.duplicate) {
             self.counts.duplicated += 1;
-            let copy = packet.clone();
+            let copy = packet[..len].to_vec();
             let later = arrival + Duration::from_nanos(rng.below(1000) + 1);
-            self.push(later, copy);
+            self.push(later, copy, len);
         }
-        self.push(arrival, packet);
+        self.push(arrival, packet, len);
     }
 
-    fn push(&mut self, arrival: Time, packet: Vec<u8>) {
+    fn push(&mut self, arrival: Time, packet: Vec<u8>, len: usize) {
         self.order += 1;
-        self.in_flight.push(Reverse((arrival, self.order, packet)));
+        self.in_flight
+            .push(Reverse((arrival, self.order, packet, len)));
     }
 
-    /// The next packet that has arrived by `now`.
-    pub fn receive(&mut self, now: Time) -> Option<Vec<u8>> {
+    /// The next packet that has arrived by `now`: its buffer and its length
+    /// (the buffer may be longer; give it back with [`Channel::recycle`]).
+    pub fn receive(&mut self, now: Time) -> Option<(Vec<u8>, usize)> {
         match self.in_flight.peek() {
-            Some(Reverse((arrival, _, _))) if *arrival <= now => {
-                self.in_flight.pop().map(|Reverse((_, _, packet))| packet)
-            }
+            Some(Reverse((arrival, ..))) if *arrival <= now => self
+                .in_flight
+                .pop()
+                .map(|Reverse((_, _, packet, len))| (packet, len)),
             _ => None,
         }
     }
 
     /// When the next packet arrives.
     pub fn next_arrival(&self) -> Option<Time> {
-        self.in_flight
-            .peek()
-            .map(|Reverse((arrival, _, _))| *arrival)
+        self.in_flight.peek().map(|Reverse((arrival, ..))| *arrival)
     }
 
     /// Drops everything on the way (a peer that died with packets in flight).
@@ -257,7 +273,7 @@ pub struct SimPair<B = Vec<u8>> {
     pub packet_errors: [u64; 2],
     /// A function applied to every packet a side sends before the channel's
     /// faults: targeted corruption for tests ("every data packet from A").
-    pub tamper: [Option<fn(&mut Vec<u8>)>; 2],
+    pub tamper: [Option<Tamper>; 2],
 }
 
 impl<B: AsRef<[u8]>> SimPair<B> {
@@ -291,7 +307,12 @@ impl<B: AsRef<[u8]>> SimPair<B> {
 
     /// Replaces one side with a fresh engine (a restarted process), keeping
     /// what is on the wire.
-    pub fn restart(&mut self, side: Side, config: EngineConfig, epoch: u32) -> Result<(), ConfigError> {
+    pub fn restart(
+        &mut self,
+        side: Side,
+        config: EngineConfig,
+        epoch: u32,
+    ) -> Result<(), ConfigError> {
         let engine = Engine::new(config, epoch, self.now)?;
         match side {
             Side::A => {
@@ -372,6 +393,75 @@ impl<B: AsRef<[u8]>> SimPair<B> {
     }
 }
 
+/// Why [`SimPair::transfer`] stopped before every message was acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferError {
+    /// One side's link ended.
+    Closed(LinkError),
+    /// A message failed on the sending side.
+    SendFailed(LinkError),
+    /// Nothing more could happen (both sides idle with work outstanding).
+    Stuck,
+}
+
+impl std::fmt::Display for TransferError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TransferError::Closed(error) => write!(f, "link closed: {error}"),
+            TransferError::SendFailed(error) => write!(f, "send failed: {error}"),
+            TransferError::Stuck => write!(f, "transfer stuck: no progress possible"),
+        }
+    }
+}
+
+impl std::error::Error for TransferError {}
+
+impl<B: AsRef<[u8]> + Clone> SimPair<B> {
+    /// Sends `count` copies of `message` from A to B (a clone each: use a
+    /// shared buffer type such as `Arc<[u8]>` to send without copying) and
+    /// runs until A has every one acknowledged, showing each message B
+    /// delivers to `on_delivered` (its buffer then goes back to B for
+    /// reuse). Other events are consumed.
+    pub fn transfer(
+        &mut self,
+        message: &B,
+        count: usize,
+        mut on_delivered: impl FnMut(&[u8]),
+    ) -> Result<(), TransferError> {
+        let mut queued = 0;
+        let mut completed = 0;
+        while completed < count {
+            while queued < count && self.a.send(message.clone()).is_ok() {
+                queued += 1;
+            }
+            if !self.step() {
+                return Err(TransferError::Stuck);
+            }
+            while let Some(event) = self.b.poll_event() {
+                match event {
+                    Event::Message { data, .. } => {
+                        on_delivered(&data);
+                        self.b.recycle_buffer(data);
+                    }
+                    Event::Closed { reason } => return Err(TransferError::Closed(reason)),
+                    _ => {}
+                }
+            }
+            while let Some(event) = self.a.poll_event() {
+                match event {
+                    Event::SendComplete { .. } => completed += 1,
+                    Event::SendFailed { error, .. } => {
+                        return Err(TransferError::SendFailed(error));
+                    }
+                    Event::Closed { reason } => return Err(TransferError::Closed(reason)),
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Bound on packets one engine may emit in one step; a correct engine is
 /// limited by its window long before this.
 const MAX_PACKETS_PER_STEP: usize = 1 << 16;
@@ -381,19 +471,20 @@ fn transmit_all<B: AsRef<[u8]>>(
     now: Time,
     channel: &mut Channel,
     rng: &mut SplitMix64,
-    tamper: Option<fn(&mut Vec<u8>)>,
+    tamper: Option<Tamper>,
 ) -> bool {
     let mut sent = 0;
     let mtu = engine.config().mtu;
     while sent < MAX_PACKETS_PER_STEP {
         let mut buf = channel.take_buffer(mtu);
         match engine.poll_transmit(now, &mut buf) {
-            Some(len) => {
-                buf.truncate(len);
+            Some(mut len) => {
                 if let Some(tamper) = tamper {
+                    buf.truncate(len);
                     tamper(&mut buf);
+                    len = buf.len();
                 }
-                channel.send(now, buf, rng);
+                channel.send(now, buf, len, rng);
                 sent += 1;
             }
             None => {
@@ -413,9 +504,9 @@ fn deliver_all<B: AsRef<[u8]>>(
     errors: &mut u64,
 ) -> bool {
     let mut delivered = false;
-    while let Some(packet) = channel.receive(now) {
+    while let Some((packet, len)) = channel.receive(now) {
         delivered = true;
-        if alive && engine.handle_packet(now, &packet).is_err() {
+        if alive && engine.handle_packet(now, &packet[..len]).is_err() {
             *errors += 1;
         }
         channel.recycle(packet);
@@ -453,7 +544,7 @@ mod tests {
             reorder_delay: Duration::from_micros(50),
         });
         for i in 0..10_000u32 {
-            channel.send(Time::ZERO, i.to_le_bytes().repeat(4), &mut rng);
+            channel.send(Time::ZERO, i.to_le_bytes().repeat(4), 16, &mut rng);
         }
         let counts = channel.counts().clone();
         for (name, count) in [
@@ -465,7 +556,11 @@ mod tests {
         ] {
             assert!((700..1300).contains(&count), "{name}: {count}");
         }
-        assert_eq!(channel.receive(Time::ZERO), None, "latency holds packets back");
+        assert_eq!(
+            channel.receive(Time::ZERO),
+            None,
+            "latency holds packets back"
+        );
         let mut arrived = 0;
         while channel.receive(Time::from_nanos(1_000_000)).is_some() {
             arrived += 1;

@@ -180,7 +180,10 @@ impl fmt::Display for FragmentMismatch {
         match *self {
             FragmentMismatch::ZeroCount => write!(f, "fragment count is zero"),
             FragmentMismatch::IndexBeyondCount { index, count } => {
-                write!(f, "fragment index {index} is not below fragment count {count}")
+                write!(
+                    f,
+                    "fragment index {index} is not below fragment count {count}"
+                )
             }
             FragmentMismatch::PayloadBeyondMessage {
                 payload_len,
@@ -936,7 +939,8 @@ mod tests {
     #[test]
     fn fragment_fields_that_disagree() {
         let bytes = emit(&data_repr(100), &[0; 100]); // msg_len 199, index 0 of 2
-        let cases: [(&dyn Fn(&mut Packet<&mut [u8]>), FragmentMismatch); 6] = [
+        type Edit<'a> = &'a dyn Fn(&mut Packet<&mut [u8]>);
+        let cases: [(Edit, FragmentMismatch); 6] = [
             (&|p| p.set_frag_count(0), FragmentMismatch::ZeroCount),
             (
                 &|p| p.set_frag_index(2),
@@ -1078,7 +1082,10 @@ mod tests {
             verify_crc: false,
             ..LIMITS
         };
-        assert_eq!(Repr::parse(&Packet::new_unchecked(&bytes[..]), &lax), Ok(repr));
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&bytes[..]), &lax),
+            Ok(repr)
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use barlink_transport::engine::{MAX_MTU, MIN_MTU};
 use barlink_transport::sim::{Faults, Side, SimPair};
 use barlink_transport::wire::{self, Packet, PacketKind, Repr};
 use barlink_transport::{Engine, EngineConfig, Event, LinkError, PacketError, SendError, Time};
-use common::{assert_delivery_is_exact, drain_events, exchange, payloads, SideLog};
+use common::{SideLog, assert_delivery_is_exact, drain_events, exchange, payloads};
 
 fn config() -> EngineConfig {
     EngineConfig {
@@ -34,7 +34,11 @@ fn messages_of_every_shape_arrive_intact_in_order() {
     assert_delivery_is_exact(&out.sent_a, &out.b.delivered, &out.a.completed);
     assert_delivery_is_exact(&out.sent_b, &out.a.delivered, &out.b.completed);
     assert_eq!(out.b.delivered.len(), sizes.len());
-    assert_eq!(pair.a.stats().retransmits(), 0, "a clean medium needs no retransmission");
+    assert_eq!(
+        pair.a.stats().retransmits(),
+        0,
+        "a clean medium needs no retransmission"
+    );
     assert_eq!(pair.a.stats().messages_sent, sizes.len() as u64);
     assert_eq!(pair.b.stats().messages_delivered, sizes.len() as u64);
     assert_eq!(out.a.connected, 1);
@@ -86,7 +90,11 @@ fn one_corrupt_packet_is_naked_and_resent_at_once() {
     assert_eq!(pair.b.stats().naks_sent, 1);
     assert_eq!(pair.a.stats().naks_received, 1);
     assert_eq!(pair.a.stats().retransmits_nak, 1);
-    assert_eq!(pair.a.stats().retransmits_timeout, 0, "the NAK made the timer unnecessary");
+    assert_eq!(
+        pair.a.stats().retransmits_timeout,
+        0,
+        "the NAK made the timer unnecessary"
+    );
     assert!(
         pair.now < Time::ZERO + config().initial_rto,
         "recovered before any timeout could fire"
@@ -118,7 +126,12 @@ fn duplicates_are_suppressed() {
     let out = exchange(&mut pair, payloads(&[5000; 20], 6), vec![], LIMIT);
     assert_eq!(out.b.delivered.len(), 20);
     assert_delivery_is_exact(&out.sent_a, &out.b.delivered, &out.a.completed);
-    assert!(pair.b.stats().duplicates > 0, "{:?} {:?}", pair.b.stats(), pair.a_to_b.counts());
+    assert!(
+        pair.b.stats().duplicates > 0,
+        "{:?} {:?}",
+        pair.b.stats(),
+        pair.a_to_b.counts()
+    );
 }
 
 #[test]
@@ -159,8 +172,14 @@ fn a_slow_receiver_stalls_the_sender_and_bounds_memory() {
         recv_window: 16,
         ..config()
     };
-    let mut pair = SimPair::new(config.clone(), config.clone(), Faults::none(), Faults::none(), 8)
-        .unwrap();
+    let mut pair = SimPair::new(
+        config.clone(),
+        config.clone(),
+        Faults::none(),
+        Faults::none(),
+        8,
+    )
+    .unwrap();
     for message in payloads(&[3000; 50], 8) {
         pair.a.send(message).unwrap();
     }
@@ -175,7 +194,11 @@ fn a_slow_receiver_stalls_the_sender_and_bounds_memory() {
         pair.b.buffered_bytes()
     );
     assert!(pair.a.stats().credit_stalls > 0);
-    assert_eq!(pair.b.stats().credit_violations, 0, "A respected the credit");
+    assert_eq!(
+        pair.b.stats().credit_violations,
+        0,
+        "A respected the credit"
+    );
     assert!(pair.a.queued_messages() > 0, "A is still waiting");
     // Taking the events frees the credit and everything flows.
     let mut a_log = SideLog::default();
@@ -203,7 +226,10 @@ fn a_dead_peer_is_reported_within_the_deadline() {
     }
     let (when, reason) = log.closed.expect("peer loss reported");
     let deadline = died_at + config().peer_timeout;
-    assert!(when <= deadline, "reported at {when:?}, deadline {deadline:?}");
+    assert!(
+        when <= deadline,
+        "reported at {when:?}, deadline {deadline:?}"
+    );
     assert!(matches!(reason, LinkError::PeerLost { .. }), "{reason:?}");
     assert_eq!(log.failed.len(), 1, "the unacknowledged message failed");
     assert!(matches!(log.failed[0].1, LinkError::PeerLost { .. }));
@@ -224,7 +250,10 @@ fn a_peer_that_never_appears_is_reported_too() {
     let (when, reason) = log.closed.unwrap();
     assert_eq!(when, Time::ZERO + config().peer_timeout);
     assert!(matches!(reason, LinkError::PeerLost { .. }));
-    assert!(pair.a.stats().heartbeats_sent > 10, "hellos repeated while waiting");
+    assert!(
+        pair.a.stats().heartbeats_sent > 10,
+        "hellos repeated while waiting"
+    );
 }
 
 /// A sends a large message; mid-way A restarts (new epoch) and sends a
@@ -236,8 +265,14 @@ fn a_sender_restart_mid_message_never_delivers_a_mixed_message() {
         send_window: 8,
         ..config()
     };
-    let mut pair =
-        SimPair::new(config.clone(), config.clone(), Faults::none(), Faults::none(), 11).unwrap();
+    let mut pair = SimPair::new(
+        config.clone(),
+        config.clone(),
+        Faults::none(),
+        Faults::none(),
+        11,
+    )
+    .unwrap();
     let old = vec![0xAA; 200_000];
     let new = vec![0xBB; 200_000];
     pair.a.send(old).unwrap();
@@ -258,7 +293,10 @@ fn a_sender_restart_mid_message_never_delivers_a_mixed_message() {
     }
     assert_eq!(b_log.restarts, vec![(1, 5)]);
     assert_eq!(b_log.delivered.len(), 1, "only the new message");
-    assert!(b_log.delivered[0].1 == new, "delivered bytes are the new message, unmixed");
+    assert!(
+        b_log.delivered[0].1 == new,
+        "delivered bytes are the new message, unmixed"
+    );
     assert!(pair.b.stats().stale > 0 || pair.b.stats().payload_bytes_received > 0);
 }
 
@@ -306,7 +344,10 @@ fn a_receiver_restart_fails_unconfirmed_sends_and_starts_clean() {
     }
     assert_eq!(a_log.completed.len() + a_log.failed.len(), 3);
     assert_eq!(new_b_log.delivered.len(), 1);
-    assert!(new_b_log.delivered[0].1 == fresh[0], "the new B got only the new message");
+    assert!(
+        new_b_log.delivered[0].1 == fresh[0],
+        "the new B got only the new message"
+    );
 }
 
 #[test]
@@ -329,14 +370,24 @@ fn a_path_that_corrupts_every_data_packet_ends_with_a_retransmit_limit() {
     let out = exchange(&mut pair, payloads(&[100], 14), vec![], LIMIT);
     let (_, reason) = out.a.closed.expect("link ended");
     assert!(
-        matches!(reason, LinkError::RetransmitLimit { transmissions: 5, .. }),
+        matches!(
+            reason,
+            LinkError::RetransmitLimit {
+                transmissions: 5,
+                ..
+            }
+        ),
         "{reason:?}"
     );
     assert!(reason.to_string().contains("sent 5 times"));
     assert_eq!(out.a.failed.len(), 1);
     assert!(out.b.delivered.is_empty());
     assert_eq!(pair.b.stats().crc_failures, 5);
-    assert_eq!(pair.a.stats().retransmits_nak, 4, "each corruption NAKed, each NAK answered");
+    assert_eq!(
+        pair.a.stats().retransmits_nak,
+        4,
+        "each corruption NAKed, each NAK answered"
+    );
     // A told B it gave up, rather than leave B to time out.
     assert_eq!(out.b.closed.map(|(_, r)| r), Some(LinkError::PeerClosed));
 }
@@ -349,12 +400,25 @@ fn a_path_broken_one_way_is_reported_as_peer_loss_on_both_sides() {
     pair.tamper[0] = Some(|packet: &mut Vec<u8>| packet[0] ^= 0xFF);
     let out = exchange(&mut pair, payloads(&[100], 19), vec![], LIMIT);
     for (side, log) in [("A", &out.a), ("B", &out.b)] {
-        let (when, reason) = log.closed.clone().unwrap_or_else(|| panic!("{side} never gave up"));
-        assert!(matches!(reason, LinkError::PeerLost { .. }), "{side}: {reason:?}");
-        assert!(when <= Time::ZERO + config().peer_timeout, "{side} at {when:?}");
+        let (when, reason) = log
+            .closed
+            .clone()
+            .unwrap_or_else(|| panic!("{side} never gave up"));
+        assert!(
+            matches!(reason, LinkError::PeerLost { .. }),
+            "{side}: {reason:?}"
+        );
+        assert!(
+            when <= Time::ZERO + config().peer_timeout,
+            "{side} at {when:?}"
+        );
     }
     assert_eq!(out.a.failed.len(), 1);
-    assert!(pair.a.stats().packets_sent < 1000, "no packet storm: {:?}", pair.a.stats());
+    assert!(
+        pair.a.stats().packets_sent < 1000,
+        "no packet storm: {:?}",
+        pair.a.stats()
+    );
 }
 
 #[test]
@@ -447,7 +511,9 @@ fn stale_and_misaddressed_packets_are_dropped_with_their_reason() {
         })
     );
     assert!(pair.a.stats().stale >= 2);
-    assert!(std::iter::from_fn(|| pair.a.poll_event()).all(|e| !matches!(e, Event::Message { .. })));
+    assert!(
+        std::iter::from_fn(|| pair.a.poll_event()).all(|e| !matches!(e, Event::Message { .. }))
+    );
 }
 
 #[test]
@@ -509,7 +575,9 @@ fn contradictory_fragments_end_the_link_with_a_violation() {
         payload_len: 5,
         ..heartbeat_from_b(2, 1)
     };
-    pair.a.handle_packet(pair.now, &forged(first, b"hello")).unwrap();
+    pair.a
+        .handle_packet(pair.now, &forged(first, b"hello"))
+        .unwrap();
     // The second fragment claims another message.
     let second = Repr {
         seq: 1,
@@ -522,7 +590,10 @@ fn contradictory_fragments_end_the_link_with_a_violation() {
         ..first
     };
     let result = pair.a.handle_packet(pair.now, &forged(second, b"world"));
-    assert!(matches!(result, Err(PacketError::Violation { seq: 1, .. })), "{result:?}");
+    assert!(
+        matches!(result, Err(PacketError::Violation { seq: 1, .. })),
+        "{result:?}"
+    );
     let mut log = SideLog::default();
     drain_events(&mut pair.a, pair.now, &mut log);
     assert!(log.delivered.is_empty());
@@ -546,7 +617,11 @@ fn send_refusals_return_the_buffer() {
     };
     let mut engine: Engine = Engine::new(config, 1, Time::ZERO).unwrap();
     match engine.send(vec![0; 101]) {
-        Err(SendError::TooLong { buf, len: 101, max: 100 }) => assert_eq!(buf.len(), 101),
+        Err(SendError::TooLong {
+            buf,
+            len: 101,
+            max: 100,
+        }) => assert_eq!(buf.len(), 101),
         other => panic!("{other:?}"),
     }
     engine.send(vec![1]).unwrap();
@@ -574,7 +649,12 @@ fn mtu_extremes_work() {
         };
         let mut pair =
             SimPair::new(config.clone(), config, Faults::none(), Faults::none(), 17).unwrap();
-        let out = exchange(&mut pair, payloads(&[0, 1, 5000, 2 << 20], 17), vec![], LIMIT);
+        let out = exchange(
+            &mut pair,
+            payloads(&[0, 1, 5000, 2 << 20], 17),
+            vec![],
+            LIMIT,
+        );
         assert_eq!(out.a.completed.len(), 4, "mtu {mtu}");
         assert_delivery_is_exact(&out.sent_a, &out.b.delivered, &out.a.completed);
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use barlink_transport::sim::{Faults, Side, SimPair, SplitMix64};
 use barlink_transport::wire::{self, Packet};
 use barlink_transport::{Engine, EngineConfig, Event, LinkError, Time};
-use common::{assert_delivery_is_exact, drain_events, exchange, payloads, SideLog};
+use common::{SideLog, assert_delivery_is_exact, drain_events, exchange, payloads};
 use proptest::prelude::*;
 
 fn faults() -> impl Strategy<Value = Faults> {

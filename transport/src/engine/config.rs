@@ -98,7 +98,9 @@ impl EngineConfig {
             return Err(ConfigError::MtuOutOfRange { mtu: self.mtu });
         }
         // A message may not need more fragments than a u32 can count.
-        let max_fragments = self.max_message_len.div_ceil(u64::from(self.max_payload_len()));
+        let max_fragments = self
+            .max_message_len
+            .div_ceil(u64::from(self.max_payload_len()));
         if max_fragments > u64::from(u32::MAX) {
             return Err(ConfigError::MessageTooLongForMtu {
                 max_message_len: self.max_message_len,

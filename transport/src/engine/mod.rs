@@ -43,9 +43,7 @@ pub use stats::Stats;
 
 use crate::crc::Crc32c;
 use crate::time::Time;
-use crate::wire::{
-    self, HEADER_LEN, Packet, PacketKind, ParseLimits, Repr, WireError, flags,
-};
+use crate::wire::{self, HEADER_LEN, Packet, PacketKind, ParseLimits, Repr, WireError, flags};
 use recv::{Completed, Receiver};
 use send::Sender;
 
@@ -63,7 +61,9 @@ impl fmt::Display for MessageId {
 /// Something the owner of an engine should know about.
 #[derive(Debug)]
 pub enum Event<B> {
-    /// The peer answered for the first time.
+    /// The first intact packet from the peer arrived (a hello, typically):
+    /// its epoch is now known. Data flows once the peer has heard this side
+    /// too.
     Connected { peer_epoch: u32 },
     /// A message arrived whole and intact, in order, exactly once.
     Message { id: MessageId, data: Vec<u8> },
@@ -106,6 +106,8 @@ pub enum LinkError {
     },
     /// The peer sent fragments, with valid CRCs, that contradict each other.
     ProtocolViolation { seq: u64, detail: Violation },
+    /// A message could not be given memory to be assembled in.
+    OutOfMemory { msg_id: u64, bytes: usize },
 }
 
 impl fmt::Display for LinkError {
@@ -133,8 +135,15 @@ impl fmt::Display for LinkError {
                 "message {msg_id}: packet {seq} was sent {transmissions} times and never got through intact; the path corrupts or drops it every time (run `barlink validate` on it)"
             ),
             LinkError::ProtocolViolation { seq, detail } => {
-                write!(f, "protocol violation by the peer at packet {seq}: {detail}")
+                write!(
+                    f,
+                    "protocol violation by the peer at packet {seq}: {detail}"
+                )
             }
+            LinkError::OutOfMemory { msg_id, bytes } => write!(
+                f,
+                "out of memory assembling message {msg_id} ({bytes} bytes): lower max_message_len or free memory"
+            ),
         }
     }
 }
@@ -155,7 +164,11 @@ pub enum Violation {
         found_msg_id: u64,
     },
     /// A fragment index out of sequence.
-    FragmentOutOfPlace { msg_id: u64, expected: u32, found: u32 },
+    FragmentOutOfPlace {
+        msg_id: u64,
+        expected: u32,
+        found: u32,
+    },
     /// A fragment whose size does not fit its message.
     FragmentLengthWrong {
         msg_id: u64,
@@ -201,8 +214,9 @@ impl fmt::Display for Violation {
 }
 
 /// Why [`Engine::handle_packet`] dropped a packet. None of these ends the
-/// link by itself except [`PacketError::Violation`] (reported as
-/// [`Event::Closed`] too); they are for logs and statistics.
+/// link by itself except [`PacketError::Violation`] and
+/// [`PacketError::OutOfMemory`] (reported as [`Event::Closed`] too); the
+/// rest are for logs and statistics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PacketError {
@@ -223,6 +237,9 @@ pub enum PacketError {
     },
     /// Contradicts the stream; the link is closed.
     Violation { seq: u64, detail: Violation },
+    /// Memory for the message being assembled could not be had; the link
+    /// is closed.
+    OutOfMemory { seq: u64, msg_id: u64, bytes: usize },
     /// The engine is closed and takes no more packets.
     EngineClosed,
 }
@@ -241,10 +258,7 @@ impl fmt::Display for PacketError {
                 f,
                 "stale epoch {epoch}: the peer is now at epoch {current}; this packet predates its restart"
             ),
-            PacketError::Misaddressed {
-                addressed_to,
-                mine,
-            } => write!(
+            PacketError::Misaddressed { addressed_to, mine } => write!(
                 f,
                 "packet addressed to epoch {addressed_to} of this side, which is at epoch {mine}"
             ),
@@ -263,6 +277,10 @@ impl fmt::Display for PacketError {
             PacketError::Violation { seq, detail } => {
                 write!(f, "protocol violation at packet {seq}: {detail}")
             }
+            PacketError::OutOfMemory { seq, msg_id, bytes } => write!(
+                f,
+                "packet {seq}: no memory for {bytes} bytes of message {msg_id}; lower max_message_len or free memory"
+            ),
             PacketError::EngineClosed => write!(f, "the engine is closed"),
         }
     }
@@ -300,10 +318,9 @@ impl<B> fmt::Display for SendError<B> {
                 f,
                 "send queue full: wait for completions (poll events) before sending more"
             ),
-            SendError::TooLong { len, max, .. } => write!(
-                f,
-                "message of {len} bytes exceeds max_message_len {max}"
-            ),
+            SendError::TooLong { len, max, .. } => {
+                write!(f, "message of {len} bytes exceeds max_message_len {max}")
+            }
             SendError::Closed(_) => write!(f, "the link is closed"),
         }
     }
@@ -366,7 +383,11 @@ impl Transmit<'_> {
     /// `out` is shorter than [`Transmit::len`].
     pub fn write_to(&self, out: &mut [u8]) -> usize {
         let len = self.len();
-        assert!(out.len() >= len, "buffer of {} bytes < packet of {len}", out.len());
+        assert!(
+            out.len() >= len,
+            "buffer of {} bytes < packet of {len}",
+            out.len()
+        );
         out[HEADER_LEN..len].copy_from_slice(self.payload);
         let crc = if self.crc {
             // The CRC of the copy, which the copy just brought into cache.
@@ -419,14 +440,22 @@ pub struct Engine<B = Vec<u8>> {
     next_xmit: u32,
     last_sent: Option<Time>,
     last_heard: Time,
+    /// The peer's earlier epochs: packets from them are leftovers even if
+    /// serial arithmetic would call them newer after many restarts.
+    retired_peer_epochs: VecDeque<u32>,
 }
+
+/// Earlier peer epochs remembered.
+const RETIRED_EPOCHS_KEPT: usize = 16;
 
 impl<B: AsRef<[u8]>> Engine<B> {
     /// Creates an engine for one side of a link.
     ///
     /// `epoch` names this incarnation of this side: nonzero, and newer (in
     /// serial-number order, RFC 1982) each time the side restarts, so the
-    /// peer can tell a restart from a late packet. Links keep a counter.
+    /// peer can tell a restart from a late packet. Take it from a counter
+    /// that goes up by one per restart (links keep one in the ring's control
+    /// block); the peer also remembers the last 16 epochs it retired.
     pub fn new(config: EngineConfig, epoch: u32, now: Time) -> Result<Self, ConfigError> {
         config.validate()?;
         if epoch == 0 {
@@ -446,6 +475,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
             next_xmit: 1,
             last_sent: None,
             last_heard: now,
+            retired_peer_epochs: VecDeque::new(),
         })
     }
 
@@ -523,7 +553,9 @@ impl<B: AsRef<[u8]>> Engine<B> {
     /// Feeds one packet that arrived from the peer.
     ///
     /// An `Err` means the packet was dropped, and why; the engine has already
-    /// counted it and, for a corrupt packet, arranged a NAK. Only a
+    /// counted it and, for a packet that failed the wire checks, arranged a
+    /// NAK (within a budget that only intact packets refill, so two sides
+    /// that garble each other do not trade NAKs forever). Only a
     /// [`PacketError::Violation`] ends the link (with [`Event::Closed`]).
     pub fn handle_packet(&mut self, now: Time, bytes: &[u8]) -> Result<(), PacketError> {
         self.stats.bytes_received += bytes.len() as u64;
@@ -545,6 +577,16 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 return Err(error.into());
             }
         };
+        if repr.peer_epoch != 0 && repr.peer_epoch != self.epoch {
+            // Addressed to another incarnation of this side: left over from
+            // before this side (re)started. Learn nothing from it, least of
+            // all the peer's epoch.
+            self.stats.stale += 1;
+            return Err(PacketError::Misaddressed {
+                addressed_to: repr.peer_epoch,
+                mine: self.epoch,
+            });
+        }
         self.check_peer_epoch(&repr)?;
         self.stats.packets_received += 1;
         self.receiver.on_intact(repr.xmit);
@@ -556,9 +598,6 @@ impl<B: AsRef<[u8]>> Engine<B> {
             // other never trade packets in a tight loop.
             if repr.kind == PacketKind::Heartbeat {
                 self.receiver.ack_now = true;
-            }
-            if repr.peer_epoch != 0 {
-                self.stats.stale += 1;
             }
             return match repr.kind {
                 PacketKind::Data | PacketKind::Nak | PacketKind::Close => {
@@ -595,12 +634,9 @@ impl<B: AsRef<[u8]>> Engine<B> {
         )?;
         match repr.kind {
             PacketKind::Data => {
-                let fragment = repr.fragment.expect("parser guarantees data has a fragment");
                 let result = self.receiver.on_data(
                     now,
-                    repr.seq,
-                    fragment,
-                    repr.flags,
+                    &repr,
                     packet.payload(),
                     &self.config,
                     &mut self.stats,
@@ -608,8 +644,23 @@ impl<B: AsRef<[u8]>> Engine<B> {
                         queue_delivered(&mut self.events, completed);
                     },
                 );
-                if let Err(PacketError::Violation { seq, detail }) = result {
-                    self.fail(LinkError::ProtocolViolation { seq, detail });
+                let fatal = match &result {
+                    Err(PacketError::Violation { seq, detail }) => {
+                        Some(LinkError::ProtocolViolation {
+                            seq: *seq,
+                            detail: *detail,
+                        })
+                    }
+                    Err(PacketError::OutOfMemory { msg_id, bytes, .. }) => {
+                        Some(LinkError::OutOfMemory {
+                            msg_id: *msg_id,
+                            bytes: *bytes,
+                        })
+                    }
+                    _ => None,
+                };
+                if let Some(reason) = fatal {
+                    self.fail(reason);
                     // Tell the peer we hung up rather than let it time out.
                     self.close_packet_pending = true;
                 }
@@ -647,7 +698,13 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 });
             }
             Some(current) if repr.epoch == current => {}
-            Some(current) if serial_lt(repr.epoch, current) => {
+            // Only a strictly newer epoch (RFC 1982) that was never seen
+            // before is a restart; anything else — older, exactly half the
+            // number space away, or retired — is a leftover.
+            Some(current)
+                if !serial_lt(current, repr.epoch)
+                    || self.retired_peer_epochs.contains(&repr.epoch) =>
+            {
                 self.stats.stale += 1;
                 return Err(PacketError::StaleEpoch {
                     epoch: repr.epoch,
@@ -655,6 +712,10 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 });
             }
             Some(old_epoch) => {
+                if self.retired_peer_epochs.len() == RETIRED_EPOCHS_KEPT {
+                    self.retired_peer_epochs.pop_front();
+                }
+                self.retired_peer_epochs.push_back(old_epoch);
                 let new_epoch = repr.epoch;
                 self.stats.peer_restarts += 1;
                 self.push_event(Event::PeerRestarted {
@@ -880,6 +941,14 @@ impl<B: AsRef<[u8]>> Engine<B> {
     /// bytes) and returns its length. Call until it returns `None`.
     pub fn poll_transmit(&mut self, now: Time, out: &mut [u8]) -> Option<usize> {
         self.poll_transmit_with(now, |transmit| transmit.write_to(out))
+    }
+
+    /// Gives back the buffer of a delivered message (from
+    /// [`Event::Message`]) so that a later message is assembled in it:
+    /// no allocation, and no page faults on fresh memory, per message.
+    /// Optional; a few buffers are kept, the rest dropped.
+    pub fn recycle_buffer(&mut self, buf: Vec<u8>) {
+        self.receiver.recycle(buf, &self.config);
     }
 
     /// The next event, if any. Taking a delivered message frees the credit

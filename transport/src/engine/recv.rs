@@ -11,11 +11,22 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::{EngineConfig, PacketError, Stats, Violation};
 use crate::time::Time;
-use crate::wire::{Fragment, flags};
+use crate::wire::{Fragment, Repr, flags};
 
 /// NAKs held back at most; a burst of corruption longer than this is left
 /// to the sender's retransmission timer.
 const MAX_PENDING_NAKS: usize = 16;
+
+/// The transmission serial `count` sends after `xmit`; serials skip 0 when
+/// they wrap (0 names "nothing yet").
+fn xmit_after(xmit: u32, count: u32) -> u32 {
+    let next = xmit.wrapping_add(count);
+    if next < xmit || next == 0 {
+        next.wrapping_add(1)
+    } else {
+        next
+    }
+}
 
 /// A fragment that arrived ahead of a gap.
 #[derive(Debug)]
@@ -65,10 +76,41 @@ pub(super) struct Receiver {
     last_intact_xmit: u32,
     /// Corrupt packets since the last intact one.
     corrupt_run: u32,
+    /// NAKs arranged since the last intact packet; capped, so that garbage
+    /// is not answered with packets forever.
+    naks_since_intact: u32,
     /// Transmission serials believed corrupt, to NAK (bounded: beyond it
     /// the sender's timer recovers).
     naks: VecDeque<u32>,
     credit_advertised: u32,
+    /// The highest sequence number (exclusive) ever offered to the peer.
+    /// It never moves back, as TCP never shrinks its window: the peer may
+    /// have sent up to it already when a message completes and its packets
+    /// start counting against the credit.
+    window_edge: u64,
+    /// Delivered buffers the caller gave back, reused for assembly.
+    spare_buffers: Vec<Vec<u8>>,
+}
+
+/// Given-back buffers kept for reuse at most.
+const MAX_SPARE_BUFFERS: usize = 4;
+
+/// Fragments' worth of memory reserved when a message starts.
+const INITIAL_RESERVATION_FRAGMENTS: u64 = 64;
+
+/// Reserves `additional` bytes, reporting failure instead of aborting.
+fn reserve(
+    data: &mut Vec<u8>,
+    additional: usize,
+    seq: u64,
+    msg_id: u64,
+) -> Result<(), PacketError> {
+    data.try_reserve_exact(additional)
+        .map_err(|_| PacketError::OutOfMemory {
+            seq,
+            msg_id,
+            bytes: data.len().saturating_add(additional),
+        })
 }
 
 impl Receiver {
@@ -76,6 +118,7 @@ impl Receiver {
     pub(super) fn on_intact(&mut self, xmit: u32) {
         self.last_intact_xmit = xmit;
         self.corrupt_run = 0;
+        self.naks_since_intact = 0;
     }
 
     /// A packet arrived corrupt. On a medium that keeps order (rings, RDMA
@@ -83,11 +126,17 @@ impl Receiver {
     /// the corrupt ones in between; that is the serial the NAK names.
     pub(super) fn on_corrupt(&mut self) {
         self.corrupt_run = self.corrupt_run.wrapping_add(1);
+        if self.naks_since_intact >= MAX_PENDING_NAKS as u32 {
+            // Nothing intact for a while: NAKing more would only answer
+            // garbage with packets (a storm, if the peer NAKs ours too).
+            return;
+        }
+        self.naks_since_intact += 1;
         if self.naks.len() == MAX_PENDING_NAKS {
             self.naks.pop_front();
         }
         self.naks
-            .push_back(self.last_intact_xmit.wrapping_add(self.corrupt_run));
+            .push_back(xmit_after(self.last_intact_xmit, self.corrupt_run));
     }
 
     pub(super) fn nak_pending(&self) -> bool {
@@ -112,15 +161,21 @@ impl Receiver {
             .fold(0, |bits, (&seq, _)| bits | 1 << (seq - first))
     }
 
-    /// Packets beyond `ack()` this side will accept.
+    /// Packets beyond `ack()` this side will accept: what the receive
+    /// window has room for now, and never less than was offered before.
     pub(super) fn credit(&self, config: &EngineConfig) -> u32 {
         let held = u32::try_from(self.undelivered_packets).unwrap_or(u32::MAX);
-        config.recv_window.saturating_sub(held)
+        let room = config.recv_window.saturating_sub(held);
+        let promised = self.window_edge.saturating_sub(self.next_seq);
+        // The edge is at most recv_window past an earlier ack, so this fits.
+        room.max(u32::try_from(promised).unwrap_or(u32::MAX))
     }
 
     /// Bytes held for the caller or ahead of a gap (memory accounting).
     pub(super) fn buffered_bytes(&self) -> usize {
-        self.ahead_bytes
+        let spare: usize = self.spare_buffers.iter().map(Vec::capacity).sum();
+        spare
+            + self.ahead_bytes
             + self.undelivered_bytes
             + self.assembly.as_ref().map_or(0, |a| a.data.capacity())
     }
@@ -141,6 +196,7 @@ impl Receiver {
         self.unacked_packets = 0;
         self.ack_deadline = None;
         self.credit_advertised = credit;
+        self.window_edge = self.window_edge.max(self.next_seq + u64::from(credit));
     }
 
     /// The caller took a delivered message: its packets free credit. If the
@@ -148,7 +204,10 @@ impl Receiver {
     pub(super) fn on_taken(&mut self, packets: u32, bytes: usize, config: &EngineConfig) {
         self.undelivered_packets -= u64::from(packets);
         self.undelivered_bytes -= bytes;
-        if self.credit_advertised <= config.recv_window / 2 {
+        // Tell the peer when the window opens by half or more beyond what it
+        // was offered: it may be waiting for exactly that.
+        let edge_now = self.next_seq + u64::from(self.credit(config));
+        if edge_now >= self.window_edge + u64::from(config.recv_window / 2) {
             self.ack_now = true;
         }
     }
@@ -157,14 +216,16 @@ impl Receiver {
     pub(super) fn on_data(
         &mut self,
         now: Time,
-        seq: u64,
-        fragment: Fragment,
-        packet_flags: u16,
+        repr: &Repr,
         payload: &[u8],
         config: &EngineConfig,
         stats: &mut Stats,
         mut deliver: impl FnMut(Completed),
     ) -> Result<(), PacketError> {
+        let seq = repr.seq;
+        let fragment = repr
+            .fragment
+            .expect("the parser gives every data packet a fragment");
         if seq < self.next_seq || self.ahead.contains_key(&seq) {
             stats.duplicates += 1;
             // Our acknowledgement may have been lost: repeat it.
@@ -212,7 +273,7 @@ impl Receiver {
             self.ack_now = true;
         }
         self.unacked_packets += 1;
-        if packet_flags & flags::ACK_REQUESTED != 0 {
+        if repr.flags & flags::ACK_REQUESTED != 0 {
             self.ack_now = true;
         }
         if self.ack_deadline.is_none() {
@@ -248,14 +309,20 @@ impl Receiver {
                 }
                 // msg_len was checked against max_message_len by the parser,
                 // so this reservation is bounded by configuration.
-                let capacity = usize::try_from(fragment.msg_len).unwrap_or(usize::MAX);
+                let mut data = self.spare_buffers.pop().unwrap_or_default();
+                // Reserve what this many fragments can bring, not what the
+                // peer claims: memory follows data actually received.
+                let first_reservation = fragment
+                    .msg_len
+                    .min(payload.len().max(1) as u64 * INITIAL_RESERVATION_FRAGMENTS);
+                reserve(&mut data, first_reservation as usize, seq, fragment.msg_id)?;
                 self.assembly.insert(Assembly {
                     msg_id: fragment.msg_id,
                     msg_len: fragment.msg_len,
                     count: fragment.count,
                     next_index: 0,
                     frag_size: payload.len(),
-                    data: Vec::with_capacity(capacity),
+                    data,
                 })
             }
             Some(assembly) => {
@@ -287,6 +354,13 @@ impl Receiver {
                 payload_len: payload.len(),
             });
         }
+        if assembly.data.capacity() - assembly.data.len() < payload.len() {
+            // Grow geometrically up to the message length: amortized one
+            // extra copy, and never more than the message needs.
+            let remaining = assembly.msg_len as usize - assembly.data.len();
+            let grow = remaining.min(assembly.data.len().max(payload.len()));
+            reserve(&mut assembly.data, grow, seq, assembly.msg_id)?;
+        }
         assembly.data.extend_from_slice(payload);
         assembly.next_index += 1;
         self.next_seq = seq + 1;
@@ -311,6 +385,16 @@ impl Receiver {
         Ok(())
     }
 
+    /// Keeps a delivered message's buffer to assemble a later one in.
+    pub(super) fn recycle(&mut self, mut buf: Vec<u8>, config: &EngineConfig) {
+        // A buffer larger than any message is not worth holding.
+        let useful = buf.capacity() as u64 <= config.max_message_len.max(1 << 20);
+        if self.spare_buffers.len() < MAX_SPARE_BUFFERS && useful {
+            buf.clear();
+            self.spare_buffers.push(buf);
+        }
+    }
+
     /// Ends the session: a partly assembled message and everything buffered
     /// ahead of a gap are dropped, never delivered. Messages already
     /// delivered but not yet taken stay counted until taken.
@@ -318,6 +402,7 @@ impl Receiver {
         *self = Receiver {
             undelivered_packets: self.undelivered_packets,
             undelivered_bytes: self.undelivered_bytes,
+            spare_buffers: std::mem::take(&mut self.spare_buffers),
             ..Receiver::default()
         };
     }

@@ -40,6 +40,8 @@ struct InFlight {
     /// Serial of this packet's latest transmission.
     last_xmit: u32,
     last_sent: Time,
+    /// When the latest transmission times out.
+    deadline: Time,
     transmissions: u32,
     /// The peer reported it received (selective ack): never resend it.
     sacked: bool,
@@ -114,7 +116,8 @@ pub(super) struct Sender<B> {
     next_seq: u64,
     retransmit_queue: VecDeque<(u64, RetransmitCause)>,
     /// Retransmission deadlines `(when, seq, xmit)`; an entry whose packet
-    /// was acknowledged or sent again since is stale and skipped.
+    /// was acknowledged or sent again since is stale and skipped, and the
+    /// heap is rebuilt when stale entries outnumber live ones.
     timers: BinaryHeap<Reverse<(Time, u64, u32)>>,
     /// The peer accepts sequence numbers below this.
     credit_limit: u64,
@@ -175,7 +178,8 @@ impl<B: AsRef<[u8]>> Sender<B> {
     }
 
     fn may_send_new(&self, config: &EngineConfig) -> bool {
-        self.packets_in_flight() < u64::from(config.send_window) && self.next_seq < self.credit_limit
+        self.packets_in_flight() < u64::from(config.send_window)
+            && self.next_seq < self.credit_limit
     }
 
     /// Whether `next_packet` would produce a packet now.
@@ -220,10 +224,9 @@ impl<B: AsRef<[u8]>> Sender<B> {
             entry.last_xmit = xmit;
             entry.last_sent = now;
             entry.transmissions += 1;
-            let (msg_id, frag_index, transmissions) =
-                (entry.msg_id, entry.frag_index, entry.transmissions);
-            let deadline = now + self.rtt.backed_off(transmissions, config);
-            self.timers.push(Reverse((deadline, seq, xmit)));
+            entry.deadline = now + self.rtt.backed_off(entry.transmissions, config);
+            let (msg_id, frag_index, deadline) = (entry.msg_id, entry.frag_index, entry.deadline);
+            self.push_timer(deadline, seq, xmit);
             return Some(DataPacket {
                 seq,
                 fragment: self.fragment_of(msg_id, frag_index),
@@ -244,17 +247,18 @@ impl<B: AsRef<[u8]>> Sender<B> {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
+        let deadline = now + self.rtt.backed_off(1, config);
         self.in_flight.push_back(InFlight {
             msg_id,
             frag_index,
             last_xmit: xmit,
             last_sent: now,
+            deadline,
             transmissions: 1,
             sacked: false,
             queued: false,
         });
-        let deadline = now + self.rtt.backed_off(1, config);
-        self.timers.push(Reverse((deadline, seq, xmit)));
+        self.push_timer(deadline, seq, xmit);
         let about_to_wait = !self.has_new_data() || !self.may_send_new(config);
         Some(DataPacket {
             seq,
@@ -264,8 +268,31 @@ impl<B: AsRef<[u8]>> Sender<B> {
         })
     }
 
+    /// Adds a retransmission deadline. Entries go stale when their packet is
+    /// acknowledged; when stale ones dominate (acks outrun the timers, as
+    /// they do on a fast medium), the heap is rebuilt from the live packets
+    /// so that it stays proportional to the window.
+    fn push_timer(&mut self, deadline: Time, seq: u64, xmit: u32) {
+        self.timers.push(Reverse((deadline, seq, xmit)));
+        if self.timers.len() > 2 * self.in_flight.len() + 64 {
+            let base_seq = self.base_seq;
+            self.timers = self
+                .in_flight
+                .iter()
+                .enumerate()
+                .filter(|(_, entry)| !entry.sacked && !entry.queued)
+                .map(|(offset, entry)| {
+                    Reverse((entry.deadline, base_seq + offset as u64, entry.last_xmit))
+                })
+                .collect();
+        }
+    }
+
     fn message(&self, msg_id: u64) -> &OutMessage<B> {
-        let front = self.outbox.front().expect("in-flight packets belong to queued messages");
+        let front = self
+            .outbox
+            .front()
+            .expect("in-flight packets belong to queued messages");
         &self.outbox[(msg_id - front.id) as usize]
     }
 
@@ -309,11 +336,16 @@ impl<B: AsRef<[u8]>> Sender<B> {
             // and its credit is older than what we hold.
             return Ok(());
         }
-        self.credit_limit = ack.saturating_add(u64::from(credit));
+        // The receiver never takes back an edge it offered, so the largest
+        // one seen holds (a reordered older ack may carry a smaller one).
+        self.credit_limit = self.credit_limit.max(ack.saturating_add(u64::from(credit)));
         let mut newest_covered: Option<u32> = None;
         let mut rtt_sample = None;
         while self.base_seq < ack {
-            let entry = self.in_flight.pop_front().expect("in-flight entry per unacked seq");
+            let entry = self
+                .in_flight
+                .pop_front()
+                .expect("in-flight entry per unacked seq");
             self.base_seq += 1;
             if !entry.sacked {
                 newest_covered = Some(serial_max(newest_covered, entry.last_xmit));
@@ -330,9 +362,6 @@ impl<B: AsRef<[u8]>> Sender<B> {
         }
         if let Some(rtt) = rtt_sample {
             self.rtt.sample(rtt, config);
-        }
-        if sack == 0 {
-            return Ok(());
         }
         let mut highest_sacked = ack;
         for bit in 0..64u64 {
@@ -352,9 +381,22 @@ impl<B: AsRef<[u8]>> Sender<B> {
         }
         // Packets sent before one that arrived, and still missing, were lost
         // or corrupted on a medium that keeps order (rings, RDMA RC): resend
-        // them without waiting for the timer.
-        if let Some(newest) = newest_covered {
-            let end = (highest_sacked - self.base_seq) as usize;
+        // them without waiting for the timer. The oldest outstanding packet
+        // is the first candidate; if it was sent after everything just
+        // acknowledged, so was the rest, and there is nothing to scan.
+        let front_is_older = |newest: u32| {
+            self.in_flight
+                .front()
+                .is_some_and(|entry| serial_lt(entry.last_xmit, newest))
+        };
+        if let Some(newest) = newest_covered
+            && (sack != 0 || front_is_older(newest))
+        {
+            let end = if sack != 0 {
+                (highest_sacked - self.base_seq) as usize
+            } else {
+                self.in_flight.len()
+            };
             for (offset, entry) in self.in_flight.iter_mut().take(end).enumerate() {
                 if !entry.sacked && !entry.queued && serial_lt(entry.last_xmit, newest) {
                     entry.queued = true;
@@ -369,7 +411,11 @@ impl<B: AsRef<[u8]>> Sender<B> {
     /// The peer received transmission `corrupt_xmit` corrupt: resend it if
     /// it was a data packet still unacknowledged (a retransmission since has
     /// another serial, so a late NAK resends nothing twice).
-    pub(super) fn on_nak(&mut self, corrupt_xmit: u32, config: &EngineConfig) -> Result<(), LinkError> {
+    pub(super) fn on_nak(
+        &mut self,
+        corrupt_xmit: u32,
+        config: &EngineConfig,
+    ) -> Result<(), LinkError> {
         let base_seq = self.base_seq;
         let Some((offset, entry)) = self
             .in_flight
@@ -429,7 +475,9 @@ impl<B: AsRef<[u8]>> Sender<B> {
     /// The earliest retransmission deadline (possibly of a stale entry,
     /// which only makes the caller wake early).
     pub(super) fn next_deadline(&self) -> Option<Time> {
-        self.timers.peek().map(|Reverse((deadline, _, _))| *deadline)
+        self.timers
+            .peek()
+            .map(|Reverse((deadline, _, _))| *deadline)
     }
 
     /// Ends the session: every unacknowledged message is handed back, and

@@ -133,15 +133,24 @@ fn offer(
 /// The invariant that holds under any faults: what a side delivered is a
 /// prefix of what its peer sent, in order, byte for byte, each once; every
 /// message its peer saw completed was delivered.
-pub fn assert_delivery_is_exact(sent: &[(u64, Vec<u8>)], delivered: &[(u64, Vec<u8>)], completed: &[u64]) {
+pub fn assert_delivery_is_exact(
+    sent: &[(u64, Vec<u8>)],
+    delivered: &[(u64, Vec<u8>)],
+    completed: &[u64],
+) {
     assert!(
         delivered.len() <= sent.len(),
         "delivered {} messages but only {} were sent",
         delivered.len(),
         sent.len()
     );
-    for (index, ((sent_id, sent_data), (got_id, got_data))) in sent.iter().zip(delivered).enumerate() {
-        assert_eq!(sent_id, got_id, "message {index}: wrong id (out of order or duplicated)");
+    for (index, ((sent_id, sent_data), (got_id, got_data))) in
+        sent.iter().zip(delivered).enumerate()
+    {
+        assert_eq!(
+            sent_id, got_id,
+            "message {index}: wrong id (out of order or duplicated)"
+        );
         assert!(
             sent_data == got_data,
             "message {index} (id {got_id}): {} bytes sent, {} delivered, contents differ",

@@ -1,0 +1,122 @@
+//! The subcommands, each in its own module, and the exit status convention
+//! they share.
+
+pub mod bench;
+pub mod topo;
+
+use std::fmt;
+use std::process::ExitCode;
+
+/// How a command ended, as the shell sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Everything passed.
+    Ok = 0,
+    /// A check or a verification failed.
+    CheckFailed = 1,
+    /// The command line was wrong (clap also exits 2 on its own errors).
+    Usage = 2,
+    /// The environment is missing something: a device, a permission, a library.
+    Environment = 3,
+}
+
+impl From<Status> for ExitCode {
+    fn from(status: Status) -> ExitCode {
+        ExitCode::from(status as u8)
+    }
+}
+
+/// An error that ends a command, with the status it maps to.
+#[derive(Debug)]
+pub struct CommandError {
+    status: Status,
+    message: String,
+}
+
+impl CommandError {
+    pub fn usage(message: impl Into<String>) -> Self {
+        CommandError {
+            status: Status::Usage,
+            message: message.into(),
+        }
+    }
+
+    pub fn environment(message: impl Into<String>) -> Self {
+        CommandError {
+            status: Status::Environment,
+            message: message.into(),
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        self.status
+    }
+}
+
+impl fmt::Display for CommandError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Parses sizes like `8`, `4K`, `64KiB`, `1M`, `16MiB`, `1G` (binary units).
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let trimmed = text.trim();
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits_end);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (try 8, 4K, 64KiB, 1M)"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {text:?} (use K, M or G)"
+            ));
+        }
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// Prints a size the way nccl-tests does: plain bytes.
+pub fn human_size(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => format!("{b}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("4X").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn sizes_print_compactly() {
+        assert_eq!(human_size(8), "8");
+        assert_eq!(human_size(4096), "4K");
+        assert_eq!(human_size(1 << 20), "1M");
+        assert_eq!(human_size(1000), "1000");
+    }
+}

@@ -1,4 +1,0 @@
-//! Review findings (placeholder while building).
-mod common;
-#[test]
-fn builds() {}
