@@ -98,8 +98,9 @@ impl fmt::Display for PacketKind {
 /// Header flag bits.
 pub mod flags {
     /// The sender asks for an acknowledgement now rather than after the
-    /// receiver's ack delay (set on a message's last fragment when the sender
-    /// is about to go idle, and periodically in long bursts).
+    /// receiver's ack delay: set on a new data packet after which the sender
+    /// may send nothing more (nothing queued, or window or credit full), and
+    /// on every retransmission.
     pub const ACK_REQUESTED: u16 = 1 << 0;
     /// This data packet is a retransmission (diagnostics only).
     pub const RETRANSMISSION: u16 = 1 << 1;
@@ -266,8 +267,8 @@ impl fmt::Display for WireError {
 impl std::error::Error for WireError {}
 
 impl WireError {
-    /// Whether the packet's header can still be trusted to say who sent it.
-    /// Only a packet that passed every check can; this is for diagnostics.
+    /// Whether this is a checksum failure (a bad or missing CRC) rather than
+    /// a structural fault; statistics count the two apart.
     pub fn is_corruption(&self) -> bool {
         matches!(self, WireError::BadCrc { .. } | WireError::CrcRequired)
     }

@@ -23,8 +23,9 @@ pub struct EngineConfig {
     /// Most data packets in flight (sent, not yet acknowledged).
     pub send_window: u32,
     /// Most data packets this side buffers ahead of delivery; the credit it
-    /// grants its peer. Bounds receive memory at about `recv_window * mtu`
-    /// plus the message being assembled.
+    /// grants its peer. Bounds receive memory at about `recv_window * mtu`,
+    /// plus the message being assembled, plus delivered messages the caller
+    /// has not taken.
     pub recv_window: u32,
     /// Most messages queued for sending before [`send`](super::Engine::send)
     /// pushes back with [`SendError::QueueFull`](super::SendError::QueueFull).

@@ -33,8 +33,8 @@ pub struct Stats {
     pub crc_failures: u64,
     /// Packets rejected for any other structural fault (see `WireError`).
     pub malformed: u64,
-    /// Packets from an earlier epoch of the peer, or addressed to an
-    /// earlier epoch of this side, dropped.
+    /// Packets from an earlier (or retired) epoch of the peer, or addressed
+    /// to another epoch of this side, dropped.
     pub stale: u64,
     /// Data packets that had already arrived, dropped.
     pub duplicates: u64,

@@ -1,0 +1,135 @@
+//! The `barlink` command as a user runs it: output shapes, JSON fields and
+//! exit statuses (0 ok, 1 check failed, 2 usage, 3 environment).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn barlink(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_barlink"))
+        .args(args)
+        .env_remove("BARLINK_SIZES")
+        .output()
+        .expect("the barlink binary runs")
+}
+
+fn fixture(name: &str) -> String {
+    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "tests", "fixtures", "sysfs", name]
+        .iter()
+        .collect();
+    path.to_string_lossy().into_owned()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn bench_json_has_one_object_per_row_with_the_documented_fields() {
+    let output = barlink(&[
+        "bench", "--json", "--sizes", "64,4K", "--windows", "1", "--bytes-per-window", "1M",
+        "--lat-iters", "20",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let rows: Vec<serde_json::Value> = stdout(&output)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
+        .collect();
+    assert_eq!(rows.len(), 4, "two sizes, engine and baseline each");
+    for row in &rows {
+        for field in [
+            "path", "size_bytes", "gbps", "lat_p50_us", "lat_p99_us", "retransmits", "crc_errors",
+        ] {
+            assert!(row.get(field).is_some(), "{field} missing from {row}");
+        }
+        assert!(row["gbps"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(row["crc_errors"], 0);
+    }
+    let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["engine-mem", "memcpy", "engine-mem", "memcpy"]);
+}
+
+#[test]
+fn bench_with_injected_corruption_catches_and_resends_every_one() {
+    let output = barlink(&[
+        "bench", "--json", "--sizes", "64K", "--mtu", "4K", "--windows", "2",
+        "--bytes-per-window", "8M", "--lat-iters", "10", "--fault-rate", "0.01",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let row: serde_json::Value =
+        serde_json::from_str(stdout(&output).lines().next().unwrap()).unwrap();
+    assert!(row["crc_errors"].as_u64().unwrap() > 0, "{row}");
+    assert!(row["retransmits"].as_u64().unwrap() > 0, "{row}");
+}
+
+#[test]
+fn bench_table_is_for_people() {
+    let output = barlink(&[
+        "bench", "--sizes", "4K", "--windows", "1", "--bytes-per-window", "1M", "--lat-iters", "10",
+    ]);
+    assert!(output.status.success());
+    let text = stdout(&output);
+    assert!(text.contains("GB/s") && text.contains("vs memcpy"), "{text}");
+    assert!(text.contains("engine-mem") && text.contains("memcpy"));
+}
+
+#[test]
+fn bad_usage_exits_2_and_says_what_is_wrong() {
+    for args in [
+        &["bench", "--sizes", "4Q"][..],
+        &["bench", "--fault-rate", "0.9"],
+        &["bench", "--mtu", "100"],
+        &["topo", "--p2p-level", "FAR"],
+        &["no-such-command"],
+    ] {
+        let output = barlink(args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        assert!(!output.stderr.is_empty(), "{args:?} said nothing");
+    }
+}
+
+#[test]
+fn a_missing_sysfs_root_is_an_environment_problem() {
+    let output = barlink(&["topo", "--sysfs-root", "/nonexistent-barlink-root"]);
+    assert_eq!(output.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--sysfs-root"));
+}
+
+#[test]
+fn topo_json_names_gpus_nics_and_pairs() {
+    let output = barlink(&["topo", "--json", "--sysfs-root", &fixture("desktop-2x4090")]);
+    assert!(output.status.success(), "{output:?}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(doc["gpus"].as_array().unwrap().len(), 2);
+    assert!(doc["gpus"][0]["bdf"].is_string());
+    assert!(doc["gpus"][0]["bar1_bytes"].as_u64().unwrap() > 0);
+    assert!(doc["nics"].is_array());
+    let pair = &doc["pairs"][0];
+    for field in ["a", "b", "link", "path", "reason"] {
+        assert!(pair.get(field).is_some(), "{field} missing from {pair}");
+    }
+}
+
+#[test]
+fn doctor_exits_1_on_a_platform_that_breaks_p2p() {
+    for (name, expected) in [
+        ("desktop-2x4090", 0),
+        ("acs-cascade-4gpu", 1),
+        ("iommu-translating", 1),
+        ("small-bar1", 1),
+    ] {
+        let output = barlink(&["doctor", "--sysfs-root", &fixture(name)]);
+        assert_eq!(output.status.code(), Some(expected), "{name}: {}", stdout(&output));
+        let text = stdout(&output);
+        if expected == 1 {
+            assert!(text.contains("FAIL"), "{name}: {text}");
+        }
+    }
+}
+
+#[test]
+fn doctor_on_this_machine_says_what_it_found() {
+    let output = barlink(&["doctor", "--json"]);
+    assert!(matches!(output.status.code(), Some(0 | 1)), "{output:?}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert!(doc.is_object());
+}
