@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Every test barlink has that this machine can run, from a fresh clone:
+# formatting and lints, unit/property/scenario/CLI tests, a fuzz smoke run
+# of each target, and the benchmarks run once each as a smoke check.
+# Installs what it needs (cargo-fuzz). Ends with "test-all: N passed, M failed".
+#
+#   FUZZ_SECONDS=30     seconds per fuzz target (0 skips the fuzz stage, visibly)
+#   PROPTEST_CASES=512  cases per property test
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+export PROPTEST_CASES=${PROPTEST_CASES:-512}
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+log=$(mktemp -d)
+passed=0
+failed=0
+skipped=0
+
+step() { printf '\n=== %s\n' "$*"; }
+ok() { passed=$((passed + 1)); echo "ok: $*"; }
+bad() { failed=$((failed + 1)); echo "FAILED: $*"; }
+skip() { skipped=$((skipped + 1)); echo "SKIPPED: $*"; }
+
+step "format"
+if cargo fmt --version >/dev/null 2>&1; then
+    if cargo fmt --all -- --check && (cd fuzz && cargo fmt -- --check); then ok "cargo fmt"; else bad "cargo fmt (run: cargo fmt --all)"; fi
+else
+    skip "cargo fmt: rustfmt is not installed with this toolchain"
+fi
+
+step "lints"
+if cargo clippy --version >/dev/null 2>&1; then
+    if cargo clippy --workspace --all-targets -- -D warnings; then ok "cargo clippy"; else bad "cargo clippy"; fi
+else
+    skip "cargo clippy: clippy is not installed with this toolchain"
+fi
+
+step "tests (unit, property with PROPTEST_CASES=$PROPTEST_CASES, scenario, CLI)"
+cargo test --workspace 2>&1 | tee "$log/test.txt"
+test_status=${PIPESTATUS[0]}
+tests_passed=$(awk '/^test result:/ {for (i = 1; i <= NF; i++) if ($i ~ /^passed;?$/) s += $(i-1)} END {print s + 0}' "$log/test.txt")
+tests_failed=$(awk '/^test result:/ {for (i = 1; i <= NF; i++) if ($i ~ /^failed;?$/) s += $(i-1)} END {print s + 0}' "$log/test.txt")
+if [ "$test_status" -eq 0 ]; then ok "cargo test: $tests_passed tests passed"; else bad "cargo test: $tests_failed tests failed"; fi
+
+step "fuzz smoke (${FUZZ_SECONDS}s per target, stable toolchain, no sanitizer)"
+if [ "$FUZZ_SECONDS" -gt 0 ]; then
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        echo "installing cargo-fuzz from crates.io"
+        cargo install cargo-fuzz --locked --quiet || bad "cargo install cargo-fuzz"
+    fi
+    if cargo fuzz --version >/dev/null 2>&1; then
+        for target in $(cd fuzz && cargo fuzz list); do
+            # New inputs go to a scratch corpus; the committed seeds stay as they are.
+            scratch=$(mktemp -d)
+            if (cd fuzz && cargo fuzz run --sanitizer none "$target" "$scratch" "corpus/$target" \
+                    -- -max_total_time="$FUZZ_SECONDS" -print_final_stats=1) >"$log/fuzz-$target.txt" 2>&1; then
+                runs=$(grep -o 'Done [0-9]* runs' "$log/fuzz-$target.txt" | tail -1)
+                ok "fuzz $target: ${runs:-ran}, no crash"
+            else
+                tail -40 "$log/fuzz-$target.txt"
+                bad "fuzz $target found a crash (input saved under fuzz/artifacts/$target)"
+            fi
+            rm -rf "$scratch"
+        done
+    fi
+else
+    skip "fuzz smoke: FUZZ_SECONDS=0"
+fi
+
+step "benchmarks, once each (criterion --test mode: runs, does not time)"
+if cargo bench --bench engine -- --test >"$log/bench.txt" 2>&1; then
+    ok "cargo bench --bench engine -- --test"
+else
+    tail -30 "$log/bench.txt"
+    bad "criterion benchmarks"
+fi
+
+total_passed=$((tests_passed + passed))
+total_failed=$((tests_failed + failed))
+echo
+echo "checks: $passed passed, $failed failed, $skipped skipped (tests counted separately: $tests_passed passed, $tests_failed failed)"
+echo "test-all: $total_passed passed, $total_failed failed"
+rm -rf "$log"
+[ "$failed" -eq 0 ] && [ "$test_status" -eq 0 ]
