@@ -13,9 +13,15 @@ fn barlink(args: &[&str]) -> Output {
 }
 
 fn fixture(name: &str) -> String {
-    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "tests", "fixtures", "sysfs", name]
-        .iter()
-        .collect();
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "tests",
+        "fixtures",
+        "sysfs",
+        name,
+    ]
+    .iter()
+    .collect();
     path.to_string_lossy().into_owned()
 }
 
@@ -26,8 +32,16 @@ fn stdout(output: &Output) -> String {
 #[test]
 fn bench_json_has_one_object_per_row_with_the_documented_fields() {
     let output = barlink(&[
-        "bench", "--json", "--sizes", "64,4K", "--windows", "1", "--bytes-per-window", "1M",
-        "--lat-iters", "20",
+        "bench",
+        "--json",
+        "--sizes",
+        "64,4K",
+        "--windows",
+        "1",
+        "--bytes-per-window",
+        "1M",
+        "--lat-iters",
+        "20",
     ]);
     assert!(output.status.success(), "{output:?}");
     let rows: Vec<serde_json::Value> = stdout(&output)
@@ -37,7 +51,13 @@ fn bench_json_has_one_object_per_row_with_the_documented_fields() {
     assert_eq!(rows.len(), 4, "two sizes, engine and baseline each");
     for row in &rows {
         for field in [
-            "path", "size_bytes", "gbps", "lat_p50_us", "lat_p99_us", "retransmits", "crc_errors",
+            "path",
+            "size_bytes",
+            "gbps",
+            "lat_p50_us",
+            "lat_p99_us",
+            "retransmits",
+            "crc_errors",
         ] {
             assert!(row.get(field).is_some(), "{field} missing from {row}");
         }
@@ -51,8 +71,20 @@ fn bench_json_has_one_object_per_row_with_the_documented_fields() {
 #[test]
 fn bench_with_injected_corruption_catches_and_resends_every_one() {
     let output = barlink(&[
-        "bench", "--json", "--sizes", "64K", "--mtu", "4K", "--windows", "2",
-        "--bytes-per-window", "8M", "--lat-iters", "10", "--fault-rate", "0.01",
+        "bench",
+        "--json",
+        "--sizes",
+        "64K",
+        "--mtu",
+        "4K",
+        "--windows",
+        "2",
+        "--bytes-per-window",
+        "8M",
+        "--lat-iters",
+        "10",
+        "--fault-rate",
+        "0.01",
     ]);
     assert!(output.status.success(), "{output:?}");
     let row: serde_json::Value =
@@ -64,11 +96,22 @@ fn bench_with_injected_corruption_catches_and_resends_every_one() {
 #[test]
 fn bench_table_is_for_people() {
     let output = barlink(&[
-        "bench", "--sizes", "4K", "--windows", "1", "--bytes-per-window", "1M", "--lat-iters", "10",
+        "bench",
+        "--sizes",
+        "4K",
+        "--windows",
+        "1",
+        "--bytes-per-window",
+        "1M",
+        "--lat-iters",
+        "10",
     ]);
     assert!(output.status.success());
     let text = stdout(&output);
-    assert!(text.contains("GB/s") && text.contains("vs memcpy"), "{text}");
+    assert!(
+        text.contains("GB/s") && text.contains("vs memcpy"),
+        "{text}"
+    );
     assert!(text.contains("engine-mem") && text.contains("memcpy"));
 }
 
@@ -118,7 +161,12 @@ fn doctor_exits_1_on_a_platform_that_breaks_p2p() {
         ("small-bar1", 1),
     ] {
         let output = barlink(&["doctor", "--sysfs-root", &fixture(name)]);
-        assert_eq!(output.status.code(), Some(expected), "{name}: {}", stdout(&output));
+        assert_eq!(
+            output.status.code(),
+            Some(expected),
+            "{name}: {}",
+            stdout(&output)
+        );
         let text = stdout(&output);
         if expected == 1 {
             assert!(text.contains("FAIL"), "{name}: {text}");
