@@ -3,7 +3,8 @@
 //! CRC alone at each packet size.
 //!
 //! `cargo bench --bench engine`; throughput is in bytes (GB/s); packets/s is
-//! bytes/s divided by the payload per packet, which the group name gives.
+//! bytes/s divided by the payload per packet, which the group name gives,
+//! and the CRC's share is 1 - time(crc=off) / time(crc=on).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -25,9 +26,14 @@ fn engine_pair(c: &mut Criterion) {
         ));
         group.throughput(Throughput::Bytes((MESSAGE * MESSAGES_PER_ITER) as u64));
         for crc in [true, false] {
+            // A window of 4 MiB in flight, as `barlink bench` uses: larger
+            // ones spill the medium's buffers out of cache and measure DRAM.
+            let window = ((4 << 20) / mtu).clamp(4, 256) as u32;
             let config = EngineConfig {
                 mtu,
                 crc,
+                send_window: window,
+                recv_window: window,
                 ..EngineConfig::default()
             };
             let mut pair: SimPair<Arc<[u8]>> =
