@@ -9,16 +9,22 @@
 //!   exactly-once delivery, heartbeats, peer loss and restart detection;
 //! - [`sim`]: a simulated medium with seeded loss, corruption, duplication,
 //!   reordering and delay, to drive two engines in tests and benchmarks;
+//! - [`ring`]: the packet ring inside a receive window — layout and the
+//!   head/consumed index protocol, with every peer-written index checked;
 //! - [`crc`], [`time`]: the checksum and the engine's notion of time.
 //!
 //! Links that bind an engine to memory windows come later in this crate.
-//! Protocol code here contains no unsafe code.
-#![forbid(unsafe_code)]
+//! Protocol code here contains no unsafe code: `unsafe` is denied crate-wide
+//! and allowed only on `window::mapping`, the one module that holds raw
+//! pointers into mapped memory.
+#![deny(unsafe_code)]
 
 pub mod crc;
 pub mod engine;
+pub mod ring;
 pub mod sim;
 pub mod time;
+pub mod window;
 pub mod wire;
 
 pub use engine::{

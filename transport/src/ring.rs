@@ -1,0 +1,451 @@
+//! The packet ring that lives in a receive window: its layout and the
+//! head/consumed index protocol, as pure logic over numbers.
+//!
+//! Each side of a link owns one receive window. Its peer writes packets
+//! into the window's slots and publishes how many it wrote (`head`); the
+//! owner reads them from its own memory and tells the peer how many it has
+//! consumed by writing `consumed` into the *peer's* window. So each side
+//! writes only into the other's window and reads only its own: across PCIe,
+//! writes are posted and fast, reads are slow round trips (push, never pull).
+//!
+//! ```text
+//!  window of side A (A reads, B writes)        window of side B (B reads, A writes)
+//!  ┌──────────────────────────────┐             ┌──────────────────────────────┐
+//!  │ line 0: geometry (A, once)   │             │ line 0: geometry (B, once)   │
+//!  │ line 1: head     ◄── B writes│             │ line 1: head     ◄── A writes│
+//!  │ line 2: consumed ◄── B writes│ = how far B │ line 2: consumed ◄── A writes│
+//!  │         (of B's window)      │   has read  │         (of A's window)      │
+//!  │ slots: packets   ◄── B writes│   B's ring  │ slots: packets   ◄── A writes│
+//!  └──────────────────────────────┘             └──────────────────────────────┘
+//! ```
+//!
+//! Ordering: the producer writes a packet into slot `head % slot_count`,
+//! fences (write-combined stores must land first), then stores `head + 1`
+//! with Release. The consumer loads `head` with Acquire, reads the slots
+//! below it, and stores its `consumed` count with Release into the peer's
+//! window; the producer loads it with Acquire before reusing a slot. Every
+//! index the peer wrote is checked here before it is used: a head that runs
+//! backwards or more than a ring ahead, or a consumed count beyond what was
+//! produced, is an error, never an out-of-bounds slot.
+//!
+//! This module holds the arithmetic and the checks; the links apply them to
+//! windows. The packets themselves carry their own length and CRC, so a
+//! torn slot is caught by the engine like any corrupt packet.
+
+use std::fmt;
+
+/// Bytes of the control block at the start of every ring window: three
+/// 64-byte lines, so that fields written by different sides never share a
+/// cache line, padded to 256.
+pub const CONTROL_LEN: usize = 256;
+/// Slots are multiples of a cache line.
+pub const SLOT_ALIGN: usize = 64;
+/// `b"BLRING\0\x01"` as a little-endian u64: identifies a barlink ring.
+pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"BLRING\0\x01");
+/// Layout version of the control block.
+pub const RING_VERSION: u32 = 1;
+
+/// Offsets within the control block.
+pub mod offset {
+    /// u64 [`super::RING_MAGIC`], written by the owner.
+    pub const MAGIC: usize = 0;
+    /// u32 layout version, written by the owner.
+    pub const VERSION: usize = 8;
+    /// u32 bytes per slot.
+    pub const SLOT_SIZE: usize = 12;
+    /// u32 number of slots.
+    pub const SLOT_COUNT: usize = 16;
+    /// u64 the owner's generation: +1 each time a process attaches as owner
+    /// (the engine's epoch).
+    pub const GENERATION: usize = 24;
+    /// u32 the owner's process id (diagnostics for stale rings).
+    pub const OWNER_PID: usize = 32;
+    /// u64 packets the peer has published into this window (line 1).
+    pub const HEAD: usize = 64;
+    /// u64 packets the peer has consumed from its own window (line 2).
+    pub const CONSUMED: usize = 128;
+    /// First slot.
+    pub const SLOTS: usize = super::CONTROL_LEN;
+}
+
+/// The shape of a ring: how many slots of what size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Bytes per slot (a multiple of [`SLOT_ALIGN`], at least one packet).
+    pub slot_size: u32,
+    /// Number of slots (at least 2).
+    pub slot_count: u32,
+}
+
+impl Geometry {
+    /// The geometry that fits `window_len` bytes with slots for packets of
+    /// up to `mtu` bytes.
+    pub fn for_window(window_len: usize, mtu: usize) -> Result<Geometry, RingError> {
+        let slot_size = mtu.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+        let available = window_len.saturating_sub(CONTROL_LEN);
+        let slot_count = available / slot_size.max(1);
+        if slot_count < 2 {
+            return Err(RingError::WindowTooSmall {
+                window_len,
+                needed: CONTROL_LEN + 2 * slot_size,
+            });
+        }
+        Ok(Geometry {
+            slot_size: u32::try_from(slot_size).map_err(|_| RingError::BadGeometry {
+                detail: "slot size beyond 4 GiB",
+            })?,
+            slot_count: u32::try_from(slot_count).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// Checks a geometry read from a window (written by whoever created it)
+    /// against the window's real length, so that every slot offset derived
+    /// from it lies inside the window.
+    pub fn validate(&self, window_len: usize) -> Result<(), RingError> {
+        if self.slot_size == 0 || !(self.slot_size as usize).is_multiple_of(SLOT_ALIGN) {
+            return Err(RingError::BadGeometry {
+                detail: "slot size is not a positive multiple of 64",
+            });
+        }
+        if self.slot_count < 2 {
+            return Err(RingError::BadGeometry {
+                detail: "fewer than two slots",
+            });
+        }
+        let needed = (self.slot_size as u64)
+            .checked_mul(u64::from(self.slot_count))
+            .and_then(|slots| slots.checked_add(CONTROL_LEN as u64));
+        match needed {
+            Some(needed) if needed <= window_len as u64 => Ok(()),
+            _ => Err(RingError::WindowTooSmall {
+                window_len,
+                needed: needed.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+            }),
+        }
+    }
+
+    /// Byte offset of the slot that packet number `index` occupies.
+    pub fn slot_offset(&self, index: u64) -> usize {
+        let slot = (index % u64::from(self.slot_count)) as usize;
+        offset::SLOTS + slot * self.slot_size as usize
+    }
+
+    /// Total bytes the ring occupies.
+    pub fn ring_len(&self) -> usize {
+        CONTROL_LEN + self.slot_size as usize * self.slot_count as usize
+    }
+}
+
+/// The writing end's bookkeeping for the ring in the peer's window.
+#[derive(Debug, Clone)]
+pub struct Producer {
+    geometry: Geometry,
+    /// Packets written so far (the next one goes to slot `written % count`).
+    written: u64,
+    /// Packets the peer reported consumed.
+    consumed: u64,
+}
+
+impl Producer {
+    /// A producer for a ring of this geometry, starting empty.
+    pub fn new(geometry: Geometry) -> Producer {
+        Producer {
+            geometry,
+            written: 0,
+            consumed: 0,
+        }
+    }
+
+    /// Slots free for writing now.
+    pub fn free_slots(&self) -> u64 {
+        u64::from(self.geometry.slot_count) - (self.written - self.consumed)
+    }
+
+    /// Where the next packet goes, if a slot is free.
+    pub fn next_slot_offset(&self) -> Option<usize> {
+        (self.free_slots() > 0).then(|| self.geometry.slot_offset(self.written))
+    }
+
+    /// Records that the next packet was written; returns the new head to
+    /// publish (after a store fence) with Release.
+    pub fn commit(&mut self) -> u64 {
+        debug_assert!(self.free_slots() > 0, "commit without a free slot");
+        self.written += 1;
+        self.written
+    }
+
+    /// Applies a consumed count the peer wrote into our window (loaded with
+    /// Acquire). It may only grow, and never past what we wrote.
+    pub fn on_consumed(&mut self, consumed: u64) -> Result<(), RingError> {
+        if consumed < self.consumed || consumed > self.written {
+            return Err(RingError::BadConsumed {
+                consumed,
+                previously: self.consumed,
+                written: self.written,
+            });
+        }
+        self.consumed = consumed;
+        Ok(())
+    }
+}
+
+/// The reading end's bookkeeping for the ring in its own window.
+#[derive(Debug, Clone)]
+pub struct Consumer {
+    geometry: Geometry,
+    /// Packets read so far.
+    read: u64,
+    /// The head last seen.
+    head: u64,
+}
+
+impl Consumer {
+    /// A consumer of a ring of this geometry, starting empty.
+    pub fn new(geometry: Geometry) -> Consumer {
+        Consumer {
+            geometry,
+            read: 0,
+            head: 0,
+        }
+    }
+
+    /// Applies a head the peer wrote (loaded with Acquire); returns how many
+    /// packets are ready. A head that runs backwards, or further ahead than
+    /// the ring holds, is rejected.
+    pub fn on_head(&mut self, head: u64) -> Result<u64, RingError> {
+        if head < self.head || head - self.read > u64::from(self.geometry.slot_count) {
+            return Err(RingError::BadHead {
+                head,
+                read: self.read,
+                slot_count: self.geometry.slot_count,
+            });
+        }
+        self.head = head;
+        Ok(head - self.read)
+    }
+
+    /// Where the next ready packet is, if one is.
+    pub fn next_slot_offset(&self) -> Option<usize> {
+        (self.read < self.head).then(|| self.geometry.slot_offset(self.read))
+    }
+
+    /// Records that the next packet was read out of its slot; returns the
+    /// consumed count to publish with Release into the peer's window.
+    pub fn release(&mut self) -> u64 {
+        debug_assert!(self.read < self.head, "release without a ready packet");
+        self.read += 1;
+        self.read
+    }
+}
+
+/// A ring index or geometry that cannot be right.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RingError {
+    /// The window cannot hold a control block and two slots.
+    WindowTooSmall { window_len: usize, needed: usize },
+    /// The geometry in a control block is impossible.
+    BadGeometry { detail: &'static str },
+    /// The peer's head went backwards or past the ring's capacity.
+    BadHead {
+        head: u64,
+        read: u64,
+        slot_count: u32,
+    },
+    /// The peer's consumed count went backwards or past what was written.
+    BadConsumed {
+        consumed: u64,
+        previously: u64,
+        written: u64,
+    },
+}
+
+impl fmt::Display for RingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RingError::WindowTooSmall { window_len, needed } => write!(
+                f,
+                "window of {window_len} bytes is too small for a ring: at least {needed} bytes are needed (a {CONTROL_LEN}-byte control block and two slots); use a larger window or a smaller MTU"
+            ),
+            RingError::BadGeometry { detail } => {
+                write!(f, "ring control block has an impossible geometry: {detail}")
+            }
+            RingError::BadHead {
+                head,
+                read,
+                slot_count,
+            } => write!(
+                f,
+                "peer published head {head} with {read} packets read and {slot_count} slots: the peer is broken or the ring was overwritten"
+            ),
+            RingError::BadConsumed {
+                consumed,
+                previously,
+                written,
+            } => write!(
+                f,
+                "peer reported {consumed} packets consumed (before: {previously}, written: {written}): the peer is broken or the ring was overwritten"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RingError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GEOMETRY: Geometry = Geometry {
+        slot_size: 4096,
+        slot_count: 4,
+    };
+
+    #[test]
+    fn geometry_fits_the_window() {
+        let geometry = Geometry::for_window(4 << 20, 4096).unwrap();
+        assert_eq!(geometry.slot_size, 4096);
+        assert_eq!(
+            geometry.slot_count as usize,
+            ((4 << 20) - CONTROL_LEN) / 4096
+        );
+        geometry.validate(4 << 20).unwrap();
+        assert!(geometry.ring_len() <= 4 << 20);
+        // Slots round up to cache lines.
+        assert_eq!(Geometry::for_window(1 << 20, 1000).unwrap().slot_size, 1024);
+    }
+
+    #[test]
+    fn a_window_too_small_says_how_much_is_needed() {
+        let error = Geometry::for_window(8192, 4096).unwrap_err();
+        assert_eq!(
+            error,
+            RingError::WindowTooSmall {
+                window_len: 8192,
+                needed: CONTROL_LEN + 8192
+            }
+        );
+        assert!(error.to_string().contains("smaller MTU"));
+    }
+
+    #[test]
+    fn impossible_geometries_from_a_control_block_are_rejected() {
+        for (geometry, window_len) in [
+            (
+                Geometry {
+                    slot_size: 0,
+                    slot_count: 4,
+                },
+                1 << 20,
+            ),
+            (
+                Geometry {
+                    slot_size: 100,
+                    slot_count: 4,
+                },
+                1 << 20,
+            ),
+            (
+                Geometry {
+                    slot_size: 64,
+                    slot_count: 1,
+                },
+                1 << 20,
+            ),
+            (
+                Geometry {
+                    slot_size: 4096,
+                    slot_count: 1000,
+                },
+                1 << 20,
+            ),
+            (
+                Geometry {
+                    slot_size: u32::MAX - 63,
+                    slot_count: u32::MAX,
+                },
+                1 << 40,
+            ),
+        ] {
+            assert!(geometry.validate(window_len).is_err(), "{geometry:?}");
+        }
+    }
+
+    #[test]
+    fn slots_wrap_around_the_ring() {
+        assert_eq!(GEOMETRY.slot_offset(0), CONTROL_LEN);
+        assert_eq!(GEOMETRY.slot_offset(3), CONTROL_LEN + 3 * 4096);
+        assert_eq!(GEOMETRY.slot_offset(4), CONTROL_LEN);
+        assert_eq!(GEOMETRY.slot_offset(u64::MAX), CONTROL_LEN + 3 * 4096);
+    }
+
+    #[test]
+    fn the_producer_never_overwrites_an_unconsumed_slot() {
+        let mut producer = Producer::new(GEOMETRY);
+        let mut offsets = vec![];
+        while let Some(offset) = producer.next_slot_offset() {
+            offsets.push(offset);
+            producer.commit();
+        }
+        assert_eq!(offsets.len(), 4, "a full ring stops the producer");
+        producer.on_consumed(1).unwrap();
+        assert_eq!(
+            producer.next_slot_offset(),
+            Some(CONTROL_LEN),
+            "slot 0 is free again"
+        );
+        assert_eq!(producer.commit(), 5);
+    }
+
+    #[test]
+    fn a_consumed_count_that_cannot_be_true_is_rejected() {
+        let mut producer = Producer::new(GEOMETRY);
+        producer.commit();
+        producer.commit();
+        producer.on_consumed(2).unwrap();
+        assert!(producer.on_consumed(1).is_err(), "backwards");
+        assert!(producer.on_consumed(3).is_err(), "beyond what was written");
+        assert!(matches!(
+            producer.on_consumed(u64::MAX),
+            Err(RingError::BadConsumed { .. })
+        ));
+    }
+
+    #[test]
+    fn the_consumer_reads_exactly_what_was_published() {
+        let mut consumer = Consumer::new(GEOMETRY);
+        assert_eq!(consumer.next_slot_offset(), None);
+        assert_eq!(consumer.on_head(3), Ok(3));
+        for expected in 1..=3 {
+            assert!(consumer.next_slot_offset().is_some());
+            assert_eq!(consumer.release(), expected);
+        }
+        assert_eq!(consumer.next_slot_offset(), None);
+    }
+
+    #[test]
+    fn a_head_that_cannot_be_true_is_rejected() {
+        let mut consumer = Consumer::new(GEOMETRY);
+        assert!(consumer.on_head(5).is_err(), "more than a ring ahead");
+        consumer.on_head(2).unwrap();
+        assert!(consumer.on_head(1).is_err(), "backwards");
+        assert!(matches!(
+            consumer.on_head(u64::MAX),
+            Err(RingError::BadHead { .. })
+        ));
+        assert_eq!(consumer.on_head(4), Ok(4), "a full ring is fine");
+    }
+
+    #[test]
+    fn producer_and_consumer_agree_on_every_slot() {
+        let mut producer = Producer::new(GEOMETRY);
+        let mut consumer = Consumer::new(GEOMETRY);
+        for _ in 0..100 {
+            let written_at = producer.next_slot_offset().unwrap();
+            let head = producer.commit();
+            consumer.on_head(head).unwrap();
+            assert_eq!(consumer.next_slot_offset(), Some(written_at));
+            producer.on_consumed(consumer.release()).unwrap();
+        }
+    }
+}
