@@ -4,6 +4,8 @@
 //! rest of the crate names one type and never the algorithm enum, and so the
 //! CRC can be taken chunk by chunk while data is copied (the link layer
 //! checksums each chunk while it is still hot in L1).
+// Protocol code: no unsafe, ever (the crate only denies it, for window::mapping).
+#![forbid(unsafe_code)]
 
 use crc_fast::{CrcAlgorithm, Digest};
 

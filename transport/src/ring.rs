@@ -31,6 +31,8 @@
 //! This module holds the arithmetic and the checks; the links apply them to
 //! windows. The packets themselves carry their own length and CRC, so a
 //! torn slot is caught by the engine like any corrupt packet.
+// Protocol code: no unsafe, ever (the crate only denies it, for window::mapping).
+#![forbid(unsafe_code)]
 
 use std::fmt;
 

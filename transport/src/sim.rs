@@ -7,6 +7,8 @@
 //! exactly. Faults are applied per packet, in the spirit of smoltcp's
 //! `FaultInjector`: loss, a flipped bit anywhere in header or payload,
 //! truncation (a torn write), duplication, and reordering by extra delay.
+// Protocol code: no unsafe, ever (the crate only denies it, for window::mapping).
+#![forbid(unsafe_code)]
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

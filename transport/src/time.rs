@@ -2,6 +2,8 @@
 //!
 //! The engine never reads a clock. Links pass a monotonic clock's reading;
 //! tests pass simulated time, which makes every run reproducible.
+// Protocol code: no unsafe, ever (the crate only denies it, for window::mapping).
+#![forbid(unsafe_code)]
 
 use std::fmt;
 use std::ops::{Add, AddAssign};

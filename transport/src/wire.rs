@@ -11,6 +11,8 @@
 //!
 //! `docs/WIRE.md` has the byte diagram; this module is its definition.
 //! All integers are little-endian (every host and GPU we target is).
+// Protocol code: no unsafe, ever (the crate only denies it, for window::mapping).
+#![forbid(unsafe_code)]
 
 use std::fmt;
 

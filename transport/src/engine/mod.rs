@@ -28,6 +28,8 @@
 //! receiver's as the sender knows it. A side that restarts comes back with a
 //! newer epoch, which ends the old session on both sides: nothing of it is
 //! delivered into the new one. See `docs/WIRE.md` and `docs/ARCHITECTURE.md`.
+// Protocol code: no unsafe, ever (the crate only denies it, for window::mapping).
+#![forbid(unsafe_code)]
 
 mod config;
 mod recv;

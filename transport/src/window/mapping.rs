@@ -1,0 +1,359 @@
+//! [`Mapping`]: the only code in the transport that holds a raw pointer into
+//! a window's memory, and so the only module (with nothing else) allowed
+//! `unsafe`.
+//!
+//! It owns a region — an `mmap` of a shared file or a page-aligned heap
+//! allocation — and offers checked accessors over it: bulk copies in and
+//! out, and 64-bit atomic loads, stores and adds. Every accessor checks its
+//! range (and, for atomics, alignment and ordering) before it forms a
+//! pointer, so offsets that a peer wrote can be passed straight in.
+//!
+//! No reference into the region ever leaves this module. The memory may be
+//! written at any moment by another process or a device, which Rust's
+//! reference rules cannot describe; the only references formed here are
+//! short-lived `&AtomicU64`, which permit concurrent modification.
+//!
+//! Bulk copies use `ptr::copy_nonoverlapping` (memcpy), which on
+//! write-combined PCIe memory issues wide stores that the CPU combines into
+//! full-line bursts; a volatile byte loop would issue one PCIe write per
+//! byte. A bulk read that races a peer's write may see a mix of old and new
+//! bytes — which the packet CRC exists to catch. As in `vm-memory`, such a
+//! race with another process is outside what the compiler can observe; the
+//! window's users keep to the ring protocol (data, fence, release index;
+//! acquire index, data) so that within one process it never happens.
+
+use std::alloc::{self, Layout};
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::mm::{self, Advice, MapFlags, ProtFlags};
+
+use super::{WindowError, check_range};
+
+/// Heap windows are page-aligned, like mappings, so that alignment rules
+/// (atomic indices, cache lines, future DMA) are the same for every kind.
+const HEAP_ALIGN: usize = 4096;
+
+/// How a region is given back when its [`Mapping`] drops.
+#[derive(Debug)]
+enum Release {
+    /// `munmap` this many bytes (the length that was mapped).
+    Unmap { mapped_len: usize },
+    /// Return the allocation to the global allocator.
+    Dealloc { layout: Layout },
+}
+
+/// A region of memory, owned, reachable only through checked accessors.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+    release: Release,
+}
+
+// SAFETY: `Mapping` owns its region exclusively (it is unmapped or freed only
+// in `drop`); all access goes through raw-pointer copies and atomics that are
+// valid from any thread, and no reference to the region is ever handed out.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; shared access from several threads is exactly what the
+// accessors are for (atomics for indices, copies for data the ring protocol
+// keeps from racing within this process).
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// A zeroed, page-aligned heap region of `len` bytes.
+    pub(crate) fn zeroed_heap(len: usize) -> Result<Mapping, WindowError> {
+        if len == 0 {
+            return Err(WindowError::InvalidLength {
+                len,
+                reason: "a window must have at least one byte",
+            });
+        }
+        let layout =
+            Layout::from_size_align(len, HEAP_ALIGN).map_err(|_| WindowError::InvalidLength {
+                len,
+                reason: "larger than the address space allows",
+            })?;
+        // SAFETY: `layout` has a non-zero size (checked above).
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let base = NonNull::new(raw).ok_or(WindowError::AllocationFailed { len })?;
+        Ok(Mapping {
+            base,
+            len,
+            release: Release::Dealloc { layout },
+        })
+    }
+
+    /// Maps the first `len` bytes of `fd` shared, readable and writable.
+    ///
+    /// The caller has checked that the file is at least `len` bytes long:
+    /// touching a page past its end raises SIGBUS. (A file that a peer
+    /// shrinks later has the same effect, which is why memfd windows are
+    /// sealed against shrinking.)
+    pub(crate) fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::from_raw_os_error(
+                rustix::io::Errno::INVAL.raw_os_error(),
+            ));
+        }
+        // SAFETY: a null hint lets the kernel choose an address, so no
+        // existing mapping of this process is replaced; `fd` is open for the
+        // duration of the call (it is borrowed); the new mapping is owned by
+        // the returned `Mapping` alone and unmapped only in its `drop`.
+        let raw = unsafe {
+            mm::mmap(
+                ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }?;
+        let base = NonNull::new(raw.cast::<u8>())
+            .ok_or_else(|| io::Error::other("mmap returned a null address"))?;
+        Ok(Mapping {
+            base,
+            len,
+            release: Release::Unmap { mapped_len: len },
+        })
+    }
+
+    /// Asks the kernel to back the region with transparent huge pages
+    /// (`madvise(MADV_HUGEPAGE)`). Advice only: the kernel may not comply.
+    pub(crate) fn advise_huge_pages(&self) -> io::Result<()> {
+        // SAFETY: the range is exactly this mapping, which is live; the
+        // advice changes how the kernel backs the pages, never their
+        // contents or validity.
+        unsafe { mm::madvise(self.base.as_ptr().cast(), self.len, Advice::LinuxHugepage) }?;
+        Ok(())
+    }
+
+    /// The region's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Copies `src` into the region at `offset`.
+    pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
+        check_range(offset, src.len(), self.len)?;
+        // SAFETY: `offset + src.len() <= self.len` without overflow (checked
+        // above), so the destination lies within the live region; `src` is a
+        // separate Rust slice, so the two cannot overlap.
+        unsafe {
+            ptr::copy_nonoverlapping(src.as_ptr(), self.base.as_ptr().add(offset), src.len());
+        }
+        Ok(())
+    }
+
+    /// Copies bytes at `offset` out of the region into `dst`.
+    pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
+        check_range(offset, dst.len(), self.len)?;
+        // SAFETY: the source range lies within the live region (checked
+        // above); `dst` is an exclusive Rust slice, so the two cannot
+        // overlap.
+        unsafe {
+            ptr::copy_nonoverlapping(self.base.as_ptr().add(offset), dst.as_mut_ptr(), dst.len());
+        }
+        Ok(())
+    }
+
+    /// The 8-byte word at `offset`, checked for range and alignment.
+    fn word(&self, offset: usize) -> Result<*mut u64, WindowError> {
+        check_range(offset, size_of::<u64>(), self.len)?;
+        // SAFETY: `offset + 8 <= self.len` (checked above), so the pointer
+        // stays within the live region.
+        let word = unsafe { self.base.as_ptr().add(offset) }.cast::<u64>();
+        if !word.is_aligned() {
+            return Err(WindowError::Misaligned {
+                offset,
+                align: align_of::<AtomicU64>(),
+            });
+        }
+        Ok(word)
+    }
+
+    /// An atomic load of the word at `offset`.
+    pub(crate) fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
+        check_load_ordering(order)?;
+        let word = self.word(offset)?;
+        // SAFETY: `word` is in bounds and 8-byte aligned (checked by
+        // `word`); the region outlives this call; every access this module
+        // makes to an index word is atomic, and concurrent writers (threads
+        // or other processes) are what `AtomicU64` permits.
+        let atomic = unsafe { AtomicU64::from_ptr(word) };
+        Ok(atomic.load(order))
+    }
+
+    /// An atomic store to the word at `offset`.
+    pub(crate) fn store_u64(
+        &self,
+        offset: usize,
+        value: u64,
+        order: Ordering,
+    ) -> Result<(), WindowError> {
+        check_store_ordering(order)?;
+        let word = self.word(offset)?;
+        // SAFETY: as in `load_u64`.
+        let atomic = unsafe { AtomicU64::from_ptr(word) };
+        atomic.store(value, order);
+        Ok(())
+    }
+
+    /// An atomic add to the word at `offset`; returns the previous value.
+    pub(crate) fn fetch_add_u64(
+        &self,
+        offset: usize,
+        value: u64,
+        order: Ordering,
+    ) -> Result<u64, WindowError> {
+        let word = self.word(offset)?;
+        // SAFETY: as in `load_u64`.
+        let atomic = unsafe { AtomicU64::from_ptr(word) };
+        Ok(atomic.fetch_add(value, order))
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        match self.release {
+            Release::Unmap { mapped_len } => {
+                // SAFETY: `base..base + mapped_len` is exactly the mapping
+                // made in `map_shared`, owned by this value alone, and no
+                // reference into it exists (none is ever handed out).
+                let result = unsafe { mm::munmap(self.base.as_ptr().cast(), mapped_len) };
+                // munmap of a range we mapped cannot fail short of a kernel
+                // bug; leaking the mapping is the only safe response anyway.
+                debug_assert!(result.is_ok(), "munmap failed: {result:?}");
+            }
+            Release::Dealloc { layout } => {
+                // SAFETY: `base` came from `alloc_zeroed(layout)` in
+                // `zeroed_heap` and is freed only here.
+                unsafe { alloc::dealloc(self.base.as_ptr(), layout) };
+            }
+        }
+    }
+}
+
+/// Loads can be Relaxed, Acquire or SeqCst (the standard library panics on
+/// the others; a window returns an error instead).
+fn check_load_ordering(order: Ordering) -> Result<(), WindowError> {
+    match order {
+        Ordering::Relaxed | Ordering::Acquire | Ordering::SeqCst => Ok(()),
+        _ => Err(WindowError::InvalidOrdering {
+            operation: "load",
+            ordering: order,
+        }),
+    }
+}
+
+/// Stores can be Relaxed, Release or SeqCst.
+pub(super) fn check_store_ordering(order: Ordering) -> Result<(), WindowError> {
+    match order {
+        Ordering::Relaxed | Ordering::Release | Ordering::SeqCst => Ok(()),
+        _ => Err(WindowError::InvalidOrdering {
+            operation: "store",
+            ordering: order,
+        }),
+    }
+}
+
+/// Orders every store before it, including write-combined and
+/// non-temporal ones, before every store after it.
+///
+/// See [`Window::store_fence`](super::Window::store_fence) for why the ring
+/// needs this on top of a Release store.
+#[inline]
+pub(crate) fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `sfence` is part of SSE, which every x86_64 CPU has; it
+        // has no operands and touches no memory.
+        unsafe { std::arch::x86_64::_mm_sfence() };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // Elsewhere (aarch64: `dmb ish`), a sequentially consistent fence is
+        // the strongest portable barrier; device-memory barriers (`dmb
+        // oshst`) belong with the BAR windows that need them.
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_region_is_zeroed_and_page_aligned() {
+        let map = Mapping::zeroed_heap(10_000).unwrap();
+        assert_eq!(map.base.as_ptr() as usize % HEAP_ALIGN, 0);
+        let mut buf = vec![0xffu8; 10_000];
+        map.read(0, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn zero_and_huge_heap_lengths_are_errors() {
+        assert!(matches!(
+            Mapping::zeroed_heap(0),
+            Err(WindowError::InvalidLength { len: 0, .. })
+        ));
+        assert!(matches!(
+            Mapping::zeroed_heap(usize::MAX),
+            Err(WindowError::InvalidLength { .. })
+        ));
+    }
+
+    #[test]
+    fn orderings_that_std_would_panic_on_are_errors() {
+        let map = Mapping::zeroed_heap(64).unwrap();
+        for bad in [Ordering::Release, Ordering::AcqRel] {
+            assert!(matches!(
+                map.load_u64(0, bad),
+                Err(WindowError::InvalidOrdering {
+                    operation: "load",
+                    ..
+                })
+            ));
+        }
+        for bad in [Ordering::Acquire, Ordering::AcqRel] {
+            assert!(matches!(
+                map.store_u64(0, 1, bad),
+                Err(WindowError::InvalidOrdering {
+                    operation: "store",
+                    ..
+                })
+            ));
+        }
+        assert_eq!(map.fetch_add_u64(8, 5, Ordering::AcqRel), Ok(0));
+        assert_eq!(map.load_u64(8, Ordering::SeqCst), Ok(5));
+    }
+
+    #[test]
+    fn word_checks_range_before_alignment_and_never_overflows() {
+        let map = Mapping::zeroed_heap(64).unwrap();
+        assert!(map.word(56).is_ok());
+        assert!(matches!(
+            map.word(60),
+            Err(WindowError::OutOfBounds {
+                offset: 60,
+                len: 8,
+                window_len: 64
+            })
+        ));
+        assert!(matches!(
+            map.word(4),
+            Err(WindowError::Misaligned {
+                offset: 4,
+                align: 8
+            })
+        ));
+        assert!(matches!(
+            map.word(usize::MAX - 7),
+            Err(WindowError::OutOfBounds { .. })
+        ));
+    }
+}
