@@ -21,8 +21,10 @@
 
 pub mod crc;
 pub mod engine;
+pub mod link;
 pub mod ring;
 pub mod sim;
+pub mod sync;
 pub mod time;
 pub mod window;
 pub mod wire;

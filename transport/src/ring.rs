@@ -231,6 +231,11 @@ impl Consumer {
         (self.read < self.head).then(|| self.geometry.slot_offset(self.read))
     }
 
+    /// Packets read and released so far: the consumed count to publish.
+    pub fn released(&self) -> u64 {
+        self.read
+    }
+
     /// Records that the next packet was read out of its slot; returns the
     /// consumed count to publish with Release into the peer's window.
     pub fn release(&mut self) -> u64 {

@@ -1,0 +1,521 @@
+//! Links: an engine bound to two rings in memory windows.
+//!
+//! A [`RingLink`] owns an [`Engine`] and two windows: its own receive
+//! window, which the peer writes packets into and which it reads, and the
+//! peer's receive window, which it writes into and never reads (except the
+//! control block, once, at setup). [`RingLink::progress`] moves packets both
+//! ways; the blocking calls ([`RingLink::send_blocking`],
+//! [`RingLink::recv`], [`RingLink::flush`]) drive it until done or until
+//! their timeout, so nothing waits forever. Progress is driven by the
+//! caller's thread (polling).
+//!
+//! [`connect`] and [`Listener`] set up a link between processes by name:
+//! each side creates a memfd window and hands it to the other over a Unix
+//! socket.
+// Protocol code: no unsafe, ever (the crate only denies it, for window::mapping).
+#![forbid(unsafe_code)]
+
+mod connect;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+pub use connect::{LinkConfig, Listener, connect};
+
+use crate::engine::{ConfigError, Engine, EngineConfig, Event, LinkError, MessageId, SendError};
+use crate::ring::{self, Consumer, Geometry, Producer, RingError};
+use crate::time::Time;
+use crate::window::{Window, WindowError};
+use crate::wire::HEADER_LEN;
+
+/// Payload bytes copied (and checksummed) per step when a packet is written
+/// into a slot: small enough that the CRC reads the chunk from L1.
+const COPY_CHUNK: usize = 4096;
+
+/// Writes a ring's control block into the window its owner will read:
+/// magic, version, geometry and the owner's generation; the indices start
+/// at zero. The owner does this before handing the window to the peer.
+pub fn init_ring<W: Window + ?Sized>(
+    window: &W,
+    geometry: Geometry,
+    generation: u64,
+) -> Result<(), SetupError> {
+    geometry.validate(window.len())?;
+    let mut line = [0u8; 64];
+    line[..8].copy_from_slice(&ring::RING_MAGIC.to_le_bytes());
+    line[8..12].copy_from_slice(&ring::RING_VERSION.to_le_bytes());
+    line[12..16].copy_from_slice(&geometry.slot_size.to_le_bytes());
+    line[16..20].copy_from_slice(&geometry.slot_count.to_le_bytes());
+    line[24..32].copy_from_slice(&generation.to_le_bytes());
+    line[32..36].copy_from_slice(&std::process::id().to_le_bytes());
+    window.write(0, &line)?;
+    window.store_u64(ring::offset::HEAD, 0, Ordering::Relaxed)?;
+    window.store_u64(ring::offset::CONSUMED, 0, Ordering::Relaxed)?;
+    window.store_fence();
+    Ok(())
+}
+
+/// What a ring's control block says, checked against its window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingInfo {
+    /// Slots and their size.
+    pub geometry: Geometry,
+    /// The owner's generation (+1 per attach).
+    pub generation: u64,
+    /// The owner's process id, for diagnostics.
+    pub owner_pid: u32,
+}
+
+/// Reads and checks a ring's control block: a window that is not a barlink
+/// ring, of another layout version, or whose geometry does not fit the
+/// window is refused with an error that says which.
+pub fn read_ring_info<W: Window + ?Sized>(window: &W) -> Result<RingInfo, SetupError> {
+    let mut line = [0u8; 64];
+    window.read(0, &mut line)?;
+    let u32_at = |at: usize| u32::from_le_bytes(line[at..at + 4].try_into().expect("4 bytes"));
+    let u64_at = |at: usize| u64::from_le_bytes(line[at..at + 8].try_into().expect("8 bytes"));
+    let magic = u64_at(ring::offset::MAGIC);
+    if magic != ring::RING_MAGIC {
+        return Err(SetupError::NotARing { found: magic });
+    }
+    let version = u32_at(ring::offset::VERSION);
+    if version != ring::RING_VERSION {
+        return Err(SetupError::RingVersion { found: version });
+    }
+    let geometry = Geometry {
+        slot_size: u32_at(ring::offset::SLOT_SIZE),
+        slot_count: u32_at(ring::offset::SLOT_COUNT),
+    };
+    geometry.validate(window.len())?;
+    Ok(RingInfo {
+        geometry,
+        generation: u64_at(ring::offset::GENERATION),
+        owner_pid: u32_at(ring::offset::OWNER_PID),
+    })
+}
+
+/// Why a link could not be set up.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// The engine configuration is unusable.
+    Config(ConfigError),
+    /// A window access failed.
+    Window(WindowError),
+    /// The ring geometry does not fit.
+    Ring(RingError),
+    /// The window holds no barlink ring (wrong magic).
+    NotARing { found: u64 },
+    /// The ring was laid out by another barlink version.
+    RingVersion { found: u32 },
+    /// The peer's slots cannot hold this side's packets.
+    SlotsTooSmall { slot_size: u32, mtu: usize },
+    /// A socket operation of the rendezvous failed.
+    Io {
+        operation: &'static str,
+        error: std::io::Error,
+    },
+    /// The name is taken by another listener.
+    NameInUse { name: String },
+    /// Nobody is listening under the name.
+    NoListener { name: String },
+    /// The peer did not complete the setup in time.
+    Timeout {
+        operation: &'static str,
+        after: Duration,
+    },
+    /// The peer sent something other than the setup messages.
+    Handshake { detail: String },
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SetupError::Config(error) => write!(f, "engine configuration: {error}"),
+            SetupError::Window(error) => error.fmt(f),
+            SetupError::Ring(error) => error.fmt(f),
+            SetupError::NotARing { found } => write!(
+                f,
+                "the window is not a barlink ring (magic {found:#018x}): wrong file, or a ring never initialized"
+            ),
+            SetupError::RingVersion { found } => write!(
+                f,
+                "the ring was laid out by ring version {found}, this build uses {}: run the same barlink version on both sides",
+                ring::RING_VERSION
+            ),
+            SetupError::SlotsTooSmall { slot_size, mtu } => write!(
+                f,
+                "the peer's ring slots hold {slot_size} bytes but this side's MTU is {mtu}: use the same MTU on both sides"
+            ),
+            SetupError::Io { operation, error } => write!(f, "{operation}: {error}"),
+            SetupError::NameInUse { name } => write!(
+                f,
+                "link name {name:?} is in use by another listener: pick another name or stop that process"
+            ),
+            SetupError::NoListener { name } => write!(
+                f,
+                "nobody listens under link name {name:?}: start the accepting side first"
+            ),
+            SetupError::Timeout { operation, after } => {
+                write!(f, "{operation}: the peer did not answer within {after:?}")
+            }
+            SetupError::Handshake { detail } => write!(f, "link setup: {detail}"),
+        }
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+impl From<WindowError> for SetupError {
+    fn from(error: WindowError) -> Self {
+        SetupError::Window(error)
+    }
+}
+
+impl From<RingError> for SetupError {
+    fn from(error: RingError) -> Self {
+        SetupError::Ring(error)
+    }
+}
+
+impl From<ConfigError> for SetupError {
+    fn from(error: ConfigError) -> Self {
+        SetupError::Config(error)
+    }
+}
+
+/// Why a blocking call on a link returned without its result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IoError {
+    /// Nothing happened within the timeout; the link is still up.
+    Timeout { after: Duration },
+    /// The link ended.
+    Closed(LinkError),
+    /// The peer broke the ring protocol (an index that cannot be true), or a
+    /// window access failed: the link cannot go on.
+    Medium(String),
+    /// The message is longer than the configured maximum.
+    TooLong { len: u64, max: u64 },
+}
+
+impl fmt::Display for IoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IoError::Timeout { after } => write!(f, "timed out after {after:?}"),
+            IoError::Closed(reason) => write!(f, "link closed: {reason}"),
+            IoError::Medium(detail) => write!(f, "ring failure: {detail}"),
+            IoError::TooLong { len, max } => {
+                write!(f, "message of {len} bytes exceeds max_message_len {max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for IoError {}
+
+/// An engine bound to a ring in each direction.
+#[derive(Debug)]
+pub struct RingLink<W: Window> {
+    engine: Engine<Vec<u8>>,
+    own: W,
+    peer: W,
+    producer: Producer,
+    consumer: Consumer,
+    own_geometry: Geometry,
+    peer_geometry: Geometry,
+    origin: Instant,
+    /// One slot's worth, for reading a packet out of the own ring.
+    scratch: Vec<u8>,
+    delivered: VecDeque<Vec<u8>>,
+    completed: u64,
+    closed: Option<LinkError>,
+    medium_error: Option<String>,
+}
+
+impl<W: Window> RingLink<W> {
+    /// Binds an engine to two windows whose rings are initialized
+    /// ([`init_ring`]): `own` is read, `peer` written. `epoch` should be the
+    /// own ring's generation.
+    pub fn new(own: W, peer: W, config: EngineConfig, epoch: u32) -> Result<Self, SetupError> {
+        let own_info = read_ring_info(&own)?;
+        let peer_info = read_ring_info(&peer)?;
+        if (peer_info.geometry.slot_size as usize) < config.mtu {
+            return Err(SetupError::SlotsTooSmall {
+                slot_size: peer_info.geometry.slot_size,
+                mtu: config.mtu,
+            });
+        }
+        let origin = Instant::now();
+        let engine = Engine::new(config, epoch.max(1), Time::ZERO)?;
+        Ok(RingLink {
+            engine,
+            scratch: vec![0; own_info.geometry.slot_size as usize],
+            producer: Producer::new(peer_info.geometry),
+            consumer: Consumer::new(own_info.geometry),
+            own_geometry: own_info.geometry,
+            peer_geometry: peer_info.geometry,
+            own,
+            peer,
+            origin,
+            delivered: VecDeque::new(),
+            completed: 0,
+            closed: None,
+            medium_error: None,
+        })
+    }
+
+    fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// The engine (statistics, configuration, state).
+    pub fn engine(&self) -> &Engine<Vec<u8>> {
+        &self.engine
+    }
+
+    /// Messages whose every packet the peer acknowledged, so far.
+    pub fn completed(&self) -> u64 {
+        self.completed
+    }
+
+    /// Moves packets both ways and processes timers once. Returns whether
+    /// anything moved. Call it in a loop (or use the blocking calls).
+    pub fn progress(&mut self) -> Result<bool, IoError> {
+        if let Some(detail) = &self.medium_error {
+            return Err(IoError::Medium(detail.clone()));
+        }
+        match self.progress_inner() {
+            Ok(moved) => {
+                self.take_events();
+                Ok(moved)
+            }
+            Err(detail) => {
+                self.medium_error = Some(detail.clone());
+                Err(IoError::Medium(detail))
+            }
+        }
+    }
+
+    fn progress_inner(&mut self) -> Result<bool, String> {
+        let now = self.now();
+        let mut moved = false;
+        // Receive: everything the peer published into our ring.
+        let head = self
+            .own
+            .load_u64(ring::offset::HEAD, Ordering::Acquire)
+            .map_err(|e| e.to_string())?;
+        let ready = self.consumer.on_head(head).map_err(|e| e.to_string())?;
+        if ready > 0 {
+            while let Some(slot) = self.consumer.next_slot_offset() {
+                let len = self.read_slot(slot).map_err(|e| e.to_string())?;
+                // Rejected packets are counted by the engine (and NAKed).
+                let _ = self.engine.handle_packet(now, &self.scratch[..len]);
+                self.consumer.release();
+            }
+            let consumed = self.consumer.released();
+            self.peer
+                .store_u64(ring::offset::CONSUMED, consumed, Ordering::Release)
+                .map_err(|e| e.to_string())?;
+            moved = true;
+        }
+        // Transmit: as many packets as the engine has and the ring holds.
+        let consumed = self
+            .own
+            .load_u64(ring::offset::CONSUMED, Ordering::Acquire)
+            .map_err(|e| e.to_string())?;
+        self.producer
+            .on_consumed(consumed)
+            .map_err(|e| e.to_string())?;
+        let mut published = None;
+        while let Some(slot) = self.producer.next_slot_offset() {
+            let peer = &self.peer;
+            let written = self.engine.poll_transmit_with(now, |transmit| {
+                let mut crc = transmit.crc_of_header();
+                peer.write_with(
+                    slot + HEADER_LEN,
+                    transmit.payload(),
+                    COPY_CHUNK,
+                    &mut |chunk| crc.update(chunk),
+                )?;
+                peer.write(slot, &transmit.header_with_crc(crc.finish()))
+            });
+            match written {
+                None => break,
+                Some(result) => {
+                    result.map_err(|e| e.to_string())?;
+                    published = Some(self.producer.commit());
+                }
+            }
+        }
+        if let Some(head) = published {
+            // Payload stores (write-combined on a BAR) land before the index.
+            self.peer.store_fence();
+            self.peer
+                .store_u64(ring::offset::HEAD, head, Ordering::Release)
+                .map_err(|e| e.to_string())?;
+            moved = true;
+        }
+        if self.engine.poll_timeout().is_some_and(|due| due <= now) {
+            self.engine.handle_timeout(now);
+        }
+        Ok(moved)
+    }
+
+    /// Copies the packet in the own ring's slot at `slot` into the scratch
+    /// buffer; returns its length. The length comes from the header the peer
+    /// wrote, so it is clamped to the slot: the engine rejects what does not
+    /// fit (its CRC or length check fails).
+    fn read_slot(&mut self, slot: usize) -> Result<usize, WindowError> {
+        let slot_size = self.own_geometry.slot_size as usize;
+        self.own.read(slot, &mut self.scratch[..HEADER_LEN])?;
+        let claimed = u32::from_le_bytes(
+            self.scratch[crate::wire::field::PAYLOAD_LEN]
+                .try_into()
+                .expect("4 bytes"),
+        ) as usize;
+        let payload = claimed.min(slot_size - HEADER_LEN);
+        self.own.read(
+            slot + HEADER_LEN,
+            &mut self.scratch[HEADER_LEN..HEADER_LEN + payload],
+        )?;
+        Ok(HEADER_LEN + payload)
+    }
+
+    fn take_events(&mut self) {
+        while let Some(event) = self.engine.poll_event() {
+            match event {
+                Event::Message { data, .. } => self.delivered.push_back(data),
+                Event::SendComplete { .. } => self.completed += 1,
+                Event::SendFailed { error, .. } => {
+                    self.closed.get_or_insert(error);
+                }
+                Event::Closed { reason } => self.closed = Some(reason),
+                Event::Connected { .. } | Event::PeerRestarted { .. } => {}
+            }
+        }
+    }
+
+    fn check_open(&self) -> Result<(), IoError> {
+        if let Some(detail) = &self.medium_error {
+            return Err(IoError::Medium(detail.clone()));
+        }
+        match &self.closed {
+            Some(reason) if self.engine.is_closed() => Err(IoError::Closed(reason.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Queues a message without waiting. `Err(SendError::QueueFull)` gives
+    /// the buffer back: call [`RingLink::progress`] and retry.
+    pub fn send(&mut self, data: Vec<u8>) -> Result<MessageId, SendError<Vec<u8>>> {
+        self.engine.send(data)
+    }
+
+    /// Queues a message, driving the link while the send queue is full, for
+    /// at most `timeout`.
+    pub fn send_blocking(
+        &mut self,
+        data: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<MessageId, IoError> {
+        let deadline = Instant::now() + timeout;
+        let mut data = data;
+        loop {
+            self.check_open()?;
+            match self.engine.send(data) {
+                Ok(id) => {
+                    self.progress()?;
+                    return Ok(id);
+                }
+                Err(SendError::QueueFull(back)) => data = back,
+                Err(SendError::TooLong { len, max, .. }) => {
+                    return Err(IoError::TooLong { len, max });
+                }
+                Err(SendError::Closed(_)) => {
+                    return Err(IoError::Closed(
+                        self.closed.clone().unwrap_or(LinkError::LocalClose),
+                    ));
+                }
+            }
+            self.wait_step(deadline, timeout)?;
+        }
+    }
+
+    /// The next delivered message, driving the link for at most `timeout`.
+    pub fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(data) = self.delivered.pop_front() {
+                return Ok(data);
+            }
+            self.check_open()?;
+            self.wait_step(deadline, timeout)?;
+        }
+    }
+
+    /// A delivered message if one is ready (after one round of progress).
+    pub fn try_recv(&mut self) -> Result<Option<Vec<u8>>, IoError> {
+        if self.delivered.is_empty() {
+            self.progress()?;
+        }
+        if let Some(data) = self.delivered.pop_front() {
+            return Ok(Some(data));
+        }
+        self.check_open()?;
+        Ok(None)
+    }
+
+    /// Gives a received message's buffer back for reuse.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        self.engine.recycle_buffer(buf);
+    }
+
+    /// Drives the link until every queued message is acknowledged, for at
+    /// most `timeout`.
+    pub fn flush(&mut self, timeout: Duration) -> Result<(), IoError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.progress()?;
+            if self.engine.queued_messages() == 0 {
+                return Ok(());
+            }
+            self.check_open()?;
+            self.wait_step(deadline, timeout)?;
+        }
+    }
+
+    /// Closes in order: queued messages are still delivered, then the peer
+    /// is told; waits at most `timeout`.
+    pub fn close(&mut self, timeout: Duration) -> Result<(), IoError> {
+        self.engine.close();
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.progress()?;
+            if self.engine.is_closed() && !self.engine.wants_transmit(self.now()) {
+                return Ok(());
+            }
+            self.wait_step(deadline, timeout)?;
+        }
+    }
+
+    /// One round of progress; past the deadline, a timeout. Spins while
+    /// packets move and yields the CPU when idle.
+    fn wait_step(&mut self, deadline: Instant, timeout: Duration) -> Result<(), IoError> {
+        let moved = self.progress()?;
+        if Instant::now() >= deadline {
+            return Err(IoError::Timeout { after: timeout });
+        }
+        if !moved {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    /// The ring geometries (own, peer).
+    pub fn geometries(&self) -> (Geometry, Geometry) {
+        (self.own_geometry, self.peer_geometry)
+    }
+}

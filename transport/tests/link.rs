@@ -1,0 +1,328 @@
+//! Ring links over memory windows: between threads (heap windows), between
+//! processes (memfd windows set up by name), with faults injected into the
+//! windows, and with a peer killed outright.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use barlink_transport::link::{
+    IoError, LinkConfig, Listener, RingLink, SetupError, connect, init_ring,
+};
+use barlink_transport::ring::Geometry;
+use barlink_transport::sim::SplitMix64;
+use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window};
+use barlink_transport::{EngineConfig, LinkError};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Message `index` of a seeded stream: its length and bytes follow from
+/// (seed, index), so the receiver can check each without a copy.
+fn message(seed: u64, index: u64, max_len: usize) -> Vec<u8> {
+    let mut rng = SplitMix64::new(seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let len = match rng.below(10) {
+        0 => 0,
+        1..=5 => rng.below(256) as usize,
+        6..=8 => rng.below(16 << 10) as usize,
+        _ => rng.below(max_len as u64) as usize,
+    };
+    let mut data = vec![0; len];
+    rng.fill(&mut data);
+    data
+}
+
+fn engine_config() -> EngineConfig {
+    EngineConfig {
+        mtu: 4096,
+        peer_timeout: Duration::from_secs(5),
+        ..EngineConfig::default()
+    }
+}
+
+/// Two heap windows with rings, and the two links over them.
+fn thread_links<W: Window + Clone>(
+    window_a: W,
+    window_b: W,
+    a_writes: impl FnOnce(W) -> W,
+    b_writes: impl FnOnce(W) -> W,
+) -> (RingLink<W>, RingLink<W>) {
+    let geometry = Geometry::for_window(window_a.len(), engine_config().mtu).unwrap();
+    init_ring(&window_a, geometry, 1).unwrap();
+    init_ring(&window_b, geometry, 1).unwrap();
+    let a = RingLink::new(
+        window_a.clone(),
+        a_writes(window_b.clone()),
+        engine_config(),
+        1,
+    )
+    .unwrap();
+    let b = RingLink::new(window_b, b_writes(window_a), engine_config(), 1).unwrap();
+    (a, b)
+}
+
+/// Sends `count` seeded messages from `sender` while `receiver` (on another
+/// thread) checks each, in order.
+fn stream<W: Window + 'static>(
+    mut sender: RingLink<W>,
+    mut receiver: RingLink<W>,
+    count: u64,
+    seed: u64,
+) -> (RingLink<W>, RingLink<W>) {
+    let reader = thread::spawn(move || {
+        for index in 0..count {
+            let got = receiver
+                .recv(TIMEOUT)
+                .unwrap_or_else(|e| panic!("message {index}: {e}"));
+            assert!(
+                got == message(seed, index, 200_000),
+                "message {index} differs"
+            );
+            receiver.recycle(got);
+        }
+        // Stay up until the sender has its acknowledgements.
+        let until = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < until {
+            receiver.progress().unwrap();
+        }
+        receiver
+    });
+    for index in 0..count {
+        sender
+            .send_blocking(message(seed, index, 200_000), TIMEOUT)
+            .unwrap();
+    }
+    sender.flush(TIMEOUT).unwrap();
+    let receiver = reader.join().expect("receiver thread");
+    assert_eq!(sender.completed(), count);
+    (sender, receiver)
+}
+
+#[test]
+fn ten_thousand_mixed_messages_between_threads_arrive_intact_in_order() {
+    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let (a, b) = thread_links(window_a, window_b, |w| w, |w| w);
+    let (a, b) = stream(a, b, 10_000, 1);
+    // No corruption on a clean window; a retransmission may still happen
+    // when a thread is descheduled past the retransmission timeout.
+    assert_eq!(
+        a.engine().stats().retransmits_nak,
+        0,
+        "{:?}",
+        a.engine().stats()
+    );
+    assert_eq!(b.engine().stats().crc_failures, 0);
+    assert_eq!(b.engine().stats().messages_delivered, 10_000);
+}
+
+#[test]
+fn faults_in_the_windows_lose_nothing() {
+    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    // Bulk writes into either ring are flipped, dropped, torn or stalled;
+    // the index stores (the doorbell) are not.
+    let faults = FaultConfig::none()
+        .with_bit_flip(0.002)
+        .with_drop(0.001)
+        .with_tear(0.001)
+        .with_stall(0.001, 3);
+    let make = |seed: u64| {
+        let faults = faults.clone();
+        move |w: Arc<HeapWindow>| -> Arc<dyn Window> { Arc::new(FaultWindow::new(w, faults, seed)) }
+    };
+    let a_own: Arc<dyn Window> = window_a.clone();
+    let b_own: Arc<dyn Window> = window_b.clone();
+    let geometry = Geometry::for_window(window_a.len(), engine_config().mtu).unwrap();
+    init_ring(&*window_a, geometry, 1).unwrap();
+    init_ring(&*window_b, geometry, 1).unwrap();
+    let a = RingLink::new(a_own, make(7)(window_b), engine_config(), 1).unwrap();
+    let b = RingLink::new(b_own, make(8)(window_a), engine_config(), 1).unwrap();
+    let (a, b) = stream(a, b, 3000, 2);
+    let caught = b.engine().stats().crc_failures + b.engine().stats().malformed;
+    assert!(
+        caught > 0,
+        "faults were injected and caught: {:?}",
+        b.engine().stats()
+    );
+    assert!(a.engine().stats().retransmits() > 0);
+}
+
+#[test]
+fn bad_windows_are_refused_with_a_reason() {
+    let tiny = HeapWindow::new(4096).unwrap();
+    let error = Geometry::for_window(tiny.len(), 4096).unwrap_err();
+    assert!(error.to_string().contains("too small"), "{error}");
+    // A window nobody laid a ring out in.
+    let blank = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let ring = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    init_ring(&*ring, Geometry::for_window(1 << 20, 4096).unwrap(), 1).unwrap();
+    let error = RingLink::new(ring.clone(), blank.clone(), engine_config(), 1).unwrap_err();
+    assert!(matches!(error, SetupError::NotARing { .. }), "{error}");
+    assert!(error.to_string().contains("not a barlink ring"));
+    // A ring of another layout version.
+    blank
+        .write(0, &barlink_transport::ring::RING_MAGIC.to_le_bytes())
+        .unwrap();
+    blank.write(8, &99u32.to_le_bytes()).unwrap();
+    let error = RingLink::new(ring.clone(), blank.clone(), engine_config(), 1).unwrap_err();
+    assert!(
+        matches!(error, SetupError::RingVersion { found: 99 }),
+        "{error}"
+    );
+    // The peer's slots are smaller than our packets.
+    let small_slots = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    init_ring(
+        &*small_slots,
+        Geometry::for_window(1 << 20, 1024).unwrap(),
+        1,
+    )
+    .unwrap();
+    let error = RingLink::new(ring, small_slots, engine_config(), 1).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            SetupError::SlotsTooSmall {
+                slot_size: 1024,
+                mtu: 4096
+            }
+        ),
+        "{error}"
+    );
+}
+
+fn unique(name: &str) -> String {
+    format!(
+        "test-{name}-{}-{}",
+        std::process::id(),
+        SplitMix64::new(Instant::now().elapsed().as_nanos() as u64).next_u64()
+    )
+}
+
+fn link_config() -> LinkConfig {
+    LinkConfig {
+        engine: engine_config(),
+        window_len: 1 << 20,
+        setup_timeout: Duration::from_secs(10),
+        ..LinkConfig::default()
+    }
+}
+
+#[test]
+fn a_name_in_use_and_a_missing_listener_are_clear_errors() {
+    let name = unique("busy");
+    let _first = Listener::bind(&name).unwrap();
+    let error = Listener::bind(&name).unwrap_err();
+    assert!(matches!(error, SetupError::NameInUse { .. }), "{error}");
+    assert!(error.to_string().contains("in use"));
+    let config = LinkConfig {
+        setup_timeout: Duration::from_millis(200),
+        ..link_config()
+    };
+    let started = Instant::now();
+    let error = connect(&unique("nobody"), &config).unwrap_err();
+    assert!(matches!(error, SetupError::NoListener { .. }), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "gave up in time"
+    );
+    let listener = Listener::bind(&unique("lonely")).unwrap();
+    let error = listener.accept(&config).unwrap_err();
+    assert!(matches!(error, SetupError::Timeout { .. }), "{error}");
+}
+
+/// The child side of the process tests: connects by name and streams
+/// messages, then (for the kill test) keeps the link up until killed.
+const CHILD_ROLE: &str = "BARLINK_LINK_TEST_CHILD";
+
+#[test]
+fn child_process_role() {
+    let Ok(spec) = std::env::var(CHILD_ROLE) else {
+        return; // Only meaningful when spawned by the tests below.
+    };
+    let mut parts = spec.split(',');
+    let name = parts.next().unwrap().to_string();
+    let count: u64 = parts.next().unwrap().parse().unwrap();
+    let linger = parts.next() == Some("linger");
+    let mut link = connect(&name, &link_config()).unwrap();
+    for index in 0..count {
+        link.send_blocking(message(3, index, 200_000), TIMEOUT)
+            .unwrap();
+    }
+    link.flush(TIMEOUT).unwrap();
+    if linger {
+        let until = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < until {
+            link.progress().unwrap();
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+fn spawn_child(name: &str, count: u64, linger: bool) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_process_role",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            CHILD_ROLE,
+            format!("{name},{count}{}", if linger { ",linger" } else { "" }),
+        )
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn ten_thousand_messages_between_processes_by_name() {
+    let name = unique("procs");
+    let listener = Listener::bind(&name).unwrap();
+    let mut child = spawn_child(&name, 10_000, false);
+    let mut link = listener.accept(&link_config()).unwrap();
+    for index in 0..10_000 {
+        let got = link
+            .recv(TIMEOUT)
+            .unwrap_or_else(|e| panic!("message {index}: {e}"));
+        assert!(got == message(3, index, 200_000), "message {index} differs");
+        link.recycle(got);
+    }
+    // Keep acknowledging until the child is done.
+    let until = Instant::now() + TIMEOUT;
+    loop {
+        link.progress().unwrap();
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "child failed: {status}");
+            break;
+        }
+        assert!(Instant::now() < until, "child did not finish");
+    }
+    assert_eq!(link.engine().stats().messages_delivered, 10_000);
+}
+
+#[test]
+fn a_peer_killed_with_sigkill_is_reported_within_the_deadline() {
+    let name = unique("kill");
+    let listener = Listener::bind(&name).unwrap();
+    let mut child = spawn_child(&name, 100, true);
+    let mut link = listener.accept(&link_config()).unwrap();
+    for _ in 0..100 {
+        link.recv(TIMEOUT).unwrap();
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let killed_at = Instant::now();
+    let error = link.recv(TIMEOUT).unwrap_err();
+    let took = killed_at.elapsed();
+    assert!(
+        matches!(error, IoError::Closed(LinkError::PeerLost { .. })),
+        "{error}"
+    );
+    let deadline = engine_config().peer_timeout + Duration::from_millis(500);
+    assert!(
+        took <= deadline,
+        "reported after {took:?}, deadline {deadline:?}"
+    );
+}
