@@ -20,12 +20,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Measure the reliability engine against a memcpy baseline.
+    /// Measure barlink between two processes over shared memory, with a raw
+    /// ring and a Unix socket as baselines (or the engine alone: --path engine-mem).
     Bench(cli::bench::BenchArgs),
     /// Show the PCI topology: GPU/NIC matrix, links, and the path per pair.
     Topo(cli::topo::TopoArgs),
     /// Check the platform for what breaks P2P (ACS, IOMMU, small BARs, ...).
     Doctor(cli::topo::TopoArgs),
+    /// The receiving process of `barlink bench` (started by it).
+    #[command(hide = true)]
+    BenchPeer(cli::bench_procs::PeerPlan),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +38,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => cli::bench::run(&args),
         Command::Topo(args) => cli::topo::run_topo(&args),
         Command::Doctor(args) => cli::topo::run_doctor(&args),
+        Command::BenchPeer(plan) => cli::bench_procs::run_child(&plan)
+            .map(|()| cli::Status::Ok)
+            .map_err(|e| cli::CommandError::environment(format!("bench peer: {e}"))),
     };
     match outcome {
         Ok(status) => status.into(),

@@ -33,6 +33,8 @@ fn stdout(output: &Output) -> String {
 fn bench_json_has_one_object_per_row_with_the_documented_fields() {
     let output = barlink(&[
         "bench",
+        "--path",
+        "engine-mem",
         "--json",
         "--sizes",
         "64,4K",
@@ -72,6 +74,8 @@ fn bench_json_has_one_object_per_row_with_the_documented_fields() {
 fn bench_with_injected_corruption_catches_and_resends_every_one() {
     let output = barlink(&[
         "bench",
+        "--path",
+        "engine-mem",
         "--json",
         "--sizes",
         "64K",
@@ -97,6 +101,8 @@ fn bench_with_injected_corruption_catches_and_resends_every_one() {
 fn bench_table_is_for_people() {
     let output = barlink(&[
         "bench",
+        "--path",
+        "engine-mem",
         "--sizes",
         "4K",
         "--windows",
@@ -116,10 +122,60 @@ fn bench_table_is_for_people() {
 }
 
 #[test]
+fn bench_between_processes_reports_barlink_and_both_baselines() {
+    let output = barlink(&[
+        "bench",
+        "--json",
+        "--sizes",
+        "64,64K",
+        "--windows",
+        "1",
+        "--bytes-per-window",
+        "2M",
+        "--lat-iters",
+        "50",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let rows: Vec<serde_json::Value> = stdout(&output)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
+        .collect();
+    let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "barlink",
+            "raw-ring",
+            "unix-socket",
+            "barlink",
+            "raw-ring",
+            "unix-socket"
+        ]
+    );
+    for row in &rows {
+        for field in [
+            "size_bytes",
+            "gbps",
+            "lat_p50_us",
+            "lat_p99_us",
+            "retransmits",
+            "crc_errors",
+            "ratio_to_raw_ring",
+            "ratio_to_unix_socket",
+        ] {
+            assert!(row.get(field).is_some(), "{field} missing from {row}");
+        }
+        assert!(row["gbps"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(row["crc_errors"], 0, "{row}");
+    }
+}
+
+#[test]
 fn bad_usage_exits_2_and_says_what_is_wrong() {
     for args in [
         &["bench", "--sizes", "4Q"][..],
         &["bench", "--fault-rate", "0.9"],
+        &["bench", "--fault-rate", "0.01"],
         &["bench", "--mtu", "100"],
         &["topo", "--p2p-level", "FAR"],
         &["no-such-command"],

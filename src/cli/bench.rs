@@ -23,7 +23,7 @@ use barlink_transport::sim::{Faults, SimPair, SplitMix64};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::{CommandError, Status, human_size, parse_size};
+use super::{CommandError, Status, bench_procs, human_size, parse_size};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
@@ -31,8 +31,19 @@ pub enum OnOff {
     Off,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchPath {
+    /// Two processes over shared memory: barlink, raw ring, Unix socket.
+    Shm,
+    /// Two engines in one thread over an in-memory medium, against memcpy.
+    EngineMem,
+}
+
 #[derive(Debug, Args)]
 pub struct BenchArgs {
+    /// What to measure.
+    #[arg(long, value_enum, default_value = "shm", env = "BARLINK_PATH")]
+    path: BenchPath,
     /// Message sizes: a list (8,4K,64K) or a range MIN:MAX[:FACTOR]
     /// (8:64M:4). Default 8,64,512,4K,64K,1M,16M; with --quick 64,4K,64K,1M.
     #[arg(long, env = "BARLINK_SIZES")]
@@ -193,6 +204,9 @@ pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
     config
         .validate()
         .map_err(|e| CommandError::usage(format!("engine configuration: {e}")))?;
+    if args.path == BenchPath::Shm {
+        return run_processes(args, &plan, &config);
+    }
     let faults = Faults {
         corrupt: args.fault_rate,
         ..Faults::none()
@@ -354,6 +368,145 @@ pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
     } else {
         Status::Ok
     })
+}
+
+/// The default path: two processes over shared memory, three ways.
+fn run_processes(
+    args: &BenchArgs,
+    plan: &Plan,
+    config: &EngineConfig,
+) -> Result<Status, CommandError> {
+    if args.fault_rate > 0.0 {
+        return Err(CommandError::usage(
+            "--fault-rate is not yet supported between processes; use --path engine-mem",
+        ));
+    }
+    let counts: Vec<usize> = plan
+        .sizes
+        .iter()
+        .map(|&size| messages_per_window(plan, size).min(100_000))
+        .collect();
+    let progress = !args.json && std::io::stderr().is_terminal();
+    if !args.json {
+        println!("# barlink bench: two processes over shared memory (memfd windows, 4 MiB rings)");
+        println!(
+            "# MTU {}  window {}  CRC {}  {} timed windows per size (medians); latency = round trip / 2",
+            config.mtu,
+            config.send_window,
+            if config.crc { "on" } else { "off" },
+            plan.windows
+        );
+        println!(
+            "# baselines in the same run: raw-ring (same rings, no protocol: the limit), unix-socket"
+        );
+        println!(
+            "# {:>8}  {:<12} {:>8} {:>12} {:>9} {:>11} {:>11} {:>8} {:>8}",
+            "size",
+            "path",
+            "GB/s",
+            "vs raw-ring",
+            "vs unix",
+            "lat p50 us",
+            "lat p99 us",
+            "retrans",
+            "crc_err"
+        );
+    }
+    let mut results = vec![];
+    for path in [
+        bench_procs::ProcPath::Barlink,
+        bench_procs::ProcPath::RawRing,
+        bench_procs::ProcPath::UnixSocket,
+    ] {
+        if progress {
+            eprint!("\rbench: measuring {} ...", path.name());
+        }
+        let peer_plan = bench_procs::PeerPlan {
+            path,
+            name: format!("bench-{}-{}", std::process::id(), path.name()),
+            sizes: plan.sizes.clone(),
+            counts: counts.clone(),
+            windows: plan.windows,
+            lat_iters: plan.lat_iters.min(2000),
+            mtu: config.mtu,
+            crc: config.crc,
+        };
+        let measured = bench_procs::run_parent(&peer_plan)
+            .map_err(|e| CommandError::environment(format!("bench {}: {e}", path.name())))?;
+        results.push(measured);
+    }
+    if progress {
+        eprint!("\r{:40}\r", "");
+    }
+    for (index, &size) in plan.sizes.iter().enumerate() {
+        let mut medians = [0.0f64; 3];
+        for (which, path_results) in results.iter_mut().enumerate() {
+            medians[which] = median(&mut path_results[index].gbps_windows);
+        }
+        for (which, path) in ["barlink", "raw-ring", "unix-socket"]
+            .into_iter()
+            .enumerate()
+        {
+            let m = &mut results[which][index];
+            let row = ProcRow {
+                path,
+                size,
+                gbps: medians[which],
+                lat_p50_us: percentile(&mut m.latencies_us, 0.5),
+                lat_p99_us: percentile(&mut m.latencies_us, 0.99),
+                retransmits: m.retransmits,
+                crc_errors: m.crc_errors,
+                vs_raw_ring: medians[which] / medians[1],
+                vs_unix: medians[which] / medians[2],
+            };
+            print_proc_row(&row, args, config);
+        }
+    }
+    Ok(Status::Ok)
+}
+
+struct ProcRow {
+    path: &'static str,
+    size: usize,
+    gbps: f64,
+    lat_p50_us: f64,
+    lat_p99_us: f64,
+    retransmits: u64,
+    crc_errors: u64,
+    vs_raw_ring: f64,
+    vs_unix: f64,
+}
+
+fn print_proc_row(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) {
+    if args.json {
+        let value = json!({
+            "path": row.path,
+            "size_bytes": row.size,
+            "gbps": round(row.gbps, 3),
+            "lat_p50_us": round(row.lat_p50_us, 3),
+            "lat_p99_us": round(row.lat_p99_us, 3),
+            "retransmits": row.retransmits,
+            "crc_errors": row.crc_errors,
+            "ratio_to_raw_ring": round(row.vs_raw_ring, 3),
+            "ratio_to_unix_socket": round(row.vs_unix, 3),
+            "mtu": config.mtu,
+            "crc": config.crc,
+        });
+        println!("{value}");
+    } else {
+        println!(
+            "  {:>8}  {:<12} {:>8.2} {:>11.2}x {:>8.2}x {:>11.2} {:>11.2} {:>8} {:>8}",
+            human_size(row.size),
+            row.path,
+            row.gbps,
+            row.vs_raw_ring,
+            row.vs_unix,
+            row.lat_p50_us,
+            row.lat_p99_us,
+            row.retransmits,
+            row.crc_errors
+        );
+    }
 }
 
 /// What the medium does to a message's bytes, without a protocol: each

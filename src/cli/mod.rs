@@ -2,6 +2,7 @@
 //! they share.
 
 pub mod bench;
+pub mod bench_procs;
 pub mod topo;
 
 use std::fmt;

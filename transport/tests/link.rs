@@ -50,14 +50,14 @@ fn thread_links<W: Window + Clone>(
     let geometry = Geometry::for_window(window_a.len(), engine_config().mtu).unwrap();
     init_ring(&window_a, geometry, 1).unwrap();
     init_ring(&window_b, geometry, 1).unwrap();
-    let a = RingLink::new(
+    let a = RingLink::<_>::new(
         window_a.clone(),
         a_writes(window_b.clone()),
         engine_config(),
         1,
     )
     .unwrap();
-    let b = RingLink::new(window_b, b_writes(window_a), engine_config(), 1).unwrap();
+    let b = RingLink::<_>::new(window_b, b_writes(window_a), engine_config(), 1).unwrap();
     (a, b)
 }
 
@@ -136,8 +136,8 @@ fn faults_in_the_windows_lose_nothing() {
     let geometry = Geometry::for_window(window_a.len(), engine_config().mtu).unwrap();
     init_ring(&*window_a, geometry, 1).unwrap();
     init_ring(&*window_b, geometry, 1).unwrap();
-    let a = RingLink::new(a_own, make(7)(window_b), engine_config(), 1).unwrap();
-    let b = RingLink::new(b_own, make(8)(window_a), engine_config(), 1).unwrap();
+    let a = RingLink::<_>::new(a_own, make(7)(window_b), engine_config(), 1).unwrap();
+    let b = RingLink::<_>::new(b_own, make(8)(window_a), engine_config(), 1).unwrap();
     let (a, b) = stream(a, b, 3000, 2);
     let caught = b.engine().stats().crc_failures + b.engine().stats().malformed;
     assert!(
@@ -157,7 +157,7 @@ fn bad_windows_are_refused_with_a_reason() {
     let blank = Arc::new(HeapWindow::new(1 << 20).unwrap());
     let ring = Arc::new(HeapWindow::new(1 << 20).unwrap());
     init_ring(&*ring, Geometry::for_window(1 << 20, 4096).unwrap(), 1).unwrap();
-    let error = RingLink::new(ring.clone(), blank.clone(), engine_config(), 1).unwrap_err();
+    let error = RingLink::<_>::new(ring.clone(), blank.clone(), engine_config(), 1).unwrap_err();
     assert!(matches!(error, SetupError::NotARing { .. }), "{error}");
     assert!(error.to_string().contains("not a barlink ring"));
     // A ring of another layout version.
@@ -165,7 +165,7 @@ fn bad_windows_are_refused_with_a_reason() {
         .write(0, &barlink_transport::ring::RING_MAGIC.to_le_bytes())
         .unwrap();
     blank.write(8, &99u32.to_le_bytes()).unwrap();
-    let error = RingLink::new(ring.clone(), blank.clone(), engine_config(), 1).unwrap_err();
+    let error = RingLink::<_>::new(ring.clone(), blank.clone(), engine_config(), 1).unwrap_err();
     assert!(
         matches!(error, SetupError::RingVersion { found: 99 }),
         "{error}"
@@ -178,7 +178,7 @@ fn bad_windows_are_refused_with_a_reason() {
         1,
     )
     .unwrap();
-    let error = RingLink::new(ring, small_slots, engine_config(), 1).unwrap_err();
+    let error = RingLink::<_>::new(ring, small_slots, engine_config(), 1).unwrap_err();
     assert!(
         matches!(
             error,
@@ -220,14 +220,14 @@ fn a_name_in_use_and_a_missing_listener_are_clear_errors() {
         ..link_config()
     };
     let started = Instant::now();
-    let error = connect(&unique("nobody"), &config).unwrap_err();
+    let error = connect::<Vec<u8>>(&unique("nobody"), &config).unwrap_err();
     assert!(matches!(error, SetupError::NoListener { .. }), "{error}");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "gave up in time"
     );
     let listener = Listener::bind(&unique("lonely")).unwrap();
-    let error = listener.accept(&config).unwrap_err();
+    let error = listener.accept::<Vec<u8>>(&config).unwrap_err();
     assert!(matches!(error, SetupError::Timeout { .. }), "{error}");
 }
 
@@ -281,7 +281,7 @@ fn ten_thousand_messages_between_processes_by_name() {
     let name = unique("procs");
     let listener = Listener::bind(&name).unwrap();
     let mut child = spawn_child(&name, 10_000, false);
-    let mut link = listener.accept(&link_config()).unwrap();
+    let mut link: RingLink<_> = listener.accept(&link_config()).unwrap();
     for index in 0..10_000 {
         let got = link
             .recv(TIMEOUT)
@@ -307,7 +307,7 @@ fn a_peer_killed_with_sigkill_is_reported_within_the_deadline() {
     let name = unique("kill");
     let listener = Listener::bind(&name).unwrap();
     let mut child = spawn_child(&name, 100, true);
-    let mut link = listener.accept(&link_config()).unwrap();
+    let mut link: RingLink<_> = listener.accept(&link_config()).unwrap();
     for _ in 0..100 {
         link.recv(TIMEOUT).unwrap();
     }

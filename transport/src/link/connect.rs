@@ -93,7 +93,21 @@ impl Listener {
 
     /// Waits (at most `config.setup_timeout`) for a peer to connect and sets
     /// up the link.
-    pub fn accept(&self, config: &LinkConfig) -> Result<RingLink<ShmWindow>, SetupError> {
+    pub fn accept<B: AsRef<[u8]>>(
+        &self,
+        config: &LinkConfig,
+    ) -> Result<RingLink<ShmWindow, B>, SetupError> {
+        let (own, peer) = self.accept_windows(config)?;
+        RingLink::new(own, peer, config.engine.clone(), GENERATION as u32)
+    }
+
+    /// Like [`Listener::accept`], but returns the two windows (own ring
+    /// laid out, peer's received) without an engine: for baselines that
+    /// move raw bytes through the same rings.
+    pub fn accept_windows(
+        &self,
+        config: &LinkConfig,
+    ) -> Result<(ShmWindow, ShmWindow), SetupError> {
         let deadline = Instant::now() + config.setup_timeout;
         let stream = loop {
             match self.socket.accept() {
@@ -126,7 +140,19 @@ impl Listener {
 }
 
 /// Connects to the listener under `name` and sets up the link.
-pub fn connect(name: &str, config: &LinkConfig) -> Result<RingLink<ShmWindow>, SetupError> {
+pub fn connect<B: AsRef<[u8]>>(
+    name: &str,
+    config: &LinkConfig,
+) -> Result<RingLink<ShmWindow, B>, SetupError> {
+    let (own, peer) = connect_windows(name, config)?;
+    RingLink::new(own, peer, config.engine.clone(), GENERATION as u32)
+}
+
+/// Like [`connect`], but returns the two windows without an engine.
+pub fn connect_windows(
+    name: &str,
+    config: &LinkConfig,
+) -> Result<(ShmWindow, ShmWindow), SetupError> {
     let deadline = Instant::now() + config.setup_timeout;
     let addr = address(name)?;
     let stream = loop {
@@ -157,19 +183,22 @@ enum Role {
     Connector,
 }
 
-/// Creates this side's window, swaps descriptors, and binds the engine.
+/// The generation of a ring in a fresh memfd window: every connection gets
+/// new windows, so nothing of an earlier session can be in them.
+const GENERATION: u64 = 1;
+
+/// Creates this side's window and swaps descriptors with the peer.
 fn exchange(
     stream: &UnixStream,
     config: &LinkConfig,
     name: &str,
     role: Role,
-) -> Result<RingLink<ShmWindow>, SetupError> {
+) -> Result<(ShmWindow, ShmWindow), SetupError> {
     config.engine.validate()?;
     let label = format!("barlink-{name}-{}", std::process::id());
     let own = ShmWindow::create_memfd(&label, config.window_len, &config.shm)?;
     let geometry = Geometry::for_window(own.len(), config.engine.mtu)?;
-    let generation = 1;
-    init_ring(&own, geometry, generation)?;
+    init_ring(&own, geometry, GENERATION)?;
     let timeout = config.setup_timeout;
     let peer_fd = match role {
         Role::Connector => {
@@ -183,5 +212,5 @@ fn exchange(
         }
     };
     let peer = ShmWindow::from_fd(peer_fd)?;
-    RingLink::new(own, peer, config.engine.clone(), generation as u32)
+    Ok((own, peer))
 }

@@ -22,7 +22,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-pub use connect::{LinkConfig, Listener, connect};
+pub use connect::{LinkConfig, Listener, connect, connect_windows};
 
 use crate::engine::{ConfigError, Engine, EngineConfig, Event, LinkError, MessageId, SendError};
 use crate::ring::{self, Consumer, Geometry, Producer, RingError};
@@ -216,10 +216,12 @@ impl fmt::Display for IoError {
 
 impl std::error::Error for IoError {}
 
-/// An engine bound to a ring in each direction.
+/// An engine bound to a ring in each direction. `B` is the type of the
+/// caller's message buffers (see [`Engine`]): `Arc<[u8]>` sends the same
+/// bytes many times without copying them first.
 #[derive(Debug)]
-pub struct RingLink<W: Window> {
-    engine: Engine<Vec<u8>>,
+pub struct RingLink<W: Window, B: AsRef<[u8]> = Vec<u8>> {
+    engine: Engine<B>,
     own: W,
     peer: W,
     producer: Producer,
@@ -235,7 +237,7 @@ pub struct RingLink<W: Window> {
     medium_error: Option<String>,
 }
 
-impl<W: Window> RingLink<W> {
+impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
     /// Binds an engine to two windows whose rings are initialized
     /// ([`init_ring`]): `own` is read, `peer` written. `epoch` should be the
     /// own ring's generation.
@@ -272,7 +274,7 @@ impl<W: Window> RingLink<W> {
     }
 
     /// The engine (statistics, configuration, state).
-    pub fn engine(&self) -> &Engine<Vec<u8>> {
+    pub fn engine(&self) -> &Engine<B> {
         &self.engine
     }
 
@@ -410,17 +412,13 @@ impl<W: Window> RingLink<W> {
 
     /// Queues a message without waiting. `Err(SendError::QueueFull)` gives
     /// the buffer back: call [`RingLink::progress`] and retry.
-    pub fn send(&mut self, data: Vec<u8>) -> Result<MessageId, SendError<Vec<u8>>> {
+    pub fn send(&mut self, data: B) -> Result<MessageId, SendError<B>> {
         self.engine.send(data)
     }
 
     /// Queues a message, driving the link while the send queue is full, for
     /// at most `timeout`.
-    pub fn send_blocking(
-        &mut self,
-        data: Vec<u8>,
-        timeout: Duration,
-    ) -> Result<MessageId, IoError> {
+    pub fn send_blocking(&mut self, data: B, timeout: Duration) -> Result<MessageId, IoError> {
         let deadline = Instant::now() + timeout;
         let mut data = data;
         loop {

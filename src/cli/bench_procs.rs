@@ -1,0 +1,484 @@
+//! `barlink bench` between two processes on this host, over shared memory,
+//! with its baselines measured in the same run:
+//! - `barlink`: a ring link (engine, CRC, acknowledgements) over two memfd
+//!   windows, as two GPUs would use their BAR1 windows;
+//! - `raw-ring`: the same rings in the same kind of windows with no
+//!   protocol: bytes copied into slots and out again (the physical limit);
+//! - `unix-socket`: a Unix stream socket.
+//!
+//! The parent sends; a child process (this binary, `bench-peer`) receives.
+//! Bandwidth: a window of messages, then the child's one-byte "got them
+//! all"; latency: one message there and the same size back, halved.
+
+use std::io::{Read, Write};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use barlink_transport::link::{LinkConfig, Listener, RingLink, connect, connect_windows};
+use barlink_transport::ring::{self, Consumer, Producer};
+use barlink_transport::window::{ShmWindow, Window};
+use clap::{Args, ValueEnum};
+
+/// How long any single step of the benchmark may wait for the peer.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProcPath {
+    Barlink,
+    RawRing,
+    UnixSocket,
+}
+
+impl ProcPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProcPath::Barlink => "barlink",
+            ProcPath::RawRing => "raw-ring",
+            ProcPath::UnixSocket => "unix-socket",
+        }
+    }
+}
+
+/// What both processes must agree on, passed to the child on its command line.
+#[derive(Debug, Clone, Args)]
+pub struct PeerPlan {
+    /// The path to measure.
+    #[arg(long, value_enum)]
+    pub path: ProcPath,
+    /// Rendezvous name.
+    #[arg(long)]
+    pub name: String,
+    /// Message sizes, in order.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<usize>,
+    /// Messages per window, per size (same order).
+    #[arg(long, value_delimiter = ',')]
+    pub counts: Vec<usize>,
+    /// Timed windows (plus one warm-up).
+    #[arg(long)]
+    pub windows: usize,
+    /// Round trips for latency, per size.
+    #[arg(long)]
+    pub lat_iters: usize,
+    /// Packet size of the barlink link.
+    #[arg(long)]
+    pub mtu: usize,
+    /// CRC on the barlink link.
+    #[arg(long, action = clap::ArgAction::Set)]
+    pub crc: bool,
+}
+
+/// What one size measured on one path.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub gbps_windows: Vec<f64>,
+    pub latencies_us: Vec<f64>,
+    pub retransmits: u64,
+    pub crc_errors: u64,
+}
+
+/// Moves messages one way and back.
+trait Pipe {
+    fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String>;
+    /// Receives one message into `buf`; returns its length.
+    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String>;
+    /// Waits until everything sent is through (for the link: acknowledged).
+    fn flush(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+    fn counters(&self) -> (u64, u64) {
+        (0, 0)
+    }
+}
+
+fn link_config(plan: &PeerPlan) -> LinkConfig {
+    let mut config = LinkConfig::default();
+    config.engine.mtu = plan.mtu;
+    config.engine.crc = plan.crc;
+    config.engine.max_message_len = config
+        .engine
+        .max_message_len
+        .max(plan.sizes.iter().copied().max().unwrap_or(0) as u64);
+    let window = ((4 << 20) / plan.mtu).clamp(4, 256) as u32;
+    config.engine.send_window = window;
+    config.engine.recv_window = window;
+    config.setup_timeout = Duration::from_secs(20);
+    config
+}
+
+struct LinkPipe(RingLink<ShmWindow, Arc<[u8]>>);
+
+impl Pipe for LinkPipe {
+    fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String> {
+        self.0
+            .send_blocking(message.clone(), STEP_TIMEOUT)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
+        let data = self.0.recv(STEP_TIMEOUT).map_err(|e| e.to_string())?;
+        let len = data.len();
+        // Hand the buffer back to the engine: the next message reuses it.
+        self.0.recycle(std::mem::replace(buf, data));
+        Ok(len)
+    }
+    fn flush(&mut self) -> Result<(), String> {
+        self.0.flush(STEP_TIMEOUT).map_err(|e| e.to_string())
+    }
+    fn counters(&self) -> (u64, u64) {
+        let stats = self.0.engine().stats();
+        (stats.retransmits(), stats.crc_failures + stats.malformed)
+    }
+}
+
+/// The raw-ring baseline: fragments copied into slots behind a 16-byte slot
+/// header (length, last-fragment flag), no CRC, no acknowledgement.
+struct RawRingPipe {
+    own: ShmWindow,
+    peer: ShmWindow,
+    producer: Producer,
+    consumer: Consumer,
+    slot_payload: usize,
+}
+
+const RAW_SLOT_HEADER: usize = 16;
+
+impl RawRingPipe {
+    fn new(own: ShmWindow, peer: ShmWindow) -> Result<Self, String> {
+        let own_info = barlink_transport::link::read_ring_info(&own).map_err(|e| e.to_string())?;
+        let peer_info =
+            barlink_transport::link::read_ring_info(&peer).map_err(|e| e.to_string())?;
+        Ok(RawRingPipe {
+            slot_payload: peer_info.geometry.slot_size as usize - RAW_SLOT_HEADER,
+            producer: Producer::new(peer_info.geometry),
+            consumer: Consumer::new(own_info.geometry),
+            own,
+            peer,
+        })
+    }
+
+    fn spin_until<T>(mut ready: impl FnMut() -> Result<Option<T>, String>) -> Result<T, String> {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        let mut spins = 0u32;
+        loop {
+            if let Some(value) = ready()? {
+                return Ok(value);
+            }
+            spins += 1;
+            if spins % 1024 == 0 {
+                if Instant::now() > deadline {
+                    return Err("raw ring: the peer stopped".into());
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+impl Pipe for RawRingPipe {
+    fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String> {
+        let pieces: Vec<&[u8]> = if message.is_empty() {
+            vec![&[]]
+        } else {
+            message.chunks(self.slot_payload).collect()
+        };
+        let count = pieces.len();
+        for (index, piece) in pieces.into_iter().enumerate() {
+            let (own, producer) = (&self.own, &mut self.producer);
+            let slot = Self::spin_until(|| {
+                let consumed = own
+                    .load_u64(ring::offset::CONSUMED, Ordering::Acquire)
+                    .map_err(|e| e.to_string())?;
+                producer.on_consumed(consumed).map_err(|e| e.to_string())?;
+                Ok(producer.next_slot_offset())
+            })?;
+            let mut header = [0u8; RAW_SLOT_HEADER];
+            header[..8].copy_from_slice(&(piece.len() as u64).to_le_bytes());
+            header[8] = u8::from(index + 1 == count);
+            self.peer.write(slot, &header).map_err(|e| e.to_string())?;
+            self.peer
+                .write(slot + RAW_SLOT_HEADER, piece)
+                .map_err(|e| e.to_string())?;
+            let head = self.producer.commit();
+            self.peer.store_fence();
+            self.peer
+                .store_u64(ring::offset::HEAD, head, Ordering::Release)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
+        buf.clear();
+        loop {
+            let (own, consumer) = (&self.own, &mut self.consumer);
+            let slot = Self::spin_until(|| {
+                if let Some(slot) = consumer.next_slot_offset() {
+                    return Ok(Some(slot));
+                }
+                let head = own
+                    .load_u64(ring::offset::HEAD, Ordering::Acquire)
+                    .map_err(|e| e.to_string())?;
+                consumer.on_head(head).map_err(|e| e.to_string())?;
+                Ok(consumer.next_slot_offset())
+            })?;
+            let mut header = [0u8; RAW_SLOT_HEADER];
+            self.own
+                .read(slot, &mut header)
+                .map_err(|e| e.to_string())?;
+            let len = (u64::from_le_bytes(header[..8].try_into().expect("8 bytes")) as usize)
+                .min(self.slot_payload);
+            let start = buf.len();
+            buf.resize(start + len, 0);
+            self.own
+                .read(slot + RAW_SLOT_HEADER, &mut buf[start..])
+                .map_err(|e| e.to_string())?;
+            let consumed = self.consumer.release();
+            self.peer
+                .store_u64(ring::offset::CONSUMED, consumed, Ordering::Release)
+                .map_err(|e| e.to_string())?;
+            if header[8] == 1 {
+                return Ok(buf.len());
+            }
+        }
+    }
+}
+
+struct SocketPipe(UnixStream);
+
+impl Pipe for SocketPipe {
+    fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String> {
+        self.0
+            .write_all(&(message.len() as u64).to_le_bytes())
+            .and_then(|()| self.0.write_all(message))
+            .map_err(|e| e.to_string())
+    }
+    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
+        let mut len = [0u8; 8];
+        self.0.read_exact(&mut len).map_err(|e| e.to_string())?;
+        let len = u64::from_le_bytes(len) as usize;
+        if len > 1 << 31 {
+            return Err(format!("unix socket: impossible length {len}"));
+        }
+        buf.resize(len, 0);
+        self.0.read_exact(buf).map_err(|e| e.to_string())?;
+        Ok(len)
+    }
+}
+
+fn socket_address(name: &str) -> Result<SocketAddr, String> {
+    SocketAddr::from_abstract_name(format!("barlink-bench/{name}")).map_err(|e| e.to_string())
+}
+
+/// Opens the pipe on the parent's side (it listens; the child connects).
+fn parent_pipe(plan: &PeerPlan, child: &mut Child) -> Result<Box<dyn Pipe>, String> {
+    let config = link_config(plan);
+    Ok(match plan.path {
+        ProcPath::Barlink => {
+            let listener = Listener::bind(&plan.name).map_err(|e| e.to_string())?;
+            Box::new(LinkPipe(
+                listener.accept(&config).map_err(|e| e.to_string())?,
+            ))
+        }
+        ProcPath::RawRing => {
+            let listener = Listener::bind(&plan.name).map_err(|e| e.to_string())?;
+            let (own, peer) = listener
+                .accept_windows(&config)
+                .map_err(|e| e.to_string())?;
+            Box::new(RawRingPipe::new(own, peer)?)
+        }
+        ProcPath::UnixSocket => {
+            let listener =
+                UnixListener::bind_addr(&socket_address(&plan.name)?).map_err(|e| e.to_string())?;
+            listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+            let deadline = Instant::now() + config.setup_timeout;
+            let stream = loop {
+                match listener.accept() {
+                    Ok((stream, _)) => break stream,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
+                            return Err("unix socket: the peer never connected".into());
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            };
+            stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+            stream
+                .set_read_timeout(Some(STEP_TIMEOUT))
+                .map_err(|e| e.to_string())?;
+            Box::new(SocketPipe(stream))
+        }
+    })
+}
+
+fn child_pipe(plan: &PeerPlan) -> Result<Box<dyn Pipe>, String> {
+    let config = link_config(plan);
+    Ok(match plan.path {
+        ProcPath::Barlink => Box::new(LinkPipe(
+            connect(&plan.name, &config).map_err(|e| e.to_string())?,
+        )),
+        ProcPath::RawRing => {
+            let (own, peer) = connect_windows(&plan.name, &config).map_err(|e| e.to_string())?;
+            Box::new(RawRingPipe::new(own, peer)?)
+        }
+        ProcPath::UnixSocket => {
+            let addr = socket_address(&plan.name)?;
+            let deadline = Instant::now() + config.setup_timeout;
+            let stream = loop {
+                match UnixStream::connect_addr(&addr) {
+                    Ok(stream) => break stream,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            };
+            stream
+                .set_read_timeout(Some(STEP_TIMEOUT))
+                .map_err(|e| e.to_string())?;
+            Box::new(SocketPipe(stream))
+        }
+    })
+}
+
+fn message_of(size: usize, seed: u64) -> Arc<[u8]> {
+    let mut data = vec![0u8; size];
+    barlink_transport::sim::SplitMix64::new(seed).fill(&mut data);
+    data.into()
+}
+
+/// The parent's side: spawns the child, measures every size, returns one
+/// `Measured` per size.
+pub fn run_parent(plan: &PeerPlan) -> Result<Vec<Measured>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .arg("bench-peer")
+        .args(plan_args(plan))
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting the peer process: {e}"))?;
+    let result = parent_phases(plan, &mut child);
+    if result.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    let measured = result?;
+    if !status.success() {
+        return Err(format!("the peer process failed: {status}"));
+    }
+    Ok(measured)
+}
+
+fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Measured>, String> {
+    let mut pipe = parent_pipe(plan, child)?;
+    let mut ack = Vec::new();
+    let mut reply = Vec::new();
+    let mut results = vec![];
+    for (&size, &count) in plan.sizes.iter().zip(&plan.counts) {
+        let message = message_of(size, size as u64);
+        let (retransmits_before, crc_before) = pipe.counters();
+        let mut gbps_windows = vec![];
+        for window in 0..=plan.windows {
+            let start = Instant::now();
+            for _ in 0..count {
+                pipe.send(&message)?;
+            }
+            pipe.recv(&mut ack)?; // the child has them all
+            let seconds = start.elapsed().as_secs_f64();
+            if window > 0 {
+                gbps_windows.push((size * count) as f64 / seconds / 1e9);
+            }
+        }
+        let mut latencies_us = vec![];
+        for _ in 0..plan.lat_iters {
+            let start = Instant::now();
+            pipe.send(&message)?;
+            let len = pipe.recv(&mut reply)?;
+            latencies_us.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
+            if len != size {
+                return Err(format!("echo of {size} bytes came back as {len}"));
+            }
+        }
+        pipe.flush()?;
+        let (retransmits, crc_errors) = pipe.counters();
+        results.push(Measured {
+            gbps_windows,
+            latencies_us,
+            retransmits: retransmits - retransmits_before,
+            crc_errors: crc_errors - crc_before,
+        });
+    }
+    Ok(results)
+}
+
+/// The child's side (`barlink bench-peer`): receives, checks, confirms,
+/// echoes.
+pub fn run_child(plan: &PeerPlan) -> Result<(), String> {
+    let mut pipe = child_pipe(plan)?;
+    let done: Arc<[u8]> = vec![1u8].into();
+    let mut buf = Vec::new();
+    for (&size, &count) in plan.sizes.iter().zip(&plan.counts) {
+        let expected = message_of(size, size as u64);
+        for _ in 0..=plan.windows {
+            for index in 0..count {
+                let len = pipe.recv(&mut buf)?;
+                if len != size {
+                    return Err(format!(
+                        "message {index} of size {size} arrived with {len} bytes"
+                    ));
+                }
+                if index == 0 && buf[..] != expected[..] {
+                    return Err(format!(
+                        "message of size {size} arrived with different bytes"
+                    ));
+                }
+            }
+            pipe.send(&done)?;
+        }
+        for _ in 0..plan.lat_iters {
+            pipe.recv(&mut buf)?;
+            pipe.send(&expected)?;
+        }
+        pipe.flush()?;
+    }
+    // Keep the link up briefly so the parent gets its last acknowledgements.
+    let until = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < until {
+        let _ = pipe.flush();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+fn plan_args(plan: &PeerPlan) -> Vec<String> {
+    let join = |v: &[usize]| {
+        v.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    vec![
+        "--path".into(),
+        plan.path.name().into(),
+        "--name".into(),
+        plan.name.clone(),
+        "--sizes".into(),
+        join(&plan.sizes),
+        "--counts".into(),
+        join(&plan.counts),
+        "--windows".into(),
+        plan.windows.to_string(),
+        "--lat-iters".into(),
+        plan.lat_iters.to_string(),
+        "--mtu".into(),
+        plan.mtu.to_string(),
+        "--crc".into(),
+        plan.crc.to_string(),
+    ]
+}
