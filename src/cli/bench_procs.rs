@@ -169,7 +169,7 @@ impl RawRingPipe {
                 return Ok(value);
             }
             spins += 1;
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 if Instant::now() > deadline {
                     return Err("raw ring: the peer stopped".into());
                 }
