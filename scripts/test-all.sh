@@ -6,6 +6,7 @@
 #
 #   FUZZ_SECONDS=30     seconds per fuzz target (0 skips the fuzz stage, visibly)
 #   PROPTEST_CASES=512  cases per property test
+#   SOAK_DURATION=20s   length of the soak run
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +56,13 @@ tests_passed=$((tests_passed - tests_skipped))
 skipped=$((skipped + tests_skipped))
 grep 'SKIPPED' "$log/test.txt" | sed 's/^[. ]*/  /' || true
 if [ "$test_status" -eq 0 ]; then ok "cargo test: $tests_passed tests passed, $tests_skipped skipped"; else bad "cargo test: $tests_failed tests failed"; fi
+
+step "soak (${SOAK_DURATION:-20s} of traffic with faults injected into the ring windows)"
+if cargo run -q -- soak --duration "${SOAK_DURATION:-20s}" --fault-rate 0.001 --progress-every 5; then
+    ok "soak: nothing lost, corrupted or duplicated"
+else
+    bad "soak"
+fi
 
 step "fuzz smoke (${FUZZ_SECONDS}s per target, stable toolchain, no sanitizer)"
 if [ "$FUZZ_SECONDS" -gt 0 ]; then

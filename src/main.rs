@@ -23,6 +23,8 @@ enum Command {
     /// Measure barlink between two processes over shared memory, with a raw
     /// ring and a Unix socket as baselines (or the engine alone: --path engine-mem).
     Bench(cli::bench::BenchArgs),
+    /// Run random traffic through a link with faults injected; verify every byte.
+    Soak(cli::soak::SoakArgs),
     /// Show the PCI topology: GPU/NIC matrix, links, and the path per pair.
     Topo(cli::topo::TopoArgs),
     /// Check the platform for what breaks P2P (ACS, IOMMU, small BARs, ...).
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Bench(args) => cli::bench::run(&args),
+        Command::Soak(args) => cli::soak::run(&args),
         Command::Topo(args) => cli::topo::run_topo(&args),
         Command::Doctor(args) => cli::topo::run_doctor(&args),
         Command::BenchPeer(plan) => cli::bench_procs::run_child(&plan)

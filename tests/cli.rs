@@ -171,12 +171,28 @@ fn bench_between_processes_reports_barlink_and_both_baselines() {
 }
 
 #[test]
+fn a_short_soak_with_faults_loses_nothing_and_says_so() {
+    let output = barlink(&["soak", "--duration", "3s", "--fault-rate", "0.01", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    let text = stdout(&output);
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["kind"], "final");
+    assert!(last["messages"].as_u64().unwrap() > 100, "{last}");
+    assert!(last["crc_failures_caught"].as_u64().unwrap() > 0, "{last}");
+    assert!(last["retransmits"].as_u64().unwrap() > 0, "{last}");
+    for field in ["lost", "corrupted", "duplicated"] {
+        assert_eq!(last[field], 0, "{field}: {last}");
+    }
+}
+
+#[test]
 fn bad_usage_exits_2_and_says_what_is_wrong() {
     for args in [
         &["bench", "--sizes", "4Q"][..],
         &["bench", "--fault-rate", "0.9"],
         &["bench", "--fault-rate", "0.01"],
         &["bench", "--mtu", "100"],
+        &["soak", "--duration", "5d"],
         &["topo", "--p2p-level", "FAR"],
         &["no-such-command"],
     ] {

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bench_procs;
+pub mod soak;
 pub mod topo;
 
 use std::fmt;

@@ -1,0 +1,306 @@
+//! `barlink soak`: random-size messages through a ring link whose windows
+//! inject faults (bit flips, dropped, torn and stalled writes), every
+//! payload checked against a seeded generator, for a set duration.
+//!
+//! Each message starts with its index; its length and the rest of its
+//! bytes follow from (seed, index). So the receiver tells apart a message
+//! lost (an index skipped), duplicated (an index again) and corrupted
+//! (bytes that differ), and counts each. Any of the three is a failure.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use barlink_transport::EngineConfig;
+use barlink_transport::link::{RingLink, init_ring};
+use barlink_transport::ring::Geometry;
+use barlink_transport::sim::SplitMix64;
+use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window};
+use clap::Args;
+use serde_json::json;
+
+use super::{CommandError, Status, parse_size};
+
+#[derive(Debug, Args)]
+pub struct SoakArgs {
+    /// How long to run: 90s, 10m, 2h. Default 10m; with --quick 15s.
+    #[arg(long, env = "BARLINK_DURATION")]
+    duration: Option<String>,
+    /// Probability that a bulk write into a ring is faulted, split evenly
+    /// between bit flips, dropped, torn and stalled writes.
+    #[arg(long, default_value_t = 0.001, env = "BARLINK_FAULT_RATE")]
+    fault_rate: f64,
+    /// Largest message.
+    #[arg(long, default_value = "256K", value_parser = parse_size, env = "BARLINK_MAX_SIZE")]
+    max_size: usize,
+    /// Packet size.
+    #[arg(long, default_value = "4K", value_parser = parse_size, env = "BARLINK_MTU")]
+    mtu: usize,
+    /// Seconds between progress lines.
+    #[arg(long, default_value_t = 10)]
+    progress_every: u64,
+    /// Seed for message contents and faults.
+    #[arg(long, default_value_t = 1, env = "BARLINK_SEED")]
+    seed: u64,
+    /// A short run (15 seconds).
+    #[arg(long)]
+    quick: bool,
+    /// JSON lines instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (try 90s, 10m, 2h)"))?;
+    let seconds = match unit {
+        "" | "s" => number,
+        "m" => number * 60,
+        "h" => number * 3600,
+        other => return Err(format!("unknown duration unit {other:?} (use s, m or h)")),
+    };
+    Ok(Duration::from_secs(seconds))
+}
+
+/// Message `index`: its index, then seeded bytes; length from the seed too.
+fn soak_message(seed: u64, index: u64, max_size: usize) -> Vec<u8> {
+    let mut rng = SplitMix64::new(seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let len = 8 + match rng.below(8) {
+        0..=3 => rng.below(512) as usize,
+        4..=6 => rng.below(32 << 10) as usize,
+        _ => rng.below(max_size.max(1) as u64) as usize,
+    };
+    let mut data = vec![0; len];
+    data[..8].copy_from_slice(&index.to_le_bytes());
+    rng.fill(&mut data[8..]);
+    data
+}
+
+/// What the receiver found.
+#[derive(Debug, Default)]
+struct Verdicts {
+    messages: AtomicU64,
+    bytes: AtomicU64,
+    lost: AtomicU64,
+    corrupted: AtomicU64,
+    duplicated: AtomicU64,
+}
+
+pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
+    let duration = match &args.duration {
+        Some(text) => {
+            parse_duration(text).map_err(|e| CommandError::usage(format!("--duration: {e}")))?
+        }
+        None if args.quick => Duration::from_secs(15),
+        None => Duration::from_secs(600),
+    };
+    if !(0.0..=0.2).contains(&args.fault_rate) {
+        return Err(CommandError::usage(format!(
+            "--fault-rate {} is outside 0..=0.2",
+            args.fault_rate
+        )));
+    }
+    let config = EngineConfig {
+        mtu: args.mtu,
+        max_message_len: (args.max_size as u64 + 8).max(1 << 20),
+        ..EngineConfig::default()
+    };
+    config
+        .validate()
+        .map_err(|e| CommandError::usage(format!("engine configuration: {e}")))?;
+    let window_len = (4 << 20) + barlink_transport::ring::CONTROL_LEN;
+    let each = args.fault_rate / 4.0;
+    let faults = FaultConfig::none()
+        .with_bit_flip(each)
+        .with_drop(each)
+        .with_tear(each)
+        .with_stall(each, 3);
+    let setup = |e: &dyn std::fmt::Display| CommandError::environment(format!("soak setup: {e}"));
+    let window_a = Arc::new(HeapWindow::new(window_len).map_err(|e| setup(&e))?);
+    let window_b = Arc::new(HeapWindow::new(window_len).map_err(|e| setup(&e))?);
+    let geometry = Geometry::for_window(window_len, config.mtu).map_err(|e| setup(&e))?;
+    init_ring(&*window_a, geometry, 1).map_err(|e| setup(&e))?;
+    init_ring(&*window_b, geometry, 1).map_err(|e| setup(&e))?;
+    let faulty = |w: Arc<HeapWindow>, seed: u64| -> Arc<dyn Window> {
+        Arc::new(FaultWindow::new(w, faults.clone(), seed))
+    };
+    let a_own: Arc<dyn Window> = window_a.clone();
+    let b_own: Arc<dyn Window> = window_b.clone();
+    let mut sender: RingLink<Arc<dyn Window>> =
+        RingLink::new(a_own, faulty(window_b, args.seed ^ 0xA), config.clone(), 1)
+            .map_err(|e| setup(&e))?;
+    let mut receiver: RingLink<Arc<dyn Window>> =
+        RingLink::new(b_own, faulty(window_a, args.seed ^ 0xB), config, 1)
+            .map_err(|e| setup(&e))?;
+
+    let verdicts = Arc::new(Verdicts::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let step = Duration::from_secs(5);
+    let (seed, max_size) = (args.seed, args.max_size);
+    let reader = {
+        let verdicts = verdicts.clone();
+        let stop = stop.clone();
+        thread::spawn(move || -> Result<RingLink<Arc<dyn Window>>, String> {
+            let mut expected = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // Short waits, so that the end of the run is seen long
+                // before the peer timeout could fire.
+                let data = match receiver.recv(Duration::from_millis(100)) {
+                    Ok(data) => data,
+                    Err(barlink_transport::link::IoError::Timeout { .. }) => continue,
+                    Err(e) => return Err(e.to_string()),
+                };
+                let index = u64::from_le_bytes(
+                    data.get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .unwrap_or([0xFF; 8]),
+                );
+                if index < expected {
+                    verdicts.duplicated.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    if index > expected {
+                        verdicts.lost.fetch_add(index - expected, Ordering::Relaxed);
+                    }
+                    if data != soak_message(seed, index, max_size) {
+                        verdicts.corrupted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    expected = index + 1;
+                }
+                verdicts.messages.fetch_add(1, Ordering::Relaxed);
+                verdicts
+                    .bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                receiver.recycle(data);
+            }
+            Ok(receiver)
+        })
+    };
+
+    let started = Instant::now();
+    let mut next_report = started + Duration::from_secs(args.progress_every.max(1));
+    let mut sent = 0u64;
+    let mut failure = None;
+    while started.elapsed() < duration {
+        if let Err(e) = sender.send_blocking(soak_message(seed, sent, max_size), step * 6) {
+            failure = Some(e.to_string());
+            break;
+        }
+        sent += 1;
+        if Instant::now() >= next_report {
+            // Mid-run, the receiver's counters live on its thread; the NAKs
+            // it sent stand for the corruption it caught.
+            let caught = sender.engine().stats().naks_received;
+            report(args, "progress", started, &sender, &verdicts, sent, caught);
+            next_report += Duration::from_secs(args.progress_every.max(1));
+        }
+    }
+    if failure.is_none()
+        && let Err(e) = sender.flush(Duration::from_secs(60))
+    {
+        failure = Some(e.to_string());
+    }
+    // Wait for the receiver to see everything that was acknowledged.
+    let until = Instant::now() + Duration::from_secs(30);
+    while verdicts.messages.load(Ordering::Relaxed) < sent && Instant::now() < until {
+        let _ = sender.progress();
+        thread::yield_now();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let receiver = reader
+        .join()
+        .map_err(|_| CommandError::environment("soak: the receiving thread panicked"))?;
+    if let Err(e) = &receiver {
+        failure.get_or_insert(e.clone());
+    }
+    let received = verdicts.messages.load(Ordering::Relaxed);
+    if received < sent {
+        verdicts.lost.fetch_add(sent - received, Ordering::Relaxed);
+    }
+    let mut caught = sender.engine().stats().crc_failures + sender.engine().stats().malformed;
+    if let Ok(receiver) = &receiver {
+        caught += receiver.engine().stats().crc_failures + receiver.engine().stats().malformed;
+    }
+    report(args, "final", started, &sender, &verdicts, sent, caught);
+    if let Some(e) = failure {
+        eprintln!("barlink soak: the link failed: {e}");
+        return Ok(Status::CheckFailed);
+    }
+    let bad = verdicts.lost.load(Ordering::Relaxed)
+        + verdicts.corrupted.load(Ordering::Relaxed)
+        + verdicts.duplicated.load(Ordering::Relaxed);
+    Ok(if bad == 0 {
+        Status::Ok
+    } else {
+        Status::CheckFailed
+    })
+}
+
+fn report(
+    args: &SoakArgs,
+    kind: &str,
+    started: Instant,
+    sender: &RingLink<Arc<dyn Window>>,
+    verdicts: &Verdicts,
+    sent: u64,
+    caught: u64,
+) {
+    let stats = sender.engine().stats();
+    let elapsed = started.elapsed().as_secs_f64();
+    let messages = verdicts.messages.load(Ordering::Relaxed);
+    let bytes = verdicts.bytes.load(Ordering::Relaxed);
+    let lost = verdicts.lost.load(Ordering::Relaxed);
+    let corrupted = verdicts.corrupted.load(Ordering::Relaxed);
+    let duplicated = verdicts.duplicated.load(Ordering::Relaxed);
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "kind": kind,
+                "elapsed_s": (elapsed * 10.0).round() / 10.0,
+                "messages_sent": sent,
+                "messages": messages,
+                "bytes": bytes,
+                "retransmits": stats.retransmits(),
+                "crc_failures_caught": caught,
+                "lost": lost,
+                "corrupted": corrupted,
+                "duplicated": duplicated,
+            })
+        );
+    } else {
+        println!(
+            "soak {kind}: {elapsed:.0}s  messages {messages}  bytes {bytes}  retransmits {}  crc failures caught {caught}  lost {lost}  corrupted {corrupted}  duplicated {duplicated}",
+            stats.retransmits()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn soak_messages_carry_their_index_and_replay() {
+        let a = soak_message(7, 42, 1000);
+        assert_eq!(u64::from_le_bytes(a[..8].try_into().unwrap()), 42);
+        assert_eq!(a, soak_message(7, 42, 1000));
+        assert_ne!(a, soak_message(8, 42, 1000));
+    }
+}
