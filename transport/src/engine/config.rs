@@ -64,8 +64,12 @@ impl Default for EngineConfig {
             send_window: 256,
             recv_window: 256,
             send_queue_limit: 4096,
-            initial_rto: Duration::from_millis(10),
-            min_rto: Duration::from_millis(1),
+            // Round trips on a ring are microseconds, but a process can be
+            // descheduled for milliseconds: a floor of 5 ms keeps such stalls
+            // from looking like loss. Corruption is resent on NAK, at once,
+            // whatever the timer.
+            initial_rto: Duration::from_millis(20),
+            min_rto: Duration::from_millis(5),
             max_rto: Duration::from_secs(1),
             max_transmissions: 32,
             ack_every: 32,
