@@ -57,6 +57,14 @@ skipped=$((skipped + tests_skipped))
 grep 'SKIPPED' "$log/test.txt" | sed 's/^[. ]*/  /' || true
 if [ "$test_status" -eq 0 ]; then ok "cargo test: $tests_passed tests passed, $tests_skipped skipped"; else bad "cargo test: $tests_failed tests failed"; fi
 
+step "loom models of the ring's index protocol (own target dir: --cfg loom)"
+if ./scripts/loom.sh >"$log/loom.txt" 2>&1; then
+    ok "loom: $(grep -o 'test result: ok. [0-9]* passed' "$log/loom.txt" | tail -1 | grep -o '[0-9]* passed') models hold"
+else
+    tail -30 "$log/loom.txt"
+    bad "loom models"
+fi
+
 step "soak (${SOAK_DURATION:-20s} of traffic with faults injected into the ring windows)"
 if cargo run -q -- soak --duration "${SOAK_DURATION:-20s}" --fault-rate 0.001 --progress-every 5; then
     ok "soak: nothing lost, corrupted or duplicated"

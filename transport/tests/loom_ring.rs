@@ -1,0 +1,550 @@
+//! loom models of the ring's head/consumed protocol (testing tier 3).
+//!
+//! Run with `scripts/loom.sh` (`RUSTFLAGS="--cfg loom"`); a normal build
+//! compiles nothing here.
+//!
+//! What is real and what is modelled:
+//! - real: [`Producer`] and [`Consumer`] (every index decision and check),
+//!   [`Geometry::slot_offset`], the control-block offsets, and the
+//!   [`Window`] API that links use, called in the order `RingLink` calls it
+//!   (producer: load `consumed`, write the free slots, store fence, publish
+//!   `head`; consumer: load `head`, read the ready slots, publish
+//!   `consumed` into the peer's window);
+//! - modelled: the memory behind the windows ([`ModelWindow`]): every 8-byte
+//!   word is a loom atomic (via `barlink_transport::sync`); data words are
+//!   stored and loaded `Relaxed`, so loom may hand a reader any value the
+//!   memory model allows — stale, or half of a packet — unless the index
+//!   protocol orders it. Each slot also has a shadow `UnsafeCell` that loom
+//!   checks for data races: a write to a slot that is not ordered after the
+//!   previous read of that slot (the producer overwriting a slot the
+//!   consumer has not released) fails the model, as the plain `memcpy` of a
+//!   real in-process window would be undefined behaviour.
+//!
+//! A packet in the model is two words: its index and a checksum of it, so a
+//! reader can tell the packet it expects from a stale one, an empty slot or
+//! a torn one.
+//!
+//! Each model runs two threads (producer and consumer) over a ring of two
+//! slots, with four to six packets so that every slot is reused. The
+//! protocol as the link runs it (whole batches) is explored exhaustively;
+//! the variants that publish indices one packet at a time have far more
+//! interleavings and are explored up to [`PREEMPTION_BOUND`] preemptions
+//! (`LOOM_MAX_PREEMPTIONS` overrides it for all models; the other `LOOM_*`
+//! variables work as usual). The `*_is_caught` models break one ordering or
+//! one step of the protocol and must fail, with the message of the check
+//! that catches it: they show that the checks have teeth.
+#![cfg(loom)]
+
+use barlink_transport::ring::{Consumer, Geometry, Producer, offset};
+use barlink_transport::sync::atomic::{AtomicU64, Ordering};
+use barlink_transport::sync::{Arc, hint, thread};
+use barlink_transport::window::{Window, WindowError};
+
+/// Two slots of one cache line: the smallest ring the layout allows, so
+/// that the third packet already reuses slot 0.
+const GEOMETRY: Geometry = Geometry {
+    slot_size: 64,
+    slot_count: 2,
+};
+
+/// Bytes of a packet in the model: its index and a checksum of the index.
+const PACKET_LEN: usize = 16;
+
+/// How far loom explores a model.
+#[derive(Debug, Clone, Copy)]
+enum Explore {
+    /// Every execution (feasible for the link's batched protocol: with two
+    /// slots it moves packets in lockstep pairs).
+    Exhaustively,
+    /// Executions with at most this many thread preemptions.
+    Preemptions(usize),
+}
+
+/// The preemption bound of the models that cannot be explored exhaustively:
+/// about 15 s of CPU for all of them in a release build (exhaustive would
+/// take hours). Every mistake modelled here shows within two preemptions;
+/// `LOOM_MAX_PREEMPTIONS=6` explores deeper (about 70 s).
+const PREEMPTION_BOUND: Explore = Explore::Preemptions(4);
+
+/// A packet's second word: a function of its index that no other small
+/// index, and no zeroed memory, shares.
+fn checksum(index: u64) -> u64 {
+    (index ^ 0x9e37_79b9_7f4a_7c15)
+        .wrapping_mul(0xbf58_476d_1ce4_e5b9)
+        .rotate_left(29)
+}
+
+fn packet(index: u64) -> [u8; PACKET_LEN] {
+    let mut bytes = [0; PACKET_LEN];
+    bytes[..8].copy_from_slice(&index.to_le_bytes());
+    bytes[8..].copy_from_slice(&checksum(index).to_le_bytes());
+    bytes
+}
+
+/// Panics unless `bytes` is exactly packet `expected`, saying what was
+/// there instead.
+fn check_packet(expected: u64, slot: usize, bytes: &[u8; PACKET_LEN]) {
+    let index = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+    let sum = u64::from_le_bytes(bytes[8..].try_into().expect("8 bytes"));
+    if (index, sum) == (expected, checksum(expected)) {
+        return;
+    }
+    let found = if (index, sum) == (0, 0) {
+        "an empty slot (never written)".to_string()
+    } else if sum == checksum(index) {
+        format!("whole packet {index}")
+    } else {
+        format!("a torn packet (index word {index}, checksum word {sum:#x})")
+    };
+    panic!(
+        "consumer read a wrong packet: expected packet {expected} in slot at {slot}, found {found}"
+    );
+}
+
+/// A loom shadow of a slot's bytes, for its race detector only: it holds
+/// nothing, and creates no synchronization.
+#[derive(Debug)]
+struct Shadow(loom::cell::UnsafeCell<()>);
+
+// SAFETY: the cell holds `()` and its pointer is never dereferenced; `with`
+// and `with_mut` only record the access for loom's race detector, which is
+// the point of sharing it between threads.
+unsafe impl Sync for Shadow {}
+
+/// Whether a [`ModelWindow`] checks slot accesses for races.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RaceCheck {
+    /// Every slot read and write is checked by loom's race detector.
+    On,
+    /// Only values are checked (to show that the value checks alone catch
+    /// a bug).
+    Off,
+}
+
+/// The memory behind a ring window, made of loom atomics: one per 8-byte
+/// word of [`GEOMETRY`]'s ring, plus a race-checking shadow per slot.
+///
+/// Copies must be whole, aligned words (the model's packets are); each word
+/// is one `Relaxed` access, so a copy racing another may be seen half old,
+/// half new, as over PCIe.
+#[derive(Debug)]
+struct ModelWindow {
+    words: Vec<AtomicU64>,
+    slots: Vec<Shadow>,
+    race_check: RaceCheck,
+}
+
+impl ModelWindow {
+    fn new(race_check: RaceCheck) -> ModelWindow {
+        let len = GEOMETRY.ring_len();
+        ModelWindow {
+            words: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
+            slots: (0..GEOMETRY.slot_count)
+                .map(|_| Shadow(loom::cell::UnsafeCell::new(())))
+                .collect(),
+            race_check,
+        }
+    }
+
+    /// The words `offset..offset + len` cover, checked.
+    fn span(&self, offset: usize, len: usize) -> Result<&[AtomicU64], WindowError> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= self.len())
+            .ok_or(WindowError::OutOfBounds {
+                offset,
+                len,
+                window_len: self.len(),
+            })?;
+        if !offset.is_multiple_of(8) || !len.is_multiple_of(8) {
+            return Err(WindowError::Misaligned { offset, align: 8 });
+        }
+        Ok(&self.words[offset / 8..end / 8])
+    }
+
+    /// The shadow of the slot that `offset` lies in, if it lies in one.
+    fn shadow(&self, offset: usize) -> Option<&loom::cell::UnsafeCell<()>> {
+        let slot = offset.checked_sub(offset::SLOTS)? / GEOMETRY.slot_size as usize;
+        (self.race_check == RaceCheck::On).then(|| &self.slots[slot].0)
+    }
+}
+
+impl Window for ModelWindow {
+    fn len(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
+        let words = self.span(offset, src.len())?;
+        if let Some(shadow) = self.shadow(offset) {
+            shadow.with_mut(|_| ());
+        }
+        for (word, bytes) in words.iter().zip(src.chunks_exact(8)) {
+            let value = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+            word.store(value, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
+        let words = self.span(offset, dst.len())?;
+        if let Some(shadow) = self.shadow(offset) {
+            shadow.with(|_| ());
+        }
+        for (word, bytes) in words.iter().zip(dst.chunks_exact_mut(8)) {
+            bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        Ok(())
+    }
+
+    fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
+        Ok(self.span(offset, 8)?[0].load(order))
+    }
+
+    fn store_u64(&self, offset: usize, value: u64, order: Ordering) -> Result<(), WindowError> {
+        self.span(offset, 8)?[0].store(value, order);
+        Ok(())
+    }
+
+    fn fetch_add_u64(
+        &self,
+        offset: usize,
+        value: u64,
+        order: Ordering,
+    ) -> Result<u64, WindowError> {
+        Ok(self.span(offset, 8)?[0].fetch_add(value, order))
+    }
+
+    /// What the Rust memory model sees of the real fence on x86_64
+    /// (`sfence`, an instruction for write-combined memory): nothing. So
+    /// the model relies on the `Release` store of `head` alone, as the
+    /// language does. (Elsewhere the real fence is a `SeqCst` fence, which
+    /// would order the data even before a `Relaxed` head store; x86_64 is
+    /// the case that needs the `Release`.)
+    fn store_fence(&self) {}
+}
+
+/// How the protocol is run: its orderings and steps as [`LINK`] runs them,
+/// or with one deliberate mistake; and how many packets each side handles
+/// between two index publications.
+#[derive(Debug, Clone, Copy)]
+struct Protocol {
+    head_store: Ordering,
+    head_load: Ordering,
+    consumed_store: Ordering,
+    consumed_load: Ordering,
+    /// The consumer publishes each packet's release before reading it.
+    release_before_read: bool,
+    /// Most packets the producer writes before publishing `head`.
+    producer_batch: u64,
+    /// Most packets the consumer reads before publishing `consumed`.
+    consumer_batch: u64,
+}
+
+/// The protocol as `ring` specifies it and `RingLink::progress` runs it:
+/// the producer fills every free slot and then publishes `head` once; the
+/// consumer reads every ready slot and then publishes `consumed` once.
+/// With two slots this moves packets in lockstep pairs.
+const LINK: Protocol = Protocol {
+    head_store: Ordering::Release,
+    head_load: Ordering::Acquire,
+    consumed_store: Ordering::Release,
+    consumed_load: Ordering::Acquire,
+    release_before_read: false,
+    producer_batch: u64::MAX,
+    consumer_batch: u64::MAX,
+};
+
+/// The same protocol with an index published after every packet, so that
+/// each side sees the other's indices move one packet at a time (as a link
+/// whose engine has one packet ready at a time does): the producer reuses
+/// a slot while the consumer still reads the other one.
+const PER_PACKET: Protocol = Protocol {
+    producer_batch: 1,
+    consumer_batch: 1,
+    ..LINK
+};
+
+/// The writing side: sends packets `0..packets` into `peer` (the
+/// consumer's window), learning about free slots from `own`.
+fn produce(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protocol) {
+    let mut producer = Producer::new(GEOMETRY);
+    let mut next = 0;
+    while next < packets {
+        let consumed = own
+            .load_u64(offset::CONSUMED, protocol.consumed_load)
+            .expect("load consumed");
+        producer
+            .on_consumed(consumed)
+            .expect("the consumer's count is plausible");
+        let mut published = None;
+        let batch_end = next.saturating_add(protocol.producer_batch).min(packets);
+        while next < batch_end
+            && let Some(slot) = producer.next_slot_offset()
+        {
+            peer.write(slot, &packet(next)).expect("write a slot");
+            next += 1;
+            published = Some(producer.commit());
+        }
+        match published {
+            Some(head) => {
+                peer.store_fence();
+                peer.store_u64(offset::HEAD, head, protocol.head_store)
+                    .expect("publish head");
+            }
+            // The ring is full: wait for the consumer.
+            None => hint::spin_loop(),
+        }
+    }
+}
+
+/// The reading side: receives `packets` packets from `own`, checking each,
+/// and reports what it consumed into `peer` (the producer's window).
+fn consume(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protocol) {
+    let mut consumer = Consumer::new(GEOMETRY);
+    let mut received = 0;
+    while received < packets {
+        let head = own
+            .load_u64(offset::HEAD, protocol.head_load)
+            .expect("load head");
+        let ready = consumer
+            .on_head(head)
+            .expect("the producer's head is plausible");
+        if ready == 0 {
+            // Nothing published yet: wait for the producer.
+            hint::spin_loop();
+            continue;
+        }
+        let mut consumed = None;
+        let batch_end = received.saturating_add(protocol.consumer_batch);
+        while received < batch_end
+            && let Some(slot) = consumer.next_slot_offset()
+        {
+            if protocol.release_before_read {
+                let early = consumer.release();
+                peer.store_u64(offset::CONSUMED, early, protocol.consumed_store)
+                    .expect("publish consumed");
+            }
+            let mut bytes = [0; PACKET_LEN];
+            own.read(slot, &mut bytes).expect("read a slot");
+            check_packet(received, slot, &bytes);
+            received += 1;
+            if !protocol.release_before_read {
+                consumed = Some(consumer.release());
+            }
+        }
+        if let Some(consumed) = consumed {
+            peer.store_u64(offset::CONSUMED, consumed, protocol.consumed_store)
+                .expect("publish consumed");
+        }
+    }
+}
+
+/// Checks, under every interleaving loom explores, that `packets` packets
+/// pass from a producer thread to a consumer thread intact and in order.
+fn model(packets: u64, protocol: Protocol, race_check: RaceCheck, explore: Explore) {
+    let mut builder = loom::model::Builder::new();
+    // `LOOM_MAX_PREEMPTIONS`, when set, wins.
+    if builder.preemption_bound.is_none()
+        && let Explore::Preemptions(bound) = explore
+    {
+        builder.preemption_bound = Some(bound);
+    }
+    // Counts executions, outside the model (a std atomic, not loom's).
+    let executions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = std::time::Instant::now();
+    let counter = executions.clone();
+    builder.check(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The consumer's receive window: the producer writes slots and head.
+        let ring = Arc::new(ModelWindow::new(race_check));
+        // The producer's own window: the consumer writes consumed there.
+        let credits = Arc::new(ModelWindow::new(race_check));
+        GEOMETRY.validate(ring.len()).expect("the model ring fits");
+
+        let producer = thread::spawn({
+            let (ring, credits) = (ring.clone(), credits.clone());
+            move || produce(&credits, &ring, packets, protocol)
+        });
+        consume(&ring, &credits, packets, protocol);
+        producer.join().expect("producer thread");
+
+        assert_eq!(ring.load_u64(offset::HEAD, Ordering::Relaxed), Ok(packets));
+        assert_eq!(
+            credits.load_u64(offset::CONSUMED, Ordering::Relaxed),
+            Ok(packets)
+        );
+    });
+    let batch = |most: u64| match most {
+        u64::MAX => "all".to_string(),
+        most => most.to_string(),
+    };
+    eprintln!(
+        "{packets} packets, batches of {} (producer) and {} (consumer), {}: {} executions in {:.2?}",
+        batch(protocol.producer_batch),
+        batch(protocol.consumer_batch),
+        match builder.preemption_bound {
+            Some(bound) => format!("at most {bound} preemptions"),
+            None => "exhaustive".to_string(),
+        },
+        executions.load(std::sync::atomic::Ordering::Relaxed),
+        started.elapsed()
+    );
+}
+
+// --- The protocol holds -------------------------------------------------
+
+#[test]
+fn every_packet_read_is_the_one_published_as_the_link_runs_it() {
+    model(6, LINK, RaceCheck::On, Explore::Exhaustively);
+}
+
+#[test]
+fn every_packet_read_is_the_one_published_one_index_step_at_a_time() {
+    model(4, PER_PACKET, RaceCheck::On, PREEMPTION_BOUND);
+}
+
+#[test]
+fn every_packet_read_is_the_one_published_with_a_batching_producer() {
+    model(
+        4,
+        Protocol {
+            consumer_batch: 1,
+            ..LINK
+        },
+        RaceCheck::On,
+        PREEMPTION_BOUND,
+    );
+}
+
+#[test]
+fn every_packet_read_is_the_one_published_with_a_batching_consumer() {
+    model(
+        4,
+        Protocol {
+            producer_batch: 1,
+            ..LINK
+        },
+        RaceCheck::On,
+        PREEMPTION_BOUND,
+    );
+}
+
+// --- Each mistake is caught ---------------------------------------------
+
+/// Without `Release` on head, the consumer may see the new head and an old
+/// slot: the value check alone catches it.
+#[test]
+#[should_panic(expected = "consumer read a wrong packet")]
+fn a_relaxed_head_store_is_caught_by_the_packet_check() {
+    model(
+        3,
+        Protocol {
+            head_store: Ordering::Relaxed,
+            ..LINK
+        },
+        RaceCheck::Off,
+        Explore::Exhaustively,
+    );
+}
+
+/// The same mistake, seen by the race detector: the consumer's read of a
+/// slot is not ordered after the producer's write of it.
+#[test]
+#[should_panic(expected = "Causality violation: Concurrent read and write accesses.")]
+fn a_relaxed_head_store_is_caught_as_a_race() {
+    model(
+        3,
+        Protocol {
+            head_store: Ordering::Relaxed,
+            ..LINK
+        },
+        RaceCheck::On,
+        Explore::Exhaustively,
+    );
+}
+
+/// `Acquire` on the head load is the other half of the same edge.
+#[test]
+#[should_panic(expected = "consumer read a wrong packet")]
+fn a_relaxed_head_load_is_caught() {
+    model(
+        3,
+        Protocol {
+            head_load: Ordering::Relaxed,
+            ..LINK
+        },
+        RaceCheck::Off,
+        Explore::Exhaustively,
+    );
+}
+
+/// Without `Release` on consumed, the producer's reuse of a slot is not
+/// ordered after the consumer's read of it. loom does not explore a load
+/// seeing a store that comes later in program order (load buffering), so
+/// no value goes wrong here; the race detector is what catches it.
+#[test]
+#[should_panic(
+    expected = "Causality violation: Concurrent read and write accesses to `UnsafeCell`"
+)]
+fn a_relaxed_consumed_store_is_caught() {
+    model(
+        3,
+        Protocol {
+            consumed_store: Ordering::Relaxed,
+            ..LINK
+        },
+        RaceCheck::On,
+        Explore::Exhaustively,
+    );
+}
+
+/// `Acquire` on the consumed load is the other half of that edge.
+#[test]
+#[should_panic(
+    expected = "Causality violation: Concurrent read and write accesses to `UnsafeCell`"
+)]
+fn a_relaxed_consumed_load_is_caught() {
+    model(
+        3,
+        Protocol {
+            consumed_load: Ordering::Relaxed,
+            ..LINK
+        },
+        RaceCheck::On,
+        Explore::Exhaustively,
+    );
+}
+
+/// A consumer that frees a slot before reading it lets the producer
+/// overwrite the packet under it: the value check sees the newer packet.
+#[test]
+#[should_panic(expected = "consumer read a wrong packet")]
+fn releasing_a_slot_before_reading_it_is_caught_by_the_packet_check() {
+    model(
+        3,
+        Protocol {
+            release_before_read: true,
+            ..LINK
+        },
+        RaceCheck::Off,
+        Explore::Exhaustively,
+    );
+}
+
+/// The same mistake, seen by the race detector.
+#[test]
+#[should_panic(
+    expected = "Causality violation: Concurrent read and write accesses to `UnsafeCell`"
+)]
+fn releasing_a_slot_before_reading_it_is_caught_as_a_race() {
+    model(
+        3,
+        Protocol {
+            release_before_read: true,
+            ..LINK
+        },
+        RaceCheck::On,
+        Explore::Exhaustively,
+    );
+}
