@@ -479,20 +479,16 @@ struct ProcRow {
 
 fn print_proc_row(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) {
     if args.json {
-        let value = json!({
-            "path": row.path,
-            "size_bytes": row.size,
-            "gbps": round(row.gbps, 3),
-            "lat_p50_us": round(row.lat_p50_us, 3),
-            "lat_p99_us": round(row.lat_p99_us, 3),
-            "retransmits": row.retransmits,
-            "crc_errors": row.crc_errors,
-            "ratio_to_raw_ring": round(row.vs_raw_ring, 3),
-            "ratio_to_unix_socket": round(row.vs_unix, 3),
-            "mtu": config.mtu,
-            "crc": config.crc,
-        });
-        println!("{value}");
+        let mut value = common_json(
+            row.path,
+            row.size,
+            [row.gbps, row.lat_p50_us, row.lat_p99_us],
+            [row.retransmits, row.crc_errors],
+            config,
+        );
+        value.insert("ratio_to_raw_ring".into(), json!(round(row.vs_raw_ring, 3)));
+        value.insert("ratio_to_unix_socket".into(), json!(round(row.vs_unix, 3)));
+        println!("{}", serde_json::Value::Object(value));
     } else {
         println!(
             "  {:>8}  {:<12} {:>8.2} {:>11.2}x {:>8.2}x {:>11.2} {:>11.2} {:>8} {:>8}",
@@ -578,21 +574,20 @@ fn micros(duration: Duration) -> f64 {
 
 fn print_row(row: &Row, args: &BenchArgs, config: &EngineConfig) {
     if args.json {
-        let value = json!({
-            "path": row.path,
-            "size_bytes": row.size,
-            "gbps": round(row.gbps, 3),
-            "lat_p50_us": round(row.lat_p50_us, 3),
-            "lat_p99_us": round(row.lat_p99_us, 3),
-            "packets_per_s": round(row.packets_per_s, 0),
-            "retransmits": row.retransmits,
-            "crc_errors": row.crc_errors,
-            "ratio_to_memcpy": round(row.ratio_to_memcpy, 3),
-            "mtu": config.mtu,
-            "crc": config.crc,
-            "fault_rate": args.fault_rate,
-        });
-        println!("{value}");
+        let mut value = common_json(
+            row.path,
+            row.size,
+            [row.gbps, row.lat_p50_us, row.lat_p99_us],
+            [row.retransmits, row.crc_errors],
+            config,
+        );
+        value.insert("packets_per_s".into(), json!(round(row.packets_per_s, 0)));
+        value.insert(
+            "ratio_to_memcpy".into(),
+            json!(round(row.ratio_to_memcpy, 3)),
+        );
+        value.insert("fault_rate".into(), json!(args.fault_rate));
+        println!("{}", serde_json::Value::Object(value));
     } else {
         let ratio = if row.path == "memcpy" {
             "-".to_string()
@@ -616,6 +611,32 @@ fn print_row(row: &Row, args: &BenchArgs, config: &EngineConfig) {
             row.retransmits,
             row.crc_errors
         );
+    }
+}
+
+/// The fields every `--json` row of every path has (the README's contract
+/// with scripts): path, size, GB/s, latency percentiles, retransmissions,
+/// CRC errors, and the link settings.
+fn common_json(
+    path: &str,
+    size: usize,
+    [gbps, lat_p50_us, lat_p99_us]: [f64; 3],
+    [retransmits, crc_errors]: [u64; 2],
+    config: &EngineConfig,
+) -> serde_json::Map<String, serde_json::Value> {
+    match json!({
+        "path": path,
+        "size_bytes": size,
+        "gbps": round(gbps, 3),
+        "lat_p50_us": round(lat_p50_us, 3),
+        "lat_p99_us": round(lat_p99_us, 3),
+        "retransmits": retransmits,
+        "crc_errors": crc_errors,
+        "mtu": config.mtu,
+        "crc": config.crc,
+    }) {
+        serde_json::Value::Object(map) => map,
+        _ => unreachable!("a JSON object literal"),
     }
 }
 

@@ -9,7 +9,9 @@ use barlink_transport::engine::{MAX_MTU, MIN_MTU};
 use barlink_transport::sim::{Faults, Side, SimPair};
 use barlink_transport::wire::{self, Packet, PacketKind, Repr};
 use barlink_transport::{Engine, EngineConfig, Event, LinkError, PacketError, SendError, Time};
-use common::{SideLog, assert_delivery_is_exact, drain_events, exchange, payloads};
+use common::{
+    SideLog, assert_delivery_is_exact, connected_pair, drain_events, exchange, forged, payloads,
+};
 
 fn config() -> EngineConfig {
     EngineConfig {
@@ -444,24 +446,8 @@ fn orderly_close_finishes_sending_then_tells_the_peer() {
     assert_eq!(b_log.closed.map(|(_, r)| r), Some(LinkError::PeerClosed));
 }
 
-/// Builds a packet from `b` to `a` as the real engine would, but lets the
-/// test change fields (and fixes the CRC), to probe A's stateful checks.
-fn forged(repr: Repr, payload: &[u8]) -> Vec<u8> {
-    let mut buf = vec![0; repr.buffer_len()];
-    repr.emit(&mut buf, payload);
-    buf
-}
-
-fn connected_pair() -> SimPair {
-    let mut pair = pair(Faults::none(), 16);
-    for _ in 0..20 {
-        pair.step();
-    }
-    assert!(pair.a.is_connected() && pair.b.is_connected());
-    while pair.a.poll_event().is_some() {}
-    pair
-}
-
+/// A heartbeat as B (epoch 2) would send it to A; tests change its fields
+/// and forge it, to probe A's stateful checks.
 fn heartbeat_from_b(epoch: u32, peer_epoch: u32) -> Repr {
     Repr {
         kind: PacketKind::Heartbeat,
@@ -480,7 +466,7 @@ fn heartbeat_from_b(epoch: u32, peer_epoch: u32) -> Repr {
 
 #[test]
 fn stale_and_misaddressed_packets_are_dropped_with_their_reason() {
-    let mut pair = connected_pair();
+    let mut pair = connected_pair(config());
     // B is epoch 2. A packet "from B" at epoch 1 predates it.
     let now = pair.now;
     let stale = forged(heartbeat_from_b(1, 1), &[]);
@@ -518,7 +504,7 @@ fn stale_and_misaddressed_packets_are_dropped_with_their_reason() {
 
 #[test]
 fn acknowledging_unsent_packets_is_rejected() {
-    let mut pair = connected_pair();
+    let mut pair = connected_pair(config());
     let bogus = Repr {
         ack: 1_000_000,
         ..heartbeat_from_b(2, 1)
@@ -534,7 +520,7 @@ fn acknowledging_unsent_packets_is_rejected() {
 
 #[test]
 fn data_beyond_the_granted_credit_is_dropped() {
-    let mut pair = connected_pair();
+    let mut pair = connected_pair(config());
     let window = config().recv_window as u64;
     let data = Repr {
         kind: PacketKind::Data,
@@ -562,7 +548,7 @@ fn data_beyond_the_granted_credit_is_dropped() {
 
 #[test]
 fn contradictory_fragments_end_the_link_with_a_violation() {
-    let mut pair = connected_pair();
+    let mut pair = connected_pair(config());
     let first = Repr {
         kind: PacketKind::Data,
         seq: 0,

@@ -236,6 +236,7 @@ fn a_name_in_use_and_a_missing_listener_are_clear_errors() {
 const CHILD_ROLE: &str = "BARLINK_LINK_TEST_CHILD";
 
 #[test]
+#[ignore = "the child side of the two-process tests, which start it with --ignored"]
 fn child_process_role() {
     let Ok(spec) = std::env::var(CHILD_ROLE) else {
         return; // Only meaningful when spawned by the tests below.
@@ -264,6 +265,7 @@ fn spawn_child(name: &str, count: u64, linger: bool) -> std::process::Child {
         .args([
             "--exact",
             "child_process_role",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -9,30 +9,13 @@ use std::time::Duration;
 use barlink_transport::sim::{Faults, Side, SimPair};
 use barlink_transport::wire::{Fragment, PacketKind, Repr};
 use barlink_transport::{EngineConfig, PacketError, Time};
-use common::{SideLog, drain_events, payloads};
+use common::{SideLog, connected_pair, drain_events, forged, payloads};
 
 fn config() -> EngineConfig {
     EngineConfig {
         mtu: 1024,
         ..EngineConfig::default()
     }
-}
-
-fn forged(repr: Repr, payload: &[u8]) -> Vec<u8> {
-    let mut buf = vec![0; repr.buffer_len()];
-    repr.emit(&mut buf, payload);
-    buf
-}
-
-fn connected_pair() -> SimPair {
-    let mut pair: SimPair =
-        SimPair::new(config(), config(), Faults::none(), Faults::none(), 16).unwrap();
-    for _ in 0..20 {
-        pair.step();
-    }
-    assert!(pair.a.is_connected() && pair.b.is_connected());
-    while pair.a.poll_event().is_some() {}
-    pair
 }
 
 fn from_b(kind: PacketKind, epoch: u32, peer_epoch: u32) -> Repr {
@@ -139,7 +122,7 @@ fn f2_naks_of_naks_livelock_at_zero_latency() {
 /// retransmission of message 0, already delivered) is delivered again.
 #[test]
 fn f3a_epoch_at_half_range_redelivers_old_session_data() {
-    let mut pair = connected_pair();
+    let mut pair = connected_pair(config());
     let now = pair.now;
     let old_data = Repr {
         kind: PacketKind::Data,
@@ -189,7 +172,7 @@ fn f3a_epoch_at_half_range_redelivers_old_session_data() {
 /// taken as a restart and its data is delivered into the "new" session.
 #[test]
 fn f3b_non_transitive_epochs_accept_an_old_session() {
-    let mut pair = connected_pair();
+    let mut pair = connected_pair(config());
     let now = pair.now;
     for epoch in [0x6000_0002u32, 0xC000_0002] {
         let hello = from_b(PacketKind::Heartbeat, epoch, 0);

@@ -5,7 +5,7 @@
 //!
 //! Two-process tests spawn this test binary again with
 //! `BARLINK_WINDOW_TEST_CHILD` naming the child's role; the child runs only
-//! the `child_process_role` test, which does nothing in a normal run.
+//! the `child_process_role` test, ignored in a normal run.
 
 use std::io::Write as _;
 use std::os::fd::AsFd;
@@ -298,8 +298,9 @@ fn write_with_lends_each_source_chunk_for_the_crc() {
 
 // ---- two processes ----------------------------------------------------
 
-/// The child's side of the two-process tests; a no-op in a normal run.
+/// The child's side of the two-process tests (ignored unless they start it).
 #[test]
+#[ignore = "the child side of the two-process tests, which start it with --ignored"]
 fn child_process_role() {
     let Ok(role) = std::env::var(CHILD_ROLE_ENV) else {
         return;
@@ -354,6 +355,7 @@ fn spawn_child(role: &str, envs: &[(&str, &str)]) -> Child {
     command
         .args([
             "child_process_role",
+            "--ignored",
             "--exact",
             "--nocapture",
             "--test-threads=1",

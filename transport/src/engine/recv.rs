@@ -82,7 +82,6 @@ pub(super) struct Receiver {
     /// Transmission serials believed corrupt, to NAK (bounded: beyond it
     /// the sender's timer recovers).
     naks: VecDeque<u32>,
-    credit_advertised: u32,
     /// The highest sequence number (exclusive) ever offered to the peer.
     /// It never moves back, as TCP never shrinks its window: the peer may
     /// have sent up to it already when a message completes and its packets
@@ -195,7 +194,6 @@ impl Receiver {
         self.ack_now = false;
         self.unacked_packets = 0;
         self.ack_deadline = None;
-        self.credit_advertised = credit;
         self.window_edge = self.window_edge.max(self.next_seq + u64::from(credit));
     }
 

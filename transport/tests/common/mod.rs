@@ -4,7 +4,9 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use barlink_transport::sim::{SimPair, SplitMix64};
+use barlink_transport::EngineConfig;
+use barlink_transport::sim::{Faults, SimPair, SplitMix64};
+use barlink_transport::wire::Repr;
 use barlink_transport::{Event, LinkError, SendError, Time};
 
 /// Everything one side observed.
@@ -164,4 +166,25 @@ pub fn assert_delivery_is_exact(
             "message {id} completed at the sender but was never delivered"
         );
     }
+}
+
+/// The bytes of a packet as an engine would emit it, from fields a test
+/// chose (the CRC is correct, so only the engine's own checks can object).
+pub fn forged(repr: Repr, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0; repr.buffer_len()];
+    repr.emit(&mut buf, payload);
+    buf
+}
+
+/// A fault-free pair (A at epoch 1, B at epoch 2) after the handshake, with
+/// A's events taken.
+pub fn connected_pair(config: EngineConfig) -> SimPair {
+    let mut pair: SimPair =
+        SimPair::new(config.clone(), config, Faults::none(), Faults::none(), 16).unwrap();
+    for _ in 0..20 {
+        pair.step();
+    }
+    assert!(pair.a.is_connected() && pair.b.is_connected());
+    while pair.a.poll_event().is_some() {}
+    pair
 }
