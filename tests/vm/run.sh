@@ -1,0 +1,546 @@
+#!/usr/bin/env bash
+# barlink's QEMU guest test bed: real vfio-pci behind an emulated VT-d, PCI
+# BARs backed by host files, QEMU's edu DMA device, virtio-net for soft-RoCE.
+# See tests/vm/README.md. Ends with the line "vmtest: N passed, M failed".
+#
+#   tests/vm/run.sh [--keep] [--no-rdma] [--platform-only] [--timeout SECS]
+#
+# Exit status: 0 all passed, 1 something failed, 2 bad usage, 3 this host
+# cannot run the guest at all (no apt, no QEMU, no kernel package).
+
+# ---------------------------------------------------------------------------
+# The test targets run in the guest, one "package test-target" per line.
+# In the guest each runs as  <bin> --ignored --test-threads=1 guest_
+# (as root, with BARLINK_VM_* set); after the guest powered off, on the host,
+# as  <bin> --ignored --test-threads=1 host_after_guest_
+# with BARLINK_VM_BAR_A / BARLINK_VM_BAR_B naming the files behind the BARs.
+TEST_TARGETS="
+barlink-vfio  guest
+"
+# ---------------------------------------------------------------------------
+
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+KEEP=0
+RDMA=${BARLINK_VM_RDMA:-1}
+PLATFORM_ONLY=${BARLINK_VM_PLATFORM_ONLY:-0}
+TIMEOUT=${BARLINK_VM_TIMEOUT:-240}          # QEMU wall-clock limit, seconds
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --keep) KEEP=1 ;;
+        --no-rdma) RDMA=0 ;;
+        --platform-only) PLATFORM_ONLY=1 ;;
+        --timeout) shift; TIMEOUT=${1:?--timeout needs seconds} ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "run.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+# Per test binary in the guest; what is left of TIMEOUT covers boot and checks.
+TEST_TIMEOUT=${BARLINK_VM_TEST_TIMEOUT:-$((TIMEOUT - 60))}
+SMP=${BARLINK_VM_SMP:-2}
+MEM=${BARLINK_VM_MEM:-1024}
+# virtio-net's backend: user-mode networking closed to the outside by default;
+# RDMA tests between two guests can use a socket netdev instead.
+NETDEV=${BARLINK_VM_NETDEV:-user,id=net0,restrict=on}
+MAC=${BARLINK_VM_MAC:-52:54:00:ba:71:01}
+
+WORK=${BARLINK_VM_WORK:-$REPO/target/vmtest}
+# Downloads and the initramfs outlive the work dir (and fresh clones in CI).
+CACHE=${BARLINK_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/barlink-vmtest}
+RUN=$WORK/run
+ART=$WORK/artifacts
+export CARGO_TERM_COLOR=never
+
+T0=$SECONDS
+passed=0 failed=0 skipped=0
+say() { echo "vmtest: $*"; }
+log() { echo "[vmtest $(date +%T) +$((SECONDS - T0))s] $*"; }
+report() { # PASS|FAIL|SKIP name [detail]
+    case "$1" in
+        PASS) passed=$((passed + 1)) ;;
+        FAIL) failed=$((failed + 1)) ;;
+        SKIP) skipped=$((skipped + 1)) ;;
+    esac
+    if [ -n "${3:-}" ]; then echo "$1 $2 -- $3"; else echo "$1 $2"; fi
+}
+finish() {
+    [ "$skipped" -gt 0 ] && say "$skipped skipped"
+    say "$passed passed, $failed failed"
+}
+cannot_run() { # the environment cannot run the guest: exit 3, visibly
+    echo
+    say "CANNOT RUN the guest test bed on this host: $*"
+    say "(exit 3: an environment problem, not a test failure; nothing was tested in the guest)"
+    finish
+    exit 3
+}
+
+mkdir -p "$WORK" "$CACHE" || cannot_run "cannot create $WORK or $CACHE"
+exec 9>"$WORK/.lock"
+flock -w 600 9 || cannot_run "another tests/vm/run.sh holds $WORK/.lock"
+rm -rf "$RUN" "$ART"
+mkdir -p "$RUN/share/bin" "$RUN/share/lib" "$RUN/out"
+# Everything printed also goes to the harness log (an artifact on failure).
+exec > >(tee "$RUN/harness.log") 2>&1
+
+# ------------------------------------------------------------ host packages
+HOST_TOOLS="qemu-system-x86_64:qemu-system-x86 cpio:cpio depmod:kmod modprobe:kmod rdma:iproute2 ip:iproute2"
+APT_UPDATED=0
+apt_update() {
+    [ $APT_UPDATED = 1 ] && return 0
+    APT_UPDATED=1
+    log "apt-get update"
+    timeout 180 apt-get update -qq >"$RUN/apt-update.log" 2>&1 || { tail -5 "$RUN/apt-update.log"; return 1; }
+}
+host_deps() {
+    local missing="" t
+    for t in $HOST_TOOLS; do
+        PATH=$PATH:/usr/sbin:/sbin command -v "${t%%:*}" >/dev/null 2>&1 || missing="$missing ${t#*:}"
+    done
+    missing=$(echo "$missing" | tr ' ' '\n' | sort -u | tr '\n' ' ')
+    [ -z "${missing// /}" ] && return 0
+    command -v apt-get >/dev/null || cannot_run "missing$missing and no apt-get to install them"
+    [ "$(id -u)" = 0 ] || cannot_run "missing$missing; installing them needs root"
+    log "apt-get install$missing"
+    local i
+    for i in 1 2; do
+        if DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends $missing \
+            >"$RUN/apt-install.log" 2>&1; then
+            return 0
+        fi
+        [ $i = 1 ] && apt_update
+    done
+    tail -15 "$RUN/apt-install.log"
+    cannot_run "apt-get install$missing failed (log above)"
+}
+export PATH=$PATH:/usr/sbin:/sbin
+
+# ----------------------------------------- Debian packages for the guest
+# apt-get download into the cache and dpkg-deb -x; never installed on the host.
+RDMA_DEBS="libibverbs1 ibverbs-providers ibverbs-utils perftest librdmacm1 libibumad3 libpci3
+           libnl-3-200 libnl-route-3-200"
+declare -A DEB=()   # package -> the cached .deb
+fetch_debs() { # packages...: resolve the candidate versions, download what the cache lacks
+    local info p ver arch f i want=() missing=()
+    for i in 1 2; do
+        info=$(apt-cache show --no-all-versions "$@" 2>/dev/null) && break
+        [ $i = 1 ] && { apt_update || return 1; }
+    done
+    [ -n "$info" ] || return 1
+    while read -r p ver arch; do
+        f="$CACHE/debs/${p}_${ver//:/%3a}_${arch}.deb"
+        DEB[$p]=$f
+        [ -s "$f" ] || { want+=("$p=$ver"); missing+=("$f"); }
+    done < <(echo "$info" | awk '/^Package: /{p=$2} /^Version: /{v=$2} /^Architecture: /{a=$2} /^$/{if (p != "") print p, v, a; p=""} END {if (p != "") print p, v, a}')
+    for p in "$@"; do [ -n "${DEB[$p]:-}" ] || { echo "apt knows no package $p"; return 1; }; done
+    [ ${#want[@]} = 0 ] && return 0
+    log "apt-get download ${want[*]}"
+    mkdir -p "$CACHE/debs"
+    for i in 1 2; do
+        (cd "$CACHE/debs" && timeout 300 apt-get download -q "${want[@]}") >>"$RUN/apt-download.log" 2>&1 && break
+        [ $i = 1 ] && { apt_update || return 1; }
+    done
+    for f in "${missing[@]}"; do [ -s "$f" ] || { tail -5 "$RUN/apt-download.log"; return 1; }; done
+}
+unpacked() { # package -> a directory with its unpacked contents (cached; fetch_debs first)
+    local f=${DEB[$1]} d
+    d="$CACHE/unpacked/$(basename "$f" .deb)"
+    if [ ! -e "$d/.done" ]; then
+        rm -rf "$d"; mkdir -p "$d"
+        dpkg-deb -x "$f" "$d" || return 1
+        touch "$d/.done"
+    fi
+    echo "$d"
+}
+
+# The kernel: Debian's linux-image-amd64 metapackage names the current image.
+KROOT=""
+KVER=""
+fetch_kernel() {
+    command -v apt-cache >/dev/null || cannot_run "no apt-cache: the guest kernel comes from Debian's linux-image-amd64"
+    local img=""
+    img=$(apt-cache depends --important linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: \(linux-image-[0-9][^ ]*\).*/\1/p' | head -1)
+    if [ -z "$img" ]; then
+        apt_update
+        img=$(apt-cache depends --important linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: \(linux-image-[0-9][^ ]*\).*/\1/p' | head -1)
+    fi
+    [ -n "$img" ] || cannot_run "apt knows no linux-image-amd64 (not a Debian apt source?)"
+    local pkgs="$img busybox-static"
+    [ "$RDMA" = 1 ] && pkgs="$pkgs $RDMA_DEBS"
+    # shellcheck disable=SC2086
+    fetch_debs $pkgs || cannot_run "apt-get download failed (see $RUN/apt-download.log)"
+    local f=${DEB[$img]}
+    KROOT="$CACHE/kernel/$(basename "$f" .deb)"
+    if [ ! -e "$KROOT/.done" ]; then
+        log "unpacking $(basename "$f") (boot/ and the modules the guest needs)"
+        rm -rf "$KROOT"; mkdir -p "$KROOT"
+        # all modules but the big subtrees no guest here needs (what to take is
+        # decided later by modprobe --show-depends)
+        local x ex=()
+        for x in sound drivers/gpu drivers/media drivers/net/wireless drivers/net/ethernet drivers/staging \
+            drivers/scsi drivers/usb drivers/infiniband/hw drivers/input drivers/hid drivers/iio \
+            drivers/bluetooth drivers/net/can drivers/isdn drivers/mtd net/wireless net/mac80211 net/bluetooth; do
+            ex+=(--exclude="./lib/modules/*/kernel/$x")
+        done
+        dpkg-deb --fsys-tarfile "$f" | tar -x -C "$KROOT" --wildcards "${ex[@]}" './boot/vmlinuz-*' './lib/modules/*' ||
+            cannot_run "unpacking $(basename "$f") failed"
+        # Debian 13 and later compress modules; busybox's modprobe wants plain .ko
+        find "$KROOT/lib/modules" -name '*.ko.xz' -exec xz -d {} + 2>/dev/null
+        find "$KROOT/lib/modules" -name '*.ko.zst' -exec zstd -q -d --rm {} + 2>/dev/null
+        KVER=$(ls "$KROOT/lib/modules")
+        depmod -b "$KROOT" "$KVER" || cannot_run "depmod on the unpacked kernel failed"
+        rm -rf "$CACHE/kernel/"*.old
+        touch "$KROOT/.done"
+        # keep only this kernel
+        for d in "$CACHE/kernel"/*; do [ "$d" = "$KROOT" ] || rm -rf "$d"; done
+        for d in "$CACHE/debs"/linux-image-*.deb; do [ "$d" = "$f" ] || rm -f "$d"; done
+    fi
+    KVER=$(ls "$KROOT/lib/modules")
+}
+
+# ------------------------------------------------------------ initramfs
+GUEST_MODULES="vfio vfio_pci vfio_iommu_type1 virtio_pci virtio_net 9pnet_virtio 9p"
+RDMA_MODULES="configfs crc32_generic crc32-pclmul rdma_rxe ib_uverbs rdma_ucm"
+RDMA_TOOLS="ibv_devices ibv_devinfo ibv_rc_pingpong ibv_ud_pingpong rping udaddy ib_write_bw ib_read_bw ib_send_bw ib_send_lat ib_write_lat"
+R=""
+LIBPATH=""
+copy_elf() { # file-on-host path-in-guest: the ELF plus what ldd resolves
+    local src=$1 dst=$2 lib
+    install -D -m 755 "$src" "$R$dst" || return 1
+    LD_LIBRARY_PATH=$LIBPATH ldd "$src" 2>/dev/null |
+        awk '/=>/ && $3 ~ /^\// {print $3} $1 ~ /^\/lib64\// {print $1}' |
+        while read -r lib; do
+            case "$lib" in
+                /lib64/*) [ -e "$R$lib" ] || install -D -m 755 "$(readlink -f "$lib")" "$R$lib" ;;
+                *) [ -e "$R/lib/x86_64-linux-gnu/${lib##*/}" ] ||
+                       install -D -m 755 "$(readlink -f "$lib")" "$R/lib/x86_64-linux-gnu/${lib##*/}" ;;
+            esac
+        done
+    if LD_LIBRARY_PATH=$LIBPATH ldd "$src" 2>&1 | grep -q 'not found'; then
+        echo "copy_elf: $src: $(LD_LIBRARY_PATH=$LIBPATH ldd "$src" 2>&1 | grep 'not found' | tr '\n' ' ')"
+        return 1
+    fi
+}
+INITRD=""
+build_initramfs() {
+    local bb uroots="" d p
+    bb=$(unpacked busybox-static) || cannot_run "unpacking busybox-static failed"
+    if [ "$RDMA" = 1 ]; then
+        for p in $RDMA_DEBS; do
+            d=$(unpacked "$p") || cannot_run "unpacking $p failed (or run with --no-rdma)"
+            uroots="$uroots $d"
+        done
+    fi
+    # The stamp names every input: rebuild when one changes.
+    local stamp
+    stamp=$( {
+        echo "$KROOT $bb $uroots $GUEST_MODULES $RDMA $RDMA_MODULES $RDMA_TOOLS"
+        sha256sum "$HERE/guest/init" "$0" /lib64/ld-linux-x86-64.so.2 "$(command -v rdma)" "$(command -v ip)"
+    } | sha256sum | cut -c1-16)
+    INITRD="$CACHE/initramfs-$stamp.cpio.gz"
+    [ -s "$INITRD" ] && return 0
+    log "building the initramfs ($INITRD)"
+    R="$CACHE/initroot"
+    rm -rf "$R"
+    mkdir -p "$R"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,etc,root,lib64,lib/x86_64-linux-gnu,mnt/bins,mnt/out}
+    install -m 755 "$bb/bin/busybox" "$R/bin/busybox"
+    ln -s busybox "$R/bin/sh"
+    # modules and their dependencies, and depmod for the reduced tree
+    local m ko mods="$GUEST_MODULES"
+    [ "$RDMA" = 1 ] && mods="$mods $RDMA_MODULES"
+    for m in $mods; do
+        modprobe -d "$KROOT" -S "$KVER" --show-depends "$m" >"$RUN/deps.txt" 2>&1 ||
+            { cat "$RUN/deps.txt"; cannot_run "kernel $KVER has no module $m"; }
+        awk '$1 == "insmod" {print $2}' "$RUN/deps.txt" | while read -r ko; do
+            install -D -m 644 "$ko" "$R/lib/modules/$KVER/${ko#*/lib/modules/$KVER/}"
+        done
+    done
+    cp "$KROOT/lib/modules/$KVER"/modules.{order,builtin,builtin.modinfo} "$R/lib/modules/$KVER/" 2>/dev/null
+    depmod -b "$R" "$KVER" || cannot_run "depmod for the initramfs failed"
+    if [ "$RDMA" = 1 ]; then
+        # verbs userspace: libibverbs with the rxe provider, tools, perftest
+        LIBPATH=""
+        for d in $uroots; do LIBPATH="$LIBPATH:$d/usr/lib/x86_64-linux-gnu:$d/lib/x86_64-linux-gnu"; done
+        LIBPATH=${LIBPATH#:}
+        local ok=1 f
+        mkdir -p "$R/etc/libibverbs.d" "$R/usr/lib/x86_64-linux-gnu/libibverbs"
+        for d in $uroots; do
+            [ -e "$d/etc/libibverbs.d/rxe.driver" ] && cp "$d/etc/libibverbs.d/rxe.driver" "$R/etc/libibverbs.d/"
+            for f in "$d"/usr/lib/x86_64-linux-gnu/libibverbs/librxe-*.so; do
+                [ -e "$f" ] && { copy_elf "$f" "/usr/lib/x86_64-linux-gnu/libibverbs/${f##*/}" || ok=0; }
+            done
+            # the libraries themselves, for programs that dlopen them (sideway)
+            for f in "$d"/usr/lib/x86_64-linux-gnu/lib{ibverbs,rdmacm,ibumad}.so.*; do
+                [ -e "$f" ] && { copy_elf "$f" "/usr/lib/x86_64-linux-gnu/${f##*/}" || ok=0; }
+            done
+            for f in $RDMA_TOOLS; do
+                [ -e "$d/usr/bin/$f" ] && { copy_elf "$d/usr/bin/$f" "/usr/bin/$f" || ok=0; }
+            done
+        done
+        for f in rdma ip; do copy_elf "$(command -v $f)" "/usr/sbin/$f" || ok=0; done
+        [ -e "$R/etc/libibverbs.d/rxe.driver" ] && [ -e "$R/usr/bin/ibv_devices" ] || ok=0
+        [ $ok = 1 ] || cannot_run "the rdma-core userspace is incomplete (or run with --no-rdma)"
+    fi
+    install -m 755 "$HERE/guest/init" "$R/init"
+    (cd "$R" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 >"$INITRD.tmp" &&
+        mv "$INITRD.tmp" "$INITRD" || cannot_run "writing the initramfs failed"
+    rm -f "$CACHE"/initramfs-*.cpio.gz.old
+    for f in "$CACHE"/initramfs-*.cpio.gz; do [ "$f" = "$INITRD" ] || rm -f "$f"; done
+    log "initramfs $(du -h "$INITRD" | cut -f1) (unpacked $(du -sh "$R" | cut -f1))"
+    rm -rf "$R"
+}
+
+# ------------------------------------------------------------ test binaries
+# label package target exe
+BINS=()
+build_tests() {
+    local pkg tgt label out exe
+    while read -r pkg tgt; do
+        [ -n "$pkg" ] || continue
+        label="$pkg-$tgt"
+        log "cargo test -p $pkg --test $tgt --no-run"
+        out=$(cd "$REPO" && timeout 1200 cargo test -p "$pkg" --test "$tgt" --no-run \
+            --message-format=json-render-diagnostics 2>"$RUN/build-$label.err")
+        exe=$(echo "$out" | grep '"reason":"compiler-artifact"' | grep "\"name\":\"$tgt\"" |
+            grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
+        if [ -z "$exe" ] || [ ! -x "$exe" ]; then
+            if grep -q "no test target named" "$RUN/build-$label.err"; then
+                report FAIL "$pkg/$tgt" "test target missing: cargo knows no test target '$tgt' in package '$pkg' (TEST_TARGETS in tests/vm/run.sh)"
+            else
+                tail -20 "$RUN/build-$label.err"
+                report FAIL "$pkg/$tgt" "build failed (above)"
+            fi
+            continue
+        fi
+        cp "$exe" "$RUN/share/bin/$label"
+        BINS+=("$label $pkg $tgt $exe")
+    done <<<"$TEST_TARGETS"
+    log "cargo build --bin barlink"
+    out=$(cd "$REPO" && timeout 1200 cargo build --bin barlink --message-format=json-render-diagnostics 2>"$RUN/build-barlink.err")
+    exe=$(echo "$out" | grep '"reason":"compiler-artifact"' | grep -o '"executable":"[^"]*/barlink"' | cut -d'"' -f4 | tail -1)
+    if [ -n "$exe" ] && [ -x "$exe" ]; then
+        cp "$exe" "$RUN/share/bin/barlink"
+    else
+        tail -20 "$RUN/build-barlink.err"
+        report FAIL "barlink CLI" "cargo build --bin barlink failed (above)"
+    fi
+    # the host libraries the binaries need, with the loader they name
+    local b lib
+    for b in "$RUN"/share/bin/*; do
+        ldd "$b" | awk '/=>/ && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | while read -r lib; do
+            cp -L "$lib" "$RUN/share/lib/${lib##*/}"
+        done
+    done
+    : >"$RUN/share/plan"
+    for b in "${BINS[@]}"; do
+        set -- $b
+        echo "$1 bin/$1 --ignored --test-threads=1 guest_ --skip host_after_guest_" >>"$RUN/share/plan"
+    done
+    cat >"$RUN/share/env" <<EOF
+export BARLINK_VM_GUEST=1
+export BARLINK_VM_IVSHMEM=0000:00:10.0,0000:00:11.0,0000:00:12.0,0000:00:13.0
+export BARLINK_VM_EDU=0000:00:14.0
+export BARLINK_VM_BARLINK=/mnt/bins/bin/barlink
+export RUST_BACKTRACE=1
+EOF
+}
+
+# ------------------------------------------------------------ libtest output
+# Reads a test binary's output; prints "PASS name", "FAIL name -- why",
+# "SKIP name -- why" per test, and "RESULT expected got rc" last.
+parse_libtest() { # file rc-if-known
+    awk -v rc="${2:-}" '
+    function result(n, r) {
+        if (n in seen) return
+        seen[n] = 1; order[++cnt] = n; res[n] = r; pending = ""
+    }
+    /^running [0-9]+ tests?$/ { expected += $2 }
+    /VMTEST-RC / { rc = $NF }
+    {
+        line = $0
+        if (match(line, /SKIPPED [^ :]+/)) {
+            skip[substr(line, RSTART + 8, RLENGTH - 8)] = 1
+            if (pending != "") skip[pending] = 1
+        }
+        if (match(line, /^test [^ ]+ \.\.\. /)) {
+            n = substr(line, 6, RLENGTH - 10); rest = substr(line, RLENGTH + 1)
+            if (rest ~ /SKIPPED/) skip[n] = 1
+            if (rest ~ /(^|[^A-Za-z_])ok$/) result(n, "ok")
+            else if (rest ~ /FAILED$/) result(n, "FAILED")
+            else if (rest ~ /^ignored/) result(n, "ignored")
+            else pending = n
+            next
+        }
+        if (pending != "") {
+            if (line ~ /(^|[^A-Za-z_])ok$/) result(pending, "ok")
+            else if (line ~ /FAILED$/) result(pending, "FAILED")
+            else if (line ~ /^ignored/) result(pending, "ignored")
+        }
+        if (match(line, /^---- [^ ]+ stdout ----$/)) { sect = substr(line, 6, RLENGTH - 17); next }
+        if (sect != "" && line ~ /panicked at/) { want_msg = sect; next }
+        if (want_msg != "" && line != "") { why[want_msg] = line; want_msg = "" }
+        if (line ~ /^failures:$/ || line ~ /^test result:/) sect = ""
+    }
+    END {
+        for (i = 1; i <= cnt; i++) {
+            n = order[i]
+            if (res[n] == "ok" && (n in skip)) print "SKIP " n " -- printed SKIPPED"
+            else if (res[n] == "ok") print "PASS " n
+            else if (res[n] == "ignored") print "SKIP " n " -- ignored"
+            else print "FAIL " n (n in why ? " -- " why[n] : "")
+        }
+        if (pending != "") print "FAIL " pending " -- no result: " (rc == 137 ? "killed by the timeout" : "the test binary died (rc " rc ")")
+        print "RESULT " expected + 0 " " cnt + (pending != "" ? 1 : 0) " " rc
+    }' "$1"
+}
+report_libtest() { # file label context rc
+    local file=$1 label=$2 ctx=$3 rc=${4:-} kind name rest expected got nres=0
+    while read -r kind name_rest; do
+        case "$kind" in
+            PASS | FAIL | SKIP)
+                name=${name_rest%% -- *}
+                rest=""; [ "$name" != "$name_rest" ] && rest=${name_rest#* -- }
+                report "$kind" "$name" "$rest"
+                nres=$((nres + 1)) ;;
+            RESULT)
+                set -- $name_rest
+                expected=$1 got=$2 rc=${3:-$rc} ;;
+        esac
+    done < <(parse_libtest "$file" "$rc")
+    if [ "${rc:-}" = "" ]; then
+        report FAIL "$label ($ctx)" "no exit status: the run did not finish"
+    elif [ "$rc" != 0 ] && [ "$rc" != 101 ]; then
+        report FAIL "$label ($ctx)" "the test binary exited with status $rc$([ "$rc" = 137 ] && echo ' (killed: timeout)')"
+    elif [ "$rc" = 101 ] && ! grep -q '^FAIL ' < <(parse_libtest "$file" "$rc"); then
+        report FAIL "$label ($ctx)" "the test binary exited with status 101 but no test failed"
+    fi
+    [ "$nres" = 0 ] && [ "$rc" = 0 ] && say "note: $label ran no $ctx tests"
+    return 0
+}
+
+# ------------------------------------------------------------ the guest
+boot_guest() {
+    local A=$RUN/bar-a B=$RUN/bar-b
+    # the BARs' backing files, filled with zeros
+    rm -f "$A" "$B"
+    head -c $((16 << 20)) /dev/zero >"$A"
+    head -c $((16 << 20)) /dev/zero >"$B"
+    local qemu=(
+        qemu-system-x86_64 -accel tcg -cpu max -smp "$SMP" -m "$MEM"
+        -machine q35,kernel-irqchip=split -device intel-iommu,intremap=on
+        -nodefaults -display none -monitor none -serial stdio -no-reboot -nic none
+        -kernel "$KROOT/boot/vmlinuz-$KVER" -initrd "$INITRD"
+        -append "console=ttyS0 intel_iommu=on loglevel=4 panic=-1 random.trust_cpu=on vmtest.tmo=$TEST_TIMEOUT vmtest.rdma=$RDMA"
+        -fsdev "local,id=bins,path=$RUN/share,security_model=none,readonly=on"
+        -device virtio-9p-pci,fsdev=bins,mount_tag=vmbins,addr=0x08
+        -fsdev "local,id=out,path=$RUN/out,security_model=none"
+        -device virtio-9p-pci,fsdev=out,mount_tag=vmout,addr=0x09
+        -object "memory-backend-file,id=bar0,share=on,mem-path=$A,size=16M" -device ivshmem-plain,memdev=bar0,addr=0x10
+        -object "memory-backend-file,id=bar1,share=on,mem-path=$B,size=16M" -device ivshmem-plain,memdev=bar1,addr=0x11
+        -object "memory-backend-file,id=bar2,share=on,mem-path=$A,size=16M" -device ivshmem-plain,memdev=bar2,addr=0x12
+        -object "memory-backend-file,id=bar3,share=on,mem-path=$B,size=16M" -device ivshmem-plain,memdev=bar3,addr=0x13
+        -device edu,addr=0x14
+        -netdev "$NETDEV" -device "virtio-net-pci,netdev=net0,romfile=,mac=$MAC,addr=0x15"
+    )
+    echo "${qemu[*]}" >"$RUN/qemu-cmdline.txt"
+    log "booting the guest (TCG, timeout ${TIMEOUT}s; console: $RUN/console.log)"
+    local t0=${EPOCHREALTIME/./}
+    timeout -k 10 "$TIMEOUT" "${qemu[@]}" </dev/null 2>&1 |
+        while IFS= read -r line; do
+            line=${line%$'\r'}
+            local t=$(((${EPOCHREALTIME/./} - t0) / 1000))
+            printf '[%4d.%03d] %s\n' $((t / 1000)) $((t % 1000)) "$line" >>"$RUN/console.log"
+            case "$line" in
+                *VMTEST-RESULT*) echo "  guest: ${line#*VMTEST-RESULT }" ;;
+                *VMTEST-BOOTED* | *VMTEST-RUN-BEGIN* | *VMTEST-DONE*) echo "  guest: ${line#*VMTEST-} (+$((t / 1000))s)" ;;
+            esac
+        done
+    QEMU_RC=${PIPESTATUS[0]}
+    GUEST_SECS=$(((${EPOCHREALTIME/./} - t0) / 1000000))
+    log "qemu exited with status $QEMU_RC after ${GUEST_SECS}s"
+}
+
+# ============================================================ main
+log "work dir $WORK, cache $CACHE"
+host_deps
+fetch_kernel
+log "guest kernel: $KVER ($(basename "$KROOT"))"
+build_initramfs
+if [ "$PLATFORM_ONLY" = 1 ]; then
+    say "--platform-only: no test binaries built"
+    : >"$RUN/share/plan"
+else
+    build_tests
+fi
+BUILD_SECS=$((SECONDS - T0))
+QEMU_RC=""
+GUEST_SECS=0
+boot_guest
+
+echo
+echo "=== guest platform checks"
+CON=$RUN/console.log
+# marker lines can share a console line with kernel messages: take from the marker on
+grep -ao 'VMTEST-RESULT .*' "$CON" | sed 's/^VMTEST-RESULT //' >"$RUN/platform.txt"
+while read -r kind rest; do
+    name=${rest%% -- *}
+    detail=""; [ "$name" != "$rest" ] && detail=${rest#* -- }
+    report "$kind" "$name" "$detail"
+done <"$RUN/platform.txt"
+if ! grep -aq 'VMTEST-DONE' "$CON"; then
+    why="qemu exit status $QEMU_RC"
+    [ "$QEMU_RC" = 124 ] || [ "$QEMU_RC" = 137 ] && why="killed after ${TIMEOUT}s (BARLINK_VM_TIMEOUT)"
+    grep -aq 'Kernel panic' "$CON" && why="$why; kernel panic: $(grep -ao 'Kernel panic.*' "$CON" | head -1)"
+    grep -aq 'VMTEST-BOOTED' "$CON" || why="$why; the guest never reached /init"
+    report FAIL "guest" "did not finish: $why"
+else
+    report PASS "guest" "booted, ran, powered off in ${GUEST_SECS}s"
+fi
+
+for b in "${BINS[@]}"; do
+    set -- $b
+    label=$1 pkg=$2 tgt=$3 exe=$4
+    echo
+    echo "=== $pkg --test $tgt, in the guest (guest_*)"
+    f=$RUN/out/$label.log
+    if [ ! -s "$f" ]; then
+        # no results share: take the run from the console
+        f=$RUN/$label.console.log
+        sed -n "/VMTEST-RUN-BEGIN $label/,/VMTEST-RUN-END $label/p" "$CON" | sed 's/^\[ *[0-9.]*\] //' >"$f"
+    fi
+    if ! grep -aq "VMTEST-RUN-BEGIN $label" "$CON"; then
+        report FAIL "$label (guest)" "never started in the guest"
+        continue
+    fi
+    grc=$(grep -ao "VMTEST-RC $label [0-9]*" "$f" | awk '{print $3}' | tail -1)
+    report_libtest "$f" "$label" guest "$grc"
+    echo
+    echo "=== $pkg --test $tgt, on the host after the guest (host_after_guest_*)"
+    if [ -z "$grc" ]; then
+        report SKIP "$label (host after guest)" "the guest run did not finish"
+        continue
+    fi
+    (cd "$REPO" && BARLINK_VM_BAR_A=$RUN/bar-a BARLINK_VM_BAR_B=$RUN/bar-b RUST_BACKTRACE=1 \
+        timeout -s KILL 120 "$exe" --ignored --test-threads=1 host_after_guest_) >"$RUN/$label.host.log" 2>&1
+    report_libtest "$RUN/$label.host.log" "$label" host-after-guest "$?"
+done
+
+echo
+log "timings: host side ${BUILD_SECS}s (apt, kernel, initramfs, cargo), guest ${GUEST_SECS}s, total $((SECONDS - T0))s; kernel $KVER"
+if [ "$failed" -gt 0 ]; then
+    mkdir -p "$ART"
+    cp "$RUN/console.log" "$RUN/harness.log" "$RUN/qemu-cmdline.txt" "$ART/" 2>/dev/null
+    cp "$RUN"/out/*.log "$RUN"/out/dmesg.txt "$RUN"/*.host.log "$ART/" 2>/dev/null
+    echo
+    echo "--- last 40 lines of the guest console ($ART/console.log):"
+    tail -n 40 "$RUN/console.log" 2>/dev/null
+    echo "---"
+    say "artifacts (console, harness log, test output, guest dmesg) in $ART"
+fi
+[ "$KEEP" = 1 ] && say "--keep: the run's files are in $RUN" || rm -rf "$RUN/share" "$RUN/bar-a" "$RUN/bar-b"
+finish
+[ "$failed" -eq 0 ] && [ -n "$QEMU_RC" ] && grep -aq 'VMTEST-DONE' "$CON"
