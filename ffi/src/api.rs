@@ -1,0 +1,667 @@
+//! The exported functions. Each one checks its pointers, runs its body
+//! inside [`boundary`] (no panic crosses into C; failures leave a message
+//! for `barlink_last_error`) and leaves the work to safe code in
+//! `link.rs`. All raw-pointer handling of the crate is here and in
+//! `payload.rs`.
+
+use std::ffi::{CStr, c_char, c_void};
+use std::mem::size_of;
+use std::ptr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result, boundary, last_error_ptr};
+use crate::link::{ListenerCell, connect_link, link_config};
+use crate::payload::Region;
+use crate::registry;
+use crate::types::barlink_status::{self, *};
+use crate::types::{
+    BARLINK_ABI_VERSION_MAJOR, BARLINK_ABI_VERSION_MINOR, barlink_buffer, barlink_completion,
+    barlink_config, barlink_link, barlink_listener, barlink_stats,
+};
+
+/// Largest `struct_size` accepted: a guard against garbage, far above any
+/// real struct.
+const MAX_STRUCT_SIZE: usize = 4096;
+
+const VERSION: &CStr =
+    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(version) => version,
+        Err(_) => panic!("the package version contains a NUL"),
+    };
+
+fn key<T>(handle: *const T) -> u64 {
+    handle.addr() as u64
+}
+
+fn handle<T>(value: u64) -> *mut T {
+    // Handles are registry keys, never addresses: no provenance, never
+    // dereferenced.
+    ptr::without_provenance_mut(value as usize)
+}
+
+fn millis(ms: u32) -> Duration {
+    Duration::from_millis(u64::from(ms))
+}
+
+/// Checks an out-pointer.
+fn check_out<T>(out: *mut T, what: &str) -> Result<()> {
+    if out.is_null() {
+        return Err(Error::invalid(format!("{what} is NULL")));
+    }
+    if !out.is_aligned() {
+        return Err(Error::invalid(format!("{what} is misaligned")));
+    }
+    Ok(())
+}
+
+/// Writes through a checked out-pointer.
+///
+/// # Safety
+/// `out` passed [`check_out`] and is valid for a write of `T` (the caller's
+/// contract).
+unsafe fn put<T>(out: *mut T, value: T) {
+    // SAFETY: non-null and aligned (check_out); valid by the caller's contract.
+    unsafe { out.write(value) }
+}
+
+/// A caller's byte range as a slice; `NULL` is allowed for an empty one.
+///
+/// # Safety
+/// Unless `len` is 0, `data` points to `len` readable bytes that stay valid
+/// and unchanged for `'a` (the caller's contract).
+unsafe fn bytes<'a>(data: *const c_void, len: usize, what: &str) -> Result<&'a [u8]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if data.is_null() {
+        return Err(Error::invalid(format!(
+            "{what} is NULL but its length is {len}"
+        )));
+    }
+    if len > isize::MAX as usize || (data.addr()).checked_add(len).is_none() {
+        return Err(Error::invalid(format!(
+            "{what}: length {len} runs past the address space"
+        )));
+    }
+    // SAFETY: non-null, the range does not wrap, and by the caller's contract
+    // it is readable for `len` bytes while the call runs; u8 needs no alignment.
+    Ok(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
+}
+
+/// The link name as UTF-8.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string.
+unsafe fn name_arg(name: *const c_char) -> Result<String> {
+    if name.is_null() {
+        return Err(Error::invalid("the link name is NULL"));
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    let name = unsafe { CStr::from_ptr(name) };
+    name.to_str()
+        .map(str::to_string)
+        .map_err(|_| Error::invalid("the link name is not UTF-8"))
+}
+
+/// Reads a caller's config, of whatever version of the header it was
+/// compiled with: fields beyond its `struct_size` take their defaults;
+/// fields beyond this library's size must be zero.
+///
+/// # Safety
+/// `config` is NULL or points to at least `config->struct_size` readable bytes.
+unsafe fn read_config(config: *const barlink_config) -> Result<barlink_config> {
+    let ours = size_of::<barlink_config>();
+    if config.is_null() {
+        return Ok(barlink_config {
+            struct_size: ours as u32,
+            ..barlink_config::default()
+        });
+    }
+    if !config.is_aligned() {
+        return Err(Error::invalid("the config pointer is misaligned"));
+    }
+    // SAFETY: non-null and aligned; the first field is readable by contract.
+    let size = unsafe { ptr::addr_of!((*config).struct_size).read() } as usize;
+    if !(4..=MAX_STRUCT_SIZE).contains(&size) {
+        return Err(Error::invalid(format!(
+            "config.struct_size is {size}: set it with barlink_config_init or to sizeof(barlink_config)"
+        )));
+    }
+    // SAFETY: the caller's struct is `size` bytes long (contract); u8 reads
+    // need no alignment; the struct has no padding, so no byte is uninit
+    // unless the caller left a field uninitialized.
+    let given = unsafe { std::slice::from_raw_parts(config.cast::<u8>(), size) };
+    if size > ours && given[ours..].iter().any(|&b| b != 0) {
+        return Err(Error::new(
+            BARLINK_UNSUPPORTED_VERSION,
+            format!(
+                "the config sets fields beyond the {ours} bytes this library (barlink {}) knows: it was built against a newer header",
+                env!("CARGO_PKG_VERSION")
+            ),
+        ));
+    }
+    let mut raw = [0u8; size_of::<barlink_config>()];
+    let n = size.min(ours);
+    raw[..n].copy_from_slice(&given[..n]);
+    // SAFETY: `raw` holds size_of::<barlink_config>() bytes; every field is
+    // an integer, for which any bit pattern is valid; read_unaligned needs
+    // no alignment.
+    let mut parsed = unsafe { ptr::read_unaligned(raw.as_ptr().cast::<barlink_config>()) };
+    parsed.struct_size = ours as u32;
+    Ok(parsed)
+}
+
+// ---------------------------------------------------------------- version
+
+/// The library's version, e.g. "0.1.0". Static: never free it.
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_version() -> *const c_char {
+    VERSION.as_ptr()
+}
+
+/// The C ABI version this library implements:
+/// `BARLINK_ABI_VERSION_MAJOR << 16 | BARLINK_ABI_VERSION_MINOR`. A program
+/// works with a library of the same major and at least its minor.
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_abi_version() -> u32 {
+    (BARLINK_ABI_VERSION_MAJOR << 16) | BARLINK_ABI_VERSION_MINOR
+}
+
+// ----------------------------------------------------------------- errors
+
+/// The message of this thread's last failed barlink call, or "" if the last
+/// call succeeded. Never NULL. Owned by barlink: valid until this thread's
+/// next barlink call; copy it to keep it.
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_last_error() -> *const c_char {
+    last_error_ptr()
+}
+
+/// A static description of any status code, known or not ("BARLINK_TIMEOUT:
+/// ..."). Never NULL, never freed.
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_status_string(status: i32) -> *const c_char {
+    barlink_status::describe(status).as_ptr()
+}
+
+// ----------------------------------------------------------------- config
+
+/// Fills `config` with the defaults and `struct_size = sizeof(barlink_config)`.
+///
+/// # Safety
+/// `config` is NULL (refused) or points to a writable `barlink_config`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_config_init(config: *mut barlink_config) -> barlink_status {
+    boundary("barlink_config_init", || {
+        check_out(config, "config")?;
+        let defaults = barlink_config {
+            struct_size: size_of::<barlink_config>() as u32,
+            transport: 0,
+            window_bytes: barlink_transport::link::LinkConfig::default().window_len as u64,
+            max_message_bytes: barlink_transport::engine::EngineConfig::default().max_message_len,
+            mtu: barlink_transport::engine::EngineConfig::default().mtu as u32,
+            peer_timeout_ms: barlink_transport::engine::EngineConfig::default()
+                .peer_timeout
+                .as_millis() as u32,
+            flags: 0,
+            reserved: 0,
+        };
+        // SAFETY: checked; writable by the caller's contract.
+        unsafe { put(config, defaults) };
+        Ok(())
+    })
+}
+
+// ------------------------------------------------------------------ links
+
+/// Claims `name` for accepting links (an abstract Unix socket
+/// `@barlink/<name>`: nothing stays behind after a crash). `config` may be
+/// NULL for the defaults; accepted links use it. On success `*listener` is
+/// a new handle (close it with `barlink_listener_close`); on failure it is
+/// set to NULL.
+///
+/// # Safety
+/// `name` is NULL or NUL-terminated; `config` is NULL or a `barlink_config`
+/// of `config->struct_size` bytes; `listener` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_listen(
+    name: *const c_char,
+    config: *const barlink_config,
+    listener: *mut *mut barlink_listener,
+) -> barlink_status {
+    boundary("barlink_listen", || {
+        check_out(listener, "listener")?;
+        // SAFETY: checked; writable by contract.
+        unsafe { put(listener, ptr::null_mut()) };
+        // SAFETY: forwarded caller contracts.
+        let name = unsafe { name_arg(name)? };
+        // SAFETY: forwarded caller contract.
+        let config = link_config(&unsafe { read_config(config)? })?;
+        let cell = ListenerCell::bind(&name, config)?;
+        let value = registry::insert_listener(Arc::new(cell))?;
+        // SAFETY: as above.
+        unsafe { put(listener, handle(value)) };
+        Ok(())
+    })
+}
+
+/// Waits at most `timeout_ms` for a peer to `barlink_connect` to the name,
+/// and sets up the link. On success `*link` is a new handle (close it with
+/// `barlink_close`); on failure NULL. Several threads may accept on one
+/// listener.
+///
+/// # Safety
+/// `link` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_accept(
+    listener: *mut barlink_listener,
+    timeout_ms: u32,
+    link: *mut *mut barlink_link,
+) -> barlink_status {
+    boundary("barlink_accept", || {
+        check_out(link, "link")?;
+        // SAFETY: checked; writable by contract.
+        unsafe { put(link, ptr::null_mut()) };
+        let cell = registry::listener(key(listener))?;
+        let accepted = cell.accept(millis(timeout_ms))?;
+        let value = registry::insert_link(Arc::new(accepted))?;
+        // SAFETY: as above.
+        unsafe { put(link, handle(value)) };
+        Ok(())
+    })
+}
+
+/// Releases the name; links already accepted are not affected. A thread
+/// inside `barlink_accept` on it finishes that call. The handle is invalid
+/// afterwards; closing it again returns `BARLINK_INVALID_HANDLE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_listener_close(listener: *mut barlink_listener) -> barlink_status {
+    boundary("barlink_listener_close", || {
+        registry::remove_listener(key(listener))?;
+        Ok(())
+    })
+}
+
+/// Connects to the listener under `name`, retrying for at most
+/// `timeout_ms` while nobody listens, and sets up the link. `config` may be
+/// NULL; both sides should use the same `mtu` and `max_message_bytes`. On
+/// success `*link` is a new handle; on failure NULL.
+///
+/// # Safety
+/// `name` is NULL or NUL-terminated; `config` is NULL or a `barlink_config`
+/// of `config->struct_size` bytes; `link` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_connect(
+    name: *const c_char,
+    config: *const barlink_config,
+    timeout_ms: u32,
+    link: *mut *mut barlink_link,
+) -> barlink_status {
+    boundary("barlink_connect", || {
+        check_out(link, "link")?;
+        // SAFETY: checked; writable by contract.
+        unsafe { put(link, ptr::null_mut()) };
+        // SAFETY: forwarded caller contracts.
+        let name = unsafe { name_arg(name)? };
+        // SAFETY: forwarded caller contract.
+        let config = link_config(&unsafe { read_config(config)? })?;
+        let cell = connect_link(&name, config, millis(timeout_ms))?;
+        let value = registry::insert_link(Arc::new(cell))?;
+        // SAFETY: as above.
+        unsafe { put(link, handle(value)) };
+        Ok(())
+    })
+}
+
+/// Closes the link in order: messages already queued are still delivered
+/// and the peer is told, for at most `timeout_ms`; then everything is
+/// freed. The handle is invalid when this returns, whatever the status
+/// (`BARLINK_TIMEOUT`: the orderly part did not finish; the link is closed
+/// anyway), except `BARLINK_INVALID_HANDLE` (it was not open). Completions
+/// not yet reported are discarded, and barlink holds none of the caller's
+/// memory any more. Calls on other threads still inside a call on the link
+/// return `BARLINK_CLOSED`.
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_close(link: *mut barlink_link, timeout_ms: u32) -> barlink_status {
+    boundary("barlink_close", || {
+        let cell = registry::remove_link(key(link))?;
+        cell.close(millis(timeout_ms))
+    })
+}
+
+// ----------------------------------------------------------- blocking I/O
+
+/// Sends `len` bytes at `data`: copies them (the caller may reuse `data` at
+/// once), queues the message and drives the link; waits at most
+/// `timeout_ms` while the send queue is full. `BARLINK_OK` means queued,
+/// not yet acknowledged: `barlink_flush` waits for that. `data` may be NULL
+/// when `len` is 0.
+///
+/// # Safety
+/// Unless `len` is 0, `data` points to `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_send(
+    link: *mut barlink_link,
+    data: *const c_void,
+    len: usize,
+    timeout_ms: u32,
+) -> barlink_status {
+    boundary("barlink_send", || {
+        let cell = registry::link(key(link))?;
+        // SAFETY: forwarded caller contract; the slice lives for this call.
+        let data = unsafe { bytes(data, len, "data")? };
+        let mut slot = Some(cell.lock()?.copy_payload(data)?);
+        cell.blocking(millis(timeout_ms), |state| state.send_step(&mut slot))
+    })
+}
+
+/// Receives the next message into `buf` (`capacity` bytes), waiting at most
+/// `timeout_ms` (0: do one round of progress and return). On `BARLINK_OK`,
+/// `*len` is the message's length. On `BARLINK_BUFFER_TOO_SMALL`, `*len`
+/// is the length needed and the message stays first in line: call again
+/// with a larger buffer. `buf` may be NULL when `capacity` is 0 (to learn
+/// the next message's size). Messages that arrived before the link ended
+/// are still received; then the call returns why it ended.
+///
+/// # Safety
+/// Unless `capacity` is 0, `buf` points to `capacity` writable bytes; `len`
+/// is NULL (refused) or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_recv(
+    link: *mut barlink_link,
+    buf: *mut c_void,
+    capacity: usize,
+    len: *mut usize,
+    timeout_ms: u32,
+) -> barlink_status {
+    boundary("barlink_recv", || {
+        check_out(len, "len")?;
+        // SAFETY: checked; writable by contract.
+        unsafe { put(len, 0) };
+        if capacity > 0 && buf.is_null() {
+            return Err(Error::invalid(format!(
+                "buf is NULL but capacity is {capacity}"
+            )));
+        }
+        if capacity > isize::MAX as usize || buf.addr().checked_add(capacity).is_none() {
+            return Err(Error::invalid(format!(
+                "capacity {capacity} runs past the address space"
+            )));
+        }
+        let cell = registry::link(key(link))?;
+        let mut deliver = |message: &[u8]| {
+            // SAFETY: `message.len() <= capacity` (recv_step checks it) and
+            // `buf` is writable for `capacity` bytes by contract (non-null
+            // when capacity > 0; nothing is copied when the message is
+            // empty). barlink's buffer cannot overlap the caller's.
+            unsafe { ptr::copy_nonoverlapping(message.as_ptr(), buf.cast::<u8>(), message.len()) }
+        };
+        let result = cell.blocking(millis(timeout_ms), |state| {
+            state.recv_step(capacity, &mut deliver)
+        });
+        match result {
+            Ok(n) => {
+                // SAFETY: as above.
+                unsafe { put(len, n) };
+                Ok(())
+            }
+            Err(error) => {
+                if let Some(needed) = error.needed {
+                    // SAFETY: as above.
+                    unsafe { put(len, needed) };
+                }
+                Err(error)
+            }
+        }
+    })
+}
+
+/// Drives the link until every message sent or posted so far is
+/// acknowledged by the peer, for at most `timeout_ms`.
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_flush(link: *mut barlink_link, timeout_ms: u32) -> barlink_status {
+    boundary("barlink_flush", || {
+        let cell = registry::link(key(link))?;
+        cell.blocking(millis(timeout_ms), |state| state.flush_step())
+    })
+}
+
+// ------------------------------------------------------- non-blocking I/O
+
+/// Posts a send without waiting: copies `len` bytes at `data` (the caller
+/// may reuse `data` at once), queues the message and drives the link once.
+/// `*request` gets an id (never 0) that `barlink_poll`, `barlink_test` and
+/// `barlink_wait` report exactly once when the peer acknowledged the
+/// message or the link ended. `BARLINK_WOULD_BLOCK`: the send queue is
+/// full; poll and retry. `user_tag` comes back in the completion.
+///
+/// # Safety
+/// Unless `len` is 0, `data` points to `len` readable bytes; `request` is
+/// NULL (refused) or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_post_send(
+    link: *mut barlink_link,
+    data: *const c_void,
+    len: usize,
+    user_tag: u64,
+    request: *mut u64,
+) -> barlink_status {
+    boundary("barlink_post_send", || {
+        check_out(request, "request")?;
+        // SAFETY: checked; writable by contract.
+        unsafe { put(request, 0) };
+        let cell = registry::link(key(link))?;
+        // SAFETY: forwarded caller contract; the slice lives for this call.
+        let data = unsafe { bytes(data, len, "data")? };
+        let mut state = cell.lock()?;
+        let (payload, released) = state.copy_payload(data)?;
+        let id = state.post(payload, released, user_tag)?;
+        // SAFETY: as above.
+        unsafe { put(request, id) };
+        Ok(())
+    })
+}
+
+/// Posts a zero-copy send of `len` bytes at `offset` in a registered
+/// buffer: barlink reads them straight from the caller's memory into the
+/// peer's ring, and again for any retransmission. The caller must neither
+/// modify nor free that range until the request's completion is reported
+/// (`barlink_poll`/`barlink_test`/`barlink_wait`), or the link is closed.
+/// Otherwise as `barlink_post_send`.
+///
+/// # Safety
+/// `request` is NULL (refused) or writable; the registered memory obeys the
+/// contract of `barlink_register_buffer`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_post_send_buffer(
+    link: *mut barlink_link,
+    buffer: *mut barlink_buffer,
+    offset: usize,
+    len: usize,
+    user_tag: u64,
+    request: *mut u64,
+) -> barlink_status {
+    boundary("barlink_post_send_buffer", || {
+        check_out(request, "request")?;
+        // SAFETY: checked; writable by contract.
+        unsafe { put(request, 0) };
+        let cell = registry::link(key(link))?;
+        let region = registry::buffer(key(buffer))?;
+        let mut state = cell.lock()?;
+        let (payload, released) = state.registered_payload(&region, offset, len)?;
+        let id = state.post(payload, released, user_tag)?;
+        // SAFETY: as above.
+        unsafe { put(request, id) };
+        Ok(())
+    })
+}
+
+/// Drives the link once and takes up to `max` completions of posted sends,
+/// oldest first, into `completions`; `*count` says how many. Each
+/// completion is reported once. `completions` may be NULL when `max` is 0
+/// (progress only).
+///
+/// # Safety
+/// Unless `max` is 0, `completions` points to `max` writable
+/// `barlink_completion`s; `count` is NULL (refused) or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_poll(
+    link: *mut barlink_link,
+    completions: *mut barlink_completion,
+    max: usize,
+    count: *mut usize,
+) -> barlink_status {
+    boundary("barlink_poll", || {
+        check_out(count, "count")?;
+        // SAFETY: checked; writable by contract.
+        unsafe { put(count, 0) };
+        if max > 0 {
+            check_out(completions, "completions")?;
+        }
+        let cell = registry::link(key(link))?;
+        let mut taken = Vec::new();
+        cell.lock()?.poll(max, &mut taken);
+        for (i, completion) in taken.iter().enumerate() {
+            // SAFETY: i < taken.len() <= max; the array holds `max`
+            // writable, aligned (checked) elements by contract.
+            unsafe { completions.add(i).write(*completion) };
+        }
+        // SAFETY: as above.
+        unsafe { put(count, taken.len()) };
+        Ok(())
+    })
+}
+
+/// Whether a posted send finished, driving the link once if not known yet:
+/// `BARLINK_OK` (acknowledged; reported now), `BARLINK_PENDING`, or why it
+/// failed (`BARLINK_CLOSED`, `BARLINK_PEER_LOST`, ...; reported now).
+/// `BARLINK_INVALID_ARGUMENT` for an id that is unknown or already
+/// reported.
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_test(link: *mut barlink_link, request: u64) -> barlink_status {
+    boundary("barlink_test", || {
+        let cell = registry::link(key(link))?;
+        match cell.lock()?.test(request)? {
+            crate::link::Step::Done(()) => Ok(()),
+            crate::link::Step::Again { .. } => Err(Error::fixed(
+                BARLINK_PENDING,
+                c"barlink_test: the request has not completed yet",
+            )),
+        }
+    })
+}
+
+/// Like `barlink_test`, but drives the link for at most `timeout_ms` until
+/// the request finished (`BARLINK_TIMEOUT` if it did not).
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_wait(
+    link: *mut barlink_link,
+    request: u64,
+    timeout_ms: u32,
+) -> barlink_status {
+    boundary("barlink_wait", || {
+        let cell = registry::link(key(link))?;
+        cell.blocking(millis(timeout_ms), |state| state.test(request))
+    })
+}
+
+/// Drives the link once (moves packets both ways, runs timers). Every other
+/// call on the link does this too; call it when a thread has nothing else
+/// to do on the link but wants it to move (e.g. retransmissions). Returns
+/// why the link ended, once it has.
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_progress(link: *mut barlink_link) -> barlink_status {
+    boundary("barlink_progress", || {
+        let cell = registry::link(key(link))?;
+        cell.lock()?.progress()
+    })
+}
+
+// ------------------------------------------------------- registered memory
+
+/// Registers `len` bytes at `ptr` for zero-copy sends on any link
+/// (`barlink_post_send_buffer`). barlink never writes the memory and never
+/// frees it. The caller keeps it valid until `barlink_deregister_buffer`
+/// succeeded, and does not modify a range while a send of it is in flight.
+/// On success `*buffer` is a new handle; on failure NULL.
+///
+/// # Safety
+/// `ptr..ptr+len` is memory the caller owns, under the contract above;
+/// `buffer` is NULL (refused) or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_register_buffer(
+    ptr: *const c_void,
+    len: usize,
+    buffer: *mut *mut barlink_buffer,
+) -> barlink_status {
+    boundary("barlink_register_buffer", || {
+        check_out(buffer, "buffer")?;
+        // SAFETY: checked; writable by contract.
+        unsafe { put(buffer, ptr::null_mut()) };
+        if ptr.is_null() {
+            return Err(Error::invalid("ptr is NULL"));
+        }
+        if len == 0 {
+            return Err(Error::invalid("len is 0: register at least one byte"));
+        }
+        if len > isize::MAX as usize || ptr.addr().checked_add(len).is_none() {
+            return Err(Error::invalid(format!(
+                "len {len} runs past the address space"
+            )));
+        }
+        let value = registry::insert_buffer(Arc::new(Region::new(ptr.cast::<u8>(), len)))?;
+        // SAFETY: as above.
+        unsafe { put(buffer, handle(value)) };
+        Ok(())
+    })
+}
+
+/// Deregisters a buffer: `BARLINK_BUSY` while sends from it are in flight
+/// (their completions not yet due); afterwards the handle is invalid and
+/// the caller may free the memory.
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_deregister_buffer(buffer: *mut barlink_buffer) -> barlink_status {
+    boundary("barlink_deregister_buffer", || {
+        registry::remove_buffer_if(key(buffer), |region| region.retire())
+    })
+}
+
+// ------------------------------------------------------------- statistics
+
+/// Fills `*stats` with the link's counters. Set `stats->struct_size =
+/// sizeof(barlink_stats)` first: barlink fills that many bytes at most
+/// (a program built against an older header gets the fields it knows) and
+/// writes back the bytes it filled. Works after the link ended, until it is
+/// closed.
+///
+/// # Safety
+/// `stats` is NULL (refused) or points to `stats->struct_size` writable
+/// bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_get_stats(
+    link: *mut barlink_link,
+    stats: *mut barlink_stats,
+) -> barlink_status {
+    boundary("barlink_get_stats", || {
+        check_out(stats, "stats")?;
+        // SAFETY: non-null and aligned; the first field is readable by contract.
+        let size = unsafe { ptr::addr_of!((*stats).struct_size).read() } as usize;
+        if !(8..=MAX_STRUCT_SIZE).contains(&size) {
+            return Err(Error::invalid(format!(
+                "stats.struct_size is {size}: set it to sizeof(barlink_stats)"
+            )));
+        }
+        let cell = registry::link(key(link))?;
+        let mut filled = cell.lock()?.stats();
+        let n = size.min(size_of::<barlink_stats>());
+        filled.struct_size = n as u32;
+        // SAFETY: `filled` is a local of size_of::<barlink_stats>() >= n
+        // bytes without padding; the caller's struct is `size >= n` writable
+        // bytes by contract; they cannot overlap.
+        unsafe {
+            ptr::copy_nonoverlapping(ptr::addr_of!(filled).cast::<u8>(), stats.cast::<u8>(), n)
+        };
+        Ok(())
+    })
+}

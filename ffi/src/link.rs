@@ -1,0 +1,686 @@
+//! The state behind a link handle, and every operation on it, in safe Rust.
+//!
+//! A [`LinkCell`] is a mutex around a [`RingLink`] plus what the C API adds:
+//! delivered messages not yet taken (so a buffer that is too small loses
+//! nothing), the requests posted and their completions, and why the link
+//! ended. Blocking calls lock the cell for one step of progress at a time,
+//! so other threads can use the link between steps.
+//!
+//! Completions: the engine completes messages in order (cumulative
+//! acknowledgement) and, when a session ends, fails every message still
+//! queued. It lets go of a message's buffer exactly then, which the
+//! [`Payload`]'s drop records. So after a step, the released requests are a
+//! prefix of the queue in message order; the first `k` of them succeeded,
+//! where `k` is how much `RingLink::completed` grew, and the rest failed.
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use barlink_transport::engine::{EngineConfig, LinkError, MessageId, SendError, Stats};
+use barlink_transport::link::{IoError, LinkConfig, Listener, RingLink, SetupError, connect};
+use barlink_transport::ring::{CONTROL_LEN, Geometry};
+use barlink_transport::window::{HugePages, ShmOptions, ShmWindow};
+
+use crate::error::{Error, Result};
+use crate::payload::{Payload, Region};
+use crate::types::barlink_status::{self, *};
+use crate::types::{BARLINK_CONFIG_HUGE_PAGES, barlink_completion, barlink_config, barlink_stats};
+
+/// Link names: what the transport accepts, checked here first so that a bad
+/// name is an argument error rather than a setup failure.
+const MAX_NAME_LEN: usize = 100;
+
+/// Checks a caller's config (already widened to this library's layout) and
+/// turns it into the transport's.
+pub(crate) fn link_config(config: &barlink_config) -> Result<LinkConfig> {
+    match config.transport {
+        0 | 1 => {}
+        2 => {
+            return Err(Error::new(
+                BARLINK_NOT_AVAILABLE,
+                "BARLINK_TRANSPORT_BAR: BAR windows over VFIO are not available in this build yet",
+            ));
+        }
+        3 => {
+            return Err(Error::new(
+                BARLINK_NOT_AVAILABLE,
+                "BARLINK_TRANSPORT_RDMA: RDMA over ibverbs is not available in this build yet",
+            ));
+        }
+        other => {
+            return Err(Error::invalid(format!(
+                "transport {other} is not a barlink_transport value"
+            )));
+        }
+    }
+    if config.flags & !BARLINK_CONFIG_HUGE_PAGES != 0 {
+        return Err(Error::invalid(format!(
+            "flags {:#x} has bits this library does not know",
+            config.flags
+        )));
+    }
+    if config.reserved != 0 {
+        return Err(Error::invalid("the reserved field must be zero"));
+    }
+    let mut link = LinkConfig::default();
+    let mut engine = EngineConfig::default();
+    if config.mtu != 0 {
+        engine.mtu = config.mtu as usize;
+    }
+    if config.max_message_bytes != 0 {
+        engine.max_message_len = config.max_message_bytes;
+    }
+    if config.peer_timeout_ms != 0 {
+        engine.peer_timeout = Duration::from_millis(u64::from(config.peer_timeout_ms));
+    }
+    engine
+        .validate()
+        .map_err(|error| Error::invalid(format!("config: {error}")))?;
+    if config.window_bytes != 0 {
+        link.window_len = usize::try_from(config.window_bytes)
+            .ok()
+            .filter(|&len| len <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::invalid(format!("window_bytes {} is too large", config.window_bytes))
+            })?;
+    }
+    Geometry::for_window(link.window_len, engine.mtu).map_err(|error| {
+        Error::invalid(format!(
+            "window_bytes {} with mtu {} (the control block takes {CONTROL_LEN} bytes): {error}",
+            link.window_len, engine.mtu
+        ))
+    })?;
+    if config.flags & BARLINK_CONFIG_HUGE_PAGES != 0 {
+        link.shm = ShmOptions::default().with_huge_pages(HugePages::ReservedOrTransparent);
+    }
+    link.engine = engine;
+    Ok(link)
+}
+
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(Error::invalid(format!(
+            "link name {name:?} must be 1 to {MAX_NAME_LEN} bytes"
+        )));
+    }
+    Ok(())
+}
+
+fn setup_error(error: SetupError) -> Error {
+    let status = match &error {
+        SetupError::NameInUse { .. } => BARLINK_NAME_IN_USE,
+        SetupError::NoListener { .. } => BARLINK_NO_LISTENER,
+        SetupError::Timeout { .. } => BARLINK_TIMEOUT,
+        SetupError::Config(_) => BARLINK_INVALID_ARGUMENT,
+        SetupError::Io { .. } | SetupError::Window(_) => BARLINK_IO_ERROR,
+        _ => BARLINK_SETUP_FAILED,
+    };
+    Error::new(status, error.to_string())
+}
+
+/// Why a link ended, as the C API reports it.
+fn end_of(error: &IoError) -> (barlink_status, String) {
+    let status = match error {
+        IoError::Closed(LinkError::LocalClose | LinkError::PeerClosed) => BARLINK_CLOSED,
+        IoError::Closed(LinkError::PeerLost { .. }) => BARLINK_PEER_LOST,
+        IoError::Timeout { .. } => BARLINK_TIMEOUT,
+        IoError::TooLong { .. } => BARLINK_MESSAGE_TOO_LONG,
+        _ => BARLINK_LINK_FAILED,
+    };
+    (status, error.to_string())
+}
+
+/// The accepting side of a name, with the config its links get.
+#[derive(Debug)]
+pub(crate) struct ListenerCell {
+    listener: Listener,
+    config: LinkConfig,
+}
+
+impl ListenerCell {
+    pub(crate) fn bind(name: &str, config: LinkConfig) -> Result<ListenerCell> {
+        check_name(name)?;
+        let listener = Listener::bind(name).map_err(setup_error)?;
+        Ok(ListenerCell { listener, config })
+    }
+
+    pub(crate) fn accept(&self, timeout: Duration) -> Result<LinkCell> {
+        let start = Instant::now();
+        let mut config = self.config.clone();
+        config.setup_timeout = timeout;
+        let link = self.listener.accept(&config).map_err(setup_error)?;
+        LinkCell::established(link, &config, start + timeout)
+    }
+}
+
+/// Connects to the listener under `name`, waiting at most `timeout`.
+pub(crate) fn connect_link(
+    name: &str,
+    mut config: LinkConfig,
+    timeout: Duration,
+) -> Result<LinkCell> {
+    check_name(name)?;
+    let start = Instant::now();
+    config.setup_timeout = timeout;
+    let link = connect(name, &config).map_err(setup_error)?;
+    LinkCell::established(link, &config, start + timeout)
+}
+
+/// A link handle's object.
+#[derive(Debug)]
+pub(crate) struct LinkCell {
+    state: Mutex<LinkState>,
+}
+
+#[derive(Debug)]
+struct Request {
+    user_tag: u64,
+    len: u64,
+    released: Arc<AtomicBool>,
+    /// Posted (reported through poll/test) rather than sent blocking.
+    report: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct LinkState {
+    /// `None` once the link ended: dropping it released every payload.
+    link: Option<RingLink<ShmWindow, Payload>>,
+    /// `barlink_close` ran: calls still inside return `BARLINK_CLOSED`.
+    closed_by_handle: bool,
+    /// Delivered messages not yet taken.
+    received: VecDeque<Vec<u8>>,
+    /// Messages the engine holds, by message id.
+    requests: BTreeMap<u64, Request>,
+    /// Completions of posted sends not yet reported, by request id.
+    done: BTreeMap<u64, barlink_completion>,
+    /// `RingLink::completed` when last looked at.
+    completed_seen: u64,
+    /// Why the link ended.
+    end: Option<(barlink_status, String)>,
+    /// The engine's counters when the link ended.
+    final_stats: Stats,
+    message_bytes_sent: u64,
+    message_bytes_received: u64,
+    max_message_len: u64,
+}
+
+/// What a blocking loop does after one step.
+pub(crate) enum Step<T> {
+    Done(T),
+    /// Not yet; `moved` says whether packets moved (spin) or not (yield).
+    Again {
+        moved: bool,
+    },
+}
+
+impl LinkCell {
+    /// Wraps a set-up link once it has heard its peer (so both sides know
+    /// each other's epoch: a close right after setup reaches the peer),
+    /// driving it until `deadline` at most.
+    fn established(
+        link: RingLink<ShmWindow, Payload>,
+        config: &LinkConfig,
+        deadline: Instant,
+    ) -> Result<LinkCell> {
+        let cell = LinkCell::new(link, config);
+        {
+            let mut state = cell.lock()?;
+            loop {
+                let moved = state.step();
+                if let Some(error) = state.end_error() {
+                    return Err(error);
+                }
+                if state
+                    .link
+                    .as_ref()
+                    .is_some_and(|l| l.engine().is_connected())
+                {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::new(
+                        BARLINK_TIMEOUT,
+                        "the peer set up its windows but did not answer over them in time",
+                    ));
+                }
+                if !moved {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        Ok(cell)
+    }
+
+    fn new(link: RingLink<ShmWindow, Payload>, config: &LinkConfig) -> LinkCell {
+        LinkCell {
+            state: Mutex::new(LinkState {
+                link: Some(link),
+                closed_by_handle: false,
+                received: VecDeque::new(),
+                requests: BTreeMap::new(),
+                done: BTreeMap::new(),
+                completed_seen: 0,
+                end: None,
+                final_stats: Stats::default(),
+                message_bytes_sent: 0,
+                message_bytes_received: 0,
+                max_message_len: config.engine.max_message_len,
+            }),
+        }
+    }
+
+    /// Locks the state for one step. A poisoned lock means a panic was
+    /// caught in the middle of an operation on this link: it is not trusted
+    /// again.
+    pub(crate) fn lock(&self) -> Result<MutexGuard<'_, LinkState>> {
+        let state = self.state.lock().map_err(|_| {
+            Error::new(
+                BARLINK_INTERNAL,
+                "the link is unusable after an internal error: close it",
+            )
+        })?;
+        if state.closed_by_handle {
+            return Err(Error::new(
+                BARLINK_CLOSED,
+                "the link was closed (barlink_close) while this call was using it",
+            ));
+        }
+        Ok(state)
+    }
+
+    /// Runs `step` under the lock until it is done or `timeout` passed,
+    /// unlocking between steps. Spins while packets move, yields when idle.
+    pub(crate) fn blocking<T>(
+        &self,
+        timeout: Duration,
+        mut step: impl FnMut(&mut LinkState) -> Result<Step<T>>,
+    ) -> Result<T> {
+        let start = Instant::now();
+        loop {
+            let outcome = step(&mut *self.lock()?)?;
+            match outcome {
+                Step::Done(value) => return Ok(value),
+                Step::Again { moved } => {
+                    if start.elapsed() >= timeout {
+                        return Err(Error::new(
+                            BARLINK_TIMEOUT,
+                            format!("timed out after {} ms", timeout.as_millis()),
+                        ));
+                    }
+                    if !moved {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the link in order (queued messages first, then the peer is
+    /// told), waiting at most `timeout`; then frees everything. The caller
+    /// already removed the handle.
+    pub(crate) fn close(&self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        // A poisoned state is dropped all the same.
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.closed_by_handle = true;
+        let result = loop {
+            let Some(link) = state.link.as_mut() else {
+                break Ok(());
+            };
+            match link.close(Duration::ZERO) {
+                Ok(()) => break Ok(()),
+                Err(IoError::Timeout { .. }) => {}
+                Err(other) => break Err(Error::new(end_of(&other).0, other.to_string())),
+            }
+            if start.elapsed() >= timeout {
+                break Err(Error::new(
+                    BARLINK_TIMEOUT,
+                    format!(
+                        "the orderly close did not finish within {} ms (messages unacknowledged, or the peer did not answer); the link is closed anyway",
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+            // Let calls on other threads see the close.
+            drop(state);
+            std::thread::yield_now();
+            state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        };
+        state.link = None;
+        state.requests.clear();
+        state.done.clear();
+        state.received.clear();
+        result
+    }
+}
+
+impl LinkState {
+    fn end_error(&self) -> Option<Error> {
+        self.end
+            .as_ref()
+            .map(|(status, message)| Error::new(*status, message.clone()))
+    }
+
+    /// One round of progress: moves packets, takes delivered messages,
+    /// collects completions. Returns whether anything moved.
+    pub(crate) fn step(&mut self) -> bool {
+        let Some(link) = self.link.as_mut() else {
+            return false;
+        };
+        let before = activity(link.engine().stats());
+        let mut ended = None;
+        loop {
+            match link.try_recv() {
+                Ok(Some(message)) => {
+                    self.message_bytes_received += message.len() as u64;
+                    self.received.push_back(message);
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    ended = Some(error);
+                    break;
+                }
+            }
+        }
+        let moved = activity(link.engine().stats()) != before;
+        self.collect(ended);
+        moved
+    }
+
+    /// Turns released payloads into completions; ends the link on `ended`.
+    fn collect(&mut self, ended: Option<IoError>) {
+        let Some(link) = self.link.as_ref() else {
+            return;
+        };
+        let completed = link.completed();
+        let mut succeeded = completed.saturating_sub(self.completed_seen);
+        self.completed_seen = completed;
+        if let Some(error) = ended {
+            self.end = Some(end_of(&error));
+            self.final_stats = link.engine().stats().clone();
+            // Dropping the link drops every payload it held: from here on
+            // barlink reads none of the caller's memory.
+            self.link = None;
+        }
+        while let Some(entry) = self.requests.first_entry() {
+            if !entry.get().released.load(Ordering::Acquire) {
+                break;
+            }
+            let (msg_id, request) = entry.remove_entry();
+            let status = if succeeded > 0 {
+                succeeded -= 1;
+                self.message_bytes_sent += request.len;
+                BARLINK_OK
+            } else {
+                match &self.end {
+                    Some((status, _)) => *status,
+                    // A session ended without the link ending: the peer
+                    // restarted.
+                    None => BARLINK_LINK_FAILED,
+                }
+            };
+            if request.report {
+                let id = msg_id + 1;
+                self.done.insert(
+                    id,
+                    barlink_completion {
+                        request: id,
+                        user_tag: request.user_tag,
+                        bytes: request.len,
+                        status,
+                        reserved: 0,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Queues `payload` (created with `released`); gives it back when the
+    /// send queue is full.
+    fn try_send(
+        &mut self,
+        payload: Payload,
+        released: Arc<AtomicBool>,
+        user_tag: u64,
+        report: bool,
+    ) -> Result<std::result::Result<u64, Payload>> {
+        if let Some(error) = self.end_error() {
+            return Err(error);
+        }
+        let Some(link) = self.link.as_mut() else {
+            return Err(Error::new(BARLINK_CLOSED, "the link is closed"));
+        };
+        let len = payload.as_ref().len() as u64;
+        match link.send(payload) {
+            Ok(MessageId(id)) => {
+                self.requests.insert(
+                    id,
+                    Request {
+                        user_tag,
+                        len,
+                        released,
+                        report,
+                    },
+                );
+                Ok(Ok(id))
+            }
+            Err(SendError::QueueFull(payload)) => Ok(Err(payload)),
+            Err(SendError::TooLong { len, max, .. }) => Err(Error::new(
+                BARLINK_MESSAGE_TOO_LONG,
+                format!("message of {len} bytes exceeds max_message_bytes {max}"),
+            )),
+            Err(error) => {
+                // Closing or closed: one step learns why.
+                self.step();
+                Err(self
+                    .end_error()
+                    .unwrap_or_else(|| Error::new(BARLINK_CLOSED, error.to_string())))
+            }
+        }
+    }
+
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len as u64 > self.max_message_len {
+            return Err(Error::new(
+                BARLINK_MESSAGE_TOO_LONG,
+                format!(
+                    "message of {len} bytes exceeds max_message_bytes {}",
+                    self.max_message_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into a buffer barlink owns, refusing what is too long
+    /// before allocating, and allocation failure without aborting.
+    pub(crate) fn copy_payload(&self, data: &[u8]) -> Result<(Payload, Arc<AtomicBool>)> {
+        self.check_len(data.len())?;
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(data.len()).map_err(|_| {
+            Error::new(
+                BARLINK_OUT_OF_MEMORY,
+                format!("cannot allocate {} bytes for the message copy", data.len()),
+            )
+        })?;
+        bytes.extend_from_slice(data);
+        let released = Arc::new(AtomicBool::new(false));
+        Ok((Payload::owned(bytes, Arc::clone(&released)), released))
+    }
+
+    /// One step of a blocking send of `payload` (taken out of `slot`).
+    pub(crate) fn send_step(
+        &mut self,
+        slot: &mut Option<(Payload, Arc<AtomicBool>)>,
+    ) -> Result<Step<()>> {
+        let Some((payload, released)) = slot.take() else {
+            return Ok(Step::Done(()));
+        };
+        match self.try_send(payload, Arc::clone(&released), 0, false)? {
+            Ok(_) => {
+                self.step();
+                Ok(Step::Done(()))
+            }
+            Err(payload) => {
+                *slot = Some((payload, released));
+                Ok(Step::Again { moved: self.step() })
+            }
+        }
+    }
+
+    /// Posts a send without waiting; returns the request id.
+    pub(crate) fn post(
+        &mut self,
+        payload: Payload,
+        released: Arc<AtomicBool>,
+        user_tag: u64,
+    ) -> Result<u64> {
+        match self.try_send(payload, released, user_tag, true)? {
+            Ok(msg_id) => {
+                self.step();
+                Ok(msg_id + 1)
+            }
+            Err(_payload) => {
+                self.step();
+                Err(Error::fixed(
+                    BARLINK_WOULD_BLOCK,
+                    c"barlink_post_send: the send queue is full: poll completions and retry",
+                ))
+            }
+        }
+    }
+
+    /// A registered range as a payload (for `post`).
+    pub(crate) fn registered_payload(
+        &self,
+        region: &Arc<Region>,
+        offset: usize,
+        len: usize,
+    ) -> Result<(Payload, Arc<AtomicBool>)> {
+        self.check_len(len)?;
+        let released = Arc::new(AtomicBool::new(false));
+        let payload = region.payload(offset, len, Arc::clone(&released))?;
+        Ok((payload, released))
+    }
+
+    /// One step of a receive: hands the next message to `deliver` if it
+    /// fits in `capacity`; reports the needed size if not, keeping it.
+    pub(crate) fn recv_step(
+        &mut self,
+        capacity: usize,
+        deliver: &mut dyn FnMut(&[u8]),
+    ) -> Result<Step<usize>> {
+        let mut moved = false;
+        if self.received.is_empty() {
+            moved = self.step();
+        }
+        if let Some(message) = self.received.front() {
+            let len = message.len();
+            if len > capacity {
+                return Err(Error::new(
+                    BARLINK_BUFFER_TOO_SMALL,
+                    format!(
+                        "the next message has {len} bytes, the buffer {capacity}: it is kept for the next call"
+                    ),
+                )
+                .with_needed(len));
+            }
+            let message = self.received.pop_front().expect("checked above");
+            deliver(&message);
+            if let Some(link) = self.link.as_mut() {
+                link.recycle(message);
+            }
+            return Ok(Step::Done(len));
+        }
+        if let Some(error) = self.end_error() {
+            return Err(error);
+        }
+        Ok(Step::Again { moved })
+    }
+
+    /// Drives progress once and takes up to `max` completions.
+    pub(crate) fn poll(&mut self, max: usize, out: &mut Vec<barlink_completion>) {
+        self.step();
+        while out.len() < max {
+            match self.done.pop_first() {
+                Some((_, completion)) => out.push(completion),
+                None => break,
+            }
+        }
+    }
+
+    /// The state of one request: `Ok` (reported now), pending, or the
+    /// failure (reported now).
+    pub(crate) fn test(&mut self, request: u64) -> Result<Step<()>> {
+        let mut moved = false;
+        if !self.done.contains_key(&request) {
+            if request == 0 || !self.requests.contains_key(&(request - 1)) {
+                return Err(Error::invalid(format!(
+                    "request {request} is unknown on this link, or its completion was already reported"
+                )));
+            }
+            moved = self.step();
+        }
+        match self.done.remove(&request) {
+            Some(completion) if completion.status == BARLINK_OK => Ok(Step::Done(())),
+            Some(completion) => Err(self.end_error().unwrap_or_else(|| {
+                Error::new(
+                    completion.status,
+                    format!("request {request} failed: the session ended before the peer acknowledged it"),
+                )
+            })),
+            None => Ok(Step::Again { moved }),
+        }
+    }
+
+    /// One step of a flush: done when every queued message is acknowledged.
+    pub(crate) fn flush_step(&mut self) -> Result<Step<()>> {
+        let moved = self.step();
+        if let Some(error) = self.end_error() {
+            return Err(error);
+        }
+        if self.requests.is_empty() {
+            return Ok(Step::Done(()));
+        }
+        Ok(Step::Again { moved })
+    }
+
+    pub(crate) fn progress(&mut self) -> Result<()> {
+        self.step();
+        match self.end_error() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> barlink_stats {
+        let engine = match &self.link {
+            Some(link) => link.engine().stats(),
+            None => &self.final_stats,
+        };
+        barlink_stats {
+            struct_size: 0,
+            reserved: 0,
+            messages_sent: engine.messages_sent,
+            message_bytes_sent: self.message_bytes_sent,
+            messages_received: engine.messages_delivered,
+            message_bytes_received: self.message_bytes_received,
+            packets_sent: engine.packets_sent,
+            packets_received: engine.packets_received,
+            retransmits: engine.retransmits(),
+            crc_failures: engine.crc_failures,
+            malformed: engine.malformed,
+            duplicates: engine.duplicates,
+            credit_stalls: engine.credit_stalls,
+            requests_in_flight: (self.requests.values().filter(|r| r.report).count()
+                + self.done.len()) as u64,
+        }
+    }
+}
+
+fn activity(stats: &Stats) -> (u64, u64) {
+    (stats.packets_sent, stats.packets_received)
+}

@@ -1,0 +1,192 @@
+//! Message buffers as the engine holds them: copies barlink owns, or ranges
+//! of caller memory registered for zero copy.
+//!
+//! The engine keeps a message's buffer (`B: AsRef<[u8]>`) until the peer
+//! acknowledged it or the link ended, and reads every fragment and every
+//! retransmission from it. For a registered range, `B` is a pointer into the
+//! caller's memory: the payload goes from there straight into the peer's
+//! ring. Dropping a `Payload` is the moment barlink stops reading that
+//! memory; the drop marks the request released, and the completion
+//! reported afterwards is the caller's permission to reuse it.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::types::barlink_status::{BARLINK_BUSY, BARLINK_INVALID_HANDLE};
+
+/// Caller memory registered with `barlink_register_buffer`.
+pub(crate) struct Region {
+    ptr: *const u8,
+    len: usize,
+    state: Mutex<RegionState>,
+}
+
+#[derive(Debug, Default)]
+struct RegionState {
+    /// Sends posted from this region whose payload barlink still holds.
+    in_flight: u64,
+    /// Deregistered: no new sends.
+    dead: bool,
+}
+
+// SAFETY: `Region` only stores the caller's address and length; it reads the
+// memory only through `Payload::as_ref`, under the contract of
+// `barlink_register_buffer` (valid and unchanged while sends are in flight),
+// which does not depend on the thread. The state is behind a mutex.
+unsafe impl Send for Region {}
+// SAFETY: as for `Send`: shared access only reads the immutable address and
+// length or locks the mutex.
+unsafe impl Sync for Region {}
+
+impl fmt::Debug for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Region")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Region {
+    /// Wraps a caller's range. The caller (the extern function) has checked
+    /// that `ptr` is non-null and `ptr + len` does not overflow.
+    pub(crate) fn new(ptr: *const u8, len: usize) -> Region {
+        Region {
+            ptr,
+            len,
+            state: Mutex::new(RegionState::default()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, RegionState> {
+        // Counting cannot leave the state half-updated: ignore poisoning.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses deregistration while sends from it are in flight; otherwise
+    /// marks it dead so that no new send starts from it.
+    pub(crate) fn retire(&self) -> Result<()> {
+        let mut state = self.state();
+        if state.in_flight > 0 {
+            return Err(Error::new(
+                BARLINK_BUSY,
+                format!(
+                    "{} send(s) from this buffer are still in flight: wait for their completions (barlink_poll) first",
+                    state.in_flight
+                ),
+            ));
+        }
+        state.dead = true;
+        Ok(())
+    }
+
+    /// A payload reading `len` bytes at `offset` of the region, counted as
+    /// in flight until dropped.
+    pub(crate) fn payload(
+        self: &Arc<Region>,
+        offset: usize,
+        len: usize,
+        released: Arc<AtomicBool>,
+    ) -> Result<Payload> {
+        let end = offset.checked_add(len).filter(|&end| end <= self.len);
+        if end.is_none() {
+            return Err(Error::invalid(format!(
+                "the range of {len} bytes at offset {offset} lies outside the registered buffer of {} bytes",
+                self.len
+            )));
+        }
+        let mut state = self.state();
+        if state.dead {
+            return Err(Error::new(
+                BARLINK_INVALID_HANDLE,
+                "the buffer handle was deregistered",
+            ));
+        }
+        state.in_flight += 1;
+        drop(state);
+        Ok(Payload {
+            data: Data::Registered {
+                // In bounds: checked above.
+                ptr: self.ptr.wrapping_add(offset),
+                len,
+                region: Arc::clone(self),
+            },
+            released,
+        })
+    }
+}
+
+enum Data {
+    Owned(Vec<u8>),
+    Registered {
+        ptr: *const u8,
+        len: usize,
+        region: Arc<Region>,
+    },
+}
+
+/// The `B` of barlink's links: what the engine holds for one message.
+pub(crate) struct Payload {
+    data: Data,
+    /// Set when the engine lets go of the payload.
+    released: Arc<AtomicBool>,
+}
+
+// SAFETY: the only non-Send part is the pointer into a registered region;
+// reading through it is governed by the caller's registration contract,
+// which holds whichever thread reads (the link is locked while it does).
+unsafe impl Send for Payload {}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.data {
+            Data::Owned(bytes) => write!(f, "Payload::Owned({} bytes)", bytes.len()),
+            Data::Registered { ptr, len, .. } => {
+                write!(f, "Payload::Registered({len} bytes at {ptr:p})")
+            }
+        }
+    }
+}
+
+impl Payload {
+    /// A copy barlink owns.
+    pub(crate) fn owned(bytes: Vec<u8>, released: Arc<AtomicBool>) -> Payload {
+        Payload {
+            data: Data::Owned(bytes),
+            released,
+        }
+    }
+}
+
+impl AsRef<[u8]> for Payload {
+    fn as_ref(&self) -> &[u8] {
+        match &self.data {
+            Data::Owned(bytes) => bytes,
+            Data::Registered { ptr, len, .. } => {
+                if *len == 0 {
+                    return &[];
+                }
+                // SAFETY: `ptr..ptr+len` lies inside a range the caller
+                // registered (checked in `Region::payload`), non-null and not
+                // wrapping (checked at registration). By the contract of
+                // `barlink_register_buffer` and `barlink_post_send_buffer`,
+                // the caller keeps that memory valid and does not write it
+                // until the completion of this send is reported, which
+                // happens only after this payload is dropped.
+                unsafe { std::slice::from_raw_parts(*ptr, *len) }
+            }
+        }
+    }
+}
+
+impl Drop for Payload {
+    fn drop(&mut self) {
+        if let Data::Registered { region, .. } = &self.data {
+            let mut state = region.state();
+            state.in_flight = state.in_flight.saturating_sub(1);
+        }
+        self.released.store(true, Ordering::Release);
+    }
+}

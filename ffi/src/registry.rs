@@ -1,0 +1,189 @@
+//! Handles: keys into one process-wide registry, never pointers.
+//!
+//! A handle's value is `kind << 56 | id`, where `id` comes from a counter
+//! that never repeats (2^56 handles before it would wrap). A C caller gets it
+//! as an opaque pointer that nobody dereferences. Every call looks the value
+//! up: a null, closed, forged or wrong-kind handle is an error with a message
+//! that says which, never a dereference of freed memory. Closing removes the
+//! entry; the object itself is reference-counted, so a thread still inside a
+//! call on it finishes safely (and sees it closed at its next step).
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, RwLock};
+
+use crate::error::{Error, Result};
+use crate::link::{LinkCell, ListenerCell};
+use crate::payload::Region;
+use crate::types::barlink_status::BARLINK_INVALID_HANDLE;
+
+/// What a handle names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Link = 1,
+    Listener = 2,
+    Buffer = 3,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Link => "link",
+            Kind::Listener => "listener",
+            Kind::Buffer => "buffer",
+        }
+    }
+
+    fn from_tag(tag: u64) -> Option<Kind> {
+        match tag {
+            1 => Some(Kind::Link),
+            2 => Some(Kind::Listener),
+            3 => Some(Kind::Buffer),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Object {
+    Link(Arc<LinkCell>),
+    Listener(Arc<ListenerCell>),
+    Buffer(Arc<Region>),
+}
+
+const ID_BITS: u32 = 56;
+const ID_MASK: u64 = (1 << ID_BITS) - 1;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static OBJECTS: LazyLock<RwLock<HashMap<u64, Object>>> =
+    LazyLock::new(|| RwLock::new(HashMap::new()));
+
+fn objects_read() -> std::sync::RwLockReadGuard<'static, HashMap<u64, Object>> {
+    // Nothing panics while holding the lock except on allocation failure,
+    // which aborts: a poisoned map is still consistent.
+    OBJECTS
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn objects_write() -> std::sync::RwLockWriteGuard<'static, HashMap<u64, Object>> {
+    OBJECTS
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn insert(kind: Kind, object: Object) -> Result<u64> {
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    if id > ID_MASK {
+        return Err(Error::new(
+            BARLINK_INVALID_HANDLE,
+            "this process has used up its 2^56 handles",
+        ));
+    }
+    let value = ((kind as u64) << ID_BITS) | id;
+    objects_write().insert(value, object);
+    Ok(value)
+}
+
+/// Why `value` names no live object of `kind`.
+fn explain(value: u64, kind: Kind) -> Error {
+    let name = kind.name();
+    if value == 0 {
+        return Error::new(BARLINK_INVALID_HANDLE, format!("the {name} handle is NULL"));
+    }
+    let id = value & ID_MASK;
+    match Kind::from_tag(value >> ID_BITS) {
+        Some(found) if found != kind => Error::new(
+            BARLINK_INVALID_HANDLE,
+            format!(
+                "a {} handle was passed where a {name} handle belongs",
+                found.name()
+            ),
+        ),
+        Some(_) if id != 0 && id < NEXT_ID.load(Ordering::Relaxed) => Error::new(
+            BARLINK_INVALID_HANDLE,
+            format!("the {name} handle was already closed (use after close, or a double close)"),
+        ),
+        _ => Error::new(
+            BARLINK_INVALID_HANDLE,
+            format!("{value:#x} is not a barlink {name} handle (uninitialized or corrupted?)"),
+        ),
+    }
+}
+
+fn get(value: u64, kind: Kind) -> Result<Object> {
+    objects_read()
+        .get(&value)
+        .cloned()
+        .ok_or_else(|| explain(value, kind))
+}
+
+fn remove(value: u64, kind: Kind) -> Result<Object> {
+    // The tag is part of the key, so a wrong-kind value finds nothing.
+    objects_write()
+        .remove(&value)
+        .ok_or_else(|| explain(value, kind))
+}
+
+pub(crate) fn insert_link(cell: Arc<LinkCell>) -> Result<u64> {
+    insert(Kind::Link, Object::Link(cell))
+}
+
+pub(crate) fn insert_listener(cell: Arc<ListenerCell>) -> Result<u64> {
+    insert(Kind::Listener, Object::Listener(cell))
+}
+
+pub(crate) fn insert_buffer(region: Arc<Region>) -> Result<u64> {
+    insert(Kind::Buffer, Object::Buffer(region))
+}
+
+pub(crate) fn link(value: u64) -> Result<Arc<LinkCell>> {
+    match get(value, Kind::Link)? {
+        Object::Link(cell) => Ok(cell),
+        _ => Err(explain(value, Kind::Link)),
+    }
+}
+
+pub(crate) fn listener(value: u64) -> Result<Arc<ListenerCell>> {
+    match get(value, Kind::Listener)? {
+        Object::Listener(cell) => Ok(cell),
+        _ => Err(explain(value, Kind::Listener)),
+    }
+}
+
+pub(crate) fn buffer(value: u64) -> Result<Arc<Region>> {
+    match get(value, Kind::Buffer)? {
+        Object::Buffer(region) => Ok(region),
+        _ => Err(explain(value, Kind::Buffer)),
+    }
+}
+
+pub(crate) fn remove_link(value: u64) -> Result<Arc<LinkCell>> {
+    match remove(value, Kind::Link)? {
+        Object::Link(cell) => Ok(cell),
+        _ => Err(explain(value, Kind::Link)),
+    }
+}
+
+pub(crate) fn remove_listener(value: u64) -> Result<Arc<ListenerCell>> {
+    match remove(value, Kind::Listener)? {
+        Object::Listener(cell) => Ok(cell),
+        _ => Err(explain(value, Kind::Listener)),
+    }
+}
+
+/// Removes a buffer handle if `check` allows it (under the registry lock, so
+/// no lookup can race in between).
+pub(crate) fn remove_buffer_if(
+    value: u64,
+    check: impl FnOnce(&Region) -> Result<()>,
+) -> Result<()> {
+    let mut objects = objects_write();
+    match objects.get(&value) {
+        Some(Object::Buffer(region)) => check(region)?,
+        _ => return Err(explain(value, Kind::Buffer)),
+    }
+    objects.remove(&value);
+    Ok(())
+}

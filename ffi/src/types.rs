@@ -1,0 +1,259 @@
+//! The types of the C ABI, exactly as the header declares them.
+//!
+//! Layout rules (docs/FFI.md, "Versioning"): status codes and constants keep
+//! their numbers forever; structs that may grow (`barlink_config`,
+//! `barlink_stats`) start with `struct_size` and only ever gain fields at
+//! their end; `barlink_completion` is frozen.
+#![forbid(unsafe_code)]
+// The names are the C names: the header is generated from them.
+#![allow(non_camel_case_types)]
+
+/// Major version of the C ABI: it changes only when a program built against
+/// an older header could break. Compare with `barlink_abi_version() >> 16`.
+pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
+/// Minor version of the C ABI: grows when functions, status codes or struct
+/// fields are added.
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 1;
+
+/// Config flag: back the ring windows with 2 MiB huge pages when the
+/// administrator reserved enough, else transparent huge pages.
+pub const BARLINK_CONFIG_HUGE_PAGES: u32 = 1;
+
+/// What every barlink function returns. The numbers are stable: new codes
+/// are only ever added. A C program must expect codes it does not know
+/// (treat them as errors); `barlink_status_string` names any code.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum barlink_status {
+    /// Success.
+    BARLINK_OK = 0,
+    /// Nothing happened within the timeout; the link is still usable.
+    BARLINK_TIMEOUT = 1,
+    /// A non-blocking call could not proceed now (the send queue is full):
+    /// drive progress (`barlink_poll`) and retry.
+    BARLINK_WOULD_BLOCK = 2,
+    /// The request has not completed yet (`barlink_test`).
+    BARLINK_PENDING = 3,
+    /// The link was closed in order, by this side or by the peer.
+    BARLINK_CLOSED = 4,
+    /// The peer stopped answering (it died, or the path fails one way).
+    BARLINK_PEER_LOST = 5,
+    /// The link failed: the peer broke the protocol, a packet could not be
+    /// delivered intact after every retransmission, or the medium failed.
+    BARLINK_LINK_FAILED = 6,
+    /// An argument is wrong (a null pointer where one is needed, a bad
+    /// length or range, an unknown flag); nothing was done.
+    BARLINK_INVALID_ARGUMENT = 7,
+    /// The handle is null, was closed, or is not a barlink handle of the
+    /// expected kind; nothing was done.
+    BARLINK_INVALID_HANDLE = 8,
+    /// The caller's buffer cannot hold the message; the needed size was
+    /// reported and the message is kept for the next call.
+    BARLINK_BUFFER_TOO_SMALL = 9,
+    /// The message is longer than the link's `max_message_bytes`.
+    BARLINK_MESSAGE_TOO_LONG = 10,
+    /// The object is in use (a registered buffer with sends in flight).
+    BARLINK_BUSY = 11,
+    /// The requested transport is not available in this build or on this
+    /// machine.
+    BARLINK_NOT_AVAILABLE = 12,
+    /// A struct comes from a newer header and sets fields this library does
+    /// not know.
+    BARLINK_UNSUPPORTED_VERSION = 13,
+    /// Another live process listens under the link name.
+    BARLINK_NAME_IN_USE = 14,
+    /// Nobody listens under the link name.
+    BARLINK_NO_LISTENER = 15,
+    /// Setting up the link failed (the peer runs an incompatible version,
+    /// its windows are unusable, or the handshake broke off).
+    BARLINK_SETUP_FAILED = 16,
+    /// A system call failed (the message says which and why).
+    BARLINK_IO_ERROR = 17,
+    /// Memory could not be allocated.
+    BARLINK_OUT_OF_MEMORY = 18,
+    /// A bug in barlink was caught at the boundary; the message says where.
+    /// The handle involved may be unusable: close it.
+    BARLINK_INTERNAL = 19,
+}
+
+/// Which medium a link uses (`barlink_config.transport`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum barlink_transport {
+    /// The best available one: shared memory today.
+    BARLINK_TRANSPORT_DEFAULT = 0,
+    /// Shared-memory windows between processes on one host (memfd).
+    BARLINK_TRANSPORT_SHM = 1,
+    /// PCIe BAR windows over VFIO: not available yet.
+    BARLINK_TRANSPORT_BAR = 2,
+    /// RDMA over ibverbs: not available yet.
+    BARLINK_TRANSPORT_RDMA = 3,
+}
+
+/// How to set up a link. Call `barlink_config_init` (or zero it and set
+/// `struct_size = sizeof(barlink_config)`): every field left zero takes its
+/// default. Later versions only add fields at the end.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct barlink_config {
+    /// `sizeof(barlink_config)` as the caller's header declares it.
+    pub struct_size: u32,
+    /// A `barlink_transport` value; 0 = default (shared memory).
+    pub transport: u32,
+    /// Bytes of each side's receive ring window; 0 = default (4 MiB plus
+    /// the control block).
+    pub window_bytes: u64,
+    /// Longest message either side sends; 0 = default (1 GiB). Both sides
+    /// should agree.
+    pub max_message_bytes: u64,
+    /// Largest packet, header included (256 to 16 MiB); 0 = default (4096).
+    /// Both sides must agree.
+    pub mtu: u32,
+    /// Silence after which the peer counts as lost, in ms; 0 = default
+    /// (2000).
+    pub peer_timeout_ms: u32,
+    /// `BARLINK_CONFIG_*` bits; unknown bits are refused.
+    pub flags: u32,
+    /// Must be zero.
+    pub reserved: u32,
+}
+
+/// Counters of one link since it was set up (`barlink_get_stats`). Set
+/// `struct_size` before the call; barlink fills as many fields as fit and
+/// writes back how many bytes it filled. Later versions only add fields at
+/// the end.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct barlink_stats {
+    /// In: `sizeof(barlink_stats)` as the caller's header declares it.
+    /// Out: the bytes barlink filled.
+    pub struct_size: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Messages the peer acknowledged whole.
+    pub messages_sent: u64,
+    /// Bytes of the messages the peer acknowledged whole.
+    pub message_bytes_sent: u64,
+    /// Messages delivered to this side (taken or not yet taken).
+    pub messages_received: u64,
+    /// Bytes of the messages delivered to this side.
+    pub message_bytes_received: u64,
+    /// Packets handed to the medium, every kind, retransmissions included.
+    pub packets_sent: u64,
+    /// Packets that arrived and passed every check.
+    pub packets_received: u64,
+    /// Retransmissions, whatever their cause.
+    pub retransmits: u64,
+    /// Packets that arrived with a CRC-32C that did not match.
+    pub crc_failures: u64,
+    /// Packets refused for any other structural fault.
+    pub malformed: u64,
+    /// Data packets that had already arrived, dropped.
+    pub duplicates: u64,
+    /// Times the sender had data but no credit or window to send it.
+    pub credit_stalls: u64,
+    /// Non-blocking sends posted and not yet reported complete.
+    pub requests_in_flight: u64,
+}
+
+/// One finished non-blocking send (`barlink_poll`). This struct is frozen:
+/// it never changes size or layout.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct barlink_completion {
+    /// The id `barlink_post_send*` returned.
+    pub request: u64,
+    /// The caller's tag given to `barlink_post_send*`.
+    pub user_tag: u64,
+    /// The message's length in bytes.
+    pub bytes: u64,
+    /// `BARLINK_OK` when the peer acknowledged the whole message; otherwise
+    /// why it will not be delivered (the link ended). Either way barlink no
+    /// longer reads the message's memory.
+    pub status: barlink_status,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// A link between two processes. Opaque: never dereferenced by anyone, not
+/// even barlink (the value is a registry key).
+#[derive(Debug)]
+pub struct barlink_link {
+    _private: [u8; 0],
+}
+
+/// A listening name that accepts links. Opaque.
+#[derive(Debug)]
+pub struct barlink_listener {
+    _private: [u8; 0],
+}
+
+/// Caller memory registered for zero-copy sends. Opaque.
+#[derive(Debug)]
+pub struct barlink_buffer {
+    _private: [u8; 0],
+}
+
+impl barlink_status {
+    /// A short, stable description of the code.
+    pub fn describe(code: i32) -> &'static std::ffi::CStr {
+        use barlink_status::*;
+        let status = match code {
+            0 => BARLINK_OK,
+            1 => BARLINK_TIMEOUT,
+            2 => BARLINK_WOULD_BLOCK,
+            3 => BARLINK_PENDING,
+            4 => BARLINK_CLOSED,
+            5 => BARLINK_PEER_LOST,
+            6 => BARLINK_LINK_FAILED,
+            7 => BARLINK_INVALID_ARGUMENT,
+            8 => BARLINK_INVALID_HANDLE,
+            9 => BARLINK_BUFFER_TOO_SMALL,
+            10 => BARLINK_MESSAGE_TOO_LONG,
+            11 => BARLINK_BUSY,
+            12 => BARLINK_NOT_AVAILABLE,
+            13 => BARLINK_UNSUPPORTED_VERSION,
+            14 => BARLINK_NAME_IN_USE,
+            15 => BARLINK_NO_LISTENER,
+            16 => BARLINK_SETUP_FAILED,
+            17 => BARLINK_IO_ERROR,
+            18 => BARLINK_OUT_OF_MEMORY,
+            19 => BARLINK_INTERNAL,
+            _ => return c"BARLINK_UNKNOWN_STATUS: a status code this library does not know",
+        };
+        match status {
+            BARLINK_OK => c"BARLINK_OK: success",
+            BARLINK_TIMEOUT => c"BARLINK_TIMEOUT: nothing happened within the timeout",
+            BARLINK_WOULD_BLOCK => {
+                c"BARLINK_WOULD_BLOCK: cannot proceed now; drive progress and retry"
+            }
+            BARLINK_PENDING => c"BARLINK_PENDING: the request has not completed yet",
+            BARLINK_CLOSED => c"BARLINK_CLOSED: the link was closed",
+            BARLINK_PEER_LOST => c"BARLINK_PEER_LOST: the peer stopped answering",
+            BARLINK_LINK_FAILED => c"BARLINK_LINK_FAILED: the link failed",
+            BARLINK_INVALID_ARGUMENT => c"BARLINK_INVALID_ARGUMENT: an argument is wrong",
+            BARLINK_INVALID_HANDLE => {
+                c"BARLINK_INVALID_HANDLE: null, closed, or not a handle of this kind"
+            }
+            BARLINK_BUFFER_TOO_SMALL => {
+                c"BARLINK_BUFFER_TOO_SMALL: the buffer cannot hold the message"
+            }
+            BARLINK_MESSAGE_TOO_LONG => {
+                c"BARLINK_MESSAGE_TOO_LONG: the message exceeds max_message_bytes"
+            }
+            BARLINK_BUSY => c"BARLINK_BUSY: the object is in use",
+            BARLINK_NOT_AVAILABLE => {
+                c"BARLINK_NOT_AVAILABLE: not available in this build or on this machine"
+            }
+            BARLINK_UNSUPPORTED_VERSION => {
+                c"BARLINK_UNSUPPORTED_VERSION: the struct comes from a newer header"
+            }
+            BARLINK_NAME_IN_USE => c"BARLINK_NAME_IN_USE: another process listens under the name",
+            BARLINK_NO_LISTENER => c"BARLINK_NO_LISTENER: nobody listens under the name",
+            BARLINK_SETUP_FAILED => c"BARLINK_SETUP_FAILED: the link could not be set up",
+            BARLINK_IO_ERROR => c"BARLINK_IO_ERROR: a system call failed",
+            BARLINK_OUT_OF_MEMORY => c"BARLINK_OUT_OF_MEMORY: memory could not be allocated",
+            BARLINK_INTERNAL => c"BARLINK_INTERNAL: a bug in barlink was caught",
+        }
+    }
+}

@@ -1,0 +1,633 @@
+//! The C ABI called as C would call it: misuse (null, closed, forged and
+//! wrong-kind handles, double close, buffers too small, bad arguments) is an
+//! error code and a message, never a crash; and the API works end to end
+//! between threads.
+
+use std::ffi::CStr;
+use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use barlink_c::barlink_status::*;
+use barlink_c::*;
+
+fn last_error() -> String {
+    // SAFETY: barlink_last_error never returns NULL; the string is valid
+    // until this thread's next barlink call, and copied at once.
+    unsafe { CStr::from_ptr(barlink_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Asserts a status and that the message mentions `needle`.
+#[track_caller]
+fn expect(status: barlink_status, want: barlink_status, needle: &str) {
+    let message = last_error();
+    assert_eq!(status, want, "message: {message}");
+    assert!(
+        message.contains(needle),
+        "message {message:?} should mention {needle:?}"
+    );
+}
+
+fn unique_name(tag: &str) -> std::ffi::CString {
+    static N: AtomicU32 = AtomicU32::new(0);
+    std::ffi::CString::new(format!(
+        "ffi-test-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
+    .unwrap()
+}
+
+/// A connected pair: (accepted, connected).
+fn pair(config: Option<&barlink_config>) -> (*mut barlink_link, *mut barlink_link) {
+    let name = unique_name("pair");
+    let config_ptr = config.map_or(ptr::null(), |c| c as *const _);
+    let mut listener = ptr::null_mut();
+    // SAFETY: valid name, config and out-pointer.
+    let status = unsafe { barlink_listen(name.as_ptr(), config_ptr, &mut listener) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    let config_copy = config.copied();
+    let connector = std::thread::spawn(move || {
+        let mut link = ptr::null_mut();
+        let config_ptr = config_copy.as_ref().map_or(ptr::null(), |c| c as *const _);
+        // SAFETY: valid name, config and out-pointer.
+        let status = unsafe { barlink_connect(name.as_ptr(), config_ptr, 5000, &mut link) };
+        assert_eq!(status, BARLINK_OK, "{}", last_error());
+        link as usize
+    });
+    let mut accepted = ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    let status = unsafe { barlink_accept(listener, 5000, &mut accepted) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    let connected = connector.join().unwrap() as *mut barlink_link;
+    assert_eq!(barlink_listener_close(listener), BARLINK_OK);
+    (accepted, connected)
+}
+
+/// Drives a link from a thread of its own (as the peer process would),
+/// until dropped.
+struct Driver {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn drive(link: *mut barlink_link) -> Driver {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let link = link as usize;
+    let thread = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = barlink_progress(link as *mut barlink_link);
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+    });
+    Driver {
+        stop,
+        thread: Some(thread),
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn send(link: *mut barlink_link, data: &[u8]) -> barlink_status {
+    // SAFETY: data is a live slice.
+    unsafe { barlink_send(link, data.as_ptr().cast(), data.len(), 5000) }
+}
+
+fn recv(link: *mut barlink_link, buf: &mut [u8], timeout_ms: u32) -> (barlink_status, usize) {
+    let mut len = usize::MAX;
+    // SAFETY: buf is a live mutable slice; len is writable.
+    let status = unsafe {
+        barlink_recv(
+            link,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut len,
+            timeout_ms,
+        )
+    };
+    (status, len)
+}
+
+#[test]
+fn version_and_status_strings() {
+    // SAFETY: static NUL-terminated string.
+    let version = unsafe { CStr::from_ptr(barlink_version()) };
+    assert_eq!(version.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+    assert_eq!(barlink_abi_version() >> 16, BARLINK_ABI_VERSION_MAJOR);
+    for code in [-1, 0, 4, 19, 20, 1000, i32::MAX, i32::MIN] {
+        // SAFETY: static NUL-terminated string.
+        let text = unsafe { CStr::from_ptr(barlink_status_string(code)) };
+        assert!(!text.to_bytes().is_empty());
+    }
+    // SAFETY: as above.
+    let unknown = unsafe { CStr::from_ptr(barlink_status_string(77)) };
+    assert!(unknown.to_str().unwrap().contains("UNKNOWN"));
+}
+
+#[test]
+fn null_and_forged_handles_are_refused() {
+    let null: *mut barlink_link = ptr::null_mut();
+    expect(barlink_close(null, 0), BARLINK_INVALID_HANDLE, "NULL");
+    expect(barlink_flush(null, 0), BARLINK_INVALID_HANDLE, "NULL");
+    expect(barlink_progress(null), BARLINK_INVALID_HANDLE, "NULL");
+    expect(barlink_test(null, 1), BARLINK_INVALID_HANDLE, "NULL");
+    expect(barlink_wait(null, 1, 0), BARLINK_INVALID_HANDLE, "NULL");
+    expect(
+        barlink_listener_close(ptr::null_mut()),
+        BARLINK_INVALID_HANDLE,
+        "NULL",
+    );
+    expect(
+        barlink_deregister_buffer(ptr::null_mut()),
+        BARLINK_INVALID_HANDLE,
+        "NULL",
+    );
+    let mut len = 0;
+    let mut buf = [0u8; 8];
+    // SAFETY: valid buffer and out-pointer; the handle is garbage on purpose.
+    let status = unsafe { barlink_recv(null, buf.as_mut_ptr().cast(), 8, &mut len, 0) };
+    expect(status, BARLINK_INVALID_HANDLE, "NULL");
+    // A forged value that was never a handle, and a pointer to real memory.
+    let forged = 0xdead_beef_usize as *mut barlink_link;
+    expect(
+        barlink_close(forged, 0),
+        BARLINK_INVALID_HANDLE,
+        "not a barlink",
+    );
+    let real = buf.as_mut_ptr().cast::<barlink_link>();
+    expect(
+        barlink_progress(real),
+        BARLINK_INVALID_HANDLE,
+        "not a barlink",
+    );
+    // Success clears the message.
+    let mut config = barlink_config::default();
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { barlink_config_init(&mut config) }, BARLINK_OK);
+    assert_eq!(last_error(), "");
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    let mut listener = ptr::null_mut();
+    // SAFETY: every pointer below is NULL on purpose or valid.
+    unsafe {
+        expect(
+            barlink_listen(ptr::null(), ptr::null(), &mut listener),
+            BARLINK_INVALID_ARGUMENT,
+            "name is NULL",
+        );
+        expect(
+            barlink_listen(c"".as_ptr(), ptr::null(), &mut listener),
+            BARLINK_INVALID_ARGUMENT,
+            "1 to 100",
+        );
+        let long = std::ffi::CString::new("x".repeat(200)).unwrap();
+        expect(
+            barlink_listen(long.as_ptr(), ptr::null(), &mut listener),
+            BARLINK_INVALID_ARGUMENT,
+            "1 to 100",
+        );
+        expect(
+            barlink_listen(c"ok".as_ptr(), ptr::null(), ptr::null_mut()),
+            BARLINK_INVALID_ARGUMENT,
+            "listener is NULL",
+        );
+        expect(
+            barlink_config_init(ptr::null_mut()),
+            BARLINK_INVALID_ARGUMENT,
+            "NULL",
+        );
+        let mut config = barlink_config::default();
+        barlink_config_init(&mut config);
+        let name = unique_name("args");
+        for (mutate, want, needle) in [
+            (
+                (|c: &mut barlink_config| c.struct_size = 0) as fn(&mut barlink_config),
+                BARLINK_INVALID_ARGUMENT,
+                "struct_size",
+            ),
+            (|c| c.transport = 2, BARLINK_NOT_AVAILABLE, "BAR"),
+            (|c| c.transport = 3, BARLINK_NOT_AVAILABLE, "RDMA"),
+            (|c| c.transport = 9, BARLINK_INVALID_ARGUMENT, "transport"),
+            (|c| c.flags = 0x80, BARLINK_INVALID_ARGUMENT, "flags"),
+            (|c| c.reserved = 1, BARLINK_INVALID_ARGUMENT, "reserved"),
+            (|c| c.mtu = 10, BARLINK_INVALID_ARGUMENT, "config"),
+            (
+                |c| c.window_bytes = 1000,
+                BARLINK_INVALID_ARGUMENT,
+                "window_bytes",
+            ),
+        ] {
+            let mut bad = config;
+            mutate(&mut bad);
+            expect(
+                barlink_listen(name.as_ptr(), &bad, &mut listener),
+                want,
+                needle,
+            );
+            assert!(listener.is_null());
+        }
+        // A config from a "newer header": larger, with a field set beyond
+        // what this library knows.
+        let mut newer = [0u64; 8];
+        let size = std::mem::size_of::<barlink_config>();
+        ptr::copy_nonoverlapping(
+            (&config as *const barlink_config).cast::<u8>(),
+            newer.as_mut_ptr().cast::<u8>(),
+            size,
+        );
+        newer[0] = (newer[0] & !0xffff_ffff) | 64;
+        newer[7] = 1;
+        expect(
+            barlink_listen(name.as_ptr(), newer.as_ptr().cast(), &mut listener),
+            BARLINK_UNSUPPORTED_VERSION,
+            "newer header",
+        );
+        // Larger but zero beyond: accepted. An older, shorter one: defaults.
+        newer[7] = 0;
+        assert_eq!(
+            barlink_listen(name.as_ptr(), newer.as_ptr().cast(), &mut listener),
+            BARLINK_OK,
+            "{}",
+            last_error()
+        );
+        // The name is now taken.
+        let mut second = ptr::null_mut();
+        expect(
+            barlink_listen(name.as_ptr(), ptr::null(), &mut second),
+            BARLINK_NAME_IN_USE,
+            "in use",
+        );
+        let mut link = ptr::null_mut();
+        expect(
+            barlink_accept(listener, 0, &mut link),
+            BARLINK_TIMEOUT,
+            "peer",
+        );
+        assert!(link.is_null());
+        assert_eq!(barlink_listener_close(listener), BARLINK_OK);
+        let short = [8u32, 0];
+        let free = unique_name("short");
+        assert_eq!(
+            barlink_listen(free.as_ptr(), short.as_ptr().cast(), &mut listener),
+            BARLINK_OK,
+            "{}",
+            last_error()
+        );
+        assert_eq!(barlink_listener_close(listener), BARLINK_OK);
+        // Nobody listens.
+        let nobody = unique_name("nobody");
+        expect(
+            barlink_connect(nobody.as_ptr(), ptr::null(), 0, &mut link),
+            BARLINK_NO_LISTENER,
+            "nobody",
+        );
+        // Registration.
+        let mut buffer = ptr::null_mut();
+        expect(
+            barlink_register_buffer(ptr::null(), 8, &mut buffer),
+            BARLINK_INVALID_ARGUMENT,
+            "NULL",
+        );
+        let memory = [0u8; 16];
+        expect(
+            barlink_register_buffer(memory.as_ptr().cast(), 0, &mut buffer),
+            BARLINK_INVALID_ARGUMENT,
+            "len is 0",
+        );
+        expect(
+            barlink_register_buffer(memory.as_ptr().cast(), usize::MAX, &mut buffer),
+            BARLINK_INVALID_ARGUMENT,
+            "address space",
+        );
+    }
+}
+
+#[test]
+fn double_close_use_after_close_and_wrong_kinds() {
+    let (a, b) = pair(None);
+    let memory = vec![7u8; 4096];
+    let mut buffer = ptr::null_mut();
+    // SAFETY: memory outlives the registration (deregistered below).
+    let status = unsafe { barlink_register_buffer(memory.as_ptr().cast(), 4096, &mut buffer) };
+    assert_eq!(status, BARLINK_OK);
+    // A buffer handle where a link belongs, and the reverse.
+    expect(
+        barlink_progress(buffer.cast()),
+        BARLINK_INVALID_HANDLE,
+        "buffer handle was passed where a link",
+    );
+    expect(
+        barlink_deregister_buffer(a.cast()),
+        BARLINK_INVALID_HANDLE,
+        "link handle was passed where a buffer",
+    );
+    let driver = drive(b);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK, "{}", last_error());
+    drop(driver);
+    expect(
+        barlink_close(a, 1000),
+        BARLINK_INVALID_HANDLE,
+        "already closed",
+    );
+    expect(send(a, b"late"), BARLINK_INVALID_HANDLE, "already closed");
+    let mut request = 0;
+    // SAFETY: valid out-pointer.
+    let status = unsafe { barlink_post_send_buffer(a, buffer, 0, 16, 0, &mut request) };
+    expect(status, BARLINK_INVALID_HANDLE, "already closed");
+    // The peer learns that the link was closed.
+    let mut buf = [0u8; 16];
+    let (status, _) = recv(b, &mut buf, 5000);
+    expect(status, BARLINK_CLOSED, "closed");
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+    assert_eq!(barlink_deregister_buffer(buffer), BARLINK_OK);
+    expect(
+        barlink_deregister_buffer(buffer),
+        BARLINK_INVALID_HANDLE,
+        "already closed",
+    );
+}
+
+#[test]
+fn too_small_buffers_lose_nothing() {
+    let (a, b) = pair(None);
+    let driver = drive(a);
+    let message: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+    assert_eq!(send(a, &message), BARLINK_OK);
+    assert_eq!(send(a, b"second"), BARLINK_OK);
+    let mut small = [0u8; 100];
+    let (status, needed) = recv(b, &mut small, 5000);
+    expect(status, BARLINK_BUFFER_TOO_SMALL, "10000 bytes");
+    assert_eq!(needed, 10_000);
+    // Size query with no buffer at all.
+    let mut len = 0;
+    // SAFETY: NULL buffer with capacity 0 is allowed; len is writable.
+    let status = unsafe { barlink_recv(b, ptr::null_mut(), 0, &mut len, 0) };
+    assert_eq!((status, len), (BARLINK_BUFFER_TOO_SMALL, 10_000));
+    // SAFETY: NULL with a capacity is refused before any write.
+    let status = unsafe { barlink_recv(b, ptr::null_mut(), 5, &mut len, 0) };
+    expect(status, BARLINK_INVALID_ARGUMENT, "buf is NULL");
+    // SAFETY: len NULL is refused.
+    let status = unsafe { barlink_recv(b, small.as_mut_ptr().cast(), 100, ptr::null_mut(), 0) };
+    expect(status, BARLINK_INVALID_ARGUMENT, "len is NULL");
+    let mut big = vec![0u8; 10_000];
+    let (status, len) = recv(b, &mut big, 5000);
+    assert_eq!((status, len), (BARLINK_OK, 10_000));
+    assert_eq!(big, message);
+    let (status, len) = recv(b, &mut small, 5000);
+    assert_eq!((status, &small[..len]), (BARLINK_OK, &b"second"[..]));
+    // Nothing more: a timeout, the link still up.
+    let (status, _) = recv(b, &mut small, 10);
+    expect(status, BARLINK_TIMEOUT, "timed out");
+    // Send arguments.
+    // SAFETY: NULL data with a length is refused.
+    let status = unsafe { barlink_send(a, ptr::null(), 5, 0) };
+    expect(status, BARLINK_INVALID_ARGUMENT, "data is NULL");
+    // SAFETY: an empty message needs no data.
+    let status = unsafe { barlink_send(a, ptr::null(), 0, 1000) };
+    assert_eq!(status, BARLINK_OK);
+    let (status, len) = recv(b, &mut small, 5000);
+    assert_eq!((status, len), (BARLINK_OK, 0));
+    drop(driver);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+#[test]
+fn message_too_long() {
+    let mut config = barlink_config::default();
+    // SAFETY: valid out-pointer.
+    unsafe { barlink_config_init(&mut config) };
+    config.max_message_bytes = 1000;
+    let (a, b) = pair(Some(&config));
+    let driver = drive(a);
+    expect(send(a, &[0u8; 1001]), BARLINK_MESSAGE_TOO_LONG, "1001");
+    let mut request = 0;
+    let data = [0u8; 2000];
+    // SAFETY: valid data and out-pointer.
+    let status = unsafe { barlink_post_send(a, data.as_ptr().cast(), 2000, 0, &mut request) };
+    expect(status, BARLINK_MESSAGE_TOO_LONG, "2000");
+    assert_eq!(request, 0);
+    assert_eq!(send(a, &[1u8; 1000]), BARLINK_OK);
+    let mut buf = [0u8; 1000];
+    assert_eq!(recv(b, &mut buf, 5000), (BARLINK_OK, 1000));
+    drop(driver);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+#[test]
+fn posted_zero_copy_sends_complete_once() {
+    let (a, b) = pair(None);
+    let blocks = 64usize;
+    let block = 65536usize;
+    let memory: Vec<u8> = (0..blocks * block).map(|i| (i * 31 / 7) as u8).collect();
+    let mut buffer = ptr::null_mut();
+    // SAFETY: memory outlives the registration and is not modified.
+    let status =
+        unsafe { barlink_register_buffer(memory.as_ptr().cast(), memory.len(), &mut buffer) };
+    assert_eq!(status, BARLINK_OK);
+    let receiver = std::thread::spawn({
+        let b = b as usize;
+        move || {
+            let b = b as *mut barlink_link;
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; block];
+            for _ in 0..blocks {
+                let (status, len) = recv(b, &mut buf, 10_000);
+                assert_eq!(status, BARLINK_OK, "{}", last_error());
+                got.extend_from_slice(&buf[..len]);
+            }
+            got
+        }
+    });
+    let mut requests = Vec::new();
+    for i in 0..blocks {
+        let mut request = 0;
+        // SAFETY: valid out-pointer; the range is registered.
+        let status = unsafe {
+            barlink_post_send_buffer(a, buffer, i * block, block, i as u64 + 100, &mut request)
+        };
+        assert_eq!(status, BARLINK_OK, "{}", last_error());
+        assert_ne!(request, 0);
+        requests.push(request);
+    }
+    // Out of range, and deregistration while in flight.
+    let mut request = 0;
+    // SAFETY: valid out-pointer.
+    let status =
+        unsafe { barlink_post_send_buffer(a, buffer, blocks * block - 10, 11, 0, &mut request) };
+    expect(
+        status,
+        BARLINK_INVALID_ARGUMENT,
+        "outside the registered buffer",
+    );
+    // SAFETY: overflowing offset + len.
+    let status = unsafe { barlink_post_send_buffer(a, buffer, usize::MAX, 2, 0, &mut request) };
+    expect(status, BARLINK_INVALID_ARGUMENT, "outside");
+    let status = barlink_deregister_buffer(buffer);
+    if status != BARLINK_OK {
+        expect(status, BARLINK_BUSY, "in flight");
+    }
+    // The first by wait, the rest by poll.
+    assert_eq!(
+        barlink_wait(a, requests[0], 10_000),
+        BARLINK_OK,
+        "{}",
+        last_error()
+    );
+    expect(
+        barlink_test(a, requests[0]),
+        BARLINK_INVALID_ARGUMENT,
+        "already reported",
+    );
+    expect(barlink_test(a, 0), BARLINK_INVALID_ARGUMENT, "unknown");
+    let mut seen = vec![requests[0]];
+    let mut completions = vec![
+        barlink_completion {
+            request: 0,
+            user_tag: 0,
+            bytes: 0,
+            status: BARLINK_INTERNAL,
+            reserved: 0,
+        };
+        8
+    ];
+    let start = std::time::Instant::now();
+    while seen.len() < blocks {
+        let mut count = 0;
+        // SAFETY: the array holds 8 completions; count is writable.
+        let status = unsafe { barlink_poll(a, completions.as_mut_ptr(), 8, &mut count) };
+        assert_eq!(status, BARLINK_OK, "{}", last_error());
+        for completion in &completions[..count] {
+            assert_eq!(completion.status, BARLINK_OK);
+            assert_eq!(completion.bytes, block as u64);
+            let index = requests
+                .iter()
+                .position(|&r| r == completion.request)
+                .unwrap();
+            assert_eq!(completion.user_tag, index as u64 + 100);
+            seen.push(completion.request);
+        }
+        assert!(start.elapsed().as_secs() < 20, "completions did not come");
+    }
+    seen.sort();
+    assert_eq!(seen, requests);
+    // Poll with no room: progress only; NULL array with max > 0 refused.
+    let mut count = 1;
+    // SAFETY: max 0 with NULL array is allowed.
+    let status = unsafe { barlink_poll(a, ptr::null_mut(), 0, &mut count) };
+    assert_eq!(status, BARLINK_OK);
+    assert_eq!(count, 0);
+    // SAFETY: refused before any write.
+    let status = unsafe { barlink_poll(a, ptr::null_mut(), 4, &mut count) };
+    expect(status, BARLINK_INVALID_ARGUMENT, "completions is NULL");
+    let got = receiver.join().unwrap();
+    assert!(got == memory, "payload differs");
+    assert_eq!(
+        barlink_deregister_buffer(buffer),
+        BARLINK_OK,
+        "{}",
+        last_error()
+    );
+    let mut stats = barlink_stats {
+        struct_size: std::mem::size_of::<barlink_stats>() as u32,
+        ..Default::default()
+    };
+    // SAFETY: stats is a full struct.
+    assert_eq!(unsafe { barlink_get_stats(a, &mut stats) }, BARLINK_OK);
+    assert_eq!(stats.messages_sent, blocks as u64);
+    assert_eq!(stats.message_bytes_sent, (blocks * block) as u64);
+    assert_eq!(stats.requests_in_flight, 0);
+    // An older, shorter stats struct gets only what it has room for.
+    let mut short = [u64::MAX; 3];
+    short[0] = 16;
+    // SAFETY: short holds 24 writable bytes; struct_size says 16.
+    let status = unsafe { barlink_get_stats(b, short.as_mut_ptr().cast()) };
+    assert_eq!(status, BARLINK_OK);
+    assert_eq!(short[0] & 0xffff_ffff, 16);
+    assert_eq!(short[2], u64::MAX, "wrote past struct_size");
+    assert_eq!(barlink_flush(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+#[test]
+fn peer_loss_fails_posted_sends_and_releases_memory() {
+    let mut config = barlink_config::default();
+    // SAFETY: valid out-pointer.
+    unsafe { barlink_config_init(&mut config) };
+    config.peer_timeout_ms = 300;
+    let (a, b) = pair(Some(&config));
+    // The peer goes silent: its handle is never driven again.
+    let _ = b;
+    let memory = vec![1u8; 1 << 20];
+    let mut buffer = ptr::null_mut();
+    // SAFETY: memory outlives the registration.
+    unsafe { barlink_register_buffer(memory.as_ptr().cast(), memory.len(), &mut buffer) };
+    let mut last = 0;
+    for i in 0..16 {
+        // SAFETY: valid out-pointer; registered range.
+        let status =
+            unsafe { barlink_post_send_buffer(a, buffer, i * 65536, 65536, i as u64, &mut last) };
+        assert_eq!(status, BARLINK_OK, "{}", last_error());
+    }
+    let status = barlink_wait(a, last, 10_000);
+    expect(status, BARLINK_PEER_LOST, "peer lost");
+    // The link ended: every payload was let go, so deregistration works.
+    assert_eq!(
+        barlink_deregister_buffer(buffer),
+        BARLINK_OK,
+        "{}",
+        last_error()
+    );
+    let mut buf = [0u8; 4];
+    let (status, _) = recv(a, &mut buf, 0);
+    expect(status, BARLINK_PEER_LOST, "peer lost");
+    expect(send(a, b"x"), BARLINK_PEER_LOST, "peer lost");
+    assert_eq!(barlink_close(a, 100), BARLINK_OK);
+    let _ = barlink_close(b, 0);
+}
+
+#[test]
+fn close_while_another_thread_waits() {
+    let (a, b) = pair(None);
+    let waiter = std::thread::spawn({
+        let b = b as usize;
+        move || {
+            let mut buf = [0u8; 4];
+            let (status, _) = recv(b as *mut barlink_link, &mut buf, 10_000);
+            (status, last_error())
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+    let (status, message) = waiter.join().unwrap();
+    assert_eq!(status, BARLINK_CLOSED, "{message}");
+    assert!(message.contains("barlink_close"), "{message}");
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+}
+
+#[test]
+fn last_error_is_per_thread() {
+    expect(
+        barlink_progress(ptr::null_mut()),
+        BARLINK_INVALID_HANDLE,
+        "NULL",
+    );
+    let other = std::thread::spawn(last_error).join().unwrap();
+    assert_eq!(other, "");
+    assert!(last_error().contains("NULL"));
+}
