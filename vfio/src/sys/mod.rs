@@ -1,0 +1,644 @@
+//! The system-call layer under VFIO and BAR windows: one trait,
+//! [`VfioSys`], with a method per VFIO ioctl and per memory call, so that
+//! everything above it is plain safe code that a test can run against
+//! [`mock::MockSys`] instead of the kernel (the shape rust-vmm's
+//! `vfio-ioctls` uses).
+//!
+//! [`LinuxSys`] is the real implementation over `libc`. It defines the few
+//! `#[repr(C)]` structures and ioctl numbers of `<linux/vfio.h>` that barlink
+//! needs itself, rather than depending on `vfio-bindings`: the uAPI is
+//! stable, the structures are small, and this keeps the crate buildable
+//! with nothing but Rust and a C compiler.
+//!
+//! File descriptors cross this layer as plain [`RawFd`] numbers, owned by the
+//! handles above (which close them through [`VfioSys::close`], so that a
+//! mock sees every close and its order). Failures are an [`Errno`], which
+//! is `Copy + Eq` so errors built from it can be matched in tests.
+
+pub mod mock;
+
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::io;
+use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::ptr::NonNull;
+
+/// A failed system call's `errno`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    /// The calling thread's current `errno`.
+    pub fn last() -> Errno {
+        Errno(io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+
+    /// Whether this is a refusal for lack of privilege (`EACCES`, `EPERM`).
+    pub fn is_permission(self) -> bool {
+        self.0 == libc::EACCES || self.0 == libc::EPERM
+    }
+}
+
+impl fmt::Display for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        io::Error::from_raw_os_error(self.0).fmt(f)
+    }
+}
+
+/// Result of a system call.
+pub type SysResult<T> = Result<T, Errno>;
+
+/// `VFIO_API_VERSION`: the only API version there has ever been.
+pub const VFIO_API_VERSION: i32 = 0;
+/// `VFIO_TYPE1_IOMMU`.
+pub const VFIO_TYPE1_IOMMU: u32 = 1;
+/// `VFIO_TYPE1v2_IOMMU` (preferred: stricter unmap semantics).
+pub const VFIO_TYPE1V2_IOMMU: u32 = 3;
+/// `VFIO_NOIOMMU_IOMMU` (unsafe no-IOMMU mode; barlink never selects it).
+pub const VFIO_NOIOMMU_IOMMU: u32 = 8;
+
+/// `VFIO_GROUP_FLAGS_VIABLE`: every device of the group is bound to a VFIO
+/// driver (or to none).
+pub const GROUP_FLAGS_VIABLE: u32 = 1 << 0;
+/// `VFIO_GROUP_FLAGS_CONTAINER_SET`.
+pub const GROUP_FLAGS_CONTAINER_SET: u32 = 1 << 1;
+
+/// `VFIO_DEVICE_FLAGS_RESET`.
+pub const DEVICE_FLAGS_RESET: u32 = 1 << 0;
+/// `VFIO_DEVICE_FLAGS_PCI`.
+pub const DEVICE_FLAGS_PCI: u32 = 1 << 1;
+
+/// `VFIO_REGION_INFO_FLAG_READ`.
+pub const REGION_FLAG_READ: u32 = 1 << 0;
+/// `VFIO_REGION_INFO_FLAG_WRITE`.
+pub const REGION_FLAG_WRITE: u32 = 1 << 1;
+/// `VFIO_REGION_INFO_FLAG_MMAP`.
+pub const REGION_FLAG_MMAP: u32 = 1 << 2;
+/// `VFIO_REGION_INFO_FLAG_CAPS`.
+pub const REGION_FLAG_CAPS: u32 = 1 << 3;
+
+/// `VFIO_DMA_MAP_FLAG_READ`: the device may read the memory.
+pub const DMA_MAP_FLAG_READ: u32 = 1 << 0;
+/// `VFIO_DMA_MAP_FLAG_WRITE`: the device may write the memory.
+pub const DMA_MAP_FLAG_WRITE: u32 = 1 << 1;
+
+/// `VFIO_IOMMU_INFO_PGSIZES`: `iova_pgsizes` is valid.
+pub const IOMMU_INFO_PGSIZES: u32 = 1 << 0;
+
+/// Region indices of a vfio-pci device.
+pub mod region_index {
+    /// BAR 0 (BARs 1–5 follow).
+    pub const BAR0: u32 = 0;
+    /// BAR 2: the shared memory of an ivshmem device.
+    pub const BAR2: u32 = 2;
+    /// BAR 5, the last.
+    pub const BAR5: u32 = 5;
+    /// The expansion ROM.
+    pub const ROM: u32 = 6;
+    /// PCI configuration space (read and written with pread/pwrite).
+    pub const CONFIG: u32 = 7;
+    /// Legacy VGA ranges.
+    pub const VGA: u32 = 8;
+}
+
+/// A region's description, as `VFIO_DEVICE_GET_REGION_INFO` gives it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RawRegionInfo {
+    /// `VFIO_REGION_INFO_FLAG_*`.
+    pub flags: u32,
+    /// The region index asked for.
+    pub index: u32,
+    /// Size in bytes (0: the device has nothing at this index).
+    pub size: u64,
+    /// Offset of the region in the device file (for mmap, pread, pwrite).
+    pub offset: u64,
+    /// `VFIO_REGION_INFO_CAP_SPARSE_MMAP` areas (offset, size) relative to
+    /// the region, when only those parts may be mmapped.
+    pub sparse_areas: Option<Vec<(u64, u64)>>,
+}
+
+/// `VFIO_DEVICE_GET_INFO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawDeviceInfo {
+    /// `VFIO_DEVICE_FLAGS_*`.
+    pub flags: u32,
+    /// Number of regions (9 for vfio-pci, more with device-specific ones).
+    pub num_regions: u32,
+    /// Number of interrupt indices.
+    pub num_irqs: u32,
+}
+
+/// `VFIO_IOMMU_GET_INFO` (type1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawIommuInfo {
+    /// `VFIO_IOMMU_INFO_*`.
+    pub flags: u32,
+    /// Bitmap of the page sizes the IOMMU can map.
+    pub iova_pgsizes: u64,
+}
+
+/// Memory protection of a mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prot {
+    /// Readable.
+    pub read: bool,
+    /// Writable.
+    pub write: bool,
+}
+
+impl Prot {
+    /// Read and write.
+    pub const READ_WRITE: Prot = Prot {
+        read: true,
+        write: true,
+    };
+}
+
+/// Every system call the VFIO and BAR-window code makes.
+///
+/// Implementations: [`LinuxSys`] (the kernel) and [`mock::MockSys`] (tests).
+/// Methods that hand memory to the kernel or a device are `unsafe`; their
+/// callers (the crate's mapping module) state why each call is sound.
+pub trait VfioSys: Send + Sync + fmt::Debug {
+    /// Opens `path` read-write, close-on-exec.
+    fn open(&self, path: &Path) -> SysResult<RawFd>;
+    /// Closes a descriptor this layer returned.
+    fn close(&self, fd: RawFd);
+    /// The size of an open file (`fstat`), e.g. a sysfs `resourceN`.
+    fn file_size(&self, fd: RawFd) -> SysResult<u64>;
+
+    /// `VFIO_GET_API_VERSION` on a container.
+    fn get_api_version(&self, container: RawFd) -> SysResult<i32>;
+    /// `VFIO_CHECK_EXTENSION` on a container: whether an IOMMU type exists.
+    fn check_extension(&self, container: RawFd, extension: u32) -> SysResult<bool>;
+    /// `VFIO_SET_IOMMU`.
+    fn set_iommu(&self, container: RawFd, iommu_type: u32) -> SysResult<()>;
+    /// `VFIO_IOMMU_GET_INFO`.
+    fn iommu_get_info(&self, container: RawFd) -> SysResult<RawIommuInfo>;
+    /// `VFIO_IOMMU_MAP_DMA`: lets devices of the container reach `size`
+    /// bytes at `vaddr` of this process at I/O virtual address `iova`.
+    ///
+    /// # Safety
+    /// `vaddr..vaddr + size` must be memory of this process that stays
+    /// mapped until [`unmap_dma`](VfioSys::unmap_dma) of the same range,
+    /// and that Rust code reaches only through volatile/atomic accessors
+    /// (a device may write it at any time).
+    unsafe fn map_dma(
+        &self,
+        container: RawFd,
+        vaddr: u64,
+        iova: u64,
+        size: u64,
+        flags: u32,
+    ) -> SysResult<()>;
+    /// `VFIO_IOMMU_UNMAP_DMA`; returns the bytes unmapped.
+    fn unmap_dma(&self, container: RawFd, iova: u64, size: u64) -> SysResult<u64>;
+
+    /// `VFIO_GROUP_GET_STATUS`: `VFIO_GROUP_FLAGS_*`.
+    fn group_get_status(&self, group: RawFd) -> SysResult<u32>;
+    /// `VFIO_GROUP_SET_CONTAINER`.
+    fn group_set_container(&self, group: RawFd, container: RawFd) -> SysResult<()>;
+    /// `VFIO_GROUP_UNSET_CONTAINER`.
+    fn group_unset_container(&self, group: RawFd) -> SysResult<()>;
+    /// `VFIO_GROUP_GET_DEVICE_FD` for the device named `name` (its address).
+    fn group_get_device_fd(&self, group: RawFd, name: &CStr) -> SysResult<RawFd>;
+
+    /// `VFIO_DEVICE_GET_INFO`.
+    fn device_get_info(&self, device: RawFd) -> SysResult<RawDeviceInfo>;
+    /// `VFIO_DEVICE_GET_REGION_INFO`, capabilities included.
+    fn device_get_region_info(&self, device: RawFd, index: u32) -> SysResult<RawRegionInfo>;
+    /// `VFIO_DEVICE_RESET`.
+    fn device_reset(&self, device: RawFd) -> SysResult<()>;
+
+    /// `pread` at an absolute file offset.
+    fn pread(&self, fd: RawFd, buf: &mut [u8], offset: u64) -> SysResult<usize>;
+    /// `pwrite` at an absolute file offset.
+    fn pwrite(&self, fd: RawFd, buf: &[u8], offset: u64) -> SysResult<usize>;
+
+    /// `mmap(MAP_SHARED)` of `len` bytes of `fd` at `offset`, or with `fd`
+    /// `None`, `len` bytes of fresh anonymous memory (zeroed). The kernel
+    /// chooses the address.
+    fn mmap(
+        &self,
+        fd: Option<RawFd>,
+        len: usize,
+        offset: u64,
+        prot: Prot,
+    ) -> SysResult<NonNull<u8>>;
+    /// `munmap`.
+    ///
+    /// # Safety
+    /// `addr`/`len` must be exactly a mapping that [`mmap`](VfioSys::mmap)
+    /// of this implementation returned, not unmapped before, and nothing
+    /// may access it afterwards.
+    unsafe fn munmap(&self, addr: NonNull<u8>, len: usize) -> SysResult<()>;
+}
+
+/// The real system calls, over `libc`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LinuxSys;
+
+// ioctl numbers: _IO(VFIO_TYPE, VFIO_BASE + n) with VFIO_TYPE = ';' (0x3b)
+// and VFIO_BASE = 100; _IO has no direction or size bits, so the number is
+// (type << 8) | nr.
+const fn vfio_io(n: u64) -> u64 {
+    (0x3b << 8) | (100 + n)
+}
+const VFIO_GET_API_VERSION: u64 = vfio_io(0);
+const VFIO_CHECK_EXTENSION: u64 = vfio_io(1);
+const VFIO_SET_IOMMU: u64 = vfio_io(2);
+const VFIO_GROUP_GET_STATUS: u64 = vfio_io(3);
+const VFIO_GROUP_SET_CONTAINER: u64 = vfio_io(4);
+const VFIO_GROUP_UNSET_CONTAINER: u64 = vfio_io(5);
+const VFIO_GROUP_GET_DEVICE_FD: u64 = vfio_io(6);
+const VFIO_DEVICE_GET_INFO: u64 = vfio_io(7);
+const VFIO_DEVICE_GET_REGION_INFO: u64 = vfio_io(8);
+const VFIO_DEVICE_RESET: u64 = vfio_io(11);
+const VFIO_IOMMU_GET_INFO: u64 = vfio_io(12);
+const VFIO_IOMMU_MAP_DMA: u64 = vfio_io(13);
+const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
+
+/// `VFIO_REGION_INFO_CAP_SPARSE_MMAP`.
+const REGION_CAP_SPARSE_MMAP: u16 = 1;
+
+#[repr(C)]
+#[derive(Default)]
+struct VfioGroupStatus {
+    argsz: u32,
+    flags: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct VfioDeviceInfo {
+    argsz: u32,
+    flags: u32,
+    num_regions: u32,
+    num_irqs: u32,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct VfioRegionInfo {
+    argsz: u32,
+    flags: u32,
+    index: u32,
+    cap_offset: u32,
+    size: u64,
+    offset: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct VfioIommuType1Info {
+    argsz: u32,
+    flags: u32,
+    iova_pgsizes: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct VfioIommuType1DmaMap {
+    argsz: u32,
+    flags: u32,
+    vaddr: u64,
+    iova: u64,
+    size: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct VfioIommuType1DmaUnmap {
+    argsz: u32,
+    flags: u32,
+    iova: u64,
+    size: u64,
+}
+
+/// `argsz` of a structure (all are a few dozen bytes).
+fn argsz<T>() -> u32 {
+    size_of::<T>() as u32
+}
+
+/// An ioctl whose argument is an integer (or nothing).
+fn ioctl_value(fd: RawFd, request: u64, value: libc::c_ulong) -> SysResult<libc::c_int> {
+    // SAFETY: the VFIO requests passed here take their argument by value
+    // (an integer), so the kernel dereferences no pointer of ours.
+    let ret = unsafe { libc::ioctl(fd, request as _, value) };
+    if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
+}
+
+/// An ioctl whose argument is a pointer to `arg`, which the kernel reads and
+/// may write (never beyond `size_of::<T>()`, which `argsz` tells it).
+fn ioctl_ptr<T>(fd: RawFd, request: u64, arg: &mut T) -> SysResult<libc::c_int> {
+    // SAFETY: `arg` is a live, exclusive, properly aligned `#[repr(C)]`
+    // value whose leading `argsz` field (set by every caller) bounds what
+    // the kernel reads and writes; no pointer to it outlives the call.
+    let ret = unsafe { libc::ioctl(fd, request as _, arg as *mut T) };
+    if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
+}
+
+impl VfioSys for LinuxSys {
+    fn open(&self, path: &Path) -> SysResult<RawFd> {
+        let path = CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno(libc::EINVAL))?;
+        // SAFETY: `path` is a NUL-terminated string that lives across the
+        // call; `open` reads nothing else of ours.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 { Err(Errno::last()) } else { Ok(fd) }
+    }
+
+    fn close(&self, fd: RawFd) {
+        // SAFETY: the handles above call this exactly once for a descriptor
+        // this layer opened and they own; closing it affects nothing else.
+        unsafe { libc::close(fd) };
+    }
+
+    fn file_size(&self, fd: RawFd) -> SysResult<u64> {
+        let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: `stat` is a writable buffer of the right type and size;
+        // `fstat` fills it on success, and it is read only then.
+        let ret = unsafe { libc::fstat(fd, stat.as_mut_ptr()) };
+        if ret < 0 {
+            return Err(Errno::last());
+        }
+        // SAFETY: `fstat` succeeded, so it initialized the whole structure.
+        let stat = unsafe { stat.assume_init() };
+        Ok(stat.st_size as u64)
+    }
+
+    fn get_api_version(&self, container: RawFd) -> SysResult<i32> {
+        ioctl_value(container, VFIO_GET_API_VERSION, 0)
+    }
+
+    fn check_extension(&self, container: RawFd, extension: u32) -> SysResult<bool> {
+        ioctl_value(container, VFIO_CHECK_EXTENSION, extension.into()).map(|r| r > 0)
+    }
+
+    fn set_iommu(&self, container: RawFd, iommu_type: u32) -> SysResult<()> {
+        ioctl_value(container, VFIO_SET_IOMMU, iommu_type.into()).map(drop)
+    }
+
+    fn iommu_get_info(&self, container: RawFd) -> SysResult<RawIommuInfo> {
+        let mut info = VfioIommuType1Info {
+            argsz: argsz::<VfioIommuType1Info>(),
+            ..Default::default()
+        };
+        ioctl_ptr(container, VFIO_IOMMU_GET_INFO, &mut info)?;
+        Ok(RawIommuInfo {
+            flags: info.flags,
+            iova_pgsizes: info.iova_pgsizes,
+        })
+    }
+
+    unsafe fn map_dma(
+        &self,
+        container: RawFd,
+        vaddr: u64,
+        iova: u64,
+        size: u64,
+        flags: u32,
+    ) -> SysResult<()> {
+        let mut map = VfioIommuType1DmaMap {
+            argsz: argsz::<VfioIommuType1DmaMap>(),
+            flags,
+            vaddr,
+            iova,
+            size,
+        };
+        // The memory's lifetime is the caller's obligation (see the trait).
+        ioctl_ptr(container, VFIO_IOMMU_MAP_DMA, &mut map).map(drop)
+    }
+
+    fn unmap_dma(&self, container: RawFd, iova: u64, size: u64) -> SysResult<u64> {
+        let mut unmap = VfioIommuType1DmaUnmap {
+            argsz: argsz::<VfioIommuType1DmaUnmap>(),
+            flags: 0,
+            iova,
+            size,
+        };
+        ioctl_ptr(container, VFIO_IOMMU_UNMAP_DMA, &mut unmap)?;
+        Ok(unmap.size)
+    }
+
+    fn group_get_status(&self, group: RawFd) -> SysResult<u32> {
+        let mut status = VfioGroupStatus {
+            argsz: argsz::<VfioGroupStatus>(),
+            flags: 0,
+        };
+        ioctl_ptr(group, VFIO_GROUP_GET_STATUS, &mut status)?;
+        Ok(status.flags)
+    }
+
+    fn group_set_container(&self, group: RawFd, container: RawFd) -> SysResult<()> {
+        let mut container = container;
+        ioctl_ptr(group, VFIO_GROUP_SET_CONTAINER, &mut container).map(drop)
+    }
+
+    fn group_unset_container(&self, group: RawFd) -> SysResult<()> {
+        ioctl_value(group, VFIO_GROUP_UNSET_CONTAINER, 0).map(drop)
+    }
+
+    fn group_get_device_fd(&self, group: RawFd, name: &CStr) -> SysResult<RawFd> {
+        // SAFETY: `name` is a NUL-terminated string that outlives the call;
+        // the kernel only reads it.
+        let fd = unsafe { libc::ioctl(group, VFIO_GROUP_GET_DEVICE_FD as _, name.as_ptr()) };
+        if fd < 0 { Err(Errno::last()) } else { Ok(fd) }
+    }
+
+    fn device_get_info(&self, device: RawFd) -> SysResult<RawDeviceInfo> {
+        let mut info = VfioDeviceInfo {
+            argsz: argsz::<VfioDeviceInfo>(),
+            ..Default::default()
+        };
+        ioctl_ptr(device, VFIO_DEVICE_GET_INFO, &mut info)?;
+        Ok(RawDeviceInfo {
+            flags: info.flags,
+            num_regions: info.num_regions,
+            num_irqs: info.num_irqs,
+        })
+    }
+
+    fn device_get_region_info(&self, device: RawFd, index: u32) -> SysResult<RawRegionInfo> {
+        let mut info = VfioRegionInfo {
+            argsz: argsz::<VfioRegionInfo>(),
+            index,
+            ..Default::default()
+        };
+        ioctl_ptr(device, VFIO_DEVICE_GET_REGION_INFO, &mut info)?;
+        let mut raw = RawRegionInfo {
+            flags: info.flags,
+            index,
+            size: info.size,
+            offset: info.offset,
+            sparse_areas: None,
+        };
+        let base = size_of::<VfioRegionInfo>();
+        if info.flags & REGION_FLAG_CAPS != 0 && info.argsz as usize > base {
+            // The capability chain follows the structure: ask again with
+            // room for it (u64 words keep the buffer aligned).
+            let words = (info.argsz as usize).div_ceil(8).min(1 << 16);
+            let mut buf = vec![0u64; words];
+            let header = VfioRegionInfo {
+                argsz: (words * 8) as u32,
+                index,
+                ..Default::default()
+            };
+            let head_ptr = buf.as_mut_ptr().cast::<VfioRegionInfo>();
+            // SAFETY: `buf` holds at least `base` bytes (argsz > base) and is
+            // 8-byte aligned, as `VfioRegionInfo` needs.
+            unsafe { head_ptr.write(header) };
+            // SAFETY: `buf` is `argsz` bytes long, live and exclusive for
+            // the call; the kernel writes at most `argsz` bytes into it.
+            let ret =
+                unsafe { libc::ioctl(device, VFIO_DEVICE_GET_REGION_INFO as _, buf.as_mut_ptr()) };
+            if ret == 0 {
+                let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+                raw.sparse_areas = parse_sparse_mmap(&bytes);
+            }
+        }
+        Ok(raw)
+    }
+
+    fn device_reset(&self, device: RawFd) -> SysResult<()> {
+        ioctl_value(device, VFIO_DEVICE_RESET, 0).map(drop)
+    }
+
+    fn pread(&self, fd: RawFd, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+        // SAFETY: `buf` is a live, exclusive buffer of `buf.len()` bytes.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset as i64) };
+        if n < 0 {
+            Err(Errno::last())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    fn pwrite(&self, fd: RawFd, buf: &[u8], offset: u64) -> SysResult<usize> {
+        // SAFETY: `buf` is a live buffer of `buf.len()` bytes, only read.
+        let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), offset as i64) };
+        if n < 0 {
+            Err(Errno::last())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    fn mmap(
+        &self,
+        fd: Option<RawFd>,
+        len: usize,
+        offset: u64,
+        prot: Prot,
+    ) -> SysResult<NonNull<u8>> {
+        if len == 0 {
+            return Err(Errno(libc::EINVAL));
+        }
+        let mut bits = libc::PROT_NONE;
+        if prot.read {
+            bits |= libc::PROT_READ;
+        }
+        if prot.write {
+            bits |= libc::PROT_WRITE;
+        }
+        let (flags, fd) = match fd {
+            Some(fd) => (libc::MAP_SHARED, fd),
+            None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
+        };
+        let offset = libc::off_t::try_from(offset).map_err(|_| Errno(libc::EOVERFLOW))?;
+        // SAFETY: a null hint lets the kernel pick an address, so no
+        // existing mapping is replaced; the new mapping is owned by the
+        // caller, who unmaps it exactly once.
+        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, bits, flags, fd, offset) };
+        if addr == libc::MAP_FAILED {
+            return Err(Errno::last());
+        }
+        NonNull::new(addr.cast::<u8>()).ok_or(Errno(libc::EFAULT))
+    }
+
+    unsafe fn munmap(&self, addr: NonNull<u8>, len: usize) -> SysResult<()> {
+        // SAFETY: the caller guarantees `addr`/`len` is exactly one live
+        // mapping from `mmap`, never accessed again.
+        let ret = unsafe { libc::munmap(addr.as_ptr().cast(), len) };
+        if ret < 0 { Err(Errno::last()) } else { Ok(()) }
+    }
+}
+
+/// Finds `VFIO_REGION_INFO_CAP_SPARSE_MMAP` in a region info buffer
+/// (structure followed by the capability chain) and returns its areas.
+/// Every offset comes from the kernel but is still bounds-checked.
+fn parse_sparse_mmap(bytes: &[u8]) -> Option<Vec<(u64, u64)>> {
+    let u16_at = |at: usize| Some(u16::from_ne_bytes(bytes.get(at..at + 2)?.try_into().ok()?));
+    let u32_at = |at: usize| Some(u32::from_ne_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
+    let u64_at = |at: usize| Some(u64::from_ne_bytes(bytes.get(at..at + 8)?.try_into().ok()?));
+    // struct vfio_region_info: cap_offset at byte 12.
+    let mut next = u32_at(12)? as usize;
+    let mut hops = 0;
+    while next != 0 && hops < 64 {
+        hops += 1;
+        // struct vfio_info_cap_header { u16 id; u16 version; u32 next; }
+        let id = u16_at(next)?;
+        if id == REGION_CAP_SPARSE_MMAP {
+            // { header; u32 nr_areas; u32 reserved; { u64 offset; u64 size; } areas[] }
+            let count = u32_at(next + 8)? as usize;
+            let mut areas = Vec::with_capacity(count.min(64));
+            for i in 0..count.min(64) {
+                let at = next + 16 + i * 16;
+                areas.push((u64_at(at)?, u64_at(at + 8)?));
+            }
+            return Some(areas);
+        }
+        next = u32_at(next + 4)? as usize;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_match_linux_vfio_h() {
+        // Values from <linux/vfio.h> on x86_64.
+        assert_eq!(VFIO_GET_API_VERSION, 0x3b64);
+        assert_eq!(VFIO_SET_IOMMU, 0x3b66);
+        assert_eq!(VFIO_GROUP_GET_DEVICE_FD, 0x3b6a);
+        assert_eq!(VFIO_DEVICE_GET_REGION_INFO, 0x3b6c);
+        assert_eq!(VFIO_DEVICE_RESET, 0x3b6f);
+        assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
+        assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
+        assert_eq!(size_of::<VfioRegionInfo>(), 32);
+        assert_eq!(size_of::<VfioIommuType1DmaMap>(), 32);
+        assert_eq!(size_of::<VfioIommuType1DmaUnmap>(), 24);
+        assert_eq!(size_of::<VfioDeviceInfo>(), 16);
+        assert_eq!(size_of::<VfioIommuType1Info>(), 16);
+    }
+
+    #[test]
+    fn sparse_mmap_capability_is_parsed_and_bounded() {
+        let mut buf = vec![0u8; 32 + 16 + 32];
+        buf[12..16].copy_from_slice(&32u32.to_ne_bytes()); // cap_offset
+        buf[32..34].copy_from_slice(&REGION_CAP_SPARSE_MMAP.to_ne_bytes());
+        buf[40..44].copy_from_slice(&2u32.to_ne_bytes()); // two areas
+        buf[48..56].copy_from_slice(&0u64.to_ne_bytes());
+        buf[56..64].copy_from_slice(&0x1000u64.to_ne_bytes());
+        buf[64..72].copy_from_slice(&0x3000u64.to_ne_bytes());
+        buf[72..80].copy_from_slice(&0x1000u64.to_ne_bytes());
+        assert_eq!(
+            parse_sparse_mmap(&buf),
+            Some(vec![(0, 0x1000), (0x3000, 0x1000)])
+        );
+        // A chain that points outside the buffer is ignored, not followed.
+        buf[12..16].copy_from_slice(&4000u32.to_ne_bytes());
+        assert_eq!(parse_sparse_mmap(&buf), None);
+    }
+
+    #[test]
+    fn opening_a_missing_node_gives_its_errno() {
+        let error = LinuxSys
+            .open(Path::new("/nonexistent/barlink/vfio"))
+            .unwrap_err();
+        assert_eq!(error, Errno(libc::ENOENT));
+    }
+}
