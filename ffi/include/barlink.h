@@ -325,7 +325,9 @@ enum barlink_status barlink_recv(struct barlink_link *link,
                                  uint32_t timeout_ms);
 
 // Drives the link until every message sent or posted so far is
-// acknowledged by the peer, for at most `timeout_ms`.
+// acknowledged by the peer, for at most `timeout_ms`. `BARLINK_OK` even if
+// the peer closed the link after acknowledging them; why the link ended if
+// some message never will be.
 enum barlink_status barlink_flush(struct barlink_link *link, uint32_t timeout_ms);
 
 // Posts a send without waiting: copies `len` bytes at `data` (the caller

@@ -418,7 +418,9 @@ pub unsafe extern "C" fn barlink_recv(
 }
 
 /// Drives the link until every message sent or posted so far is
-/// acknowledged by the peer, for at most `timeout_ms`.
+/// acknowledged by the peer, for at most `timeout_ms`. `BARLINK_OK` even if
+/// the peer closed the link after acknowledging them; why the link ended if
+/// some message never will be.
 #[unsafe(no_mangle)]
 pub extern "C" fn barlink_flush(link: *mut barlink_link, timeout_ms: u32) -> barlink_status {
     boundary("barlink_flush", || {

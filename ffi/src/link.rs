@@ -200,6 +200,8 @@ pub(crate) struct LinkState {
     completed_seen: u64,
     /// Why the link ended.
     end: Option<(barlink_status, String)>,
+    /// A message (sent or posted) failed: a flush cannot succeed any more.
+    any_failed: bool,
     /// The engine's counters when the link ended.
     final_stats: Stats,
     message_bytes_sent: u64,
@@ -264,6 +266,7 @@ impl LinkCell {
                 done: BTreeMap::new(),
                 completed_seen: 0,
                 end: None,
+                any_failed: false,
                 final_stats: Stats::default(),
                 message_bytes_sent: 0,
                 message_bytes_received: 0,
@@ -415,6 +418,7 @@ impl LinkState {
                 self.message_bytes_sent += request.len;
                 BARLINK_OK
             } else {
+                self.any_failed = true;
                 match &self.end {
                     Some((status, _)) => *status,
                     // A session ended without the link ending: the peer
@@ -639,11 +643,18 @@ impl LinkState {
     /// One step of a flush: done when every queued message is acknowledged.
     pub(crate) fn flush_step(&mut self) -> Result<Step<()>> {
         let moved = self.step();
+        if self.requests.is_empty() && !self.any_failed {
+            // Everything acknowledged, even if the peer closed since.
+            return Ok(Step::Done(()));
+        }
         if let Some(error) = self.end_error() {
             return Err(error);
         }
-        if self.requests.is_empty() {
-            return Ok(Step::Done(()));
+        if self.any_failed {
+            return Err(Error::new(
+                BARLINK_LINK_FAILED,
+                "a message failed: the peer restarted before acknowledging it",
+            ));
         }
         Ok(Step::Again { moved })
     }

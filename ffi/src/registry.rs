@@ -113,6 +113,9 @@ fn explain(value: u64, kind: Kind) -> Error {
 }
 
 fn get(value: u64, kind: Kind) -> Result<Object> {
+    if value >> ID_BITS != kind as u64 {
+        return Err(explain(value, kind));
+    }
     objects_read()
         .get(&value)
         .cloned()
@@ -120,7 +123,11 @@ fn get(value: u64, kind: Kind) -> Result<Object> {
 }
 
 fn remove(value: u64, kind: Kind) -> Result<Object> {
-    // The tag is part of the key, so a wrong-kind value finds nothing.
+    // Checked before touching the map: a handle of another kind must not
+    // remove the object it names.
+    if value >> ID_BITS != kind as u64 {
+        return Err(explain(value, kind));
+    }
     objects_write()
         .remove(&value)
         .ok_or_else(|| explain(value, kind))
@@ -179,6 +186,9 @@ pub(crate) fn remove_buffer_if(
     value: u64,
     check: impl FnOnce(&Region) -> Result<()>,
 ) -> Result<()> {
+    if value >> ID_BITS != Kind::Buffer as u64 {
+        return Err(explain(value, Kind::Buffer));
+    }
     let mut objects = objects_write();
     match objects.get(&value) {
         Some(Object::Buffer(region)) => check(region)?,

@@ -334,6 +334,13 @@ fn double_close_use_after_close_and_wrong_kinds() {
         BARLINK_INVALID_HANDLE,
         "link handle was passed where a buffer",
     );
+    // Closing a link through the wrong function leaves it open.
+    expect(
+        barlink_listener_close(a.cast()),
+        BARLINK_INVALID_HANDLE,
+        "link handle was passed where a listener",
+    );
+    assert_eq!(barlink_progress(a), BARLINK_OK, "{}", last_error());
     let driver = drive(b);
     assert_eq!(barlink_close(a, 1000), BARLINK_OK, "{}", last_error());
     drop(driver);

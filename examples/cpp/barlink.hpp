@@ -1,0 +1,228 @@
+// barlink.hpp: a small C++17 RAII wrapper over the barlink C API
+// (ffi/include/barlink.h). Header-only; link with libbarlink_c
+// (`pkg-config --cflags --libs barlink`).
+//
+// Ownership follows the C API (docs/FFI.md): a Link, Listener or Buffer
+// owns its handle and releases it in its destructor; they are movable, not
+// copyable. Destroy a Link before the Buffers it sends from (closing a link
+// lets go of all their memory); a Buffer's destructor deregisters, which
+// fails (and is ignored) while sends from it are still in flight.
+//
+// Errors: calls throw barlink::Error for failures, and return the status for
+// outcomes a caller is expected to handle (a timeout, a full queue, a buffer
+// too small, an orderly close).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "barlink.h"
+
+namespace barlink {
+
+// A failed barlink call: the status and barlink_last_error() at the time.
+class Error : public std::runtime_error {
+public:
+    Error(barlink_status status, const std::string& message)
+        : std::runtime_error(message), status_(status) {}
+    barlink_status status() const noexcept { return status_; }
+
+private:
+    barlink_status status_;
+};
+
+// Throws unless `status` is OK or one of `expected`.
+inline barlink_status check(barlink_status status, const char* what,
+                            std::initializer_list<barlink_status> expected = {}) {
+    if (status == BARLINK_OK) return status;
+    for (barlink_status e : expected)
+        if (status == e) return status;
+    throw Error(status, std::string(what) + " failed: " + barlink_last_error());
+}
+
+inline std::string version() { return barlink_version(); }
+
+// barlink_config with defaults, and setters that chain.
+class Config {
+public:
+    Config() { check(barlink_config_init(&config_), "barlink_config_init"); }
+    Config& mtu(uint32_t bytes) { config_.mtu = bytes; return *this; }
+    Config& window_bytes(uint64_t bytes) { config_.window_bytes = bytes; return *this; }
+    Config& max_message_bytes(uint64_t bytes) { config_.max_message_bytes = bytes; return *this; }
+    Config& peer_timeout_ms(uint32_t ms) { config_.peer_timeout_ms = ms; return *this; }
+    Config& transport(barlink_transport t) { config_.transport = static_cast<uint32_t>(t); return *this; }
+    const barlink_config* get() const noexcept { return &config_; }
+
+private:
+    barlink_config config_{};
+};
+
+// Caller memory registered for zero-copy sends. The memory stays the
+// caller's: keep it alive, and unmodified while sends from it are in flight.
+class Buffer {
+public:
+    Buffer() = default;
+    Buffer(const void* data, size_t len) {
+        check(barlink_register_buffer(data, len, &handle_), "barlink_register_buffer");
+    }
+    ~Buffer() { reset(); }
+    Buffer(Buffer&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+    Buffer& operator=(Buffer&& other) noexcept {
+        if (this != &other) {
+            reset();
+            handle_ = std::exchange(other.handle_, nullptr);
+        }
+        return *this;
+    }
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+
+    // Deregisters now; throws barlink::Error (BARLINK_BUSY) while sends are
+    // in flight, leaving it registered.
+    void deregister() {
+        if (handle_) {
+            check(barlink_deregister_buffer(handle_), "barlink_deregister_buffer");
+            handle_ = nullptr;
+        }
+    }
+    barlink_buffer* get() const noexcept { return handle_; }
+
+private:
+    void reset() noexcept {
+        if (handle_) barlink_deregister_buffer(handle_);  // BUSY is ignored here
+        handle_ = nullptr;
+    }
+    barlink_buffer* handle_ = nullptr;
+};
+
+// A link. Every call drives its progress; nothing runs in the background.
+class Link {
+public:
+    Link() = default;
+    explicit Link(barlink_link* handle) noexcept : handle_(handle) {}
+    ~Link() { close(close_timeout_ms_, std::nothrow); }
+    Link(Link&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+    Link& operator=(Link&& other) noexcept {
+        if (this != &other) {
+            close(close_timeout_ms_, std::nothrow);
+            handle_ = std::exchange(other.handle_, nullptr);
+        }
+        return *this;
+    }
+    Link(const Link&) = delete;
+    Link& operator=(const Link&) = delete;
+
+    static Link connect(const std::string& name, const Config& config, uint32_t timeout_ms) {
+        barlink_link* handle = nullptr;
+        check(barlink_connect(name.c_str(), config.get(), timeout_ms, &handle), "barlink_connect");
+        return Link(handle);
+    }
+
+    // Copies and queues; OK or TIMEOUT (queue still full).
+    barlink_status send(const void* data, size_t len, uint32_t timeout_ms) {
+        return check(barlink_send(handle_, data, len, timeout_ms), "barlink_send",
+                     {BARLINK_TIMEOUT});
+    }
+
+    // Receives into buf: OK (len set), TIMEOUT, BUFFER_TOO_SMALL (len = the
+    // size needed; the message is kept) or CLOSED (the peer closed).
+    barlink_status recv(void* buf, size_t capacity, size_t& len, uint32_t timeout_ms) {
+        return check(barlink_recv(handle_, buf, capacity, &len, timeout_ms), "barlink_recv",
+                     {BARLINK_TIMEOUT, BARLINK_BUFFER_TOO_SMALL, BARLINK_CLOSED});
+    }
+
+    // Receives a whole message of any size into `out`.
+    barlink_status recv(std::vector<unsigned char>& out, uint32_t timeout_ms) {
+        size_t len = 0;
+        barlink_status s = recv(out.data(), out.size(), len, timeout_ms);
+        if (s == BARLINK_BUFFER_TOO_SMALL) {
+            out.resize(len);
+            s = recv(out.data(), out.size(), len, 0);
+        }
+        if (s == BARLINK_OK) out.resize(len);
+        return s;
+    }
+
+    // Zero-copy post of a registered range; returns the request id, or 0
+    // when the send queue is full (poll, then retry).
+    uint64_t post(const Buffer& buffer, size_t offset, size_t len, uint64_t user_tag) {
+        uint64_t request = 0;
+        barlink_status s = check(
+            barlink_post_send_buffer(handle_, buffer.get(), offset, len, user_tag, &request),
+            "barlink_post_send_buffer", {BARLINK_WOULD_BLOCK});
+        return s == BARLINK_OK ? request : 0;
+    }
+
+    // Drives progress once; appends up to `max` completions to `out`.
+    size_t poll(std::vector<barlink_completion>& out, size_t max = 64) {
+        size_t start = out.size(), count = 0;
+        out.resize(start + max);
+        barlink_status s = barlink_poll(handle_, out.data() + start, max, &count);
+        out.resize(start + count);
+        check(s, "barlink_poll");
+        return count;
+    }
+
+    // Waits until every queued message is acknowledged; OK or TIMEOUT.
+    barlink_status flush(uint32_t timeout_ms) {
+        return check(barlink_flush(handle_, timeout_ms), "barlink_flush", {BARLINK_TIMEOUT});
+    }
+
+    barlink_stats stats() const {
+        barlink_stats stats{};
+        stats.struct_size = sizeof stats;
+        check(barlink_get_stats(handle_, &stats), "barlink_get_stats");
+        return stats;
+    }
+
+    // Closes in order (queued messages first), waiting at most timeout_ms.
+    void close(uint32_t timeout_ms) {
+        if (handle_) {
+            barlink_status s = barlink_close(std::exchange(handle_, nullptr), timeout_ms);
+            check(s, "barlink_close", {BARLINK_TIMEOUT});
+        }
+    }
+    void close(uint32_t timeout_ms, const std::nothrow_t&) noexcept {
+        if (handle_) barlink_close(std::exchange(handle_, nullptr), timeout_ms);
+    }
+
+    void set_close_timeout_ms(uint32_t ms) noexcept { close_timeout_ms_ = ms; }
+    barlink_link* get() const noexcept { return handle_; }
+    explicit operator bool() const noexcept { return handle_ != nullptr; }
+
+private:
+    barlink_link* handle_ = nullptr;
+    uint32_t close_timeout_ms_ = 1000;
+};
+
+// The accepting side of a name.
+class Listener {
+public:
+    Listener(const std::string& name, const Config& config) {
+        check(barlink_listen(name.c_str(), config.get(), &handle_), "barlink_listen");
+    }
+    ~Listener() {
+        if (handle_) barlink_listener_close(handle_);
+    }
+    Listener(Listener&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+    Listener& operator=(Listener&&) = delete;
+    Listener(const Listener&) = delete;
+    Listener& operator=(const Listener&) = delete;
+
+    Link accept(uint32_t timeout_ms) {
+        barlink_link* link = nullptr;
+        check(barlink_accept(handle_, timeout_ms, &link), "barlink_accept");
+        return Link(link);
+    }
+
+private:
+    barlink_listener* handle_ = nullptr;
+};
+
+}  // namespace barlink

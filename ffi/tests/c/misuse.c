@@ -1,0 +1,273 @@
+/*
+ * Misuse of the barlink C ABI from C: NULL, forged, closed and wrong-kind
+ * handles, double close, use after close, buffers too small, bad arguments.
+ * Every case must return the documented status with a message, never crash.
+ * scripts/ffi-test.sh builds this with gcc (also under ASan+UBSan) and runs
+ * it; it forks a peer process that connects and echoes.
+ *
+ * Prints one line per check and "misuse: N passed, M failed"; exits 1 on a
+ * failure.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "barlink.h"
+
+static int passed, failed;
+
+/* Checks a status, and that a failure left a message (and success none). */
+static void check(const char *what, barlink_status got, barlink_status want) {
+    const char *message = barlink_last_error();
+    int ok = got == want && message != NULL &&
+             (want == BARLINK_OK ? message[0] == '\0' : message[0] != '\0');
+    if (ok) {
+        passed++;
+        printf("ok   %-58s %s\n", what, want == BARLINK_OK ? "" : message);
+    } else {
+        failed++;
+        printf("FAIL %-58s got %d (%s), want %d; message: %s\n", what, (int)got,
+               barlink_status_string((int)got), (int)want, message ? message : "(NULL)");
+    }
+}
+
+static void check_true(const char *what, int condition) {
+    if (condition) {
+        passed++;
+        printf("ok   %s\n", what);
+    } else {
+        failed++;
+        printf("FAIL %s\n", what);
+    }
+}
+
+/* The peer: connects, sends one 1000-byte message, then echoes every message
+ * until the link ends. */
+static int peer(const char *name) {
+    barlink_link *link = NULL;
+    barlink_status s = barlink_connect(name, NULL, 10000, &link);
+    if (s != BARLINK_OK) {
+        fprintf(stderr, "peer: connect: %s\n", barlink_last_error());
+        return 1;
+    }
+    char message[1000];
+    for (int i = 0; i < 1000; i++) message[i] = (char)(i * 7);
+    if (barlink_send(link, message, sizeof message, 5000) != BARLINK_OK) {
+        fprintf(stderr, "peer: send: %s\n", barlink_last_error());
+        return 1;
+    }
+    char buf[4096];
+    for (;;) {
+        size_t len = 0;
+        s = barlink_recv(link, buf, sizeof buf, &len, 10000);
+        if (s == BARLINK_CLOSED) break;
+        if (s != BARLINK_OK) {
+            fprintf(stderr, "peer: recv: %s\n", barlink_last_error());
+            barlink_close(link, 0);
+            return 1;
+        }
+        if (barlink_send(link, buf, len, 5000) != BARLINK_OK) {
+            fprintf(stderr, "peer: send: %s\n", barlink_last_error());
+            return 1;
+        }
+    }
+    barlink_close(link, 1000);
+    return 0;
+}
+
+int main(void) {
+    char name[64];
+    snprintf(name, sizeof name, "misuse-c-%d", (int)getpid());
+    pid_t child = fork();
+    if (child < 0) {
+        perror("fork");
+        return 2;
+    }
+    if (child == 0) _exit(peer(name));
+
+    /* Versions and strings. */
+    check_true("barlink_version is not empty", barlink_version()[0] != '\0');
+    check_true("ABI major matches the header",
+               (barlink_abi_version() >> 16) == BARLINK_ABI_VERSION_MAJOR);
+    check_true("status_string names unknown codes",
+               strstr(barlink_status_string(12345), "UNKNOWN") != NULL &&
+                   strstr(barlink_status_string(-1), "UNKNOWN") != NULL);
+    check_true("status_string names BARLINK_TIMEOUT",
+               strstr(barlink_status_string(BARLINK_TIMEOUT), "TIMEOUT") != NULL);
+
+    /* NULL handles everywhere. */
+    char small[16];
+    size_t len = 0;
+    uint64_t request = 0;
+    barlink_stats stats;
+    memset(&stats, 0, sizeof stats);
+    stats.struct_size = sizeof stats;
+    barlink_completion completions[4];
+    size_t count = 0;
+    check("close(NULL)", barlink_close(NULL, 0), BARLINK_INVALID_HANDLE);
+    check("send(NULL link)", barlink_send(NULL, "x", 1, 0), BARLINK_INVALID_HANDLE);
+    check("recv(NULL link)", barlink_recv(NULL, small, sizeof small, &len, 0),
+          BARLINK_INVALID_HANDLE);
+    check("post_send(NULL link)", barlink_post_send(NULL, "x", 1, 0, &request),
+          BARLINK_INVALID_HANDLE);
+    check("poll(NULL link)", barlink_poll(NULL, completions, 4, &count), BARLINK_INVALID_HANDLE);
+    check("test(NULL link)", barlink_test(NULL, 1), BARLINK_INVALID_HANDLE);
+    check("wait(NULL link)", barlink_wait(NULL, 1, 0), BARLINK_INVALID_HANDLE);
+    check("flush(NULL link)", barlink_flush(NULL, 0), BARLINK_INVALID_HANDLE);
+    check("progress(NULL link)", barlink_progress(NULL), BARLINK_INVALID_HANDLE);
+    check("get_stats(NULL link)", barlink_get_stats(NULL, &stats), BARLINK_INVALID_HANDLE);
+    check("accept(NULL listener)", barlink_accept(NULL, 0, &(barlink_link *){NULL}),
+          BARLINK_INVALID_HANDLE);
+    check("listener_close(NULL)", barlink_listener_close(NULL), BARLINK_INVALID_HANDLE);
+    check("deregister_buffer(NULL)", barlink_deregister_buffer(NULL), BARLINK_INVALID_HANDLE);
+    check("post_send_buffer(NULL, NULL)",
+          barlink_post_send_buffer(NULL, NULL, 0, 1, 0, &request), BARLINK_INVALID_HANDLE);
+
+    /* Forged handles: garbage values and pointers to real memory. */
+    check("close(forged 0x1234)", barlink_close((barlink_link *)(uintptr_t)0x1234, 0),
+          BARLINK_INVALID_HANDLE);
+    check("progress(pointer to a stack array)", barlink_progress((barlink_link *)small),
+          BARLINK_INVALID_HANDLE);
+    check("deregister(pointer to heap memory)",
+          barlink_deregister_buffer((barlink_buffer *)&stats), BARLINK_INVALID_HANDLE);
+
+    /* Bad arguments. */
+    barlink_listener *listener = NULL;
+    check("listen(NULL name)", barlink_listen(NULL, NULL, &listener), BARLINK_INVALID_ARGUMENT);
+    check("listen(empty name)", barlink_listen("", NULL, &listener), BARLINK_INVALID_ARGUMENT);
+    check("listen(NULL out)", barlink_listen(name, NULL, NULL), BARLINK_INVALID_ARGUMENT);
+    check("config_init(NULL)", barlink_config_init(NULL), BARLINK_INVALID_ARGUMENT);
+    barlink_config config;
+    check("config_init", barlink_config_init(&config), BARLINK_OK);
+    barlink_config bad = config;
+    bad.struct_size = 0;
+    check("listen(struct_size 0)", barlink_listen(name, &bad, &listener), BARLINK_INVALID_ARGUMENT);
+    bad = config;
+    bad.transport = BARLINK_TRANSPORT_BAR;
+    check("listen(BAR transport)", barlink_listen(name, &bad, &listener), BARLINK_NOT_AVAILABLE);
+    bad = config;
+    bad.transport = BARLINK_TRANSPORT_RDMA;
+    check("listen(RDMA transport)", barlink_listen(name, &bad, &listener), BARLINK_NOT_AVAILABLE);
+    bad = config;
+    bad.flags = 0x40;
+    check("listen(unknown flag)", barlink_listen(name, &bad, &listener), BARLINK_INVALID_ARGUMENT);
+    bad = config;
+    bad.mtu = 3;
+    check("listen(mtu 3)", barlink_listen(name, &bad, &listener), BARLINK_INVALID_ARGUMENT);
+    check_true("a failed listen leaves *listener NULL", listener == NULL);
+    barlink_buffer *buffer = NULL;
+    check("register_buffer(NULL ptr)", barlink_register_buffer(NULL, 8, &buffer),
+          BARLINK_INVALID_ARGUMENT);
+    check("register_buffer(len 0)", barlink_register_buffer(small, 0, &buffer),
+          BARLINK_INVALID_ARGUMENT);
+    check("register_buffer(len SIZE_MAX)", barlink_register_buffer(small, SIZE_MAX, &buffer),
+          BARLINK_INVALID_ARGUMENT);
+    check("register_buffer(NULL out)", barlink_register_buffer(small, 8, NULL),
+          BARLINK_INVALID_ARGUMENT);
+
+    /* A real link. */
+    check("listen", barlink_listen(name, &config, &listener), BARLINK_OK);
+    barlink_listener *second = NULL;
+    check("listen(same name again)", barlink_listen(name, NULL, &second), BARLINK_NAME_IN_USE);
+    barlink_link *link = NULL;
+    check("accept", barlink_accept(listener, 10000, &link), BARLINK_OK);
+    check("listener_close", barlink_listener_close(listener), BARLINK_OK);
+    check("listener_close again (double close)", barlink_listener_close(listener),
+          BARLINK_INVALID_HANDLE);
+    check("accept on a closed listener", barlink_accept(listener, 0, &(barlink_link *){NULL}),
+          BARLINK_INVALID_HANDLE);
+    check("link handle passed as a listener",
+          barlink_listener_close((barlink_listener *)(void *)link), BARLINK_INVALID_HANDLE);
+
+    /* Buffers too small: the peer's 1000-byte message. */
+    check("recv(16-byte buffer)", barlink_recv(link, small, sizeof small, &len, 10000),
+          BARLINK_BUFFER_TOO_SMALL);
+    check_true("needed size reported (1000)", len == 1000);
+    check("recv(NULL, 0) reports the size again", barlink_recv(link, NULL, 0, &len, 0),
+          BARLINK_BUFFER_TOO_SMALL);
+    check_true("needed size reported again (1000)", len == 1000);
+    check("recv(NULL buf, capacity 8)", barlink_recv(link, NULL, 8, &len, 0),
+          BARLINK_INVALID_ARGUMENT);
+    check("recv(NULL len)", barlink_recv(link, small, sizeof small, NULL, 0),
+          BARLINK_INVALID_ARGUMENT);
+    char big[1000];
+    check("recv(1000-byte buffer) gets the kept message", barlink_recv(link, big, sizeof big, &len, 0),
+          BARLINK_OK);
+    int intact = len == 1000;
+    for (int i = 0; i < 1000 && intact; i++) intact = big[i] == (char)(i * 7);
+    check_true("the kept message is intact", intact);
+    check("recv with nothing to receive", barlink_recv(link, big, sizeof big, &len, 20),
+          BARLINK_TIMEOUT);
+
+    /* Sends and posts with bad arguments. */
+    check("send(NULL data, len 4)", barlink_send(link, NULL, 4, 0), BARLINK_INVALID_ARGUMENT);
+    check("post_send(NULL request)", barlink_post_send(link, "x", 1, 0, NULL),
+          BARLINK_INVALID_ARGUMENT);
+    check("poll(NULL array, max 4)", barlink_poll(link, NULL, 4, &count),
+          BARLINK_INVALID_ARGUMENT);
+    check("poll(NULL count)", barlink_poll(link, completions, 4, NULL), BARLINK_INVALID_ARGUMENT);
+    check("test(unknown request)", barlink_test(link, 999999), BARLINK_INVALID_ARGUMENT);
+    barlink_stats tiny = {0};
+    tiny.struct_size = 4;
+    check("get_stats(struct_size 4)", barlink_get_stats(link, &tiny), BARLINK_INVALID_ARGUMENT);
+    check("get_stats(NULL)", barlink_get_stats(link, NULL), BARLINK_INVALID_ARGUMENT);
+
+    /* Registered buffers. */
+    char *memory = malloc(65536);
+    for (int i = 0; i < 65536; i++) memory[i] = (char)(i ^ (i >> 8));
+    check("register_buffer", barlink_register_buffer(memory, 65536, &buffer), BARLINK_OK);
+    check("post_send_buffer(range past the end)",
+          barlink_post_send_buffer(link, buffer, 65000, 1000, 0, &request), BARLINK_INVALID_ARGUMENT);
+    check("post_send_buffer(offset overflow)",
+          barlink_post_send_buffer(link, buffer, SIZE_MAX, 2, 0, &request), BARLINK_INVALID_ARGUMENT);
+    check("buffer handle passed as a link", barlink_progress((barlink_link *)(void *)buffer),
+          BARLINK_INVALID_HANDLE);
+    check("post_send_buffer(4096 bytes)",
+          barlink_post_send_buffer(link, buffer, 4096, 4096, 42, &request), BARLINK_OK);
+    barlink_status busy = barlink_deregister_buffer(buffer);
+    check_true("deregister while in flight is BUSY (or OK if already acknowledged)",
+               busy == BARLINK_BUSY || busy == BARLINK_OK);
+    check("wait(request)", barlink_wait(link, request, 10000), BARLINK_OK);
+    check("test(request) after it was reported", barlink_test(link, request),
+          BARLINK_INVALID_ARGUMENT);
+    check("recv the echo", barlink_recv(link, big, sizeof big, &len, 10000),
+          BARLINK_BUFFER_TOO_SMALL);
+    char *echo = malloc(4096);
+    check("recv the echo into 4096 bytes", barlink_recv(link, echo, 4096, &len, 0), BARLINK_OK);
+    check_true("the echo is intact", len == 4096 && memcmp(echo, memory + 4096, 4096) == 0);
+    free(echo);
+    if (busy == BARLINK_BUSY)
+        check("deregister_buffer", barlink_deregister_buffer(buffer), BARLINK_OK);
+    check("deregister_buffer again (double)", barlink_deregister_buffer(buffer),
+          BARLINK_INVALID_HANDLE);
+    check("post_send_buffer(deregistered)",
+          barlink_post_send_buffer(link, buffer, 0, 1, 0, &request), BARLINK_INVALID_HANDLE);
+    free(memory);
+
+    check("get_stats", barlink_get_stats(link, &stats), BARLINK_OK);
+    check_true("stats: struct_size written back", stats.struct_size == sizeof stats);
+    check_true("stats: one posted message acknowledged", stats.messages_sent >= 1);
+
+    /* Close, double close, use after close. */
+    check("close", barlink_close(link, 5000), BARLINK_OK);
+    check("close again (double close)", barlink_close(link, 0), BARLINK_INVALID_HANDLE);
+    check_true("the message says it was closed", strstr(barlink_last_error(), "closed") != NULL);
+    check("send after close", barlink_send(link, "x", 1, 0), BARLINK_INVALID_HANDLE);
+    check("recv after close", barlink_recv(link, big, sizeof big, &len, 0), BARLINK_INVALID_HANDLE);
+    check("post_send after close", barlink_post_send(link, "x", 1, 0, &request),
+          BARLINK_INVALID_HANDLE);
+    check("poll after close", barlink_poll(link, completions, 4, &count), BARLINK_INVALID_HANDLE);
+    check("get_stats after close", barlink_get_stats(link, &stats), BARLINK_INVALID_HANDLE);
+    check("version after everything", barlink_config_init(&config), BARLINK_OK);
+
+    int status = 0;
+    waitpid(child, &status, 0);
+    check_true("the peer saw the close and exited 0", WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    printf("misuse: %d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}
