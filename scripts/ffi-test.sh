@@ -60,7 +60,6 @@ includedir=$root/ffi/include
 
 Name: barlink
 Description: Trustworthy GPU peer-to-peer transfers: packets with CRC-32C and retransmission over shared-memory, BAR and RDMA windows
-URL: https://github.com/barlink/barlink
 Version: $version
 Cflags: -I\${includedir}
 Libs: -L\${libdir} -lbarlink_c
