@@ -159,13 +159,12 @@ public:
         return s == BARLINK_OK ? request : 0;
     }
 
-    // Drives progress once; appends up to `max` completions to `out`.
-    size_t poll(std::vector<barlink_completion>& out, size_t max = 64) {
-        size_t start = out.size(), count = 0;
-        out.resize(start + max);
-        barlink_status s = barlink_poll(handle_, out.data() + start, max, &count);
-        out.resize(start + count);
-        check(s, "barlink_poll");
+    // Drives progress once; appends up to 64 completions to `out`.
+    size_t poll(std::vector<barlink_completion>& out) {
+        barlink_completion batch[64];
+        size_t count = 0;
+        check(barlink_poll(handle_, batch, 64, &count), "barlink_poll");
+        out.insert(out.end(), batch, batch + count);
         return count;
     }
 

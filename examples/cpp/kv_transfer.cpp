@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "barlink.hpp"
@@ -124,7 +125,7 @@ int prefill(const Plan& plan, const std::string& name, size_t inflight) {
             outstanding++;
         }
         done.clear();
-        link.poll(done);
+        if (link.poll(done) == 0) std::this_thread::yield();  // let the decode side run
         for (const barlink_completion& c : done) {
             if (c.status != BARLINK_OK) {
                 std::fprintf(stderr, "prefill: block %" PRIu64 " failed: %s\n", c.user_tag,

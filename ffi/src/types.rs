@@ -257,3 +257,12 @@ impl barlink_status {
         }
     }
 }
+
+// The layouts the header promises; a change here is an ABI break.
+const _: () = {
+    use std::mem::{align_of, size_of};
+    assert!(size_of::<barlink_config>() == 40 && align_of::<barlink_config>() == 8);
+    assert!(size_of::<barlink_stats>() == 8 + 12 * 8 && align_of::<barlink_stats>() == 8);
+    assert!(size_of::<barlink_completion>() == 32 && align_of::<barlink_completion>() == 8);
+    assert!(size_of::<barlink_status>() == 4);
+};

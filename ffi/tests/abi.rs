@@ -638,3 +638,108 @@ fn last_error_is_per_thread() {
     assert_eq!(other, "");
     assert!(last_error().contains("NULL"));
 }
+
+#[test]
+fn threads_share_a_link() {
+    let (a, b) = pair(None);
+    const THREADS: u64 = 4;
+    const EACH: u64 = 300;
+    let senders: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let a = a as usize;
+            std::thread::spawn(move || {
+                for i in 0..EACH {
+                    let mut message = [0u8; 16];
+                    message[..8].copy_from_slice(&t.to_le_bytes());
+                    message[8..].copy_from_slice(&i.to_le_bytes());
+                    let status = if i % 2 == 0 {
+                        send(a as *mut barlink_link, &message)
+                    } else {
+                        let mut request = 0;
+                        loop {
+                            // SAFETY: valid data and out-pointer.
+                            let status = unsafe {
+                                barlink_post_send(
+                                    a as *mut barlink_link,
+                                    message.as_ptr().cast(),
+                                    16,
+                                    i,
+                                    &mut request,
+                                )
+                            };
+                            if status != BARLINK_WOULD_BLOCK {
+                                break status;
+                            }
+                        }
+                    };
+                    assert_eq!(status, BARLINK_OK, "{}", last_error());
+                }
+            })
+        })
+        .collect();
+    // Two receiving threads share b too, until every message is in.
+    let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let receivers: Vec<_> = (0..2)
+        .map(|_| {
+            let b = b as usize;
+            let received = received.clone();
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 16];
+                let start = std::time::Instant::now();
+                while received.load(Ordering::SeqCst) < THREADS * EACH {
+                    assert!(start.elapsed().as_secs() < 30, "messages missing");
+                    let (status, len) = recv(b as *mut barlink_link, &mut buf, 50);
+                    match status {
+                        BARLINK_OK => {
+                            assert_eq!(len, 16);
+                            let t = u64::from_le_bytes(buf[..8].try_into().unwrap());
+                            let i = u64::from_le_bytes(buf[8..].try_into().unwrap());
+                            got.push((t, i));
+                            received.fetch_add(1, Ordering::SeqCst);
+                        }
+                        BARLINK_TIMEOUT => {}
+                        other => panic!("{other:?}: {}", last_error()),
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    for sender in senders {
+        sender.join().unwrap();
+    }
+    assert_eq!(barlink_flush(a, 10_000), BARLINK_OK, "{}", last_error());
+    let mut all: Vec<(u64, u64)> = receivers
+        .into_iter()
+        .flat_map(|r| r.join().unwrap())
+        .collect();
+    assert_eq!(
+        all.len() as u64,
+        THREADS * EACH,
+        "every message exactly once"
+    );
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len() as u64, THREADS * EACH, "no duplicates");
+    // Completions of the posted half are all there, once.
+    let mut completions = vec![
+        barlink_completion {
+            request: 0,
+            user_tag: 0,
+            bytes: 0,
+            status: BARLINK_INTERNAL,
+            reserved: 0,
+        };
+        THREADS as usize * EACH as usize
+    ];
+    let mut count = 0;
+    // SAFETY: the array holds that many completions; count is writable.
+    let status =
+        unsafe { barlink_poll(a, completions.as_mut_ptr(), completions.len(), &mut count) };
+    assert_eq!(status, BARLINK_OK);
+    assert_eq!(count as u64, THREADS * EACH / 2);
+    assert!(completions[..count].iter().all(|c| c.status == BARLINK_OK));
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
