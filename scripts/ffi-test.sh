@@ -93,7 +93,7 @@ if logged "$logs/gen-header.log" "$root/scripts/gen-header.sh" "$fresh"; then
     if diff -u "$root/ffi/include/barlink.h" "$fresh" >"$logs/header.diff"; then
         ok "ffi/include/barlink.h is current (cbindgen $(cbindgen --version 2>/dev/null | awk '{print $2}'))"
     else
-        fail "ffi/include/barlink.h is stale: the Rust API changed; fix with: scripts/gen-header.sh && git add ffi/include/barlink.h"
+        fail "ffi/include/barlink.h is stale (it differs from what cbindgen generates from ffi/src); fix with: scripts/gen-header.sh && git add ffi/include/barlink.h"
         show "$logs/header.diff" 60
     fi
 else
