@@ -16,6 +16,9 @@
 //!   commands.
 //! * [`diag`] — diagnostics: what could not be read and what that means.
 //!
+//! Reading sysfs needs no privileges, but non-root readers see only the
+//! first 64 bytes of config space; reports say so.
+//!
 //! BAR windows and VFIO (see `docs/VFIO.md`):
 //! * [`sys`] — the system-call trait [`sys::VfioSys`] (one method per VFIO
 //!   ioctl, mmap, pread...), [`sys::LinuxSys`] over libc and
@@ -48,8 +51,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Reading sysfs needs no privileges, but non-root readers see only the
-//! first 64 bytes of config space; reports say so.
+//! The topology report and the doctor:
 //!
 //! ```no_run
 //! use std::path::Path;
