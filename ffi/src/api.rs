@@ -22,7 +22,7 @@ use crate::types::{
 
 /// Largest `struct_size` accepted: a guard against garbage, far above any
 /// real struct.
-const MAX_STRUCT_SIZE: usize = 4096;
+const MAX_STRUCT_SIZE: usize = 1024;
 
 const VERSION: &CStr =
     match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
