@@ -249,7 +249,7 @@ build_initramfs() {
     find "$CACHE" -maxdepth 1 -name 'initramfs-*' -mtime +2 -delete 2>/dev/null
     [ -s "$INITRD" ] && { touch "$INITRD"; return 0; }
     log "building the initramfs ($INITRD)"
-    R=$(mktemp -d "$CACHE/initroot.XXXXXX")
+    R=$(mktemp -d "$CACHE/initroot.XXXXXX") && chmod 755 "$R"  # the guest's / (mktemp makes 0700)
     mkdir -p "$R"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,etc,root,lib64,lib/x86_64-linux-gnu,mnt/bins,mnt/out}
     install -m 755 "$bb/bin/busybox" "$R/bin/busybox"
     ln -s busybox "$R/bin/sh"
@@ -289,6 +289,8 @@ build_initramfs() {
         [ -e "$R/etc/libibverbs.d/rxe.driver" ] && [ -e "$R/usr/bin/ibv_devices" ] || ok=0
         [ $ok = 1 ] || cannot_run "the rdma-core userspace is incomplete (or run with --no-rdma)"
     fi
+    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$R/etc/passwd"
+    printf 'root:x:0:\nnogroup:x:65534:\n' >"$R/etc/group"
     install -m 755 "$HERE/guest/init" "$R/init"
     (cd "$R" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 >"$INITRD.tmp" &&
         mv "$INITRD.tmp" "$INITRD" || { rm -rf "$R"; cannot_run "writing the initramfs failed"; }
