@@ -181,6 +181,15 @@ if run_check "C++ KV-cache example builds (g++ -std=c++17 -Werror, shared librar
         fail "C++ KV-cache example"
         show "$logs/kv.log"
     fi
+    # The verification bites: decode checks against another seed.
+    "$work/kv_transfer" --layers 2 --blocks 4 --expect-seed 7 >"$logs/kv-mismatch.log" 2>&1
+    code=$?
+    if [[ $code == 1 ]] && grep -q ' 8 corrupted' "$logs/kv-mismatch.log"; then
+        ok "C++ KV-cache example exits 1 when blocks do not match what decode expects"
+    else
+        fail "C++ KV-cache example did not report a mismatch (exit $code)"
+        show "$logs/kv-mismatch.log"
+    fi
 fi
 
 # --- 6. under AddressSanitizer and UndefinedBehaviorSanitizer -----------------

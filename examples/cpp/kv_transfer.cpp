@@ -11,6 +11,10 @@
 //
 //   kv_transfer [--layers N] [--blocks N] [--block-tokens N] [--name NAME]
 //               [--role both|prefill|decode] [--seed S] [--inflight N]
+//               [--expect-seed S]
+//
+// --expect-seed makes decode verify against another seed than the one the
+// plan names: every block then mismatches (a test that mismatches are caught).
 //
 // --role both (the default) forks: the child is the prefill side, the
 // parent the decode side. Exit status 0 when every block arrived intact,
@@ -155,7 +159,7 @@ int prefill(const Plan& plan, const std::string& name, size_t inflight) {
     return verdict.blocks_bad == 0 && verdict.blocks_ok == plan.total_blocks() ? 0 : 1;
 }
 
-int decode(const std::string& name) {
+int decode(const std::string& name, const uint64_t* expect_seed) {
     barlink::Listener listener(name, link_config());
     barlink::Link link = listener.accept(10000);
     link.set_close_timeout_ms(5000);
@@ -182,6 +186,7 @@ int decode(const std::string& name) {
     }
     double elapsed = seconds_since(start);
 
+    if (expect_seed) plan.seed = *expect_seed;
     Verdict verdict;
     std::vector<unsigned char> scratch(plan.block_bytes());
     for (size_t i = 0; i < plan.total_blocks(); i++) {
@@ -213,7 +218,8 @@ int decode(const std::string& name) {
 [[noreturn]] void usage() {
     std::fprintf(stderr,
                  "usage: kv_transfer [--layers N] [--blocks N] [--block-tokens N] [--seed S]\n"
-                 "                   [--inflight N] [--name NAME] [--role both|prefill|decode]\n");
+                 "                   [--inflight N] [--name NAME] [--role both|prefill|decode]\n"
+                 "                   [--expect-seed S]\n");
     std::exit(2);
 }
 
@@ -224,6 +230,8 @@ int main(int argc, char** argv) {
     std::string role = "both";
     std::string name = "kv-transfer-" + std::to_string(getpid());
     size_t inflight = 64;
+    uint64_t expect_seed = 0;
+    const uint64_t* expect = nullptr;
     for (int i = 1; i < argc; i++) {
         std::string arg = argv[i];
         if (i + 1 >= argc) usage();
@@ -232,6 +240,7 @@ int main(int argc, char** argv) {
         else if (arg == "--blocks") plan.blocks = static_cast<uint32_t>(std::strtoul(value, nullptr, 10));
         else if (arg == "--block-tokens") plan.block_tokens = static_cast<uint32_t>(std::strtoul(value, nullptr, 10));
         else if (arg == "--seed") plan.seed = std::strtoull(value, nullptr, 0);
+        else if (arg == "--expect-seed") expect_seed = std::strtoull(value, nullptr, 0), expect = &expect_seed;
         else if (arg == "--inflight") inflight = std::strtoul(value, nullptr, 10);
         else if (arg == "--name") name = value;
         else if (arg == "--role") role = value;
@@ -241,13 +250,17 @@ int main(int argc, char** argv) {
         plan.block_bytes() > (size_t(64) << 20))
         usage();
 
-    std::printf("kv_transfer: barlink %s, %u layers x %u blocks of %zu KiB, seed %#" PRIx64 "\n",
-                barlink::version().c_str(), plan.layers, plan.blocks, plan.block_bytes() / 1024,
-                plan.seed);
+    if (role == "decode")
+        std::printf("kv_transfer: barlink %s, decode side, waiting under \"%s\"\n",
+                    barlink::version().c_str(), name.c_str());
+    else
+        std::printf("kv_transfer: barlink %s, %u layers x %u blocks of %zu KiB, seed %#" PRIx64 "\n",
+                    barlink::version().c_str(), plan.layers, plan.blocks,
+                    plan.block_bytes() / 1024, plan.seed);
     std::fflush(stdout);
     try {
         if (role == "prefill") return prefill(plan, name, inflight);
-        if (role == "decode") return decode(name);
+        if (role == "decode") return decode(name, expect);
         if (role != "both") usage();
         pid_t child = fork();
         if (child < 0) {
@@ -264,7 +277,7 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
             _exit(code);
         }
-        int code = decode(name);
+        int code = decode(name, expect);
         int status = 0;
         waitpid(child, &status, 0);
         bool child_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
