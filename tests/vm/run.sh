@@ -243,7 +243,7 @@ build_initramfs() {
     local stamp
     stamp=$( {
         echo "$KROOT $bb $uroots $GUEST_MODULES $RDMA $RDMA_MODULES $RDMA_TOOLS"
-        sha256sum "$HERE/guest/init" "$0" /lib64/ld-linux-x86-64.so.2 "$(command -v rdma)" "$(command -v ip)"
+        cat "$HERE/guest/init" "$HERE/run.sh" /lib64/ld-linux-x86-64.so.2 "$(command -v rdma)" "$(command -v ip)" | sha256sum
     } | sha256sum | cut -c1-16)
     INITRD="$CACHE/initramfs-$stamp.cpio.gz"
     find "$CACHE" -maxdepth 1 -name 'initramfs-*' -mtime +2 -delete 2>/dev/null
