@@ -260,7 +260,7 @@ build_initramfs() {
     } | sha256sum | cut -c1-16)
     INITRD="$CACHE/initramfs-$stamp.cpio.gz"
     find "$CACHE" -maxdepth 1 -name 'initramfs-*' -mtime +2 -delete 2>/dev/null
-    [ -s "$INITRD" ] && { touch "$INITRD"; return 0; }
+    [ -s "$INITRD" ] && [ -e "$INITRD.libs" ] && { touch "$INITRD" "$INITRD.libs"; return 0; }
     log "building the initramfs ($INITRD)"
     R=$(mktemp -d "$CACHE/initroot.XXXXXX") && chmod 755 "$R"  # the guest's / (mktemp makes 0700)
     mkdir -p "$R"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,etc,root,lib64,lib/x86_64-linux-gnu,mnt/bins,mnt/out}
@@ -305,6 +305,8 @@ build_initramfs() {
     printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$R/etc/passwd"
     printf 'root:x:0:\nnogroup:x:65534:\n' >"$R/etc/group"
     install -m 755 "$HERE/guest/init" "$R/init"
+    # which libraries the initramfs has (test binaries bring only the others)
+    (cd "$R" && find lib lib64 usr/lib -type f -name '*.so*' -exec sha256sum {} +) >"$INITRD.libs"
     (cd "$R" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 >"$INITRD.tmp" &&
         mv "$INITRD.tmp" "$INITRD" || { rm -rf "$R"; cannot_run "writing the initramfs failed"; }
     log "initramfs $(du -h "$INITRD" | cut -f1) (unpacked $(du -sh "$R" | cut -f1))"
@@ -345,13 +347,16 @@ build_tests() {
         tail -20 "$RUN/build-barlink.err"
         report FAIL "barlink CLI" "cargo build --bin barlink failed (above)"
     fi
-    # the host libraries the binaries need, with the loader they name
-    local b lib
+    # the host libraries the binaries need, with the loader they name, where
+    # the initramfs lacks them or has other versions
+    local b lib sum
     for b in "$RUN"/share/bin/*; do
         ldd "$b" | awk '/=>/ && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | while read -r lib; do
-            cp -L "$lib" "$RUN/share/lib/${lib##*/}"
+            sum=$(sha256sum <"$lib" | cut -d' ' -f1)
+            grep -q "^$sum .*/${lib##*/}\$" "$INITRD.libs" 2>/dev/null || cp -L "$lib" "$RUN/share/lib/${lib##*/}"
         done
     done
+    log "shared: $(ls "$RUN/share/bin" | tr '\n' ' ')+ $(ls "$RUN/share/lib" | wc -l) libraries the initramfs lacks"
     : >"$RUN/share/plan"
     for b in "${BINS[@]}"; do
         set -- $b
