@@ -576,6 +576,10 @@ if [ "$failed" -gt 0 ]; then
     echo "---"
     say "artifacts (console, harness log, test output, guest dmesg) in $ART"
 fi
-[ "$KEEP" = 1 ] && say "--keep: the run's files are in $RUN" || rm -rf "$RUN/share" "$RUN/bar-a" "$RUN/bar-b"
+if [ "$KEEP" = 1 ] || [ "$failed" -gt 0 ]; then
+    say "the run's files (BAR files, share, logs) are in $RUN"
+else
+    rm -rf "$RUN/share" "$RUN/bar-a" "$RUN/bar-b"
+fi
 finish
 [ "$failed" -eq 0 ] && [ -n "$QEMU_RC" ] && grep -aq 'VMTEST-DONE' "$CON"
