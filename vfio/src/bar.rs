@@ -408,7 +408,8 @@ impl DmaBuffer {
 
     /// [`DmaBuffer::new`] with another system-call layer.
     pub fn new_in(env: &VfioEnv, len: usize) -> Result<DmaBuffer, VfioError> {
-        let len = len.max(1).div_ceil(4096) * 4096;
+        let page = crate::sys::page_size();
+        let len = len.max(1).div_ceil(page) * page;
         let region = Region::map(env.sys.clone(), None, len, 0, Prot::READ_WRITE, None).map_err(
             |errno| VfioError::MapFailed {
                 what: "anonymous memory".into(),

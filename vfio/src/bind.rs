@@ -78,14 +78,7 @@ impl DeviceSpec {
     /// address order) with this vendor and device ID under `root`.
     pub fn resolve(&self, root: &Path) -> Result<Bdf, VfioError> {
         match *self {
-            DeviceSpec::Address(bdf) => {
-                let dir = device_dir(root, bdf);
-                if dir.exists() {
-                    Ok(bdf)
-                } else {
-                    Err(VfioError::DeviceNotFound { bdf, path: dir })
-                }
-            }
+            DeviceSpec::Address(bdf) => existing_device_dir(root, bdf).map(|_| bdf),
             DeviceSpec::Id {
                 vendor,
                 device,
@@ -109,6 +102,19 @@ impl DeviceSpec {
 /// `ROOT/sys/bus/pci/devices/BDF`.
 pub fn device_dir(root: &Path, bdf: Bdf) -> PathBuf {
     root.join(PCI_DEVICES_DIR).join(bdf.to_string())
+}
+
+/// `ROOT/sys/bus/pci/devices/BDF`, checked to exist: a missing directory is
+/// [`VfioError::DeviceNotFound`], one that cannot be looked at says why.
+pub fn existing_device_dir(root: &Path, bdf: Bdf) -> Result<PathBuf, VfioError> {
+    let dir = device_dir(root, bdf);
+    match fs::metadata(&dir) {
+        Ok(_) => Ok(dir),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            Err(VfioError::DeviceNotFound { bdf, path: dir })
+        }
+        Err(error) => Err(sysfs_error(&dir, &error)),
+    }
 }
 
 /// Every device under `root` with this vendor and device ID, in address
@@ -230,10 +236,7 @@ pub fn bind_to_vfio_pci(bdf: Bdf) -> Result<BindOutcome, VfioError> {
 /// The override stays set, so the device returns to vfio-pci after a
 /// rebind; [`unbind`] leaves it set too.
 pub fn bind_to_vfio_pci_in(root: &Path, bdf: Bdf) -> Result<BindOutcome, VfioError> {
-    let dir = device_dir(root, bdf);
-    if !dir.exists() {
-        return Err(VfioError::DeviceNotFound { bdf, path: dir });
-    }
+    let dir = existing_device_dir(root, bdf)?;
     let previous = driver_of(root, bdf);
     if previous.as_deref() == Some(VFIO_PCI) {
         return Ok(BindOutcome::AlreadyBound);
@@ -288,10 +291,7 @@ pub fn bind_to_vfio_pci_in(root: &Path, bdf: Bdf) -> Result<BindOutcome, VfioErr
 /// is, so a device overridden to vfio-pci stays unbound until
 /// [`bind_to_vfio_pci_in`] probes it again.
 pub fn unbind(root: &Path, bdf: Bdf) -> Result<(), VfioError> {
-    let dir = device_dir(root, bdf);
-    if !dir.exists() {
-        return Err(VfioError::DeviceNotFound { bdf, path: dir });
-    }
+    let dir = existing_device_dir(root, bdf)?;
     if driver_of(root, bdf).is_some() {
         write_attr(&dir.join("driver/unbind"), &bdf.to_string())?;
     }

@@ -239,10 +239,7 @@ impl Container {
     /// selects the IOMMU for the first group, and gets the device.
     pub fn open_device(&self, bdf: Bdf) -> Result<VfioDevice, VfioError> {
         let env = &self.inner.env;
-        let dir = bind::device_dir(&env.sysfs_root, bdf);
-        if !dir.exists() {
-            return Err(VfioError::DeviceNotFound { bdf, path: dir });
-        }
+        bind::existing_device_dir(&env.sysfs_root, bdf)?;
         let driver = bind::driver_of(&env.sysfs_root, bdf);
         if driver.as_deref() != Some(VFIO_PCI) {
             return Err(VfioError::NotBoundToVfio { bdf, driver });
@@ -362,7 +359,7 @@ impl Container {
                 "the container has no IOMMU yet: open a device in it first".into(),
             ));
         }
-        let page = page_size();
+        let page = crate::sys::page_size() as u64;
         let vaddr = region.address_of(offset);
         if len == 0
             || !iova.is_multiple_of(page)
@@ -433,14 +430,6 @@ impl GroupInner {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
-}
-
-/// The system's page size.
-pub(crate) fn page_size() -> u64 {
-    // The only portable answer without unsafe code is the usual one; VFIO
-    // type1 maps 4 KiB pages on every platform barlink targets (x86_64,
-    // and aarch64 kernels with 4 KiB pages).
-    4096
 }
 
 /// Memory mapped at an IOVA in a container's IOMMU; unmapped when dropped

@@ -222,14 +222,25 @@ impl fmt::Display for VfioError {
                  `modprobe vfio_iommu_type1`, and enable the IOMMU on the kernel command line \
                  (intel_iommu=on or amd_iommu=on; check /sys/kernel/iommu_groups is not empty)"
             ),
-            VfioError::PermissionDenied { path, errno } => write!(
-                f,
-                "{}: {errno}. Run as root, or give this user the node: \
-                 `chown $USER {}` (VFIO group nodes are root-only by default; sysfs resource \
-                 files need root), and for DMA raise the locked-memory limit (`ulimit -l`)",
-                path.display(),
-                path.display()
-            ),
+            VfioError::PermissionDenied { path, errno } => {
+                if path.starts_with("/sys") || path.to_string_lossy().contains("/sys/") {
+                    write!(
+                        f,
+                        "{}: {errno}. Run as root: sysfs PCI resource and driver files are \
+                         root-only (mode 0600 / 0200)",
+                        path.display()
+                    )
+                } else {
+                    write!(
+                        f,
+                        "{}: {errno}. Run as root, or give this user the node: \
+                         `chown $USER {}` (VFIO group nodes are root-only by default), and \
+                         for DMA raise the locked-memory limit (`ulimit -l`)",
+                        path.display(),
+                        path.display()
+                    )
+                }
+            }
             VfioError::DeviceNotFound { bdf, path } => write!(
                 f,
                 "no PCI device {bdf} ({} does not exist): check the address with `lspci -D`",
@@ -262,16 +273,18 @@ impl fmt::Display for VfioError {
                  (10de:2684, or 10de:2684#1 for the second match)"
             ),
             VfioError::NotBoundToVfio { bdf, driver } => {
-                let now = match driver {
-                    Some(driver) => format!("is bound to {driver}"),
-                    None => "is bound to no driver".to_string(),
+                let (now, unbind) = match driver {
+                    Some(driver) => (
+                        format!("is bound to {driver}"),
+                        format!("echo {bdf} > /sys/bus/pci/devices/{bdf}/driver/unbind; "),
+                    ),
+                    None => ("is bound to no driver".to_string(), String::new()),
                 };
                 write!(
                     f,
-                    "{bdf} {now}, not vfio-pci. Bind it: \
+                    "{bdf} {now}, not vfio-pci. Bind it (as root, with vfio-pci loaded): \
                      `echo vfio-pci > /sys/bus/pci/devices/{bdf}/driver_override; \
-                     echo {bdf} > /sys/bus/pci/devices/{bdf}/driver/unbind; \
-                     echo {bdf} > /sys/bus/pci/drivers_probe` \
+                     {unbind}echo {bdf} > /sys/bus/pci/drivers_probe` \
                      (barlink_vfio::bind_to_vfio_pci does this), or use the sysfs resource \
                      route to keep the vendor driver"
                 )
@@ -417,6 +430,9 @@ mod tests {
         .to_string();
         assert!(text.contains("bound to nvidia"), "{text}");
         assert!(text.contains("/sys/bus/pci/devices/0000:00:10.0/driver_override"));
+        assert!(text.contains("0000:00:10.0/driver/unbind"));
+        let unbound = VfioError::NotBoundToVfio { bdf, driver: None }.to_string();
+        assert!(!unbound.contains("driver/unbind"), "{unbound}");
         let text = VfioError::PermissionDenied {
             path: "/dev/vfio/7".into(),
             errno: Errno(libc::EACCES),

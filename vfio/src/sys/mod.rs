@@ -236,6 +236,17 @@ pub trait VfioSys: Send + Sync + fmt::Debug {
     unsafe fn munmap(&self, addr: NonNull<u8>, len: usize) -> SysResult<()>;
 }
 
+/// The system's page size (what mmap offsets, DMA addresses and lengths
+/// must be multiples of).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf takes an integer and reads no memory of ours.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
+}
+
 /// The real system calls, over `libc`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LinuxSys;
@@ -632,6 +643,11 @@ mod tests {
         // A chain that points outside the buffer is ignored, not followed.
         buf[12..16].copy_from_slice(&4000u32.to_ne_bytes());
         assert_eq!(parse_sparse_mmap(&buf), None);
+    }
+
+    #[test]
+    fn page_size_is_a_power_of_two() {
+        assert!(page_size().is_power_of_two() && page_size() >= 4096);
     }
 
     #[test]
