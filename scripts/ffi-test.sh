@@ -120,6 +120,21 @@ if ! build_library; then
     exit 1
 fi
 
+# The shared library exports exactly the functions the header declares.
+if command -v nm >/dev/null 2>&1; then
+    nm -D --defined-only "$libdir/libbarlink_c.so" | awk '{print $3}' | sort >"$work/exported.txt"
+    grep -E '^[a-z]' "$root/ffi/include/barlink.h" | grep -oE 'barlink_[a-z_]+\(' | tr -d '(' |
+        sort >"$work/declared.txt"
+    if diff "$work/declared.txt" "$work/exported.txt" >"$logs/symbols.diff"; then
+        ok "libbarlink_c.so exports exactly the $(wc -l <"$work/declared.txt") functions barlink.h declares"
+    else
+        fail "libbarlink_c.so exports differ from barlink.h (< declared only, > exported only)"
+        show "$logs/symbols.diff"
+    fi
+else
+    skip "exported symbols: nm is not installed"
+fi
+
 # --- 4. the Rust tests of ffi/ ----------------------------------------------
 if logged "$logs/cargo-test.log" cargo test --release -p barlink-ffi; then
     ok "cargo test -p barlink-ffi: $(grep -h '^test result' "$logs/cargo-test.log" | awk '{s+=$4} END {print s}') Rust tests of the extern functions"
