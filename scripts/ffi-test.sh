@@ -4,11 +4,13 @@
 #      now (else: the diff, and the command that fixes it);
 #   2. the header compiles alone as C99 and C++17, warnings as errors;
 #   3. the library builds (release: libbarlink_c.so and libbarlink_c.a),
-#      and the pkg-config file barlink.pc is written next to it;
+#      the pkg-config file barlink.pc is written next to it, and the .so
+#      exports exactly the functions the header declares;
 #   4. the Rust tests of ffi/ (misuse through the extern functions);
 #   5. the C misuse test (ffi/tests/c/misuse.c) and the C++ KV-cache example
 #      (examples/cpp/kv_transfer.cpp), built with gcc/g++ through
-#      `pkg-config --cflags --libs barlink` against the shared library;
+#      `pkg-config --cflags --libs barlink` against the shared library (and
+#      the example must exit 1 when decode expects other data);
 #   6. both again against the static library under AddressSanitizer and
 #      UndefinedBehaviorSanitizer (leak detection on).
 # Prints one line per check (ok: / FAILED: / SKIPPED:) and a summary line;
