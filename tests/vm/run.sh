@@ -111,7 +111,7 @@ host_deps() {
     log "apt-get install$missing"
     local i
     for i in 1 2; do
-        if DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends $missing \
+        if DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=120 $missing \
             >"$RUN/apt-install.log" 2>&1; then
             return 0
         fi
@@ -128,12 +128,8 @@ RDMA_DEBS="libibverbs1 ibverbs-providers ibverbs-utils perftest librdmacm1 libib
            libnl-3-200 libnl-route-3-200"
 declare -A DEB=()   # package -> the cached .deb
 fetch_debs() { # packages...: resolve the candidate versions, download what the cache lacks
-    local info p ver arch f i want=() missing=()
-    for i in 1 2; do
-        info=$(apt-cache show --no-all-versions "$@" 2>/dev/null) && break
-        [ $i = 1 ] && { apt_update || return 1; }
-    done
-    [ -n "$info" ] || return 1
+    local info p ver arch f want=() missing=()
+    info=$(apt-cache show --no-all-versions "$@" 2>/dev/null)
     while read -r p ver arch; do
         f="$CACHE/debs/${p}_${ver//:/%3a}_${arch}.deb"
         DEB[$p]=$f
@@ -143,10 +139,7 @@ fetch_debs() { # packages...: resolve the candidate versions, download what the 
     [ ${#want[@]} = 0 ] && return 0
     log "apt-get download ${want[*]}"
     mkdir -p "$CACHE/debs"
-    for i in 1 2; do
-        (cd "$CACHE/debs" && timeout 300 apt-get download -q "${want[@]}") >>"$RUN/apt-download.log" 2>&1 && break
-        [ $i = 1 ] && { apt_update || return 1; }
-    done
+    (cd "$CACHE/debs" && timeout 300 apt-get download -q "${want[@]}") >>"$RUN/apt-download.log" 2>&1
     for f in "${missing[@]}"; do [ -s "$f" ] || { tail -5 "$RUN/apt-download.log"; return 1; }; done
 }
 unpacked() { # package -> a directory with its unpacked contents (cached; fetch_debs first)
@@ -167,17 +160,18 @@ KVER=""
 KERNEL=""
 fetch_kernel() {
     command -v apt-cache >/dev/null || cannot_run "no apt-cache: the guest kernel comes from Debian's linux-image-amd64"
-    local img=""
-    img=$(apt-cache depends --important linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: \(linux-image-[0-9][^ ]*\).*/\1/p' | head -1)
-    if [ -z "$img" ]; then
-        apt_update
+    local img="" try
+    # with stale package lists (a version the mirror no longer has), update and resolve again
+    for try in 1 2; do
         img=$(apt-cache depends --important linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: \(linux-image-[0-9][^ ]*\).*/\1/p' | head -1)
-    fi
-    [ -n "$img" ] || cannot_run "apt knows no linux-image-amd64 (not a Debian apt source?)"
-    local pkgs="$img busybox-static"
-    [ "$RDMA" = 1 ] && pkgs="$pkgs $RDMA_DEBS"
-    # shellcheck disable=SC2086
-    fetch_debs $pkgs || cannot_run "apt-get download failed (see $RUN/apt-download.log)"
+        if [ -n "$img" ]; then
+            # shellcheck disable=SC2086
+            fetch_debs "$img" busybox-static $([ "$RDMA" = 1 ] && echo $RDMA_DEBS) && break
+        fi
+        [ $try = 1 ] && apt_update && continue
+        [ -n "$img" ] || cannot_run "apt knows no linux-image-amd64 (not a Debian apt source, or apt-get update failed)"
+        cannot_run "apt-get download failed (see $RUN/apt-download.log)"
+    done
     local f=${DEB[$img]}
     KROOT="$CACHE/kernel/$(basename "$f" .deb)"
     if [ ! -e "$KROOT/.done" ]; then
