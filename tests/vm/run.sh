@@ -475,9 +475,11 @@ boot_guest() {
             line=${line%$'\r'}
             local t=$(((${EPOCHREALTIME/./} - t0) / 1000))
             printf '[%4d.%03d] %s\n' $((t / 1000)) $((t % 1000)) "$line" >>"$RUN/console.log"
+            # progress while the guest runs (the counted lines come after)
             case "$line" in
-                *VMTEST-RESULT*) echo "  guest: ${line#*VMTEST-RESULT }" ;;
-                *VMTEST-BOOTED* | *VMTEST-RUN-BEGIN* | *VMTEST-DONE*) echo "  guest: ${line#*VMTEST-} (+$((t / 1000))s)" ;;
+                *"VMTEST-RESULT FAIL"*) echo "  guest> ${line#*VMTEST-RESULT }" ;;
+                *VMTEST-BOOTED* | *VMTEST-RUN-BEGIN* | *VMTEST-DONE*) echo "  guest> ${line#*VMTEST-} (+$((t / 1000))s)" ;;
+                "test "*" ... "*) echo "  guest> $line" ;;
             esac
         done
     QEMU_RC=${PIPESTATUS[0]}
