@@ -375,20 +375,62 @@ fn run_side(is_p: bool, plan: &LinkPlan, own_bar: &BarWindow, peer_bar: &BarWind
     } else {
         (plan.q_to_p, SEED_Q_TO_P, plan.p_to_q, SEED_P_TO_Q)
     };
-    let fault_window = plan.faults.then(|| {
-        Arc::new(FaultWindow::new(
-            peer_ring.clone(),
+    let traffic = Traffic {
+        send,
+        send_seed,
+        receive,
+        receive_seed,
+        nonce: plan.nonce,
+        deadline,
+    };
+    if plan.faults {
+        // Faults injected into every write to the peer's BAR.
+        let faulty = Arc::new(FaultWindow::new(
+            peer_ring,
             fault_config(),
             plan.nonce ^ u64::from(is_p),
-        ))
-    });
-    let own: Arc<dyn Window> = Arc::new(own_ring);
-    let peer: Arc<dyn Window> = match &fault_window {
-        Some(faulty) => faulty.clone(),
-        None => Arc::new(peer_ring),
-    };
-    let mut link: RingLink<Arc<dyn Window>> =
-        RingLink::new(own, peer, config, 1).unwrap_or_else(|e| panic!("link setup: {e}"));
+        ));
+        let own: Arc<dyn Window> = Arc::new(own_ring);
+        let peer: Arc<dyn Window> = faulty.clone();
+        let link: RingLink<Arc<dyn Window>> =
+            RingLink::new(own, peer, config, 1).unwrap_or_else(|e| panic!("link setup: {e}"));
+        let mut report = exchange(link, &traffic, &region_own, &region_peer);
+        report.injected = Some(faulty.injected());
+        report
+    } else {
+        // The BAR windows themselves, as the link's windows: no wrapper.
+        let link: RingLink<BarWindow> = RingLink::new(own_ring, peer_ring, config, 1)
+            .unwrap_or_else(|e| panic!("link setup: {e}"));
+        exchange(link, &traffic, &region_own, &region_peer)
+    }
+}
+
+/// What one side sends and expects.
+struct Traffic {
+    send: u64,
+    send_seed: u64,
+    receive: u64,
+    receive_seed: u64,
+    nonce: u64,
+    deadline: Instant,
+}
+
+/// Sends and checks messages until both directions are done, then the
+/// DONE handshake in the link region's first page.
+fn exchange<W: Window>(
+    mut link: RingLink<W>,
+    traffic: &Traffic,
+    region_own: &BarWindow,
+    region_peer: &BarWindow,
+) -> SideReport {
+    let &Traffic {
+        send,
+        send_seed,
+        receive,
+        receive_seed,
+        nonce,
+        deadline,
+    } = traffic;
     let mut sent = 0u64;
     let mut received = 0u64;
     while received < receive || link.completed() < send {
@@ -435,9 +477,9 @@ fn run_side(is_p: bool, plan: &LinkPlan, own_bar: &BarWindow, peer_bar: &BarWind
     // Everything is here and acknowledged; tell the peer, and keep
     // acknowledging until it says the same.
     region_peer
-        .store_u64(DONE, plan.nonce, Ordering::Release)
+        .store_u64(DONE, nonce, Ordering::Release)
         .unwrap();
-    while region_own.load_u64(DONE, Ordering::Acquire).unwrap() != plan.nonce {
+    while region_own.load_u64(DONE, Ordering::Acquire).unwrap() != nonce {
         link.progress().unwrap_or_else(|e| panic!("lingering: {e}"));
         assert!(Instant::now() < deadline, "the peer never finished");
         std::thread::yield_now();
@@ -451,7 +493,7 @@ fn run_side(is_p: bool, plan: &LinkPlan, own_bar: &BarWindow, peer_bar: &BarWind
     SideReport {
         received,
         stats: link.engine().stats().clone(),
-        injected: fault_window.map(|w| w.injected()),
+        injected: None,
     }
 }
 
