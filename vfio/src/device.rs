@@ -257,6 +257,14 @@ impl VfioDevice {
             })
     }
 
+    /// Every region of the device (BARs, ROM, config space, and any
+    /// device-specific ones), empty ones included — what a report lists.
+    pub fn regions(&self) -> Result<Vec<RegionInfo>, VfioError> {
+        (0..self.inner.info.num_regions)
+            .map(|index| self.region_info(index))
+            .collect()
+    }
+
     /// Maps all of region `index` (a memory BAR) as a window, with the
     /// protection its flags allow. Fails with
     /// [`VfioError::RegionNotMappable`] for regions VFIO does not let be

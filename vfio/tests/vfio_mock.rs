@@ -427,6 +427,14 @@ fn regions_are_mapped_only_as_their_flags_allow() {
         );
     }
     let device = VfioDevice::open_in(fixture.env(&sys), "0000:00:10.0").unwrap();
+    let regions = device.regions().unwrap();
+    assert_eq!(regions.len(), 9);
+    let mappable: Vec<u32> = regions
+        .iter()
+        .filter(|r| r.unmappable_reason().is_none())
+        .map(|r| r.index)
+        .collect();
+    assert_eq!(mappable, [2, 4]);
     // Config space: no MMAP flag.
     let error = device.map_region(7).unwrap_err();
     match &error {
