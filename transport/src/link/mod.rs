@@ -229,8 +229,6 @@ pub struct RingLink<W: Window, B: AsRef<[u8]> = Vec<u8>> {
     own_geometry: Geometry,
     peer_geometry: Geometry,
     origin: Instant,
-    /// One slot's worth, for reading a packet out of the own ring.
-    scratch: Vec<u8>,
     delivered: VecDeque<Vec<u8>>,
     completed: u64,
     closed: Option<LinkError>,
@@ -254,7 +252,6 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
         let engine = Engine::new(config, epoch.max(1), Time::ZERO)?;
         Ok(RingLink {
             engine,
-            scratch: vec![0; own_info.geometry.slot_size as usize],
             producer: Producer::new(peer_info.geometry),
             consumer: Consumer::new(own_info.geometry),
             own_geometry: own_info.geometry,
@@ -311,10 +308,23 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
             .map_err(|e| e.to_string())?;
         let ready = self.consumer.on_head(head).map_err(|e| e.to_string())?;
         if ready > 0 {
+            let room = self.own_geometry.slot_size as usize - HEADER_LEN;
             while let Some(slot) = self.consumer.next_slot_offset() {
-                let len = self.read_slot(slot).map_err(|e| e.to_string())?;
+                let mut header = [0u8; HEADER_LEN];
+                self.own
+                    .read(slot, &mut header)
+                    .map_err(|e| e.to_string())?;
+                let own = &self.own;
+                // The payload goes from the slot straight into its message
+                // (one copy); the header's lengths come from the peer and
+                // the engine checks them against `room` before any read.
                 // Rejected packets are counted by the engine (and NAKed).
-                let _ = self.engine.handle_packet(now, &self.scratch[..len]);
+                let _verdict = self
+                    .engine
+                    .handle_packet_from(now, &header, room, |offset, dst| {
+                        own.read(slot + HEADER_LEN + offset, dst)
+                    })
+                    .map_err(|e| e.to_string())?;
                 self.consumer.release();
             }
             let consumed = self.consumer.released();
@@ -364,26 +374,6 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
             self.engine.handle_timeout(now);
         }
         Ok(moved)
-    }
-
-    /// Copies the packet in the own ring's slot at `slot` into the scratch
-    /// buffer; returns its length. The length comes from the header the peer
-    /// wrote, so it is clamped to the slot: the engine rejects what does not
-    /// fit (its CRC or length check fails).
-    fn read_slot(&mut self, slot: usize) -> Result<usize, WindowError> {
-        let slot_size = self.own_geometry.slot_size as usize;
-        self.own.read(slot, &mut self.scratch[..HEADER_LEN])?;
-        let claimed = u32::from_le_bytes(
-            self.scratch[crate::wire::field::PAYLOAD_LEN]
-                .try_into()
-                .expect("4 bytes"),
-        ) as usize;
-        let payload = claimed.min(slot_size - HEADER_LEN);
-        self.own.read(
-            slot + HEADER_LEN,
-            &mut self.scratch[HEADER_LEN..HEADER_LEN + payload],
-        )?;
-        Ok(HEADER_LEN + payload)
     }
 
     fn take_events(&mut self) {
