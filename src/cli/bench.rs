@@ -82,6 +82,16 @@ pub struct BenchArgs {
     /// Seed for payloads and injected faults.
     #[arg(long, default_value_t = 1, env = "BARLINK_SEED")]
     seed: u64,
+    /// Which of the two-process paths to measure (ratios to a baseline that
+    /// was not measured print as 0).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "barlink,raw-ring,unix-socket",
+        env = "BARLINK_PATHS"
+    )]
+    paths: Vec<bench_procs::ProcPath>,
 }
 
 /// One row of results.
@@ -413,11 +423,16 @@ fn run_processes(
         );
     }
     let mut results = vec![];
-    for path in [
+    let all = [
         bench_procs::ProcPath::Barlink,
         bench_procs::ProcPath::RawRing,
         bench_procs::ProcPath::UnixSocket,
-    ] {
+    ];
+    for path in all {
+        if !args.paths.contains(&path) {
+            results.push(vec![]);
+            continue;
+        }
         if progress {
             eprint!("\rbench: measuring {} ...", path.name());
         }
@@ -441,13 +456,22 @@ fn run_processes(
     for (index, &size) in plan.sizes.iter().enumerate() {
         let mut medians = [0.0f64; 3];
         for (which, path_results) in results.iter_mut().enumerate() {
-            medians[which] = median(&mut path_results[index].gbps_windows);
+            if let Some(measured) = path_results.get_mut(index) {
+                medians[which] = median(&mut measured.gbps_windows);
+            }
         }
-        for (which, path) in ["barlink", "raw-ring", "unix-socket"]
-            .into_iter()
-            .enumerate()
-        {
-            let m = &mut results[which][index];
+        let ratio = |value: f64, baseline: f64| {
+            if baseline > 0.0 {
+                value / baseline
+            } else {
+                0.0
+            }
+        };
+        for (which, path) in all.into_iter().enumerate() {
+            let Some(m) = results[which].get_mut(index) else {
+                continue;
+            };
+            let path = path.name();
             let row = ProcRow {
                 path,
                 size,
@@ -456,8 +480,8 @@ fn run_processes(
                 lat_p99_us: percentile(&mut m.latencies_us, 0.99),
                 retransmits: m.retransmits,
                 crc_errors: m.crc_errors,
-                vs_raw_ring: medians[which] / medians[1],
-                vs_unix: medians[which] / medians[2],
+                vs_raw_ring: ratio(medians[which], medians[1]),
+                vs_unix: ratio(medians[which], medians[2]),
             };
             print_proc_row(&row, args, config);
         }

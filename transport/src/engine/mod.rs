@@ -952,7 +952,9 @@ impl<B: AsRef<[u8]>> Engine<B> {
         if self.peer_epoch.is_some() && self.sender.wants_to_send(&self.config) {
             return Some(PacketKind::Data);
         }
-        if self.receiver.wants_ack(now, &self.config) {
+        if self.receiver.wants_ack(now, &self.config)
+            && !self.receiver.may_hold_ack(now, &self.config)
+        {
             return Some(PacketKind::Ack);
         }
         let keepalive_due = self
@@ -1074,7 +1076,8 @@ impl<B: AsRef<[u8]>> Engine<B> {
     }
 
     /// The next event, if any. Taking a delivered message frees the credit
-    /// its packets held.
+    /// its packets held, and releases an acknowledgement held back so that
+    /// a reply could carry it: call [`Engine::poll_transmit`] afterwards.
     pub fn poll_event(&mut self) -> Option<Event<B>> {
         let queued = self.events.pop_front()?;
         if let Event::Message { .. } = queued.event {

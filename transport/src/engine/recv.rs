@@ -229,6 +229,20 @@ impl Receiver {
             || self.ack_deadline.is_some_and(|deadline| now >= deadline)
     }
 
+    /// Whether an acknowledgement that is due may wait a little: a message
+    /// was just delivered and the caller has not taken it yet, so its answer
+    /// (which carries the acknowledgement, as every packet does) may be
+    /// about to go out. The wait ends when the caller takes the message, at
+    /// the ack deadline (`ack_delay` after the data arrived), or when
+    /// `ack_every` packets are unacknowledged — so a request/response pair
+    /// costs two packets, not four.
+    pub(super) fn may_hold_ack(&self, now: Time, config: &EngineConfig) -> bool {
+        self.undelivered_packets > 0
+            && self.unacked_packets < config.ack_every
+            && self.naks.is_empty()
+            && self.ack_deadline.is_some_and(|deadline| now < deadline)
+    }
+
     pub(super) fn ack_deadline(&self) -> Option<Time> {
         self.ack_deadline
     }
