@@ -456,7 +456,10 @@ fn run_processes(
     // One list per entry of `all`, empty where the path was not measured.
     let mut results: Vec<Vec<bench_procs::Measured>> = vec![vec![]; all.len()];
     for (path, path_results) in paths.iter().zip(measured) {
-        let slot = all.iter().position(|p| p == path).expect("paths come from all");
+        let slot = all
+            .iter()
+            .position(|p| p == path)
+            .expect("paths come from all");
         results[slot] = path_results;
     }
     if progress {

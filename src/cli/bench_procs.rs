@@ -509,7 +509,8 @@ fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>
 
 /// `iters` round trips split into turns of at most [`LATENCY_TURN`].
 fn latency_turns(iters: usize) -> impl Iterator<Item = usize> {
-    (0..iters.div_ceil(LATENCY_TURN)).map(move |turn| (iters - turn * LATENCY_TURN).min(LATENCY_TURN))
+    (0..iters.div_ceil(LATENCY_TURN))
+        .map(move |turn| (iters - turn * LATENCY_TURN).min(LATENCY_TURN))
 }
 
 /// The child's side (`barlink bench-peer`): receives, checks, confirms,
@@ -573,8 +574,7 @@ fn plan_args(plan: &PeerPlan) -> Vec<String> {
     };
     vec![
         "--paths".into(),
-        plan
-            .paths
+        plan.paths
             .iter()
             .map(|path| path.name())
             .collect::<Vec<_>>()

@@ -117,8 +117,11 @@ pub(super) struct Receiver {
     staged: Option<Vec<u8>>,
 }
 
-/// Given-back buffers kept for reuse at most.
-const MAX_SPARE_BUFFERS: usize = 4;
+/// Given-back buffers are kept while they hold at most this many receive
+/// windows' worth of bytes: enough that a full window of messages can be
+/// assembled without allocating (and zeroing) memory, while memory stays
+/// bounded by what the credit lets the peer send anyway.
+const SPARE_WINDOWS: usize = 2;
 
 /// Fragments' worth of memory reserved when a message starts.
 const INITIAL_RESERVATION_FRAGMENTS: usize = 64;
@@ -513,7 +516,11 @@ impl Receiver {
     pub(super) fn recycle(&mut self, buf: Vec<u8>, config: &EngineConfig) {
         // A buffer larger than any message is not worth holding.
         let useful = buf.capacity() as u64 <= config.max_message_len.max(1 << 20);
-        if self.spare_buffers.len() < MAX_SPARE_BUFFERS && useful {
+        let window_bytes = config.recv_window as usize * config.mtu;
+        let spare_bytes: usize = self.spare_buffers.iter().map(Vec::capacity).sum();
+        let room = spare_bytes + buf.capacity() <= SPARE_WINDOWS * window_bytes
+            && self.spare_buffers.len() < SPARE_WINDOWS * config.recv_window as usize;
+        if useful && room {
             // Its bytes stay as initialized room (see `Assembly::data`).
             self.spare_buffers.push(buf);
         }

@@ -41,6 +41,9 @@ const COPY_CHUNK: usize = 16 << 10;
 /// packet is usually a few hundred nanoseconds away.
 const SPINS_BEFORE_YIELD: u32 = 64;
 
+/// Idle rounds between clock reads in a blocking call.
+const CLOCK_EVERY_IDLE_ROUNDS: u32 = 8;
+
 /// Writes a ring's control block into the window its owner will read:
 /// magic, version, geometry and the owner's generation; the indices start
 /// at zero. The owner does this before handing the window to the peer.
@@ -242,6 +245,8 @@ pub struct RingLink<W: Window, B: AsRef<[u8]> = Vec<u8>> {
     medium_error: Option<String>,
     /// Rounds of a blocking call in a row that moved nothing.
     idle_rounds: u32,
+    /// The clock as last read by an idle round.
+    idle_clock: Option<Instant>,
 }
 
 impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
@@ -273,6 +278,7 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
             closed: None,
             medium_error: None,
             idle_rounds: 0,
+            idle_clock: None,
         })
     }
 
@@ -510,14 +516,21 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
     /// One round of progress; past the deadline, a timeout. Spins while
     /// packets move and yields the CPU when idle.
     fn wait_step(&mut self, deadline: Instant, timeout: Duration) -> Result<(), IoError> {
-        let instant = Instant::now();
+        // While idle, read the clock every few rounds only: a round is a few
+        // hundred nanoseconds and the engine's timers are milliseconds.
+        let instant = match self.idle_clock {
+            Some(instant) if !self.idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS) => instant,
+            _ => Instant::now(),
+        };
         let moved = self.progress_at(instant)?;
         if instant >= deadline {
             return Err(IoError::Timeout { after: timeout });
         }
         if moved {
             self.idle_rounds = 0;
+            self.idle_clock = None;
         } else {
+            self.idle_clock = Some(instant);
             self.idle_rounds = self.idle_rounds.wrapping_add(1);
             if self.idle_rounds.is_multiple_of(SPINS_BEFORE_YIELD) {
                 std::thread::yield_now();
