@@ -6,11 +6,13 @@
 //! The input is a script of operations. Packets are built from fuzzer-chosen
 //! fields and then checksummed, so that the fuzzer explores the engine's
 //! stateful checks rather than bouncing off the CRC; raw and bit-flipped
-//! packets are in the mix too.
+//! packets are in the mix too, each handed over whole or (as ring links
+//! do) header first with the payload copied straight into its message.
 #![no_main]
 
 use std::time::Duration;
 
+use barlink_transport::sim::{ReceivePath, hand_over};
 use barlink_transport::wire::{self, Packet};
 use barlink_transport::{Engine, EngineConfig, Event, Time};
 use libfuzzer_sys::fuzz_target;
@@ -43,6 +45,16 @@ impl Script<'_> {
             201..=250 => u64::from(self.u8()),
             _ => self.u64(),
         }
+    }
+}
+
+/// Whole packets, or header first and the payload copied from the medium
+/// straight into its message (as ring links do).
+fn path(script: &mut Script) -> ReceivePath {
+    if script.u8() & 1 == 0 {
+        ReceivePath::Contiguous
+    } else {
+        ReceivePath::FromMedium
     }
 }
 
@@ -107,13 +119,13 @@ fuzz_target!(|data: &[u8]| {
                     let bit = script.u32() as usize % (bytes.len() * 8);
                     bytes[bit / 8] ^= 1 << (bit % 8);
                 }
-                let _ = engine.handle_packet(now, &bytes);
+                let _ = hand_over(&mut engine, now, &bytes, path(&mut script));
             }
             // Raw bytes.
             4 => {
                 let len = script.u8() as usize * 4;
                 let raw: Vec<u8> = (0..len).map(|_| script.u8()).collect();
-                let _ = engine.handle_packet(now, &raw);
+                let _ = hand_over(&mut engine, now, &raw, path(&mut script));
             }
             // Time passes.
             5 => {

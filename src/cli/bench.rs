@@ -60,7 +60,9 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value = "on", env = "BARLINK_CRC")]
     crc: OnOff,
     /// Probability that a packet is corrupted (one bit flipped) on the way,
-    /// each direction; the engine must catch and resend every one.
+    /// each direction; the engine must catch and resend every one. Between
+    /// processes this adds a `barlink-faults` row, measured like the clean
+    /// one, and its goodput relative to the clean run.
     #[arg(long, default_value_t = 0.0, env = "BARLINK_FAULT_RATE")]
     fault_rate: f64,
     /// Timed windows per size (the median is reported). Default 7; quick 3.
@@ -82,6 +84,16 @@ pub struct BenchArgs {
     /// Seed for payloads and injected faults.
     #[arg(long, default_value_t = 1, env = "BARLINK_SEED")]
     seed: u64,
+    /// Which of the two-process paths to measure (ratios to a baseline that
+    /// was not measured print as 0).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "barlink,raw-ring,unix-socket",
+        env = "BARLINK_PATHS"
+    )]
+    paths: Vec<bench_procs::ProcPath>,
 }
 
 /// One row of results.
@@ -376,11 +388,6 @@ fn run_processes(
     plan: &Plan,
     config: &EngineConfig,
 ) -> Result<Status, CommandError> {
-    if args.fault_rate > 0.0 {
-        return Err(CommandError::usage(
-            "--fault-rate is not yet supported between processes; use --path engine-mem",
-        ));
-    }
     let counts: Vec<usize> = plan
         .sizes
         .iter()
@@ -400,7 +407,7 @@ fn run_processes(
             "# baselines in the same run: raw-ring (same rings, no protocol: the limit), unix-socket"
         );
         println!(
-            "# {:>8}  {:<12} {:>8} {:>12} {:>9} {:>11} {:>11} {:>8} {:>8}",
+            "# {:>8}  {:<14} {:>8} {:>12} {:>9} {:>11} {:>11} {:>8} {:>8}",
             "size",
             "path",
             "GB/s",
@@ -412,42 +419,71 @@ fn run_processes(
             "crc_err"
         );
     }
-    let mut results = vec![];
-    for path in [
+    let all = [
         bench_procs::ProcPath::Barlink,
         bench_procs::ProcPath::RawRing,
         bench_procs::ProcPath::UnixSocket,
-    ] {
-        if progress {
-            eprint!("\rbench: measuring {} ...", path.name());
-        }
-        let peer_plan = bench_procs::PeerPlan {
-            path,
-            name: format!("bench-{}-{}", std::process::id(), path.name()),
-            sizes: plan.sizes.clone(),
-            counts: counts.clone(),
-            windows: plan.windows,
-            lat_iters: plan.lat_iters.min(2000),
-            mtu: config.mtu,
-            crc: config.crc,
-        };
-        let measured = bench_procs::run_parent(&peer_plan)
-            .map_err(|e| CommandError::environment(format!("bench {}: {e}", path.name())))?;
-        results.push(measured);
+        bench_procs::ProcPath::BarlinkFaults,
+    ];
+    let faults = args.fault_rate > 0.0;
+    let paths: Vec<bench_procs::ProcPath> = all
+        .into_iter()
+        .filter(|&path| {
+            if path == bench_procs::ProcPath::BarlinkFaults {
+                faults
+            } else {
+                args.paths.contains(&path)
+            }
+        })
+        .collect();
+    if progress {
+        eprint!("\rbench: measuring ...");
+    }
+    let peer_plan = bench_procs::PeerPlan {
+        paths: paths.clone(),
+        name: format!("bench-{}", std::process::id()),
+        sizes: plan.sizes.clone(),
+        counts: counts.clone(),
+        windows: plan.windows,
+        lat_iters: plan.lat_iters.min(2000),
+        mtu: config.mtu,
+        crc: config.crc,
+        fault_rate: args.fault_rate,
+        seed: args.seed,
+    };
+    let measured = bench_procs::run_parent(&peer_plan)
+        .map_err(|e| CommandError::environment(format!("bench: {e}")))?;
+    // One list per entry of `all`, empty where the path was not measured.
+    let mut results: Vec<Vec<bench_procs::Measured>> = vec![vec![]; all.len()];
+    for (path, path_results) in paths.iter().zip(measured) {
+        let slot = all
+            .iter()
+            .position(|p| p == path)
+            .expect("paths come from all");
+        results[slot] = path_results;
     }
     if progress {
         eprint!("\r{:40}\r", "");
     }
     for (index, &size) in plan.sizes.iter().enumerate() {
-        let mut medians = [0.0f64; 3];
+        let mut medians = [0.0f64; 4];
         for (which, path_results) in results.iter_mut().enumerate() {
-            medians[which] = median(&mut path_results[index].gbps_windows);
+            if let Some(measured) = path_results.get_mut(index) {
+                medians[which] = median(&mut measured.gbps_windows);
+            }
         }
-        for (which, path) in ["barlink", "raw-ring", "unix-socket"]
-            .into_iter()
-            .enumerate()
-        {
-            let m = &mut results[which][index];
+        let ratio = |value: f64, baseline: f64| {
+            if baseline > 0.0 {
+                value / baseline
+            } else {
+                0.0
+            }
+        };
+        for (which, path) in all.into_iter().enumerate() {
+            let Some(m) = results[which].get_mut(index) else {
+                continue;
+            };
+            let path = path.name();
             let row = ProcRow {
                 path,
                 size,
@@ -456,10 +492,19 @@ fn run_processes(
                 lat_p99_us: percentile(&mut m.latencies_us, 0.99),
                 retransmits: m.retransmits,
                 crc_errors: m.crc_errors,
-                vs_raw_ring: medians[which] / medians[1],
-                vs_unix: medians[which] / medians[2],
+                vs_raw_ring: ratio(medians[which], medians[1]),
+                vs_unix: ratio(medians[which], medians[2]),
+                vs_clean: (which == 3).then(|| ratio(medians[3], medians[0])),
             };
             print_proc_row(&row, args, config);
+        }
+        if faults && !args.json {
+            println!(
+                "# {:>8}  goodput with a bit flipped in {} of packets: {:.2}x the clean barlink run",
+                human_size(size),
+                args.fault_rate,
+                ratio(medians[3], medians[0])
+            );
         }
     }
     Ok(Status::Ok)
@@ -475,6 +520,8 @@ struct ProcRow {
     crc_errors: u64,
     vs_raw_ring: f64,
     vs_unix: f64,
+    /// `barlink-faults`: goodput relative to the clean barlink run.
+    vs_clean: Option<f64>,
 }
 
 fn print_proc_row(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) {
@@ -488,10 +535,14 @@ fn print_proc_row(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) {
         );
         value.insert("ratio_to_raw_ring".into(), json!(round(row.vs_raw_ring, 3)));
         value.insert("ratio_to_unix_socket".into(), json!(round(row.vs_unix, 3)));
+        if let Some(vs_clean) = row.vs_clean {
+            value.insert("fault_rate".into(), json!(args.fault_rate));
+            value.insert("ratio_to_clean".into(), json!(round(vs_clean, 3)));
+        }
         println!("{}", serde_json::Value::Object(value));
     } else {
         println!(
-            "  {:>8}  {:<12} {:>8.2} {:>11.2}x {:>8.2}x {:>11.2} {:>11.2} {:>8} {:>8}",
+            "  {:>8}  {:<14} {:>8.2} {:>11.2}x {:>8.2}x {:>11.2} {:>11.2} {:>8} {:>8}",
             human_size(row.size),
             row.path,
             row.gbps,

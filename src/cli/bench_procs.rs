@@ -9,6 +9,13 @@
 //! The parent sends; a child process (this binary, `bench-peer`) receives.
 //! Bandwidth: a window of messages, then the child's one-byte "got them
 //! all"; latency: one message there and the same size back, halved.
+//!
+//! Every path is set up at the start between the same two processes, and
+//! their timed windows interleave (barlink, raw-ring, unix-socket, barlink,
+//! ...): on a shared machine the load drifts, and a ratio is only honest if
+//! both of its sides saw the same drift. Both processes follow the same
+//! schedule, so no control messages are needed, and a path that is not
+//! being measured is not polled at all (no idle spinning steals the CPU).
 
 use std::io::{Read, Write};
 use std::os::linux::net::SocketAddrExt;
@@ -20,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use barlink_transport::link::{LinkConfig, Listener, RingLink, connect, connect_windows};
 use barlink_transport::ring::{self, Consumer, Producer};
-use barlink_transport::window::{ShmWindow, Window};
+use barlink_transport::window::{FaultConfig, FaultWindow, ShmWindow, Window};
 use clap::{Args, ValueEnum};
 
 /// How long any single step of the benchmark may wait for the peer.
@@ -31,6 +38,8 @@ pub enum ProcPath {
     Barlink,
     RawRing,
     UnixSocket,
+    /// barlink with a bit flipped in packets on the way (`--fault-rate`).
+    BarlinkFaults,
 }
 
 impl ProcPath {
@@ -39,6 +48,7 @@ impl ProcPath {
             ProcPath::Barlink => "barlink",
             ProcPath::RawRing => "raw-ring",
             ProcPath::UnixSocket => "unix-socket",
+            ProcPath::BarlinkFaults => "barlink-faults",
         }
     }
 }
@@ -46,9 +56,9 @@ impl ProcPath {
 /// What both processes must agree on, passed to the child on its command line.
 #[derive(Debug, Clone, Args)]
 pub struct PeerPlan {
-    /// The path to measure.
-    #[arg(long, value_enum)]
-    pub path: ProcPath,
+    /// The paths to measure, in the order their windows take turns.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub paths: Vec<ProcPath>,
     /// Rendezvous name.
     #[arg(long)]
     pub name: String,
@@ -70,6 +80,13 @@ pub struct PeerPlan {
     /// CRC on the barlink link.
     #[arg(long, action = clap::ArgAction::Set)]
     pub crc: bool,
+    /// `barlink-faults`: probability that a packet written into the peer's
+    /// ring gets one bit flipped.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_rate: f64,
+    /// Seed of the injected faults.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 /// What one size measured on one path.
@@ -106,13 +123,38 @@ fn link_config(plan: &PeerPlan) -> LinkConfig {
     let window = ((4 << 20) / plan.mtu).clamp(4, 256) as u32;
     config.engine.send_window = window;
     config.engine.recv_window = window;
+    // A link sits unpolled while the other paths take their turns; that is
+    // the schedule, not a lost peer.
+    config.engine.peer_timeout = STEP_TIMEOUT;
     config.setup_timeout = Duration::from_secs(20);
     config
 }
 
-struct LinkPipe(RingLink<ShmWindow, Arc<[u8]>>);
+struct LinkPipe<W: Window>(RingLink<W, Arc<[u8]>>);
 
-impl Pipe for LinkPipe {
+/// A link whose writes into the peer's ring flip a bit with probability
+/// `rate` per packet. Each packet is two writes (payload, then header, each
+/// one fault decision), so each write is faulted with `rate / 2`. Both
+/// windows go through the wrapper so that both directions pay its cost.
+fn faulty_link(
+    own: ShmWindow,
+    peer: ShmWindow,
+    config: &LinkConfig,
+    rate: f64,
+    seed: u64,
+) -> Result<LinkPipe<FaultWindow<ShmWindow>>, String> {
+    let own = FaultWindow::new(own, FaultConfig::none(), seed);
+    let peer = FaultWindow::new(
+        peer,
+        FaultConfig::none().with_bit_flip(rate / 2.0),
+        seed ^ 0x5EED,
+    );
+    RingLink::new(own, peer, config.engine.clone(), 1)
+        .map(LinkPipe)
+        .map_err(|e| e.to_string())
+}
+
+impl<W: Window> Pipe for LinkPipe<W> {
     fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String> {
         self.0
             .send_blocking(message.clone(), STEP_TIMEOUT)
@@ -275,17 +317,29 @@ fn socket_address(name: &str) -> Result<SocketAddr, String> {
 }
 
 /// Opens the pipe on the parent's side (it listens; the child connects).
-fn parent_pipe(plan: &PeerPlan, child: &mut Child) -> Result<Box<dyn Pipe>, String> {
+fn parent_pipe(
+    plan: &PeerPlan,
+    path: ProcPath,
+    child: &mut Child,
+) -> Result<Box<dyn Pipe>, String> {
     let config = link_config(plan);
-    Ok(match plan.path {
+    let name = format!("{}-{}", plan.name, path.name());
+    Ok(match path {
         ProcPath::Barlink => {
-            let listener = Listener::bind(&plan.name).map_err(|e| e.to_string())?;
+            let listener = Listener::bind(&name).map_err(|e| e.to_string())?;
             Box::new(LinkPipe(
                 listener.accept(&config).map_err(|e| e.to_string())?,
             ))
         }
+        ProcPath::BarlinkFaults => {
+            let listener = Listener::bind(&name).map_err(|e| e.to_string())?;
+            let (own, peer) = listener
+                .accept_windows(&config)
+                .map_err(|e| e.to_string())?;
+            Box::new(faulty_link(own, peer, &config, plan.fault_rate, plan.seed)?)
+        }
         ProcPath::RawRing => {
-            let listener = Listener::bind(&plan.name).map_err(|e| e.to_string())?;
+            let listener = Listener::bind(&name).map_err(|e| e.to_string())?;
             let (own, peer) = listener
                 .accept_windows(&config)
                 .map_err(|e| e.to_string())?;
@@ -293,7 +347,7 @@ fn parent_pipe(plan: &PeerPlan, child: &mut Child) -> Result<Box<dyn Pipe>, Stri
         }
         ProcPath::UnixSocket => {
             let listener =
-                UnixListener::bind_addr(&socket_address(&plan.name)?).map_err(|e| e.to_string())?;
+                UnixListener::bind_addr(&socket_address(&name)?).map_err(|e| e.to_string())?;
             listener.set_nonblocking(true).map_err(|e| e.to_string())?;
             let deadline = Instant::now() + config.setup_timeout;
             let stream = loop {
@@ -317,18 +371,29 @@ fn parent_pipe(plan: &PeerPlan, child: &mut Child) -> Result<Box<dyn Pipe>, Stri
     })
 }
 
-fn child_pipe(plan: &PeerPlan) -> Result<Box<dyn Pipe>, String> {
+fn child_pipe(plan: &PeerPlan, path: ProcPath) -> Result<Box<dyn Pipe>, String> {
     let config = link_config(plan);
-    Ok(match plan.path {
+    let name = format!("{}-{}", plan.name, path.name());
+    Ok(match path {
         ProcPath::Barlink => Box::new(LinkPipe(
-            connect(&plan.name, &config).map_err(|e| e.to_string())?,
+            connect(&name, &config).map_err(|e| e.to_string())?,
         )),
+        ProcPath::BarlinkFaults => {
+            let (own, peer) = connect_windows(&name, &config).map_err(|e| e.to_string())?;
+            Box::new(faulty_link(
+                own,
+                peer,
+                &config,
+                plan.fault_rate,
+                !plan.seed,
+            )?)
+        }
         ProcPath::RawRing => {
-            let (own, peer) = connect_windows(&plan.name, &config).map_err(|e| e.to_string())?;
+            let (own, peer) = connect_windows(&name, &config).map_err(|e| e.to_string())?;
             Box::new(RawRingPipe::new(own, peer)?)
         }
         ProcPath::UnixSocket => {
-            let addr = socket_address(&plan.name)?;
+            let addr = socket_address(&name)?;
             let deadline = Instant::now() + config.setup_timeout;
             let stream = loop {
                 match UnixStream::connect_addr(&addr) {
@@ -353,9 +418,9 @@ fn message_of(size: usize, seed: u64) -> Arc<[u8]> {
     data.into()
 }
 
-/// The parent's side: spawns the child, measures every size, returns one
-/// `Measured` per size.
-pub fn run_parent(plan: &PeerPlan) -> Result<Vec<Measured>, String> {
+/// The parent's side: spawns the child, measures every size on every path,
+/// returns one `Measured` per size for each path of `plan.paths`.
+pub fn run_parent(plan: &PeerPlan) -> Result<Vec<Vec<Measured>>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .arg("bench-peer")
@@ -375,82 +440,126 @@ pub fn run_parent(plan: &PeerPlan) -> Result<Vec<Measured>, String> {
     Ok(measured)
 }
 
-fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Measured>, String> {
-    let mut pipe = parent_pipe(plan, child)?;
+/// Round trips per turn when the paths take turns at latency.
+const LATENCY_TURN: usize = 100;
+
+fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>>, String> {
+    let mut pipes = vec![];
+    for &path in &plan.paths {
+        let pipe = parent_pipe(plan, path, child).map_err(|e| format!("{}: {e}", path.name()))?;
+        pipes.push(pipe);
+    }
     let mut ack = Vec::new();
     let mut reply = Vec::new();
-    let mut results = vec![];
+    let mut results: Vec<Vec<Measured>> = vec![vec![]; pipes.len()];
     for (&size, &count) in plan.sizes.iter().zip(&plan.counts) {
         let message = message_of(size, size as u64);
-        let (retransmits_before, crc_before) = pipe.counters();
-        let mut gbps_windows = vec![];
+        let before: Vec<(u64, u64)> = pipes.iter().map(|pipe| pipe.counters()).collect();
+        let mut measured = vec![
+            Measured {
+                gbps_windows: vec![],
+                latencies_us: vec![],
+                retransmits: 0,
+                crc_errors: 0,
+            };
+            pipes.len()
+        ];
         for window in 0..=plan.windows {
-            let start = Instant::now();
-            for _ in 0..count {
-                pipe.send(&message)?;
-            }
-            pipe.recv(&mut ack)?; // the child has them all
-            let seconds = start.elapsed().as_secs_f64();
-            if window > 0 {
-                gbps_windows.push((size * count) as f64 / seconds / 1e9);
-            }
-        }
-        let mut latencies_us = vec![];
-        for _ in 0..plan.lat_iters {
-            let start = Instant::now();
-            pipe.send(&message)?;
-            let len = pipe.recv(&mut reply)?;
-            latencies_us.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
-            if len != size {
-                return Err(format!("echo of {size} bytes came back as {len}"));
+            for (pipe, measured) in pipes.iter_mut().zip(&mut measured) {
+                let start = Instant::now();
+                for _ in 0..count {
+                    pipe.send(&message)?;
+                }
+                pipe.recv(&mut ack)?; // the child has them all
+                let seconds = start.elapsed().as_secs_f64();
+                if window > 0 {
+                    measured
+                        .gbps_windows
+                        .push((size * count) as f64 / seconds / 1e9);
+                }
             }
         }
-        pipe.flush()?;
-        let (retransmits, crc_errors) = pipe.counters();
-        results.push(Measured {
-            gbps_windows,
-            latencies_us,
-            retransmits: retransmits - retransmits_before,
-            crc_errors: crc_errors - crc_before,
-        });
+        for turn in latency_turns(plan.lat_iters) {
+            for (pipe, measured) in pipes.iter_mut().zip(&mut measured) {
+                for _ in 0..turn {
+                    let start = Instant::now();
+                    pipe.send(&message)?;
+                    let len = pipe.recv(&mut reply)?;
+                    measured
+                        .latencies_us
+                        .push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
+                    if len != size {
+                        return Err(format!("echo of {size} bytes came back as {len}"));
+                    }
+                }
+            }
+        }
+        for (index, pipe) in pipes.iter_mut().enumerate() {
+            pipe.flush()?;
+            let (retransmits, crc_errors) = pipe.counters();
+            measured[index].retransmits = retransmits - before[index].0;
+            measured[index].crc_errors = crc_errors - before[index].1;
+        }
+        for (path_results, measured) in results.iter_mut().zip(measured) {
+            path_results.push(measured);
+        }
     }
     Ok(results)
 }
 
+/// `iters` round trips split into turns of at most [`LATENCY_TURN`].
+fn latency_turns(iters: usize) -> impl Iterator<Item = usize> {
+    (0..iters.div_ceil(LATENCY_TURN))
+        .map(move |turn| (iters - turn * LATENCY_TURN).min(LATENCY_TURN))
+}
+
 /// The child's side (`barlink bench-peer`): receives, checks, confirms,
-/// echoes.
+/// echoes, on each path in the parent's order.
 pub fn run_child(plan: &PeerPlan) -> Result<(), String> {
-    let mut pipe = child_pipe(plan)?;
+    let mut pipes = vec![];
+    for &path in &plan.paths {
+        pipes.push(child_pipe(plan, path).map_err(|e| format!("{}: {e}", path.name()))?);
+    }
     let done: Arc<[u8]> = vec![1u8].into();
     let mut buf = Vec::new();
     for (&size, &count) in plan.sizes.iter().zip(&plan.counts) {
         let expected = message_of(size, size as u64);
         for _ in 0..=plan.windows {
-            for index in 0..count {
-                let len = pipe.recv(&mut buf)?;
-                if len != size {
-                    return Err(format!(
-                        "message {index} of size {size} arrived with {len} bytes"
-                    ));
+            for pipe in pipes.iter_mut() {
+                for index in 0..count {
+                    let len = pipe.recv(&mut buf)?;
+                    if len != size {
+                        return Err(format!(
+                            "message {index} of size {size} arrived with {len} bytes"
+                        ));
+                    }
+                    if index == 0 && buf[..] != expected[..] {
+                        return Err(format!(
+                            "message of size {size} arrived with different bytes"
+                        ));
+                    }
                 }
-                if index == 0 && buf[..] != expected[..] {
-                    return Err(format!(
-                        "message of size {size} arrived with different bytes"
-                    ));
+                pipe.send(&done)?;
+            }
+        }
+        for turn in latency_turns(plan.lat_iters) {
+            for pipe in pipes.iter_mut() {
+                for _ in 0..turn {
+                    pipe.recv(&mut buf)?;
+                    pipe.send(&expected)?;
                 }
             }
-            pipe.send(&done)?;
         }
-        for _ in 0..plan.lat_iters {
-            pipe.recv(&mut buf)?;
-            pipe.send(&expected)?;
+        for pipe in pipes.iter_mut() {
+            pipe.flush()?;
         }
-        pipe.flush()?;
     }
-    // Keep the link up briefly so the parent gets its last acknowledgements.
+    // Keep the links up briefly so the parent gets its last acknowledgements.
     let until = Instant::now() + Duration::from_millis(200);
     while Instant::now() < until {
-        let _ = pipe.flush();
+        for pipe in pipes.iter_mut() {
+            let _ = pipe.flush();
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     Ok(())
@@ -464,8 +573,12 @@ fn plan_args(plan: &PeerPlan) -> Vec<String> {
             .join(",")
     };
     vec![
-        "--path".into(),
-        plan.path.name().into(),
+        "--paths".into(),
+        plan.paths
+            .iter()
+            .map(|path| path.name())
+            .collect::<Vec<_>>()
+            .join(","),
         "--name".into(),
         plan.name.clone(),
         "--sizes".into(),
@@ -480,5 +593,9 @@ fn plan_args(plan: &PeerPlan) -> Vec<String> {
         plan.mtu.to_string(),
         "--crc".into(),
         plan.crc.to_string(),
+        "--fault-rate".into(),
+        plan.fault_rate.to_string(),
+        "--seed".into(),
+        plan.seed.to_string(),
     ]
 }

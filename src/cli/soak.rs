@@ -6,6 +6,10 @@
 //! bytes follow from (seed, index). So the receiver tells apart a message
 //! lost (an index skipped), duplicated (an index again) and corrupted
 //! (bytes that differ), and counts each. Any of the three is a failure.
+//! A message the sender saw acknowledged that never arrived is lost too.
+//! If the link itself fails, the messages it had not delivered were failed
+//! with that error, not lost silently: they are counted apart
+//! (`failed with error`), and the run fails with the error.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -89,6 +93,9 @@ struct Verdicts {
     messages: AtomicU64,
     bytes: AtomicU64,
     lost: AtomicU64,
+    /// Queued messages a failed link never delivered (each was failed with
+    /// the link's error).
+    failed_with_error: AtomicU64,
     corrupted: AtomicU64,
     duplicated: AtomicU64,
 }
@@ -147,7 +154,9 @@ pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
     let reader = {
         let verdicts = verdicts.clone();
         let stop = stop.clone();
-        thread::spawn(move || -> Result<RingLink<Arc<dyn Window>>, String> {
+        // The link comes back whatever happens, so that its statistics are
+        // reported even after a failure.
+        thread::spawn(move || -> (RingLink<Arc<dyn Window>>, Option<String>) {
             let mut expected = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 // Short waits, so that the end of the run is seen long
@@ -155,7 +164,7 @@ pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
                 let data = match receiver.recv(Duration::from_millis(100)) {
                     Ok(data) => data,
                     Err(barlink_transport::link::IoError::Timeout { .. }) => continue,
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => return (receiver, Some(e.to_string())),
                 };
                 let index = u64::from_le_bytes(
                     data.get(..8)
@@ -179,7 +188,7 @@ pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
                 receiver.recycle(data);
             }
-            Ok(receiver)
+            (receiver, None)
         })
     };
 
@@ -213,20 +222,30 @@ pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
         thread::yield_now();
     }
     stop.store(true, Ordering::Relaxed);
-    let receiver = reader
+    let (receiver, receiver_failure) = reader
         .join()
         .map_err(|_| CommandError::environment("soak: the receiving thread panicked"))?;
-    if let Err(e) = &receiver {
-        failure.get_or_insert(e.clone());
+    if let Some(e) = receiver_failure {
+        failure.get_or_insert(format!("receiver: {e}"));
     }
+    // Acknowledged to the sender means delivered to the receiver: any
+    // shortfall there is loss. Beyond it, what the sender queued but the
+    // failed link never acknowledged was failed with the link's error.
     let received = verdicts.messages.load(Ordering::Relaxed);
-    if received < sent {
-        verdicts.lost.fetch_add(sent - received, Ordering::Relaxed);
+    let acknowledged = sender.completed();
+    if received < acknowledged {
+        verdicts
+            .lost
+            .fetch_add(acknowledged - received, Ordering::Relaxed);
     }
-    let mut caught = sender.engine().stats().crc_failures + sender.engine().stats().malformed;
-    if let Ok(receiver) = &receiver {
-        caught += receiver.engine().stats().crc_failures + receiver.engine().stats().malformed;
-    }
+    verdicts.failed_with_error.store(
+        sent.saturating_sub(acknowledged.max(received)),
+        Ordering::Relaxed,
+    );
+    let caught = sender.engine().stats().crc_failures
+        + sender.engine().stats().malformed
+        + receiver.engine().stats().crc_failures
+        + receiver.engine().stats().malformed;
     report(args, "final", started, &sender, &verdicts, sent, caught);
     if let Some(e) = failure {
         eprintln!("barlink soak: the link failed: {e}");
@@ -258,6 +277,7 @@ fn report(
     let lost = verdicts.lost.load(Ordering::Relaxed);
     let corrupted = verdicts.corrupted.load(Ordering::Relaxed);
     let duplicated = verdicts.duplicated.load(Ordering::Relaxed);
+    let failed = verdicts.failed_with_error.load(Ordering::Relaxed);
     if args.json {
         println!(
             "{}",
@@ -272,12 +292,18 @@ fn report(
                 "lost": lost,
                 "corrupted": corrupted,
                 "duplicated": duplicated,
+                "failed_with_error": failed,
             })
         );
     } else {
         println!(
-            "soak {kind}: {elapsed:.0}s  messages {messages}  bytes {bytes}  retransmits {}  crc failures caught {caught}  lost {lost}  corrupted {corrupted}  duplicated {duplicated}",
-            stats.retransmits()
+            "soak {kind}: {elapsed:.0}s  messages {messages}  bytes {bytes}  retransmits {}  crc failures caught {caught}  lost {lost}  corrupted {corrupted}  duplicated {duplicated}{}",
+            stats.retransmits(),
+            if failed > 0 {
+                format!("  failed with error {failed}")
+            } else {
+                String::new()
+            }
         );
     }
 }

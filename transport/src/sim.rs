@@ -276,6 +276,19 @@ pub struct SimPair<B = Vec<u8>> {
     /// A function applied to every packet a side sends before the channel's
     /// faults: targeted corruption for tests ("every data packet from A").
     pub tamper: [Option<Tamper>; 2],
+    /// How packets are handed to the receiving engine.
+    pub receive_path: ReceivePath,
+}
+
+/// How a simulated medium hands a packet to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReceivePath {
+    /// The whole packet at once ([`Engine::handle_packet`]).
+    #[default]
+    Contiguous,
+    /// The header, then the payload copied out of the medium piece by
+    /// piece, as a ring link does ([`Engine::handle_packet_from`]).
+    FromMedium,
 }
 
 impl<B: AsRef<[u8]>> SimPair<B> {
@@ -299,6 +312,7 @@ impl<B: AsRef<[u8]>> SimPair<B> {
             rng: SplitMix64::new(seed),
             packet_errors: [0; 2],
             tamper: [None; 2],
+            receive_path: ReceivePath::Contiguous,
         })
     }
 
@@ -359,6 +373,7 @@ impl<B: AsRef<[u8]>> SimPair<B> {
             self.now,
             &mut self.a_to_b,
             &mut self.packet_errors[1],
+            self.receive_path,
         );
         moved |= deliver_all(
             &mut self.a,
@@ -366,6 +381,7 @@ impl<B: AsRef<[u8]>> SimPair<B> {
             self.now,
             &mut self.b_to_a,
             &mut self.packet_errors[0],
+            self.receive_path,
         );
         if moved {
             return true;
@@ -504,16 +520,43 @@ fn deliver_all<B: AsRef<[u8]>>(
     now: Time,
     channel: &mut Channel,
     errors: &mut u64,
+    path: ReceivePath,
 ) -> bool {
     let mut delivered = false;
     while let Some((packet, len)) = channel.receive(now) {
         delivered = true;
-        if alive && engine.handle_packet(now, &packet[..len]).is_err() {
+        if alive && hand_over(engine, now, &packet[..len], path).is_err() {
             *errors += 1;
         }
         channel.recycle(packet);
     }
     delivered
+}
+
+/// Gives one received packet to `engine` the way `path` says.
+pub fn hand_over<B: AsRef<[u8]>>(
+    engine: &mut Engine<B>,
+    now: Time,
+    packet: &[u8],
+    path: ReceivePath,
+) -> Result<(), crate::engine::PacketError> {
+    match path {
+        ReceivePath::Contiguous => engine.handle_packet(now, packet),
+        ReceivePath::FromMedium => {
+            let header = &packet[..packet.len().min(crate::wire::HEADER_LEN)];
+            let payload = &packet[header.len()..];
+            // The engine asks only for bytes within what the header claims,
+            // which it checked against `payload.len()`.
+            let verdict = engine.handle_packet_from(now, header, payload.len(), |offset, dst| {
+                dst.copy_from_slice(&payload[offset..offset + dst.len()]);
+                Ok::<(), std::convert::Infallible>(())
+            });
+            match verdict {
+                Ok(result) => result,
+                Err(never) => match never {},
+            }
+        }
+    }
 }
 
 #[cfg(test)]

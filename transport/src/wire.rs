@@ -555,6 +555,59 @@ impl Repr {
         limits: &ParseLimits,
     ) -> Result<Repr, WireError> {
         packet.check_len()?;
+        let repr = Repr::check_fields(packet, limits)?;
+        if repr.crc_to_verify(limits) {
+            let computed = packet.compute_crc();
+            if computed != packet.crc() {
+                return Err(WireError::BadCrc {
+                    carried: packet.crc(),
+                    computed,
+                });
+            }
+        }
+        Ok(repr)
+    }
+
+    /// Validates a header whose payload has not been read yet: everything
+    /// [`Repr::parse`] checks except the CRC, which covers the payload. `room`
+    /// is how many payload bytes could follow the header (a ring slot's
+    /// size less the header): a claimed payload beyond it is
+    /// [`WireError::PayloadBeyondBuffer`].
+    ///
+    /// This is how a receiver copies a payload exactly once — out of the
+    /// medium straight into its destination, taking the CRC as it goes —
+    /// and checks [`Repr::crc_to_verify`] before trusting any of it.
+    pub fn parse_header(
+        header: &[u8],
+        room: usize,
+        limits: &ParseLimits,
+    ) -> Result<Repr, WireError> {
+        if header.len() < HEADER_LEN {
+            return Err(WireError::Truncated { len: header.len() });
+        }
+        let packet = Packet::new_unchecked(&header[..HEADER_LEN]);
+        let payload_len = packet.payload_len();
+        if payload_len as usize > room {
+            return Err(WireError::PayloadBeyondBuffer {
+                payload_len,
+                available: room,
+            });
+        }
+        Repr::check_fields(&packet, limits)
+    }
+
+    /// Whether a packet with this header must have its CRC checked under
+    /// `limits` (it carries one and the receiver verifies).
+    pub fn crc_to_verify(&self, limits: &ParseLimits) -> bool {
+        limits.verify_crc && self.flags & flags::NO_CRC == 0
+    }
+
+    /// Every check but the buffer length and the CRC itself, in the order
+    /// [`Repr::parse`] reports them.
+    fn check_fields<T: AsRef<[u8]>>(
+        packet: &Packet<T>,
+        limits: &ParseLimits,
+    ) -> Result<Repr, WireError> {
         if packet.magic() != MAGIC {
             return Err(WireError::BadMagic {
                 found: packet.magic(),
@@ -611,18 +664,8 @@ impl Repr {
             }
             None
         };
-        if packet_flags & flags::NO_CRC != 0 {
-            if limits.verify_crc {
-                return Err(WireError::CrcRequired);
-            }
-        } else if limits.verify_crc {
-            let computed = packet.compute_crc();
-            if computed != packet.crc() {
-                return Err(WireError::BadCrc {
-                    carried: packet.crc(),
-                    computed,
-                });
-            }
+        if packet_flags & flags::NO_CRC != 0 && limits.verify_crc {
+            return Err(WireError::CrcRequired);
         }
         Ok(Repr {
             kind,

@@ -80,6 +80,11 @@ fn one_corrupt_packet_is_naked_and_resent_at_once() {
             }
         }
         drain_events(&mut pair.b, pair.now, &mut log);
+        // Taking a message releases the acknowledgement B held for a reply.
+        while let Some(len) = pair.b.poll_transmit(pair.now, &mut buf) {
+            let copy = buf[..len].to_vec();
+            let _ = pair.a.handle_packet(pair.now, &copy);
+        }
         drain_events(&mut pair.a, pair.now, &mut a_log);
         pair.now += Duration::from_micros(10);
         pair.a.handle_timeout(pair.now);
@@ -658,4 +663,89 @@ fn an_idle_link_stays_up_on_heartbeats() {
     let heartbeats = pair.a.stats().heartbeats_sent;
     // One per heartbeat interval, give or take the start.
     assert!((250..=320).contains(&heartbeats), "{heartbeats}");
+}
+
+/// Moves every packet `from` wants to send into `to`; returns their kinds.
+fn flush_one_way(from: &mut Engine, to: &mut Engine, now: Time) -> Vec<PacketKind> {
+    let mut buf = vec![0u8; config().mtu];
+    let mut kinds = vec![];
+    while let Some(len) = from.poll_transmit(now, &mut buf) {
+        kinds.push(
+            Repr::parse(
+                &Packet::new_unchecked(&buf[..len]),
+                &config().parse_limits(),
+            )
+            .unwrap()
+            .kind,
+        );
+        let _ = to.handle_packet(now, &buf[..len]);
+    }
+    kinds
+}
+
+/// Connects a pair and lets the handshake settle.
+fn settled_pair() -> SimPair {
+    let mut pair = pair(Faults::none(), 11);
+    for _ in 0..4 {
+        flush_one_way(&mut pair.a, &mut pair.b, pair.now);
+        flush_one_way(&mut pair.b, &mut pair.a, pair.now);
+        pair.now += Duration::from_micros(1);
+    }
+    while pair.a.poll_event().is_some() {}
+    while pair.b.poll_event().is_some() {}
+    pair
+}
+
+#[test]
+fn a_reply_carries_the_acknowledgement_of_its_request() {
+    let mut pair = settled_pair();
+    let id = pair.a.send(b"request".to_vec()).unwrap();
+    assert_eq!(
+        flush_one_way(&mut pair.a, &mut pair.b, pair.now),
+        vec![PacketKind::Data]
+    );
+    // B holds the acknowledgement A asked for while the request waits for
+    // B's caller, who may answer at once.
+    assert!(flush_one_way(&mut pair.b, &mut pair.a, pair.now).is_empty());
+    let Some(Event::Message { data, .. }) = pair.b.poll_event() else {
+        panic!("the request was delivered");
+    };
+    assert_eq!(data, b"request");
+    pair.b.send(b"reply".to_vec()).unwrap();
+    assert_eq!(
+        flush_one_way(&mut pair.b, &mut pair.a, pair.now),
+        vec![PacketKind::Data]
+    );
+    let mut completed = false;
+    while let Some(event) = pair.a.poll_event() {
+        completed |= matches!(event, Event::SendComplete { id: done, .. } if done == id);
+    }
+    assert!(
+        completed,
+        "the reply acknowledged the request: two packets, not four"
+    );
+}
+
+#[test]
+fn a_held_acknowledgement_goes_out_by_the_ack_deadline() {
+    let mut pair = settled_pair();
+    pair.a.send(b"request".to_vec()).unwrap();
+    flush_one_way(&mut pair.a, &mut pair.b, pair.now);
+    assert!(flush_one_way(&mut pair.b, &mut pair.a, pair.now).is_empty());
+    // B's caller does not take the message: the hold ends at the deadline.
+    let deadline = pair
+        .b
+        .poll_timeout()
+        .expect("B has the ack deadline pending");
+    assert!(deadline <= pair.now + config().ack_delay);
+    pair.now = deadline;
+    pair.b.handle_timeout(pair.now);
+    assert_eq!(
+        flush_one_way(&mut pair.b, &mut pair.a, pair.now),
+        vec![PacketKind::Ack]
+    );
+    assert!(matches!(
+        pair.a.poll_event(),
+        Some(Event::SendComplete { .. })
+    ));
 }

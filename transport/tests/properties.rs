@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use barlink_transport::sim::{Faults, Side, SimPair, SplitMix64};
+use barlink_transport::sim::{Faults, ReceivePath, Side, SimPair, SplitMix64, hand_over};
 use barlink_transport::wire::{self, Packet};
 use barlink_transport::{Engine, EngineConfig, Event, LinkError, Time};
 use common::{SideLog, assert_delivery_is_exact, drain_events, exchange, payloads};
@@ -40,6 +40,12 @@ fn faults() -> impl Strategy<Value = Faults> {
         )
 }
 
+/// Both ways a packet reaches the engine: whole, or header first and the
+/// payload copied out of the medium straight into its message.
+fn receive_path() -> impl Strategy<Value = ReceivePath> {
+    prop_oneof![Just(ReceivePath::Contiguous), Just(ReceivePath::FromMedium)]
+}
+
 fn config() -> impl Strategy<Value = EngineConfig> {
     (
         prop::sample::select(vec![256usize, 1024, 4096, 65536]),
@@ -65,8 +71,10 @@ proptest! {
         config in config(),
         sizes_ab in prop::collection::vec(0usize..20_000, 0..24),
         sizes_ba in prop::collection::vec(0usize..6_000, 0..8),
+        path in receive_path(),
     ) {
         let mut pair = SimPair::new(config.clone(), config, faults_ab, faults_ba, seed).unwrap();
+        pair.receive_path = path;
         let out = exchange(
             &mut pair,
             payloads(&sizes_ab, seed),
@@ -101,6 +109,7 @@ proptest! {
         loss in 0.3..0.7f64,
         corrupt in 0.2..0.6f64,
         sizes in prop::collection::vec(0usize..5_000, 1..10),
+        path in receive_path(),
     ) {
         let faults = Faults { loss, corrupt, ..Faults::none() };
         let config = EngineConfig {
@@ -110,6 +119,7 @@ proptest! {
             ..EngineConfig::default()
         };
         let mut pair = SimPair::new(config.clone(), config, faults.clone(), faults, seed).unwrap();
+        pair.receive_path = path;
         let out = exchange(&mut pair, payloads(&sizes, seed), vec![], Duration::from_secs(600));
         assert_delivery_is_exact(&out.sent_a, &out.b.delivered, &out.a.completed);
         prop_assert_eq!(out.a.resolved(), sizes.len(), "every send resolved one way or the other");
@@ -134,10 +144,12 @@ proptest! {
         restart_after_bytes in 0u64..60_000,
         loss in 0.0..0.1f64,
         corrupt in 0.0..0.1f64,
+        path in receive_path(),
     ) {
         let faults = Faults { loss, corrupt, ..Faults::none() };
         let config = EngineConfig { mtu: 1024, send_window: 16, ..EngineConfig::default() };
         let mut pair = SimPair::new(config.clone(), config.clone(), faults.clone(), faults, seed).unwrap();
+        pair.receive_path = path;
         // Old-session messages are all 0xAA..., new-session ones 0xBB...;
         // each has a distinct length so a mix of two shows as a wrong one.
         let old: Vec<Vec<u8>> = (0..8).map(|i| vec![0xAA; 9000 + i]).collect();
@@ -181,6 +193,7 @@ proptest! {
     fn a_garbage_peer_is_harmless(
         seed in any::<u64>(),
         packets in prop::collection::vec((0usize..5000, any::<bool>(), 0u8..8), 1..200),
+        path in receive_path(),
     ) {
         let config = EngineConfig { mtu: 4096, ..EngineConfig::default() };
         let mut engine: Engine = Engine::new(config.clone(), 1, Time::ZERO).unwrap();
@@ -198,7 +211,7 @@ proptest! {
                 packet.set_payload_len((len - wire::HEADER_LEN) as u32);
                 packet.fill_crc();
             }
-            let _ = engine.handle_packet(now, &bytes);
+            let _ = hand_over(&mut engine, now, &bytes, path);
             while engine.poll_transmit(now, &mut out).is_some() {}
             now += Duration::from_micros(rng.below(2000));
             engine.handle_timeout(now);

@@ -46,7 +46,7 @@ pub use stats::Stats;
 use crate::crc::Crc32c;
 use crate::time::Time;
 use crate::wire::{self, HEADER_LEN, Packet, PacketKind, ParseLimits, Repr, WireError, flags};
-use recv::{Completed, Receiver};
+use recv::{Completed, Payload, Receiver};
 use send::Sender;
 
 /// Identifies a message within one engine's sending side; the receiving
@@ -445,7 +445,15 @@ pub struct Engine<B = Vec<u8>> {
     /// The peer's earlier epochs: packets from them are leftovers even if
     /// serial arithmetic would call them newer after many restarts.
     retired_peer_epochs: VecDeque<u32>,
+    /// Where a payload that cannot go straight into its message is copied
+    /// for [`Engine::handle_packet_from`].
+    scratch: Vec<u8>,
 }
+
+/// Bytes copied out of the medium between CRC updates: small enough to
+/// stay in L1/L2 until the CRC reads them, large enough that the CRC's
+/// per-call cost does not show.
+const RECEIVE_CHUNK: usize = 16 << 10;
 
 /// Earlier peer epochs remembered.
 const RETIRED_EPOCHS_KEPT: usize = 16;
@@ -478,6 +486,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
             last_sent: None,
             last_heard: now,
             retired_peer_epochs: VecDeque::new(),
+            scratch: Vec::new(),
         })
     }
 
@@ -565,20 +574,131 @@ impl<B: AsRef<[u8]>> Engine<B> {
             return Err(PacketError::EngineClosed);
         }
         let packet = Packet::new_unchecked(bytes);
-        let repr = match Repr::parse(&packet, &self.limits) {
+        match Repr::parse(&packet, &self.limits) {
+            Ok(repr) => self.accept(now, &repr, Payload::Bytes(packet.payload())),
+            Err(error) => Err(self.on_wire_error(error)),
+        }
+    }
+
+    /// Feeds one packet straight out of the medium, copying its payload
+    /// exactly once: [`Engine::handle_packet`] for a packet that is not
+    /// contiguous in memory yet.
+    ///
+    /// `header` holds the packet's first [`HEADER_LEN`] bytes; at most
+    /// `room` payload bytes can follow it (a ring slot's size less the
+    /// header). `read_payload(offset, dst)` copies `dst.len()` payload bytes
+    /// starting at `offset` out of the medium; it is called with pieces in
+    /// order. When the packet is the next one in order of the message being
+    /// put together — the common case — the pieces land directly in that
+    /// message's buffer, and the CRC is taken of each piece right after it
+    /// is copied, while it is still in L1; otherwise they land in a scratch
+    /// buffer. Nothing counts as received until the CRC matches: a corrupt
+    /// payload copied into a message's buffer is overwritten by the
+    /// retransmission.
+    ///
+    /// The outer `Err` is the medium's error, returned as soon as
+    /// `read_payload` fails (the packet is then dropped uncounted); the inner
+    /// result is [`Engine::handle_packet`]'s.
+    pub fn handle_packet_from<E>(
+        &mut self,
+        now: Time,
+        header: &[u8],
+        room: usize,
+        mut read_payload: impl FnMut(usize, &mut [u8]) -> Result<(), E>,
+    ) -> Result<Result<(), PacketError>, E> {
+        if self.state == State::Closed {
+            self.stats.bytes_received += header.len().min(HEADER_LEN) as u64;
+            return Ok(Err(PacketError::EngineClosed));
+        }
+        let repr = match Repr::parse_header(header, room, &self.limits) {
             Ok(repr) => repr,
             Err(error) => {
-                if error.is_corruption() {
-                    self.stats.crc_failures += 1;
-                } else {
-                    self.stats.malformed += 1;
-                }
-                // On a medium that keeps order, what arrived corrupt is what
-                // the peer sent right after the last intact packet.
-                self.receiver.on_corrupt();
-                return Err(error.into());
+                self.stats.bytes_received += header.len().min(HEADER_LEN) as u64;
+                return Ok(Err(self.on_wire_error(error)));
             }
         };
+        let payload_len = repr.payload_len as usize;
+        self.stats.bytes_received += (HEADER_LEN + payload_len) as u64;
+        let mut crc = repr.crc_to_verify(&self.limits).then(|| {
+            let mut crc = Crc32c::new();
+            crc.update(&header[..wire::CRC_COVERED_HEADER_LEN]);
+            crc
+        });
+        // Only a data packet of the current session can go straight into
+        // its message: anything else may reset or close the receiver first.
+        let in_session = repr.kind == PacketKind::Data
+            && repr.peer_epoch == self.epoch
+            && self.peer_epoch == Some(repr.epoch);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut medium_error = None;
+        let placed = {
+            let placement = if in_session {
+                self.receiver.place(&repr, &self.config)
+            } else {
+                None
+            };
+            let placed = placement.is_some();
+            let dst = match placement {
+                Some(dst) => dst,
+                None => {
+                    scratch.clear();
+                    scratch.resize(payload_len, 0);
+                    &mut scratch[..]
+                }
+            };
+            let mut offset = 0;
+            for piece in dst.chunks_mut(RECEIVE_CHUNK) {
+                if let Err(error) = read_payload(offset, piece) {
+                    medium_error = Some(error);
+                    break;
+                }
+                if let Some(crc) = &mut crc {
+                    crc.update(piece);
+                }
+                offset += piece.len();
+            }
+            placed
+        };
+        if let Some(error) = medium_error {
+            self.scratch = scratch;
+            return Err(error);
+        }
+        if let Some(crc) = crc {
+            let carried = Packet::new_unchecked(header).crc();
+            let computed = crc.finish();
+            if computed != carried {
+                self.scratch = scratch;
+                return Ok(Err(
+                    self.on_wire_error(WireError::BadCrc { carried, computed })
+                ));
+            }
+        }
+        let payload = if placed {
+            Payload::Placed(payload_len)
+        } else {
+            Payload::Bytes(&scratch[..payload_len])
+        };
+        let result = self.accept(now, &repr, payload);
+        self.scratch = scratch;
+        Ok(result)
+    }
+
+    /// Counts a packet that failed the wire checks and arranges its NAK.
+    fn on_wire_error(&mut self, error: WireError) -> PacketError {
+        if error.is_corruption() {
+            self.stats.crc_failures += 1;
+        } else {
+            self.stats.malformed += 1;
+        }
+        // On a medium that keeps order, what arrived corrupt is what the
+        // peer sent right after the last intact packet.
+        self.receiver.on_corrupt();
+        error.into()
+    }
+
+    /// Acts on a packet that passed the wire checks.
+    fn accept(&mut self, now: Time, repr: &Repr, payload: Payload<'_>) -> Result<(), PacketError> {
+        let repr = *repr;
         if repr.peer_epoch != 0 && repr.peer_epoch != self.epoch {
             // Addressed to another incarnation of this side: left over from
             // before this side (re)started. Learn nothing from it, least of
@@ -639,7 +759,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 let result = self.receiver.on_data(
                     now,
                     &repr,
-                    packet.payload(),
+                    payload,
                     &self.config,
                     &mut self.stats,
                     |completed: Completed| {
@@ -832,7 +952,9 @@ impl<B: AsRef<[u8]>> Engine<B> {
         if self.peer_epoch.is_some() && self.sender.wants_to_send(&self.config) {
             return Some(PacketKind::Data);
         }
-        if self.receiver.wants_ack(now, &self.config) {
+        if self.receiver.wants_ack(now, &self.config)
+            && !self.receiver.may_hold_ack(now, &self.config)
+        {
             return Some(PacketKind::Ack);
         }
         let keepalive_due = self
@@ -954,7 +1076,8 @@ impl<B: AsRef<[u8]>> Engine<B> {
     }
 
     /// The next event, if any. Taking a delivered message frees the credit
-    /// its packets held.
+    /// its packets held, and releases an acknowledgement held back so that
+    /// a reply could carry it: call [`Engine::poll_transmit`] afterwards.
     pub fn poll_event(&mut self) -> Option<Event<B>> {
         let queued = self.events.pop_front()?;
         if let Event::Message { .. } = queued.event {

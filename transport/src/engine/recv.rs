@@ -44,7 +44,30 @@ struct Assembly {
     next_index: u32,
     /// Payload size of every fragment but the last.
     frag_size: usize,
+    /// The message so far is `data[..filled]`. Bytes beyond are initialized
+    /// room (a recycled buffer keeps its old length, so steady state never
+    /// zeroes memory), where the next fragment may already have been copied
+    /// before its CRC was checked.
     data: Vec<u8>,
+    filled: usize,
+}
+
+/// Where a data packet's payload is.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Payload<'a> {
+    /// In a buffer of its own.
+    Bytes(&'a [u8]),
+    /// Already copied, this many bytes, to where [`Receiver::place`] said.
+    Placed(usize),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(bytes) => bytes.len(),
+            Payload::Placed(len) => *len,
+        }
+    }
 }
 
 /// A message complete and ready for the caller.
@@ -89,27 +112,50 @@ pub(super) struct Receiver {
     window_edge: u64,
     /// Delivered buffers the caller gave back, reused for assembly.
     spare_buffers: Vec<Vec<u8>>,
+    /// The buffer the next message starts in, once [`Receiver::place`] has
+    /// copied its first fragment there.
+    staged: Option<Vec<u8>>,
 }
 
-/// Given-back buffers kept for reuse at most.
-const MAX_SPARE_BUFFERS: usize = 4;
+/// Given-back buffers are kept while they hold at most this many receive
+/// windows' worth of bytes: enough that a full window of messages can be
+/// assembled without allocating (and zeroing) memory, while memory stays
+/// bounded by what the credit lets the peer send anyway.
+const SPARE_WINDOWS: usize = 2;
 
 /// Fragments' worth of memory reserved when a message starts.
-const INITIAL_RESERVATION_FRAGMENTS: u64 = 64;
+const INITIAL_RESERVATION_FRAGMENTS: usize = 64;
 
-/// Reserves `additional` bytes, reporting failure instead of aborting.
-fn reserve(
-    data: &mut Vec<u8>,
-    additional: usize,
-    seq: u64,
-    msg_id: u64,
-) -> Result<(), PacketError> {
-    data.try_reserve_exact(additional)
-        .map_err(|_| PacketError::OutOfMemory {
-            seq,
-            msg_id,
-            bytes: data.len().saturating_add(additional),
-        })
+/// Bytes to allocate for a message of `msg_len` whose first fragment
+/// carries `first_len`.
+fn first_reservation(msg_len: usize, first_len: usize) -> usize {
+    msg_len.min(
+        first_len
+            .max(1)
+            .saturating_mul(INITIAL_RESERVATION_FRAGMENTS),
+    )
+}
+
+/// Makes `data[..need]` initialized room, reporting allocation failure
+/// instead of aborting. A new allocation takes `want` bytes (at least
+/// `need`); later ones double, never past `limit` (the message length), so
+/// memory follows the data that actually arrives.
+fn make_room(data: &mut Vec<u8>, need: usize, want: usize, limit: usize) -> Result<(), usize> {
+    if data.len() >= need {
+        return Ok(());
+    }
+    if data.capacity() < need {
+        let target = if data.capacity() == 0 {
+            want
+        } else {
+            limit.min(data.capacity().saturating_mul(2))
+        }
+        .max(need);
+        data.try_reserve_exact(target - data.len())
+            .map_err(|_| target)?;
+    }
+    data.resize(need, 0);
+    Ok(())
 }
 
 impl Receiver {
@@ -172,7 +218,8 @@ impl Receiver {
 
     /// Bytes held for the caller or ahead of a gap (memory accounting).
     pub(super) fn buffered_bytes(&self) -> usize {
-        let spare: usize = self.spare_buffers.iter().map(Vec::capacity).sum();
+        let spare: usize = self.spare_buffers.iter().map(Vec::capacity).sum::<usize>()
+            + self.staged.as_ref().map_or(0, Vec::capacity);
         spare
             + self.ahead_bytes
             + self.undelivered_bytes
@@ -183,6 +230,20 @@ impl Receiver {
         self.ack_now
             || self.unacked_packets >= config.ack_every
             || self.ack_deadline.is_some_and(|deadline| now >= deadline)
+    }
+
+    /// Whether an acknowledgement that is due may wait a little: a message
+    /// was just delivered and the caller has not taken it yet, so its answer
+    /// (which carries the acknowledgement, as every packet does) may be
+    /// about to go out. The wait ends when the caller takes the message, at
+    /// the ack deadline (`ack_delay` after the data arrived), or when
+    /// `ack_every` packets are unacknowledged — so a request/response pair
+    /// costs two packets, not four.
+    pub(super) fn may_hold_ack(&self, now: Time, config: &EngineConfig) -> bool {
+        self.undelivered_packets > 0
+            && self.unacked_packets < config.ack_every
+            && self.naks.is_empty()
+            && self.ack_deadline.is_some_and(|deadline| now < deadline)
     }
 
     pub(super) fn ack_deadline(&self) -> Option<Time> {
@@ -210,12 +271,57 @@ impl Receiver {
         }
     }
 
+    /// Where the payload of data packet `repr` can be copied so that it
+    /// is part of its message without another copy: `Some` only when the
+    /// packet is the next one in order, within the window, and fits the
+    /// message being assembled (or starts the next one). The bytes copied
+    /// there count only once [`Receiver::on_data`] takes the packet with
+    /// [`Payload::Placed`]; until then they are room, overwritten later.
+    pub(super) fn place(&mut self, repr: &Repr, config: &EngineConfig) -> Option<&mut [u8]> {
+        let fragment = repr.fragment?;
+        let len = repr.payload_len as usize;
+        if repr.seq != self.next_seq || self.credit(config) == 0 {
+            return None;
+        }
+        let limit = usize::try_from(fragment.msg_len).ok()?;
+        match &mut self.assembly {
+            Some(assembly) => {
+                let end = assembly.filled.checked_add(len)?;
+                let fits = fragment.msg_id == assembly.msg_id
+                    && fragment.index == assembly.next_index
+                    && end <= limit;
+                if !fits {
+                    return None;
+                }
+                make_room(&mut assembly.data, end, end, limit).ok()?;
+                Some(&mut assembly.data[assembly.filled..end])
+            }
+            None => {
+                if fragment.index != 0 || len > limit {
+                    return None;
+                }
+                if self
+                    .expected_msg_id
+                    .is_some_and(|expected| expected != fragment.msg_id)
+                {
+                    return None;
+                }
+                let spare = &mut self.spare_buffers;
+                let data = self
+                    .staged
+                    .get_or_insert_with(|| spare.pop().unwrap_or_default());
+                make_room(data, len, first_reservation(limit, len), limit).ok()?;
+                Some(&mut data[..len])
+            }
+        }
+    }
+
     /// A data packet that passed the wire checks, from the current session.
     pub(super) fn on_data(
         &mut self,
         now: Time,
         repr: &Repr,
-        payload: &[u8],
+        payload: Payload<'_>,
         config: &EngineConfig,
         stats: &mut Stats,
         mut deliver: impl FnMut(Completed),
@@ -250,7 +356,7 @@ impl Receiver {
                 self.consume(
                     self.next_seq,
                     &buffered.fragment,
-                    &buffered.payload,
+                    Payload::Bytes(&buffered.payload),
                     &mut deliver,
                 )?;
             }
@@ -258,13 +364,20 @@ impl Receiver {
                 self.ack_now = true;
             }
         } else {
+            let Payload::Bytes(bytes) = payload else {
+                // `place` hands out room only to the packet due next, so
+                // this cannot happen; dropping the packet would be safe
+                // (the sender retransmits it).
+                debug_assert!(false, "a placed payload is always the next in order");
+                return Ok(());
+            };
             stats.out_of_order += 1;
-            self.ahead_bytes += payload.len();
+            self.ahead_bytes += bytes.len();
             self.ahead.insert(
                 seq,
                 Buffered {
                     fragment,
-                    payload: payload.to_vec(),
+                    payload: bytes.to_vec(),
                 },
             );
             // Tell the sender about the gap at once (selective ack).
@@ -285,10 +398,16 @@ impl Receiver {
         &mut self,
         seq: u64,
         fragment: &Fragment,
-        payload: &[u8],
+        payload: Payload<'_>,
         deliver: &mut impl FnMut(Completed),
     ) -> Result<(), PacketError> {
         let violation = |detail| Err(PacketError::Violation { seq, detail });
+        let len = payload.len();
+        let out_of_memory = |bytes| PacketError::OutOfMemory {
+            seq,
+            msg_id: fragment.msg_id,
+            bytes,
+        };
         let assembly = match &mut self.assembly {
             None => {
                 if fragment.index != 0 {
@@ -305,22 +424,20 @@ impl Receiver {
                         found: fragment.msg_id,
                     });
                 }
-                // msg_len was checked against max_message_len by the parser,
-                // so this reservation is bounded by configuration.
-                let mut data = self.spare_buffers.pop().unwrap_or_default();
-                // Reserve what this many fragments can bring, not what the
-                // peer claims: memory follows data actually received.
-                let first_reservation = fragment
-                    .msg_len
-                    .min(payload.len().max(1) as u64 * INITIAL_RESERVATION_FRAGMENTS);
-                reserve(&mut data, first_reservation as usize, seq, fragment.msg_id)?;
+                // A placed first fragment is already at the start of the
+                // staged buffer.
+                let data = match self.staged.take() {
+                    Some(data) => data,
+                    None => self.spare_buffers.pop().unwrap_or_default(),
+                };
                 self.assembly.insert(Assembly {
                     msg_id: fragment.msg_id,
                     msg_len: fragment.msg_len,
                     count: fragment.count,
                     next_index: 0,
-                    frag_size: payload.len(),
+                    frag_size: len,
                     data,
+                    filled: 0,
                 })
             }
             Some(assembly) => {
@@ -343,34 +460,46 @@ impl Receiver {
                 assembly
             }
         };
-        let fits = assembly.data.len() + payload.len() <= assembly.msg_len as usize;
-        let sized = fragment.is_last() || payload.len() == assembly.frag_size;
-        if !fits || !sized {
+        // msg_len was checked against max_message_len by the parser, so it
+        // fits memory's address space only if it fits usize.
+        let msg_len = usize::try_from(assembly.msg_len).unwrap_or(usize::MAX);
+        let end = assembly.filled.saturating_add(len);
+        let sized = fragment.is_last() || len == assembly.frag_size;
+        if end > msg_len || !sized {
             return violation(Violation::FragmentLengthWrong {
                 msg_id: assembly.msg_id,
                 index: fragment.index,
-                payload_len: payload.len(),
+                payload_len: len,
             });
         }
-        if assembly.data.capacity() - assembly.data.len() < payload.len() {
-            // Grow geometrically up to the message length: amortized one
-            // extra copy, and never more than the message needs.
-            let remaining = assembly.msg_len as usize - assembly.data.len();
-            let grow = remaining.min(assembly.data.len().max(payload.len()));
-            reserve(&mut assembly.data, grow, seq, assembly.msg_id)?;
+        match payload {
+            Payload::Bytes(bytes) => {
+                // Reserve what a few dozen fragments bring, not what the
+                // peer claims: memory follows data actually received.
+                let want = if assembly.filled == 0 {
+                    first_reservation(msg_len, len)
+                } else {
+                    end
+                };
+                make_room(&mut assembly.data, end, want, msg_len).map_err(out_of_memory)?;
+                assembly.data[assembly.filled..end].copy_from_slice(bytes);
+            }
+            // `place` copied it to exactly there.
+            Payload::Placed(_) => debug_assert!(assembly.data.len() >= end),
         }
-        assembly.data.extend_from_slice(payload);
+        assembly.filled = end;
         assembly.next_index += 1;
         self.next_seq = seq + 1;
         if fragment.is_last() {
-            if assembly.data.len() as u64 != assembly.msg_len {
+            if assembly.filled != msg_len {
                 return violation(Violation::FragmentLengthWrong {
                     msg_id: assembly.msg_id,
                     index: fragment.index,
-                    payload_len: payload.len(),
+                    payload_len: len,
                 });
             }
-            let assembly = self.assembly.take().expect("matched above");
+            let mut assembly = self.assembly.take().expect("matched above");
+            assembly.data.truncate(assembly.filled);
             self.expected_msg_id = Some(assembly.msg_id.wrapping_add(1));
             self.undelivered_packets += u64::from(assembly.count);
             self.undelivered_bytes += assembly.data.len();
@@ -384,11 +513,15 @@ impl Receiver {
     }
 
     /// Keeps a delivered message's buffer to assemble a later one in.
-    pub(super) fn recycle(&mut self, mut buf: Vec<u8>, config: &EngineConfig) {
+    pub(super) fn recycle(&mut self, buf: Vec<u8>, config: &EngineConfig) {
         // A buffer larger than any message is not worth holding.
         let useful = buf.capacity() as u64 <= config.max_message_len.max(1 << 20);
-        if self.spare_buffers.len() < MAX_SPARE_BUFFERS && useful {
-            buf.clear();
+        let window_bytes = config.recv_window as usize * config.mtu;
+        let spare_bytes: usize = self.spare_buffers.iter().map(Vec::capacity).sum();
+        let room = spare_bytes + buf.capacity() <= SPARE_WINDOWS * window_bytes
+            && self.spare_buffers.len() < SPARE_WINDOWS * config.recv_window as usize;
+        if useful && room {
+            // Its bytes stay as initialized room (see `Assembly::data`).
             self.spare_buffers.push(buf);
         }
     }
@@ -401,6 +534,7 @@ impl Receiver {
             undelivered_packets: self.undelivered_packets,
             undelivered_bytes: self.undelivered_bytes,
             spare_buffers: std::mem::take(&mut self.spare_buffers),
+            staged: self.staged.take(),
             ..Receiver::default()
         };
     }

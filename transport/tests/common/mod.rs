@@ -53,7 +53,12 @@ pub fn drain_events(engine: &mut barlink_transport::Engine, now: Time, log: &mut
     while let Some(event) = engine.poll_event() {
         match event {
             Event::Connected { .. } => log.connected += 1,
-            Event::Message { id, data } => log.delivered.push((id.0, data)),
+            Event::Message { id, data } => {
+                log.delivered.push((id.0, data.clone()));
+                // Give the buffer back with its old bytes: later messages,
+                // shorter or longer, are assembled over them.
+                engine.recycle_buffer(data);
+            }
             Event::SendComplete { id, .. } => log.completed.push(id.0),
             Event::SendFailed { id, error, .. } => log.failed.push((id.0, error)),
             Event::PeerRestarted {
