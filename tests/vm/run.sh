@@ -373,49 +373,7 @@ EOF
 # Reads a test binary's output; prints "PASS name", "FAIL name -- why",
 # "SKIP name -- why" per test, and "RESULT expected got rc" last.
 parse_libtest() { # file rc-if-known
-    awk -v rc="${2:-}" '
-    function result(n, r) {
-        if (n in seen) return
-        seen[n] = 1; order[++cnt] = n; res[n] = r; pending = ""
-    }
-    /^running [0-9]+ tests?$/ { expected += $2 }
-    /VMTEST-RC / { rc = $NF }
-    {
-        line = $0
-        if (match(line, /SKIPPED [^ :]+/)) {
-            skip[substr(line, RSTART + 8, RLENGTH - 8)] = 1
-            if (pending != "") skip[pending] = 1
-        }
-        if (match(line, /^test [^ ]+ \.\.\. /)) {
-            n = substr(line, 6, RLENGTH - 10); rest = substr(line, RLENGTH + 1)
-            if (rest ~ /SKIPPED/) skip[n] = 1
-            if (rest ~ /(^|[^A-Za-z_])ok$/) result(n, "ok")
-            else if (rest ~ /FAILED$/) result(n, "FAILED")
-            else if (rest ~ /^ignored/) result(n, "ignored")
-            else pending = n
-            next
-        }
-        if (pending != "") {
-            if (line ~ /(^|[^A-Za-z_])ok$/) result(pending, "ok")
-            else if (line ~ /FAILED$/) result(pending, "FAILED")
-            else if (line ~ /^ignored/) result(pending, "ignored")
-        }
-        if (match(line, /^---- [^ ]+ stdout ----$/)) { sect = substr(line, 6, RLENGTH - 17); next }
-        if (sect != "" && line ~ /panicked at/) { want_msg = sect; next }
-        if (want_msg != "" && line != "") { why[want_msg] = line; want_msg = "" }
-        if (line ~ /^failures:$/ || line ~ /^test result:/) sect = ""
-    }
-    END {
-        for (i = 1; i <= cnt; i++) {
-            n = order[i]
-            if (res[n] == "ok" && (n in skip)) print "SKIP " n " -- printed SKIPPED"
-            else if (res[n] == "ok") print "PASS " n
-            else if (res[n] == "ignored") print "SKIP " n " -- ignored"
-            else print "FAIL " n (n in why ? " -- " why[n] : "")
-        }
-        if (pending != "") print "FAIL " pending " -- no result: " (rc == "" ? "the guest stopped before the test ended" : rc == 137 ? "killed by the timeout" : "the test binary died (status " rc ")")
-        print "RESULT " expected + 0 " " cnt + (pending != "" ? 1 : 0) " " rc
-    }' "$1"
+    awk -v rc="${2:-}" -f "$HERE/libtest.awk" "$1"
 }
 report_libtest() { # file label context rc
     local file=$1 label=$2 ctx=$3 rc=${4:-} kind name rest expected got nres=0
@@ -435,7 +393,7 @@ report_libtest() { # file label context rc
         [ "$expected" -gt "$got" ] 2>/dev/null || [ "$got" = 0 ] &&
             report FAIL "$label ($ctx)" "no exit status: the run did not finish"
     elif [ "$rc" != 0 ] && [ "$rc" != 101 ]; then
-        report FAIL "$label ($ctx)" "the test binary exited with status $rc$([ "$rc" = 137 ] && echo ' (killed: timeout)')"
+        report FAIL "$label ($ctx)" "the test binary exited with status $rc$([ "$rc" = 137 ] && echo ' (killed: timeout)'); its last line: $(grep -av '^VMTEST-RC' "$file" | grep -av '^ *$' | tail -1)"
     elif [ "$rc" = 101 ] && ! grep -q '^FAIL ' < <(parse_libtest "$file" "$rc"); then
         report FAIL "$label ($ctx)" "the test binary exited with status 101 but no test failed"
     fi
