@@ -328,3 +328,60 @@ fn a_peer_killed_with_sigkill_is_reported_within_the_deadline() {
         "reported after {took:?}, deadline {deadline:?}"
     );
 }
+
+/// A receiver whose caller does not take messages holds the credit they
+/// use: the sender stops (its sends time out, nothing is dropped), memory
+/// stays bounded by the window, and everything arrives once the caller
+/// receives again.
+#[test]
+fn a_caller_that_does_not_receive_slows_the_sender_instead_of_queueing() {
+    let len = (1 << 20) + barlink_transport::ring::CONTROL_LEN;
+    let (mut a, mut b) = thread_links(
+        Arc::new(HeapWindow::new(len).unwrap()),
+        Arc::new(HeapWindow::new(len).unwrap()),
+        |w| w,
+        |w| w,
+    );
+    let payload = vec![0x5Au8; 3000];
+    let window = engine_config().recv_window as usize;
+    let mut queued = 0;
+    // B is driven (progress) but its caller never receives.
+    loop {
+        match a.send_blocking(payload.clone(), Duration::from_millis(50)) {
+            Ok(_) => queued += 1,
+            Err(barlink_transport::link::IoError::Timeout { .. }) => break,
+            Err(other) => panic!("{other}"),
+        }
+        for _ in 0..50 {
+            b.progress().unwrap();
+            a.progress().unwrap();
+        }
+        assert!(queued < 100 * window, "the sender never stopped");
+    }
+    for _ in 0..1000 {
+        b.progress().unwrap();
+        a.progress().unwrap();
+    }
+    let waiting = b.engine().messages_ready();
+    assert!(
+        waiting <= window,
+        "{waiting} messages held for a window of {window}"
+    );
+    assert!(b.engine().buffered_bytes() <= 3 * window * engine_config().mtu);
+    // Now B's caller receives: every message queued arrives, once.
+    let mut received = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while received < queued {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{received} of {queued} arrived"
+        );
+        if let Some(data) = b.try_recv().unwrap() {
+            assert_eq!(data, payload);
+            received += 1;
+        }
+        a.progress().unwrap();
+    }
+    a.flush(Duration::from_secs(5)).unwrap();
+    assert_eq!(a.completed(), queued as u64);
+}

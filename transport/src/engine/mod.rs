@@ -420,6 +420,53 @@ struct Queued<B> {
     bytes: usize,
 }
 
+/// Events for the caller: delivered messages in one queue, everything else
+/// in another, each entry numbered so that [`Engine::poll_event`] still
+/// returns them in the order they happened. Two queues let a link take
+/// completions and state changes at once while messages wait, still
+/// holding the credit, until its caller receives them.
+#[derive(Debug)]
+struct EventQueue<B> {
+    messages: VecDeque<(u64, Queued<B>)>,
+    others: VecDeque<(u64, Queued<B>)>,
+    next: u64,
+}
+
+impl<B> EventQueue<B> {
+    fn new() -> Self {
+        EventQueue {
+            messages: VecDeque::new(),
+            others: VecDeque::new(),
+            next: 0,
+        }
+    }
+
+    fn push_back(&mut self, queued: Queued<B>) {
+        let entry = (self.next, queued);
+        self.next += 1;
+        if matches!(entry.1.event, Event::Message { .. }) {
+            self.messages.push_back(entry);
+        } else {
+            self.others.push_back(entry);
+        }
+    }
+
+    /// The oldest event of either kind.
+    fn pop_front(&mut self) -> Option<Queued<B>> {
+        let messages_first = match (self.messages.front(), self.others.front()) {
+            (Some((m, _)), Some((o, _))) => m < o,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let queue = if messages_first {
+            &mut self.messages
+        } else {
+            &mut self.others
+        };
+        queue.pop_front().map(|(_, queued)| queued)
+    }
+}
+
 /// One side of a reliable, ordered, checksummed message link.
 ///
 /// `B` is the type of the caller's message buffers (`Vec<u8>`, `Arc<[u8]>`,
@@ -435,7 +482,7 @@ pub struct Engine<B = Vec<u8>> {
     close_packet_pending: bool,
     sender: Sender<B>,
     receiver: Receiver,
-    events: VecDeque<Queued<B>>,
+    events: EventQueue<B>,
     stats: Stats,
     /// Serial for the next packet sent, of any kind (starts at 1: a NAK
     /// naming 0 means "nothing intact arrived yet").
@@ -480,7 +527,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
             peer_epoch: None,
             state: State::Open,
             close_packet_pending: false,
-            events: VecDeque::new(),
+            events: EventQueue::new(),
             stats: Stats::default(),
             next_xmit: 1,
             last_sent: None,
@@ -1080,6 +1127,35 @@ impl<B: AsRef<[u8]>> Engine<B> {
     /// a reply could carry it: call [`Engine::poll_transmit`] afterwards.
     pub fn poll_event(&mut self) -> Option<Event<B>> {
         let queued = self.events.pop_front()?;
+        Some(self.take(queued))
+    }
+
+    /// The next delivered message, skipping other events (which stay
+    /// queued for [`Engine::poll_other_event`]). Like `poll_event`, taking
+    /// it frees its credit.
+    pub fn poll_message(&mut self) -> Option<(MessageId, Vec<u8>)> {
+        let (_, queued) = self.events.messages.pop_front()?;
+        match self.take(queued) {
+            Event::Message { id, data } => Some((id, data)),
+            _ => unreachable!("the message queue holds only messages"),
+        }
+    }
+
+    /// The next event that is not a delivered message. Delivered messages
+    /// stay queued — and keep holding the credit their packets used, so a
+    /// caller that is slow to receive slows the sender down — until
+    /// [`Engine::poll_message`] or [`Engine::poll_event`] takes them.
+    pub fn poll_other_event(&mut self) -> Option<Event<B>> {
+        let (_, queued) = self.events.others.pop_front()?;
+        Some(self.take(queued))
+    }
+
+    /// Delivered messages waiting for the caller.
+    pub fn messages_ready(&self) -> usize {
+        self.events.messages.len()
+    }
+
+    fn take(&mut self, queued: Queued<B>) -> Event<B> {
         if let Event::Message { .. } = queued.event {
             self.stats.messages_delivered += 1;
         }
@@ -1087,13 +1163,13 @@ impl<B: AsRef<[u8]>> Engine<B> {
             self.receiver
                 .on_taken(queued.packets, queued.bytes, &self.config);
         }
-        Some(queued.event)
+        queued.event
     }
 }
 
 /// Queues a completed message for the caller (a free function so that the
 /// receiver can call it while the engine's other fields are borrowed).
-fn queue_delivered<B>(events: &mut VecDeque<Queued<B>>, completed: Completed) {
+fn queue_delivered<B>(events: &mut EventQueue<B>, completed: Completed) {
     let bytes = completed.data.len();
     events.push_back(Queued {
         event: Event::Message {

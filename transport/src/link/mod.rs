@@ -17,7 +17,6 @@
 
 mod connect;
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -239,7 +238,6 @@ pub struct RingLink<W: Window, B: AsRef<[u8]> = Vec<u8>> {
     own_geometry: Geometry,
     peer_geometry: Geometry,
     origin: Instant,
-    delivered: VecDeque<Vec<u8>>,
     completed: u64,
     closed: Option<LinkError>,
     medium_error: Option<String>,
@@ -273,7 +271,6 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
             own,
             peer,
             origin,
-            delivered: VecDeque::new(),
             completed: 0,
             closed: None,
             medium_error: None,
@@ -400,16 +397,19 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
         Ok(moved)
     }
 
+    /// Takes completions and state changes. Delivered messages stay in the
+    /// engine, holding their credit, until the caller receives them: a
+    /// caller that does not keep up slows the sender instead of growing a
+    /// queue here.
     fn take_events(&mut self) {
-        while let Some(event) = self.engine.poll_event() {
+        while let Some(event) = self.engine.poll_other_event() {
             match event {
-                Event::Message { data, .. } => self.delivered.push_back(data),
                 Event::SendComplete { .. } => self.completed += 1,
                 Event::SendFailed { error, .. } => {
                     self.closed.get_or_insert(error);
                 }
                 Event::Closed { reason } => self.closed = Some(reason),
-                Event::Connected { .. } | Event::PeerRestarted { .. } => {}
+                Event::Message { .. } | Event::Connected { .. } | Event::PeerRestarted { .. } => {}
             }
         }
     }
@@ -460,7 +460,7 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
     pub fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(data) = self.delivered.pop_front() {
+            if let Some((_, data)) = self.engine.poll_message() {
                 return Ok(data);
             }
             self.check_open()?;
@@ -470,10 +470,10 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
 
     /// A delivered message if one is ready (after one round of progress).
     pub fn try_recv(&mut self) -> Result<Option<Vec<u8>>, IoError> {
-        if self.delivered.is_empty() {
+        if self.engine.messages_ready() == 0 {
             self.progress()?;
         }
-        if let Some(data) = self.delivered.pop_front() {
+        if let Some((_, data)) = self.engine.poll_message() {
             return Ok(Some(data));
         }
         self.check_open()?;
