@@ -2,7 +2,8 @@
 # Every test barlink has that this machine can run, from a fresh clone:
 # formatting and lints, unit/property/scenario/CLI tests, a fuzz smoke run
 # of each target, and the benchmarks run once each as a smoke check.
-# Installs what it needs (cargo-fuzz). Ends with "test-all: N passed, M failed".
+# Installs what it needs (cargo-fuzz, cbindgen, QEMU and the guest's kernel
+# and userspace through apt). Ends with "test-all: N passed, M failed, K skipped".
 #
 #   FUZZ_SECONDS=30     seconds per fuzz target (0 skips the fuzz stage, visibly)
 #   PROPTEST_CASES=512  cases per property test
@@ -56,6 +57,44 @@ tests_passed=$((tests_passed - tests_skipped))
 skipped=$((skipped + tests_skipped))
 grep 'SKIPPED' "$log/test.txt" | sed 's/^[. ]*/  /' || true
 if [ "$test_status" -eq 0 ]; then ok "cargo test: $tests_passed tests passed, $tests_skipped skipped"; else bad "cargo test: $tests_failed tests failed"; fi
+
+# A sub-suite that prints "<name>: N passed, M failed[, K skipped]" as its
+# summary: its checks count one by one in the totals here.
+count_suite() {
+    local name=$1 file=$2 status=$3
+    local line p f k
+    line=$(grep -E "^$name: [0-9]+ passed, [0-9]+ failed" "$file" | tail -1)
+    p=$(sed -E 's/^[^:]*: ([0-9]+) passed.*/\1/' <<<"$line")
+    f=$(sed -E 's/^[^:]*: [0-9]+ passed, ([0-9]+) failed.*/\1/' <<<"$line")
+    k=$(grep -oE "^$name: ([0-9]+ passed, [0-9]+ failed, )?[0-9]+ skipped" "$file" | grep -oE '[0-9]+ skipped' | grep -oE '[0-9]+' | tail -1)
+    if [ -z "$line" ]; then
+        bad "$name: no summary line (exit $status)"
+        return
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+    skipped=$((skipped + ${k:-0}))
+    if [ "$status" -ne 0 ] && [ "${f:-0}" -eq 0 ]; then
+        bad "$name exited $status"
+    else
+        echo "${name}: $p passed, $f failed, ${k:-0} skipped (counted)"
+    fi
+}
+
+step "C ABI: header current, library, pkg-config, C misuse test, C++ example, again under ASan+UBSan"
+./scripts/ffi-test.sh 2>&1 | tee "$log/ffi.txt"
+count_suite ffi-test "$log/ffi.txt" "${PIPESTATUS[0]}"
+
+step "QEMU guest: real vfio-pci, IOMMU and BARs, edu DMA, soft-RoCE (tests/vm/run.sh)"
+if ./tests/vm/selftest.sh >"$log/vmself.txt" 2>&1; then ok "vmtest output parser selftest"; else cat "$log/vmself.txt"; bad "vmtest output parser selftest"; fi
+./tests/vm/run.sh 2>&1 | tee "$log/vm.txt"
+vm_status=${PIPESTATUS[0]}
+if [ "$vm_status" -eq 3 ]; then
+    skip "guest test bed: $(grep -m1 'CANNOT RUN' "$log/vm.txt" | sed 's/^vmtest: //')"
+else
+    count_suite vmtest "$log/vm.txt" "$vm_status"
+    [ "$vm_status" -eq 0 ] || echo "guest artifacts: target/vmtest/artifacts"
+fi
 
 step "loom models of the ring's index protocol (own target dir: --cfg loom)"
 if ./scripts/loom.sh >"$log/loom.txt" 2>&1; then
