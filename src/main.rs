@@ -29,6 +29,9 @@ enum Command {
     Topo(cli::topo::TopoArgs),
     /// Check the platform for what breaks P2P (ACS, IOMMU, small BARs, ...).
     Doctor(cli::topo::TopoArgs),
+    /// Test a P2P path for silent corruption: patterns written raw and through
+    /// the link, read back and checked; PASS, WARN or FAIL.
+    Validate(cli::validate::ValidateArgs),
     /// The receiving process of `barlink bench` (started by it).
     #[command(hide = true)]
     BenchPeer(cli::bench_procs::PeerPlan),
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Command::Soak(args) => cli::soak::run(&args),
         Command::Topo(args) => cli::topo::run_topo(&args),
         Command::Doctor(args) => cli::topo::run_doctor(&args),
+        Command::Validate(args) => cli::validate::run(&args),
         Command::BenchPeer(plan) => cli::bench_procs::run_child(&plan)
             .map(|()| cli::Status::Ok)
             .map_err(|e| cli::CommandError::environment(format!("bench peer: {e}"))),

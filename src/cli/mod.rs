@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bench_procs;
 pub mod soak;
 pub mod topo;
+pub mod validate;
 
 use std::fmt;
 use std::process::ExitCode;
