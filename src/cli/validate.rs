@@ -560,11 +560,14 @@ fn device_target(args: &ValidateArgs) -> Result<Target, CommandError> {
 }
 
 /// The largest mappable BAR (0-5) of a device opened through VFIO.
+///
+/// Asks for the six BAR regions one by one: `VfioDevice::regions` fails as
+/// a whole when a later region (the VGA one of ivshmem, for one) answers
+/// `EINVAL`.
 fn largest_vfio_bar(device: &barlink_vfio::VfioDevice) -> Result<(u32, u64), VfioError> {
-    let regions = device.regions()?;
-    let best = regions
-        .iter()
-        .filter(|r| r.index < 6 && r.unmappable_reason().is_none())
+    let best = (0..device.info().num_regions.min(6))
+        .filter_map(|index| device.region_info(index).ok())
+        .filter(|r| r.unmappable_reason().is_none())
         .max_by_key(|r| r.size);
     match best {
         Some(region) => Ok((region.index, region.size)),
@@ -1308,17 +1311,20 @@ impl Verdict {
     }
 }
 
+/// A window wrapped to flip bits in writes.
+type Faulty = Arc<FaultWindow<Arc<dyn Window>>>;
+
 /// Wraps each window in a bit-flipping [`FaultWindow`] (or not), returning
 /// the windows to write through and the wrappers to count faults on.
 fn writers(
     windows: &[Arc<dyn Window>],
     rate: f64,
     seed: u64,
-) -> (Vec<Arc<dyn Window>>, Vec<Arc<FaultWindow<Arc<dyn Window>>>>) {
+) -> (Vec<Arc<dyn Window>>, Vec<Faulty>) {
     if rate <= 0.0 {
         return (windows.to_vec(), Vec::new());
     }
-    let faulty: Vec<Arc<FaultWindow<Arc<dyn Window>>>> = windows
+    let faulty: Vec<Faulty> = windows
         .iter()
         .enumerate()
         .map(|(i, w)| {
@@ -1336,7 +1342,7 @@ fn writers(
     (as_windows, faulty)
 }
 
-fn injected(faulty: &[Arc<FaultWindow<Arc<dyn Window>>>]) -> u64 {
+fn injected(faulty: &[Faulty]) -> u64 {
     faulty.iter().map(|f| f.injected().bit_flips).sum()
 }
 

@@ -36,7 +36,11 @@
 //! 0x030000          (free)
 //! 0x100000   3 MiB  guest_bar_link_between_processes: link region
 //! 0x400000   3 MiB  guest_bar_link_with_faults: link region
-//! 0x700000          (free up to 16 MiB)
+//! 0x700000          (free)
+//! 0x800000   4 MiB  guest_validate_cli_over_bars: `barlink validate`'s
+//!                   tested range (patterns, then a ring at its start);
+//!                   the host checks the rings' magic
+//! 0xC00000          (free up to 16 MiB)
 //! ```
 //! A link region: a 64 KiB handshake page (`READY` word at +0, written by
 //! the ring's owner once its ring is laid out; `DONE` word at +8, written by
@@ -81,6 +85,8 @@ const EDU_XFER: usize = 2048;
 const EDU_SEED: u64 = 0xED0_D3A;
 const LINK_REGION: usize = 0x10_0000;
 const FAULT_LINK_REGION: usize = 0x40_0000;
+const VALIDATE_REGION: usize = 0x80_0000;
+const VALIDATE_LEN: usize = 4 << 20;
 const RING_AT: usize = 64 << 10;
 const RING_LEN: usize = (2 << 20) + barlink_transport::ring::CONTROL_LEN;
 const READY: usize = 0;
@@ -603,6 +609,132 @@ fn guest_bar_link_with_faults() {
     );
 }
 
+// ------------------------------------------------------------------ the CLI
+
+/// Runs the `barlink` CLI of the harness (`BARLINK_VM_BARLINK`) with
+/// `args`, killing it past `limit`; returns its exit code, stdout, stderr.
+fn run_cli(args: &[&str], limit: Duration) -> (Option<i32>, String, String) {
+    let barlink = std::env::var_os("BARLINK_VM_BARLINK")
+        .expect("BARLINK_VM_BARLINK names the barlink CLI (tests/vm/run.sh sets it)");
+    let mut child = Command::new(&barlink)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", PathBuf::from(&barlink).display()));
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "barlink {args:?} ran past {limit:?}; stderr:\n{}",
+                stderr.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        status.code(),
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default(),
+    )
+}
+
+/// `barlink validate` over two real BARs through VFIO, as a user runs it:
+/// each BAR one side's receive window; a clean run is PASS, and with bit
+/// flips injected the raw phase finds them (FAIL, exit 1) while the link
+/// catches its own and delivers everything intact.
+#[test]
+#[ignore = "needs the QEMU guest: tests/vm/run.sh"]
+fn guest_validate_cli_over_bars() {
+    if !in_guest("guest_validate_cli_over_bars") {
+        return;
+    }
+    let [a, b, ..] = ivshmem();
+    bind_all(&[a, b]);
+    let devices = format!("{a},{b}");
+    let offset = VALIDATE_REGION.to_string();
+    let size = VALIDATE_LEN.to_string();
+    // TCG is slow: a smaller link load than --quick's, the same shape.
+    let mut args = vec![
+        "validate",
+        "--quick",
+        "--device",
+        &devices,
+        "--offset",
+        &offset,
+        "--size",
+        &size,
+        "--link-bytes",
+        "4M",
+        "--max-size",
+        "256K",
+        "--timeout",
+        "100",
+        "--json",
+    ];
+    let (code, stdout, stderr) = run_cli(&args, Duration::from_secs(150));
+    let doc: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}); exit {code:?}\n{stdout}\nstderr:\n{stderr}"));
+    eprintln!(
+        "validate: {} — {} (raw {:?}, link {:?})",
+        doc["verdict"], doc["reason"], doc["raw"]["bad_words"], doc["link"]["elapsed_s"]
+    );
+    assert_eq!(code, Some(0), "{doc:#}\nstderr:\n{stderr}");
+    assert_eq!(doc["verdict"], "PASS", "{doc:#}");
+    for (device, bdf) in doc["devices"].as_array().unwrap().iter().zip([a, b]) {
+        assert_eq!(device["bdf"], bdf.to_string(), "{device}");
+        assert_eq!(device["via"], "vfio", "bound to vfio-pci: {device}");
+        assert_eq!(device["bar"], 2, "the largest BAR: {device}");
+    }
+    assert_eq!(doc["raw"]["patterns"].as_array().unwrap().len(), 6);
+    let link = &doc["link"];
+    assert!(link["messages"].as_u64().unwrap() > 0, "{link}");
+    for field in ["crc_failures_caught", "lost", "corrupted", "duplicated"] {
+        assert_eq!(link[field], 0, "{field}: {link}");
+    }
+
+    // Bit flips injected into the writes: found raw, caught by the link.
+    args.truncate(6);
+    args.extend([
+        "--size",
+        "1M",
+        "--link-bytes",
+        "2M",
+        "--max-size",
+        "64K",
+        "--inject-faults",
+        "0.05",
+        "--timeout",
+        "60",
+        "--json",
+    ]);
+    let (code, stdout, stderr) = run_cli(&args, Duration::from_secs(90));
+    let doc: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}); exit {code:?}\n{stdout}\nstderr:\n{stderr}"));
+    assert_eq!(code, Some(1), "{doc:#}\nstderr:\n{stderr}");
+    assert_eq!(doc["verdict"], "FAIL", "{doc:#}");
+    assert!(doc["raw"]["bad_words"].as_u64().unwrap() > 0, "{doc:#}");
+    let link = &doc["link"];
+    assert!(link["crc_failures_caught"].as_u64().unwrap() > 0, "{link}");
+    for field in ["lost", "corrupted", "duplicated"] {
+        assert_eq!(link[field], 0, "{field}: {link}");
+    }
+}
+
 // ------------------------------------------------------------------ binding and mapping
 
 #[test]
@@ -1039,6 +1171,28 @@ fn host_after_guest_backing_files() {
             got == want.as_slice(),
             "file {name}: the pattern written through {route} differs at {:?}",
             first_difference(got, &want)
+        );
+    }
+}
+
+#[test]
+#[ignore = "runs on the host after the QEMU guest: tests/vm/run.sh"]
+fn host_after_guest_validate_rings_in_both_files() {
+    let test = "host_after_guest_validate_rings_in_both_files";
+    let Some(a) = backing_file("BARLINK_VM_BAR_A", test) else {
+        return;
+    };
+    let Some(b) = backing_file("BARLINK_VM_BAR_B", test) else {
+        return;
+    };
+    // `barlink validate` laid side A's ring at the start of its range in
+    // 10.0's BAR (file A), side B's in 11.0's (file B).
+    let magic = barlink_transport::ring::RING_MAGIC.to_le_bytes();
+    for (name, file) in [("A", &a), ("B", &b)] {
+        assert_eq!(
+            file[VALIDATE_REGION..VALIDATE_REGION + 8],
+            magic,
+            "file {name}: no ring at {VALIDATE_REGION:#x}: the CLI's writes through the BAR did not land"
         );
     }
 }
