@@ -207,6 +207,35 @@ fn corruption_only_under_the_link_is_a_warning_and_strict_fails_it() {
 }
 
 #[test]
+fn a_link_that_runs_out_of_time_fails_with_its_error_not_with_silent_loss() {
+    let output = validate(&[
+        "--json",
+        "--size",
+        "256K",
+        "--link-bytes",
+        "64G",
+        "--timeout",
+        "1",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let doc = json_of(&output);
+    assert_eq!(doc["verdict"], "FAIL", "{doc}");
+    let link = &doc["link"];
+    assert!(
+        link["error"].as_str().unwrap().contains("timed out"),
+        "{link}"
+    );
+    assert!(link["undelivered"].as_u64().unwrap() > 0, "{link}");
+    for field in ["lost", "corrupted", "duplicated"] {
+        assert_eq!(link[field], 0, "{field}: {link}");
+    }
+    assert!(
+        doc["reason"].as_str().unwrap().contains("the link failed"),
+        "{doc}"
+    );
+}
+
+#[test]
 fn a_missing_device_is_an_environment_problem_that_says_what_to_check() {
     let output = validate(&["--quick", "--device", "0000:ff:1f.7"]);
     assert_eq!(output.status.code(), Some(3), "{output:?}");
@@ -247,6 +276,7 @@ fn bad_usage_exits_2_and_says_what_is_wrong() {
         &["--messages", "0"],
         &["--max-size", "4"],
         &["--mtu", "100"],
+        &["--messages", "10", "--link-bytes", "1M"],
     ] {
         let output = validate(args);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");

@@ -145,7 +145,7 @@ pub struct ValidateArgs {
     link_bytes: Option<usize>,
     /// Messages sent through the link in each direction (instead of
     /// --link-bytes).
-    #[arg(long, env = "BARLINK_MESSAGES")]
+    #[arg(long, env = "BARLINK_MESSAGES", conflicts_with = "link_bytes")]
     messages: Option<u64>,
     /// Largest message; sizes are mixed from 8 bytes up to this.
     #[arg(long, default_value = "1M", value_parser = parse_size, env = "BARLINK_MAX_SIZE")]
@@ -943,6 +943,9 @@ impl Stream {
     }
 }
 
+/// Messages a side queues beyond those acknowledged.
+const MAX_QUEUED: u64 = 64;
+
 /// What one side of the link saw.
 #[derive(Debug, Default)]
 struct SideOutcome {
@@ -953,6 +956,9 @@ struct SideOutcome {
     lost: u64,
     corrupted: u64,
     duplicated: u64,
+    /// Messages never delivered because the link failed (each failed with
+    /// the link's error, not lost silently).
+    undelivered: u64,
     /// The first wrong delivery, for the report.
     first_wrong: Option<String>,
     stats: Stats,
@@ -982,7 +988,10 @@ fn run_side(
     let mut pending: Option<Vec<u8>> = None;
     'run: loop {
         let mut busy = false;
-        while out.sent < send.count {
+        // A bounded number ahead of the acknowledgements: messages are
+        // generated as they are queued, and the engine's own queue holds
+        // thousands.
+        while out.sent < send.count && out.sent - link.completed() < MAX_QUEUED {
             let data = pending.take().unwrap_or_else(|| {
                 let mut buf = Vec::new();
                 send.message(out.sent, &mut buf);
@@ -1054,8 +1063,15 @@ fn run_side(
     if out.error.is_some() {
         shared.abort.store(true, Ordering::Relaxed);
     }
-    // Whatever never arrived is lost (a failed link's error says why).
-    out.lost += receive.count.saturating_sub(expected);
+    // What never arrived: failed with the error when the link failed (on
+    // either side), lost when the link claims success (it cannot, as the
+    // loop ends only with everything here; counted to be sure).
+    let missing = receive.count.saturating_sub(expected);
+    if out.error.is_some() {
+        out.undelivered += missing;
+    } else {
+        out.lost += missing;
+    }
     out.completed = link.completed();
     out.stats = link.engine().stats().clone();
     out
@@ -1121,6 +1137,7 @@ struct Direction {
     lost: u64,
     corrupted: u64,
     duplicated: u64,
+    undelivered: u64,
     first_wrong: Option<String>,
 }
 
@@ -1135,6 +1152,7 @@ impl Direction {
             retransmits: sender.stats.retransmits(),
             naks: receiver.stats.naks_sent,
             lost: receiver.lost,
+            undelivered: receiver.undelivered,
             corrupted: receiver.corrupted,
             duplicated: receiver.duplicated,
             first_wrong: receiver.first_wrong.clone(),
@@ -1151,6 +1169,7 @@ impl Direction {
             "naks": self.naks,
             "retransmits": self.retransmits,
             "lost": self.lost,
+            "undelivered": self.undelivered,
             "corrupted": self.corrupted,
             "duplicated": self.duplicated,
             "first_wrong_delivery": self.first_wrong,
@@ -1454,6 +1473,7 @@ pub fn run(args: &ValidateArgs) -> Result<Status, CommandError> {
                 "crc_failures_caught": link.sum(|d| d.crc_failures),
                 "retransmits": link.sum(|d| d.retransmits),
                 "lost": link.sum(|d| d.lost),
+                "undelivered": link.sum(|d| d.undelivered),
                 "corrupted": link.sum(|d| d.corrupted),
                 "duplicated": link.sum(|d| d.duplicated),
                 "error": link.error,
@@ -1512,10 +1532,11 @@ fn judge(raw: &[RawResult], link: &LinkResult, injected: u64) -> (Verdict, Strin
             patterns.join(", ")
         ));
     }
-    if let Some(error) = &link.error
-        && wrong == 0
-    {
-        fail.push(format!("the link failed: {error}"));
+    if let Some(error) = &link.error {
+        fail.push(format!(
+            "the link failed: {error} ({} messages were not delivered: failed with that error, not lost silently)",
+            link.sum(|d| d.undelivered)
+        ));
     }
     let note = if injected > 0 {
         format!(" ({injected} bit flips were injected on purpose by --inject-faults)")
@@ -1718,7 +1739,10 @@ fn print_link(link: &LinkResult, injected: u64, injecting: bool) {
         }
     }
     if let Some(error) = &link.error {
-        println!("  the link failed: {error}");
+        println!(
+            "  the link failed: {error}; {} messages not delivered (failed with that error)",
+            link.sum(|d| d.undelivered)
+        );
     }
 }
 
