@@ -56,6 +56,48 @@ fn update_register(state: u32, bytes: &[u8]) -> u32 {
     digest.get_state() as u32
 }
 
+impl Crc32c {
+    /// Copies `src` to `dst` (`src.len()` bytes) and feeds the bytes into
+    /// the checksum — in one pass where the CPU allows (each vector loaded
+    /// once, stored, folded), else a copy and then the CRC of `src`.
+    ///
+    /// # Safety
+    /// `dst` must be writable for `src.len()` bytes and not overlap `src`.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn copy_into(&mut self, src: &[u8], dst: *mut u8) {
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() && !crc_fast_is_wider() {
+            // SAFETY: features checked just above; `src` is a live slice,
+            // `dst` is writable and disjoint (this function's contract).
+            self.state = unsafe { x86::copy_update(self.state, src.as_ptr(), dst, src.len()) };
+            return;
+        }
+        // SAFETY: as above: `dst` writable for `src.len()`, disjoint.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        self.update(src);
+    }
+
+    /// Copies `dst.len()` bytes from `src` into `dst` and feeds the bytes
+    /// as they landed in `dst` into the checksum, in one pass where the CPU
+    /// allows.
+    ///
+    /// # Safety
+    /// `src` must be readable for `dst.len()` bytes and not overlap `dst`.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn copy_from(&mut self, src: *const u8, dst: &mut [u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() && !crc_fast_is_wider() {
+            // SAFETY: features checked just above; `dst` is a live
+            // exclusive slice, `src` readable and disjoint (contract).
+            self.state = unsafe { x86::copy_update(self.state, src, dst.as_mut_ptr(), dst.len()) };
+            return;
+        }
+        // SAFETY: as above: `src` readable for `dst.len()`, disjoint.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        self.update(dst);
+    }
+}
+
 /// Whether `crc-fast` has a 512-bit path here (AVX-512 VPCLMULQDQ), which
 /// beats ours.
 #[cfg(target_arch = "x86_64")]

@@ -19,9 +19,9 @@
 
 use std::arch::x86_64::{
     __m128i, __m256i, _mm_clmulepi64_si128, _mm_crc32_u8, _mm_crc32_u64, _mm_cvtsi128_si64,
-    _mm_extract_epi64, _mm_loadu_si128, _mm_set_epi64x, _mm_xor_si128, _mm256_castsi256_si128,
-    _mm256_clmulepi64_epi128, _mm256_extracti128_si256, _mm256_loadu_si256, _mm256_set_epi64x,
-    _mm256_xor_si256,
+    _mm_extract_epi64, _mm_loadu_si128, _mm_set_epi64x, _mm_storeu_si128, _mm_xor_si128,
+    _mm256_castsi256_si128, _mm256_clmulepi64_epi128, _mm256_extracti128_si256, _mm256_loadu_si256,
+    _mm256_set_epi64x, _mm256_storeu_si256, _mm256_xor_si256,
 };
 use std::sync::OnceLock;
 
@@ -86,6 +86,91 @@ pub(super) fn update(state: u32, bytes: &[u8]) -> u32 {
     // SAFETY: the CPU has every feature `update_vpclmulqdq` is compiled
     // for (asserted just above, from CPUID).
     unsafe { update_vpclmulqdq(state, bytes) }
+}
+
+/// Copies `len` bytes from `src` to `dst` and advances the raw register
+/// over them in the same pass: every 32-byte vector is loaded once, stored,
+/// and folded — so the CRC is of exactly the bytes that were stored.
+///
+/// # Safety
+/// [`available`] must be true; `src` must be readable and `dst` writable
+/// for `len` bytes, and the two ranges must not overlap.
+pub(super) unsafe fn copy_update(state: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
+    // SAFETY: the caller guarantees the CPU features and both ranges.
+    unsafe { copy_update_vpclmulqdq(state, src, dst, len) }
+}
+
+#[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
+unsafe fn copy_update_vpclmulqdq(state: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
+    if len < MIN_LEN {
+        let mut bounce = [0u8; MIN_LEN];
+        // SAFETY: `src` is readable for `len` < MIN_LEN bytes and `dst`
+        // writable for as many (caller's contract); `bounce` is local.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, bounce.as_mut_ptr(), len);
+            std::ptr::copy_nonoverlapping(bounce.as_ptr(), dst, len);
+        }
+        return update_crc32_instruction(state, &bounce[..len]);
+    }
+    // Loads 32 bytes at `at`, stores them at the same offset of `dst`.
+    let copy32 = |at: usize| -> __m256i {
+        // SAFETY: callers pass `at + 32 <= len`, so both accesses are in
+        // the ranges the caller of `copy_update` vouched for; unaligned.
+        unsafe {
+            let v = _mm256_loadu_si256(src.add(at).cast());
+            _mm256_storeu_si256(dst.add(at).cast(), v);
+            v
+        }
+    };
+    let steps = len / STEP;
+    let mut acc = [copy32(0), copy32(32), copy32(64), copy32(96)];
+    acc[0] = _mm256_xor_si256(acc[0], _mm256_set_epi64x(0, 0, 0, i64::from(state)));
+    let k128 = _mm256_set_epi64x(FOLD_128.1, FOLD_128.0, FOLD_128.1, FOLD_128.0);
+    for step in 1..steps {
+        let base = step * STEP;
+        let next = [
+            copy32(base),
+            copy32(base + 32),
+            copy32(base + 64),
+            copy32(base + 96),
+        ];
+        for (acc, next) in acc.iter_mut().zip(next) {
+            let low = _mm256_clmulepi64_epi128::<0x00>(*acc, k128);
+            let high = _mm256_clmulepi64_epi128::<0x11>(*acc, k128);
+            *acc = _mm256_xor_si256(_mm256_xor_si256(low, high), next);
+        }
+    }
+    let k16 = _mm_set_epi64x(FOLD_16.1, FOLD_16.0);
+    let mut lanes = [_mm_set_epi64x(0, 0); 8];
+    for (pair, acc) in acc.iter().enumerate() {
+        lanes[2 * pair] = _mm256_castsi256_si128(*acc);
+        lanes[2 * pair + 1] = _mm256_extracti128_si256::<1>(*acc);
+    }
+    let mut folded = lanes[0];
+    for &lane in &lanes[1..] {
+        folded = fold_lane(folded, k16, lane);
+    }
+    let mut at = steps * STEP;
+    while at + 16 <= len {
+        // SAFETY: `at + 16 <= len`: both accesses are in range; unaligned.
+        let next = unsafe {
+            let v = _mm_loadu_si128(src.add(at).cast());
+            _mm_storeu_si128(dst.add(at).cast(), v);
+            v
+        };
+        folded = fold_lane(folded, k16, next);
+        at += 16;
+    }
+    let mut crc = _mm_crc32_u64(0, _mm_cvtsi128_si64(folded) as u64);
+    crc = _mm_crc32_u64(crc, _mm_extract_epi64::<1>(folded) as u64);
+    let rest = len - at;
+    let mut bounce = [0u8; 16];
+    // SAFETY: `rest < 16` bytes remain at `at` in both ranges.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.add(at), bounce.as_mut_ptr(), rest);
+        std::ptr::copy_nonoverlapping(bounce.as_ptr(), dst.add(at), rest);
+    }
+    update_crc32_instruction(crc as u32, &bounce[..rest])
 }
 
 /// One 128-bit lane advanced by `constants` (see [`fold_by`]) and `next`
@@ -191,6 +276,50 @@ mod tests {
             }
         }
         state
+    }
+
+    #[test]
+    fn the_fused_copy_copies_exactly_and_takes_the_same_crc() {
+        if !available() {
+            eprintln!("SKIPPED crc::x86: this CPU lacks AVX2/VPCLMULQDQ/SSE4.2");
+            return;
+        }
+        let data: Vec<u8> = (0..5000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
+            .collect();
+        for len in (0..600).chain([1023, 1024, 1025, 4096, 4960]) {
+            for (src_off, dst_off) in [(0, 0), (1, 3), (7, 0), (31, 17)] {
+                let mut out = vec![0xEEu8; len + 64];
+                let state = 0x0BAD_F00D;
+                // SAFETY: the ranges are within `data` and `out`, which do
+                // not overlap; the CPU has the features (checked above).
+                let got = unsafe {
+                    copy_update(
+                        state,
+                        data[src_off..].as_ptr(),
+                        out[dst_off..].as_mut_ptr(),
+                        len,
+                    )
+                };
+                assert_eq!(
+                    &out[dst_off..dst_off + len],
+                    &data[src_off..src_off + len],
+                    "len {len}"
+                );
+                assert!(
+                    out[..dst_off]
+                        .iter()
+                        .chain(&out[dst_off + len..])
+                        .all(|&b| b == 0xEE),
+                    "len {len}: wrote outside"
+                );
+                assert_eq!(
+                    got,
+                    reference(state, &data[src_off..src_off + len]),
+                    "len {len}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -497,11 +497,6 @@ pub struct Engine<B = Vec<u8>> {
     scratch: Vec<u8>,
 }
 
-/// Bytes copied out of the medium between CRC updates: small enough to
-/// stay in L1/L2 until the CRC reads them, large enough that the CRC's
-/// per-call cost does not show.
-const RECEIVE_CHUNK: usize = 16 << 10;
-
 /// Earlier peer epochs remembered.
 const RETIRED_EPOCHS_KEPT: usize = 16;
 
@@ -633,13 +628,13 @@ impl<B: AsRef<[u8]>> Engine<B> {
     ///
     /// `header` holds the packet's first [`HEADER_LEN`] bytes; at most
     /// `room` payload bytes can follow it (a ring slot's size less the
-    /// header). `read_payload(offset, dst)` copies `dst.len()` payload bytes
-    /// starting at `offset` out of the medium; it is called with pieces in
-    /// order. When the packet is the next one in order of the message being
-    /// put together — the common case — the pieces land directly in that
-    /// message's buffer, and the CRC is taken of each piece right after it
-    /// is copied, while it is still in L1; otherwise they land in a scratch
-    /// buffer. Nothing counts as received until the CRC matches: a corrupt
+    /// header). `read_payload(offset, dst, crc)` copies `dst.len()` payload
+    /// bytes starting at `offset` out of the medium and, when `crc` is
+    /// `Some`, feeds the bytes as they landed in `dst` into it (a window
+    /// does both in one pass: [`crate::window::Window::read_crc`]). When the
+    /// packet is the next one in order of the message being put together —
+    /// the common case — the bytes land directly in that message's buffer;
+    /// otherwise in a scratch buffer. Nothing counts as received until the CRC matches: a corrupt
     /// payload copied into a message's buffer is overwritten by the
     /// retransmission.
     ///
@@ -651,7 +646,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
         now: Time,
         header: &[u8],
         room: usize,
-        mut read_payload: impl FnMut(usize, &mut [u8]) -> Result<(), E>,
+        mut read_payload: impl FnMut(usize, &mut [u8], Option<&mut Crc32c>) -> Result<(), E>,
     ) -> Result<Result<(), PacketError>, E> {
         if self.state == State::Closed {
             self.stats.bytes_received += header.len().min(HEADER_LEN) as u64;
@@ -693,16 +688,10 @@ impl<B: AsRef<[u8]>> Engine<B> {
                     &mut scratch[..]
                 }
             };
-            let mut offset = 0;
-            for piece in dst.chunks_mut(RECEIVE_CHUNK) {
-                if let Err(error) = read_payload(offset, piece) {
-                    medium_error = Some(error);
-                    break;
-                }
-                if let Some(crc) = &mut crc {
-                    crc.update(piece);
-                }
-                offset += piece.len();
+            if !dst.is_empty()
+                && let Err(error) = read_payload(0, dst, crc.as_mut())
+            {
+                medium_error = Some(error);
             }
             placed
         };

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rustix::mm::{self, Advice, MapFlags, ProtFlags};
 
 use super::{WindowError, check_range};
+use crate::crc::Crc32c;
 
 /// Heap windows are page-aligned, like mappings, so that alignment rules
 /// (atomic indices, cache lines, future DMA) are the same for every kind.
@@ -145,6 +146,36 @@ impl Mapping {
         unsafe {
             ptr::copy_nonoverlapping(src.as_ptr(), self.base.as_ptr().add(offset), src.len());
         }
+        Ok(())
+    }
+
+    /// Copies `src` into the region at `offset`, feeding it into `crc` in
+    /// the same pass.
+    pub(crate) fn write_crc(
+        &self,
+        offset: usize,
+        src: &[u8],
+        crc: &mut Crc32c,
+    ) -> Result<(), WindowError> {
+        check_range(offset, src.len(), self.len)?;
+        // SAFETY: the destination range lies within the live region
+        // (checked above) and cannot overlap `src`, a separate Rust slice.
+        unsafe { crc.copy_into(src, self.base.as_ptr().add(offset)) };
+        Ok(())
+    }
+
+    /// Copies bytes at `offset` out of the region into `dst`, feeding them
+    /// (as they landed in `dst`) into `crc` in the same pass.
+    pub(crate) fn read_crc(
+        &self,
+        offset: usize,
+        dst: &mut [u8],
+        crc: &mut Crc32c,
+    ) -> Result<(), WindowError> {
+        check_range(offset, dst.len(), self.len)?;
+        // SAFETY: the source range lies within the live region (checked
+        // above); `dst` is an exclusive Rust slice, so they cannot overlap.
+        unsafe { crc.copy_from(self.base.as_ptr().add(offset), dst) };
         Ok(())
     }
 

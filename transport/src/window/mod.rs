@@ -37,6 +37,8 @@ mod mapping;
 pub mod shm;
 
 use std::sync::Arc;
+
+use crate::crc::Crc32c;
 use std::sync::atomic::Ordering;
 
 pub use error::WindowError;
@@ -99,6 +101,30 @@ pub trait Window: Send + Sync {
         Ok(())
     }
 
+    /// Copies `src` into the window at `offset` and feeds it into `crc` —
+    /// the CRC a link sends with a packet, taken while the bytes are copied.
+    /// Windows over host memory do both in one pass (each vector loaded
+    /// once); the default copies in pieces and takes the CRC of each source
+    /// piece right after it is copied, through [`Window::write_with`] (so a
+    /// wrapper's faults there apply). On error nothing is written.
+    fn write_crc(&self, offset: usize, src: &[u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+        self.write_with(offset, src, CRC_PIECE, &mut |piece| crc.update(piece))
+    }
+
+    /// Copies `dst.len()` bytes at `offset` out of the window and feeds
+    /// them, as they landed in `dst`, into `crc`. The default reads in
+    /// pieces and takes the CRC of each piece right after it is read.
+    fn read_crc(&self, offset: usize, dst: &mut [u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+        check_range(offset, dst.len(), self.len())?;
+        let mut at = offset;
+        for piece in dst.chunks_mut(CRC_PIECE) {
+            self.read(at, piece)?;
+            crc.update(piece);
+            at += piece.len();
+        }
+        Ok(())
+    }
+
     /// Atomically loads the 8-byte word at `offset` (a multiple of 8) with
     /// `order` (`Relaxed`, `Acquire` or `SeqCst`).
     fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError>;
@@ -135,6 +161,11 @@ pub trait Window: Send + Sync {
         mapping::store_fence();
     }
 }
+
+/// Bytes copied between CRC updates by the default [`Window::write_crc`]
+/// and [`Window::read_crc`]: small enough to stay in L1/L2 until the CRC
+/// reads them, large enough that the CRC's cost per call does not show.
+pub const CRC_PIECE: usize = 16 << 10;
 
 /// `src` cut into pieces of `chunk` bytes (0: one piece). An empty `src`
 /// gives no pieces.
@@ -182,6 +213,12 @@ macro_rules! forward_window {
             ) -> Result<(), WindowError> {
                 (**self).write_with(offset, src, chunk, on_chunk)
             }
+            fn write_crc(&self, offset: usize, src: &[u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+                (**self).write_crc(offset, src, crc)
+            }
+            fn read_crc(&self, offset: usize, dst: &mut [u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+                (**self).read_crc(offset, dst, crc)
+            }
             fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
                 (**self).load_u64(offset, order)
             }
@@ -213,6 +250,22 @@ macro_rules! window_over_mapping {
             }
             fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
                 self.mapping.read(offset, dst)
+            }
+            fn write_crc(
+                &self,
+                offset: usize,
+                src: &[u8],
+                crc: &mut $crate::crc::Crc32c,
+            ) -> Result<(), WindowError> {
+                self.mapping.write_crc(offset, src, crc)
+            }
+            fn read_crc(
+                &self,
+                offset: usize,
+                dst: &mut [u8],
+                crc: &mut $crate::crc::Crc32c,
+            ) -> Result<(), WindowError> {
+                self.mapping.read_crc(offset, dst, crc)
             }
             fn load_u64(
                 &self,
