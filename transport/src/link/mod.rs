@@ -29,6 +29,18 @@ use crate::time::Time;
 use crate::window::{Window, WindowError};
 use crate::wire::HEADER_LEN;
 
+/// What a round that moved nothing saw: until one of these changes, the
+/// next round cannot move anything either.
+#[derive(Debug, Clone, Copy)]
+struct Quiet {
+    /// The own ring's head (nothing new arrived).
+    head: u64,
+    /// The peer's consumed count in the own window (no slot was freed).
+    consumed: u64,
+    /// The engine's next timer.
+    until: Option<Time>,
+}
+
 /// Idle rounds a blocking call spins (with a CPU pause hint) before it
 /// yields the CPU: a yield is a system call, and on a busy link the next
 /// packet is usually a few hundred nanoseconds away.
@@ -237,6 +249,9 @@ pub struct RingLink<W: Window, B: AsRef<[u8]> = Vec<u8>> {
     medium_error: Option<String>,
     /// Rounds of a blocking call in a row that moved nothing.
     idle_rounds: u32,
+    /// Set by a round that moved nothing; cleared by anything the caller
+    /// does. See `progress_inner`.
+    quiet: Option<Quiet>,
     /// The clock as last read by an idle round.
     idle_clock: Option<Instant>,
 }
@@ -270,6 +285,7 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
             medium_error: None,
             idle_rounds: 0,
             idle_clock: None,
+            quiet: None,
         })
     }
 
@@ -321,6 +337,22 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
             .own
             .load_u64(ring::offset::HEAD, Ordering::Acquire)
             .map_err(|e| e.to_string())?;
+        let consumed = self
+            .own
+            .load_u64(ring::offset::CONSUMED, Ordering::Acquire)
+            .map_err(|e| e.to_string())?;
+        // Nothing arrived, no slot was freed, no timer is due and the
+        // caller has done nothing since a round that moved nothing: this
+        // round would move nothing either. Two loads instead of a pass
+        // through the engine — what a waiting caller spins on.
+        if let Some(quiet) = &self.quiet
+            && quiet.head == head
+            && quiet.consumed == consumed
+            && quiet.until.is_none_or(|until| now < until)
+        {
+            return Ok(false);
+        }
+        self.quiet = None;
         let ready = self.consumer.on_head(head).map_err(|e| e.to_string())?;
         if ready > 0 {
             let room = self.own_geometry.slot_size as usize - HEADER_LEN;
@@ -353,10 +385,6 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
             moved = true;
         }
         // Transmit: as many packets as the engine has and the ring holds.
-        let consumed = self
-            .own
-            .load_u64(ring::offset::CONSUMED, Ordering::Acquire)
-            .map_err(|e| e.to_string())?;
         self.producer
             .on_consumed(consumed)
             .map_err(|e| e.to_string())?;
@@ -393,6 +421,14 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
         }
         if self.engine.poll_timeout().is_some_and(|due| due <= now) {
             self.engine.handle_timeout(now);
+            moved = true;
+        }
+        if !moved {
+            self.quiet = Some(Quiet {
+                head,
+                consumed,
+                until: self.engine.poll_timeout(),
+            });
         }
         Ok(moved)
     }
@@ -427,6 +463,7 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
     /// Queues a message without waiting. `Err(SendError::QueueFull)` gives
     /// the buffer back: call [`RingLink::progress`] and retry.
     pub fn send(&mut self, data: B) -> Result<MessageId, SendError<B>> {
+        self.quiet = None;
         self.engine.send(data)
     }
 
@@ -437,6 +474,7 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
         let mut data = data;
         loop {
             self.check_open()?;
+            self.quiet = None;
             match self.engine.send(data) {
                 Ok(id) => {
                     self.progress()?;
@@ -461,6 +499,8 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some((_, data)) = self.engine.poll_message() {
+                // Taking it frees credit and may release a held ack.
+                self.quiet = None;
                 return Ok(data);
             }
             self.check_open()?;
@@ -474,6 +514,7 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
             self.progress()?;
         }
         if let Some((_, data)) = self.engine.poll_message() {
+            self.quiet = None;
             return Ok(Some(data));
         }
         self.check_open()?;
@@ -502,6 +543,7 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
     /// Closes in order: queued messages are still delivered, then the peer
     /// is told; waits at most `timeout`.
     pub fn close(&mut self, timeout: Duration) -> Result<(), IoError> {
+        self.quiet = None;
         self.engine.close();
         let deadline = Instant::now() + timeout;
         loop {
