@@ -259,10 +259,20 @@ impl VfioDevice {
 
     /// Every region of the device (BARs, ROM, config space, and any
     /// device-specific ones), empty ones included — what a report lists.
+    ///
+    /// Regions the device does not implement are left out: the kernel
+    /// answers EINVAL for them (e.g. the VGA region of a device that is not
+    /// a VGA controller), which is not an error of the device as a whole.
     pub fn regions(&self) -> Result<Vec<RegionInfo>, VfioError> {
-        (0..self.inner.info.num_regions)
-            .map(|index| self.region_info(index))
-            .collect()
+        let mut regions = vec![];
+        for index in 0..self.inner.info.num_regions {
+            match self.region_info(index) {
+                Ok(info) => regions.push(info),
+                Err(VfioError::NoSuchRegion { .. }) => {}
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(regions)
     }
 
     /// Maps all of region `index` (a memory BAR) as a window, with the
