@@ -213,6 +213,32 @@ fn bench_between_processes_recovers_injected_faults_and_reports_goodput() {
     assert!(rows.iter().any(|row| row["path"] == "barlink"));
 }
 
+/// Messages larger than the 4 MiB ring cannot all be written in one round:
+/// when the bench turns from the barlink link to the next path, what was
+/// queued must already be on its way, or both processes wait on each other
+/// (found by a 16 MiB run that timed out).
+#[test]
+fn bench_interleaves_paths_with_messages_larger_than_the_ring() {
+    let output = barlink(&[
+        "bench",
+        "--sizes",
+        "5M",
+        "--windows",
+        "1",
+        "--bytes-per-window",
+        "5M",
+        "--lat-iters",
+        "10",
+        "--paths",
+        "barlink,unix-socket",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("\"path\":\"barlink\""), "{text}");
+    assert!(text.contains("\"path\":\"unix-socket\""), "{text}");
+}
+
 #[test]
 fn bad_usage_exits_2_and_says_what_is_wrong() {
     for args in [

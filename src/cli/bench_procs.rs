@@ -107,6 +107,11 @@ trait Pipe {
     fn flush(&mut self) -> Result<(), String> {
         Ok(())
     }
+    /// Before the schedule turns to another path: everything sent is on
+    /// its way (a link only moves data while it is being called).
+    fn settle(&mut self) -> Result<(), String> {
+        Ok(())
+    }
     fn counters(&self) -> (u64, u64) {
         (0, 0)
     }
@@ -170,6 +175,9 @@ impl<W: Window> Pipe for LinkPipe<W> {
     }
     fn flush(&mut self) -> Result<(), String> {
         self.0.flush(STEP_TIMEOUT).map_err(|e| e.to_string())
+    }
+    fn settle(&mut self) -> Result<(), String> {
+        self.0.push(STEP_TIMEOUT).map_err(|e| e.to_string())
     }
     fn counters(&self) -> (u64, u64) {
         let stats = self.0.engine().stats();
@@ -452,9 +460,12 @@ fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>
     let mut ack = Vec::new();
     let mut reply = Vec::new();
     let mut results: Vec<Vec<Measured>> = vec![vec![]; pipes.len()];
+    let mut child_before = vec![(0u64, 0u64); pipes.len()];
     for (&size, &count) in plan.sizes.iter().zip(&plan.counts) {
         let message = message_of(size, size as u64);
         let before: Vec<(u64, u64)> = pipes.iter().map(|pipe| pipe.counters()).collect();
+        // The child's counters so far, as its last "done" carried them.
+        let mut child_now = child_before.clone();
         let mut measured = vec![
             Measured {
                 gbps_windows: vec![],
@@ -465,13 +476,17 @@ fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>
             pipes.len()
         ];
         for window in 0..=plan.windows {
-            for (pipe, measured) in pipes.iter_mut().zip(&mut measured) {
+            for (index, (pipe, measured)) in pipes.iter_mut().zip(&mut measured).enumerate() {
                 let start = Instant::now();
                 for _ in 0..count {
                     pipe.send(&message)?;
                 }
                 pipe.recv(&mut ack)?; // the child has them all
                 let seconds = start.elapsed().as_secs_f64();
+                if let Some(counters) = child_counters(&ack) {
+                    child_now[index] = counters;
+                }
+                pipe.settle()?;
                 if window > 0 {
                     measured
                         .gbps_windows
@@ -492,19 +507,33 @@ fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>
                         return Err(format!("echo of {size} bytes came back as {len}"));
                     }
                 }
+                pipe.settle()?;
             }
         }
         for (index, pipe) in pipes.iter_mut().enumerate() {
             pipe.flush()?;
+            // Both sides: each catches the corruption in what it receives
+            // and retransmits what it sent.
             let (retransmits, crc_errors) = pipe.counters();
-            measured[index].retransmits = retransmits - before[index].0;
-            measured[index].crc_errors = crc_errors - before[index].1;
+            let (child_retransmits, child_crc_errors) = child_now[index];
+            measured[index].retransmits = retransmits - before[index].0
+                + child_retransmits.saturating_sub(child_before[index].0);
+            measured[index].crc_errors = crc_errors - before[index].1
+                + child_crc_errors.saturating_sub(child_before[index].1);
         }
         for (path_results, measured) in results.iter_mut().zip(measured) {
             path_results.push(measured);
         }
+        child_before = child_now;
     }
     Ok(results)
+}
+
+/// The child's (retransmits, CRC errors) from a 17-byte "done" message.
+fn child_counters(done: &[u8]) -> Option<(u64, u64)> {
+    let retransmits = u64::from_le_bytes(done.get(1..9)?.try_into().ok()?);
+    let crc_errors = u64::from_le_bytes(done.get(9..17)?.try_into().ok()?);
+    Some((retransmits, crc_errors))
 }
 
 /// `iters` round trips split into turns of at most [`LATENCY_TURN`].
@@ -520,7 +549,7 @@ pub fn run_child(plan: &PeerPlan) -> Result<(), String> {
     for &path in &plan.paths {
         pipes.push(child_pipe(plan, path).map_err(|e| format!("{}: {e}", path.name()))?);
     }
-    let done: Arc<[u8]> = vec![1u8].into();
+    let mut done = [1u8; 17];
     let mut buf = Vec::new();
     for (&size, &count) in plan.sizes.iter().zip(&plan.counts) {
         let expected = message_of(size, size as u64);
@@ -539,7 +568,12 @@ pub fn run_child(plan: &PeerPlan) -> Result<(), String> {
                         ));
                     }
                 }
-                pipe.send(&done)?;
+                // "Got them all", with this side's counters so far.
+                let (retransmits, crc_errors) = pipe.counters();
+                done[1..9].copy_from_slice(&retransmits.to_le_bytes());
+                done[9..17].copy_from_slice(&crc_errors.to_le_bytes());
+                pipe.send(&Arc::from(&done[..]))?;
+                pipe.settle()?;
             }
         }
         for turn in latency_turns(plan.lat_iters) {
@@ -548,6 +582,7 @@ pub fn run_child(plan: &PeerPlan) -> Result<(), String> {
                     pipe.recv(&mut buf)?;
                     pipe.send(&expected)?;
                 }
+                pipe.settle()?;
             }
         }
         for pipe in pipes.iter_mut() {

@@ -562,6 +562,12 @@ impl<B: AsRef<[u8]>> Engine<B> {
         &self.stats
     }
 
+    /// Whether a queued message has packets that were never sent (waiting
+    /// for the window, the peer's credit or [`Engine::poll_transmit`]).
+    pub fn has_unsent(&self) -> bool {
+        self.sender.has_unsent()
+    }
+
     /// Messages queued and not yet acknowledged.
     pub fn queued_messages(&self) -> usize {
         self.sender.queued_messages()

@@ -173,6 +173,10 @@ impl<B: AsRef<[u8]>> Sender<B> {
         self.outbox.is_empty()
     }
 
+    pub(super) fn has_unsent(&self) -> bool {
+        self.has_new_data()
+    }
+
     fn has_new_data(&self) -> bool {
         self.unstarted < self.outbox.len()
     }

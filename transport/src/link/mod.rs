@@ -526,6 +526,26 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
         self.engine.recycle_buffer(buf);
     }
 
+    /// Drives the link until every packet of every queued message has been
+    /// written into the peer's ring at least once (not necessarily
+    /// acknowledged), for at most `timeout`.
+    ///
+    /// With caller-driven progress a message that `send` queued goes out
+    /// only while the caller keeps calling the link: call this before
+    /// turning away from a link for a while (to another link, or to
+    /// compute) so that the peer is not left waiting for it.
+    pub fn push(&mut self, timeout: Duration) -> Result<(), IoError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.progress()?;
+            if !self.engine.has_unsent() {
+                return Ok(());
+            }
+            self.check_open()?;
+            self.wait_step(deadline, timeout)?;
+        }
+    }
+
     /// Drives the link until every queued message is acknowledged, for at
     /// most `timeout`.
     pub fn flush(&mut self, timeout: Duration) -> Result<(), IoError> {
