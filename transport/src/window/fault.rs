@@ -18,6 +18,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::mapping::check_store_ordering;
 use super::{Window, WindowError, check_range, chunks};
+use crate::crc::Crc32c;
 use crate::sim::SplitMix64;
 
 /// Fault probabilities of a [`FaultWindow`], each per write, each decided
@@ -339,9 +340,31 @@ impl<W: Window> Window for FaultWindow<W> {
         Ok(())
     }
 
+    /// One fault decision for the whole write, as in `write_with`; an
+    /// intact write keeps the inner window's one-pass copy and CRC, and the
+    /// CRC is always of the intended source.
+    fn write_crc(&self, offset: usize, src: &[u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+        let mut state = self.begin_call();
+        check_range(offset, src.len(), self.inner.len())?;
+        let fate = self.fault_bulk(&mut state, offset, src);
+        drop(state);
+        match fate {
+            BulkFate::Intact => return self.inner.write_crc(offset, src, crc),
+            BulkFate::Nothing => {}
+            BulkFate::Changed(image) => self.inner.write(offset, &image)?,
+        }
+        crc.update(src);
+        Ok(())
+    }
+
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
         let _state = self.begin_call();
         self.inner.read(offset, dst)
+    }
+
+    fn read_crc(&self, offset: usize, dst: &mut [u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+        let _state = self.begin_call();
+        self.inner.read_crc(offset, dst, crc)
     }
 
     fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
