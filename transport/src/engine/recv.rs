@@ -32,7 +32,17 @@ fn xmit_after(xmit: u32, count: u32) -> u32 {
 #[derive(Debug)]
 struct Buffered {
     fragment: Fragment,
-    payload: Vec<u8>,
+    held: Held,
+}
+
+/// Where a fragment that arrived ahead of a gap waits.
+#[derive(Debug)]
+enum Held {
+    /// A copy of its payload (it belongs to a later message).
+    Bytes(Vec<u8>),
+    /// Its payload, this long, is already at its place in the message being
+    /// assembled (put there by [`Receiver::place`]).
+    InPlace(usize),
 }
 
 /// The message being put together from in-order fragments.
@@ -280,10 +290,14 @@ impl Receiver {
     pub(super) fn place(&mut self, repr: &Repr, config: &EngineConfig) -> Option<&mut [u8]> {
         let fragment = repr.fragment?;
         let len = repr.payload_len as usize;
-        if repr.seq != self.next_seq || self.credit(config) == 0 {
+        let window_end = self.next_seq + u64::from(self.credit(config));
+        if repr.seq < self.next_seq || repr.seq >= window_end {
             return None;
         }
         let limit = usize::try_from(fragment.msg_len).ok()?;
+        if repr.seq > self.next_seq {
+            return self.place_ahead(repr.seq, &fragment, len, limit);
+        }
         match &mut self.assembly {
             Some(assembly) => {
                 let end = assembly.filled.checked_add(len)?;
@@ -314,6 +328,42 @@ impl Receiver {
                 Some(&mut data[..len])
             }
         }
+    }
+
+    /// Room for a fragment that arrived ahead of a gap but belongs to the
+    /// message being assembled: its place there (fragment `i` starts at
+    /// `i * frag_size`), so that when the gap fills nothing is copied again.
+    /// Only where its sequence number and index agree and nothing arrived
+    /// for it yet; the bytes between are room no received fragment uses.
+    fn place_ahead(
+        &mut self,
+        seq: u64,
+        fragment: &Fragment,
+        len: usize,
+        limit: usize,
+    ) -> Option<&mut [u8]> {
+        if self.ahead.contains_key(&seq) {
+            return None;
+        }
+        let assembly = self.assembly.as_mut()?;
+        let same_message = fragment.msg_id == assembly.msg_id
+            && fragment.msg_len == assembly.msg_len
+            && fragment.count == assembly.count;
+        let index_matches = fragment.index > assembly.next_index
+            && u64::from(fragment.index - assembly.next_index) == seq - self.next_seq;
+        let sized = len == assembly.frag_size || fragment.is_last();
+        if !(same_message && index_matches && sized) || assembly.frag_size == 0 {
+            return None;
+        }
+        let start = usize::try_from(fragment.index)
+            .ok()?
+            .checked_mul(assembly.frag_size)?;
+        let end = start.checked_add(len)?;
+        if end > limit || (fragment.is_last() && end != limit) {
+            return None;
+        }
+        make_room(&mut assembly.data, end, end, limit).ok()?;
+        Some(&mut assembly.data[start..end])
     }
 
     /// A data packet that passed the wire checks, from the current session.
@@ -351,35 +401,30 @@ impl Receiver {
             self.consume(seq, &fragment, payload, &mut deliver)?;
             let mut filled_gap = false;
             while let Some(buffered) = self.ahead.remove(&self.next_seq) {
-                self.ahead_bytes -= buffered.payload.len();
                 filled_gap = true;
-                self.consume(
-                    self.next_seq,
-                    &buffered.fragment,
-                    Payload::Bytes(&buffered.payload),
-                    &mut deliver,
-                )?;
+                let payload = match &buffered.held {
+                    Held::Bytes(bytes) => {
+                        self.ahead_bytes -= bytes.len();
+                        Payload::Bytes(bytes)
+                    }
+                    Held::InPlace(len) => Payload::Placed(*len),
+                };
+                self.consume(self.next_seq, &buffered.fragment, payload, &mut deliver)?;
             }
             if filled_gap {
                 self.ack_now = true;
             }
         } else {
-            let Payload::Bytes(bytes) = payload else {
-                // `place` hands out room only to the packet due next, so
-                // this cannot happen; dropping the packet would be safe
-                // (the sender retransmits it).
-                debug_assert!(false, "a placed payload is always the next in order");
-                return Ok(());
-            };
             stats.out_of_order += 1;
-            self.ahead_bytes += bytes.len();
-            self.ahead.insert(
-                seq,
-                Buffered {
-                    fragment,
-                    payload: bytes.to_vec(),
-                },
-            );
+            let held = match payload {
+                Payload::Bytes(bytes) => {
+                    self.ahead_bytes += bytes.len();
+                    Held::Bytes(bytes.to_vec())
+                }
+                // `place_ahead` put it where it belongs in the message.
+                Payload::Placed(len) => Held::InPlace(len),
+            };
+            self.ahead.insert(seq, Buffered { fragment, held });
             // Tell the sender about the gap at once (selective ack).
             self.ack_now = true;
         }
