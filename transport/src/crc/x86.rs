@@ -83,9 +83,15 @@ pub(super) fn update(state: u32, bytes: &[u8]) -> u32 {
         available(),
         "crc::x86::update needs AVX2, VPCLMULQDQ and SSE4.2"
     );
-    // SAFETY: the CPU has every feature `update_vpclmulqdq` is compiled
-    // for (asserted just above, from CPUID).
-    unsafe { update_vpclmulqdq(state, bytes) }
+    if bytes.len() < MIN_LEN {
+        // Packet headers: straight to the instruction, no bounce.
+        // SAFETY: the CPU has SSE4.2 (asserted above, from CPUID).
+        return unsafe { update_crc32_instruction(state, bytes) };
+    }
+    // SAFETY: the CPU has every feature `fold` is compiled for (asserted
+    // just above, from CPUID); `bytes` is readable for its length, and
+    // without a destination nothing is written.
+    unsafe { fold(state, bytes.as_ptr(), None, bytes.len()) }
 }
 
 /// Copies `len` bytes from `src` to `dst` and advances the raw register
@@ -97,122 +103,61 @@ pub(super) fn update(state: u32, bytes: &[u8]) -> u32 {
 /// for `len` bytes, and the two ranges must not overlap.
 pub(super) unsafe fn copy_update(state: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
     // SAFETY: the caller guarantees the CPU features and both ranges.
-    unsafe { copy_update_vpclmulqdq(state, src, dst, len) }
+    unsafe { fold(state, src, Some(dst), len) }
 }
 
+/// The one kernel behind [`update`] and [`copy_update`]: folds the `len`
+/// bytes at `src` into the register and, when `dst` is given, stores each
+/// vector there right after loading it.
+///
+/// # Safety
+/// The CPU features; `src` readable for `len` bytes; `dst`, if given,
+/// writable for `len` bytes and not overlapping `src`.
 #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
-unsafe fn copy_update_vpclmulqdq(state: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
-    if len < MIN_LEN {
+unsafe fn fold(state: u32, src: *const u8, dst: Option<*mut u8>, len: usize) -> u32 {
+    // Short inputs and the last < 16 bytes go through a local buffer: its
+    // bytes are both what is stored and what the `crc32` instruction reads.
+    let finish = |crc: u32, at: usize| -> u32 {
+        let rest = len - at;
         let mut bounce = [0u8; MIN_LEN];
-        // SAFETY: `src` is readable for `len` < MIN_LEN bytes and `dst`
-        // writable for as many (caller's contract); `bounce` is local.
+        // SAFETY: `rest` (< MIN_LEN) bytes remain at `at` in both ranges
+        // (the caller's contract); `bounce` is local.
         unsafe {
-            std::ptr::copy_nonoverlapping(src, bounce.as_mut_ptr(), len);
-            std::ptr::copy_nonoverlapping(bounce.as_ptr(), dst, len);
+            std::ptr::copy_nonoverlapping(src.add(at), bounce.as_mut_ptr(), rest);
+            if let Some(dst) = dst {
+                std::ptr::copy_nonoverlapping(bounce.as_ptr(), dst.add(at), rest);
+            }
         }
-        return update_crc32_instruction(state, &bounce[..len]);
+        update_crc32_instruction(crc, &bounce[..rest])
+    };
+    if len < MIN_LEN {
+        return finish(state, 0);
     }
-    // Loads 32 bytes at `at`, stores them at the same offset of `dst`.
-    let copy32 = |at: usize| -> __m256i {
+    // 32 bytes at `at`, stored to `dst` too when copying.
+    let load32 = |at: usize| -> __m256i {
         // SAFETY: callers pass `at + 32 <= len`, so both accesses are in
-        // the ranges the caller of `copy_update` vouched for; unaligned.
+        // the ranges the caller vouched for; unaligned.
         unsafe {
             let v = _mm256_loadu_si256(src.add(at).cast());
-            _mm256_storeu_si256(dst.add(at).cast(), v);
+            if let Some(dst) = dst {
+                _mm256_storeu_si256(dst.add(at).cast(), v);
+            }
             v
         }
     };
     let steps = len / STEP;
-    let mut acc = [copy32(0), copy32(32), copy32(64), copy32(96)];
+    let mut acc = [load32(0), load32(32), load32(64), load32(96)];
+    // The register's state is added into the first four message bytes.
     acc[0] = _mm256_xor_si256(acc[0], _mm256_set_epi64x(0, 0, 0, i64::from(state)));
     let k128 = _mm256_set_epi64x(FOLD_128.1, FOLD_128.0, FOLD_128.1, FOLD_128.0);
     for step in 1..steps {
         let base = step * STEP;
         let next = [
-            copy32(base),
-            copy32(base + 32),
-            copy32(base + 64),
-            copy32(base + 96),
+            load32(base),
+            load32(base + 32),
+            load32(base + 64),
+            load32(base + 96),
         ];
-        for (acc, next) in acc.iter_mut().zip(next) {
-            let low = _mm256_clmulepi64_epi128::<0x00>(*acc, k128);
-            let high = _mm256_clmulepi64_epi128::<0x11>(*acc, k128);
-            *acc = _mm256_xor_si256(_mm256_xor_si256(low, high), next);
-        }
-    }
-    let k16 = _mm_set_epi64x(FOLD_16.1, FOLD_16.0);
-    let mut lanes = [_mm_set_epi64x(0, 0); 8];
-    for (pair, acc) in acc.iter().enumerate() {
-        lanes[2 * pair] = _mm256_castsi256_si128(*acc);
-        lanes[2 * pair + 1] = _mm256_extracti128_si256::<1>(*acc);
-    }
-    let mut folded = lanes[0];
-    for &lane in &lanes[1..] {
-        folded = fold_lane(folded, k16, lane);
-    }
-    let mut at = steps * STEP;
-    while at + 16 <= len {
-        // SAFETY: `at + 16 <= len`: both accesses are in range; unaligned.
-        let next = unsafe {
-            let v = _mm_loadu_si128(src.add(at).cast());
-            _mm_storeu_si128(dst.add(at).cast(), v);
-            v
-        };
-        folded = fold_lane(folded, k16, next);
-        at += 16;
-    }
-    let mut crc = _mm_crc32_u64(0, _mm_cvtsi128_si64(folded) as u64);
-    crc = _mm_crc32_u64(crc, _mm_extract_epi64::<1>(folded) as u64);
-    let rest = len - at;
-    let mut bounce = [0u8; 16];
-    // SAFETY: `rest < 16` bytes remain at `at` in both ranges.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src.add(at), bounce.as_mut_ptr(), rest);
-        std::ptr::copy_nonoverlapping(bounce.as_ptr(), dst.add(at), rest);
-    }
-    update_crc32_instruction(crc as u32, &bounce[..rest])
-}
-
-/// One 128-bit lane advanced by `constants` (see [`fold_by`]) and `next`
-/// added.
-#[inline]
-#[target_feature(enable = "pclmulqdq,sse2")]
-fn fold_lane(lane: __m128i, constants: __m128i, next: __m128i) -> __m128i {
-    let low = _mm_clmulepi64_si128::<0x00>(lane, constants);
-    let high = _mm_clmulepi64_si128::<0x11>(lane, constants);
-    _mm_xor_si128(_mm_xor_si128(low, high), next)
-}
-
-#[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
-fn update_vpclmulqdq(state: u32, bytes: &[u8]) -> u32 {
-    if bytes.len() < MIN_LEN {
-        return update_crc32_instruction(state, bytes);
-    }
-    let steps = bytes.len() / STEP;
-    let (body, tail) = bytes.split_at(steps * STEP);
-    let mut chunks = body.chunks_exact(STEP);
-    // Four unaligned 32-byte loads of one 128-byte chunk.
-    let load = |chunk: &[u8]| -> [__m256i; 4] {
-        assert_eq!(chunk.len(), STEP);
-        let at = chunk.as_ptr();
-        // SAFETY: `chunk` is STEP = 128 readable bytes (asserted), so each
-        // 32-byte load at offsets 0, 32, 64 and 96 stays inside it; the
-        // loads are unaligned.
-        unsafe {
-            [
-                _mm256_loadu_si256(at.cast()),
-                _mm256_loadu_si256(at.add(32).cast()),
-                _mm256_loadu_si256(at.add(64).cast()),
-                _mm256_loadu_si256(at.add(96).cast()),
-            ]
-        }
-    };
-    let mut acc = load(chunks.next().expect("at least two steps"));
-    // The register's state is added into the first four message bytes.
-    acc[0] = _mm256_xor_si256(acc[0], _mm256_set_epi64x(0, 0, 0, i64::from(state)));
-    let k128 = _mm256_set_epi64x(FOLD_128.1, FOLD_128.0, FOLD_128.1, FOLD_128.0);
-    for chunk in chunks {
-        let next = load(chunk);
         for (acc, next) in acc.iter_mut().zip(next) {
             let low = _mm256_clmulepi64_epi128::<0x00>(*acc, k128);
             let high = _mm256_clmulepi64_epi128::<0x11>(*acc, k128);
@@ -231,17 +176,34 @@ fn update_vpclmulqdq(state: u32, bytes: &[u8]) -> u32 {
         folded = fold_lane(folded, k16, lane);
     }
     // Whole 16-byte blocks of the tail fold in the same way.
-    let blocks = tail.len() / 16;
-    for block in tail[..blocks * 16].chunks_exact(16) {
-        // SAFETY: `block` is 16 readable bytes; the load is unaligned.
-        let next = unsafe { _mm_loadu_si128(block.as_ptr().cast()) };
+    let mut at = steps * STEP;
+    while at + 16 <= len {
+        // SAFETY: `at + 16 <= len`: both accesses are in range; unaligned.
+        let next = unsafe {
+            let v = _mm_loadu_si128(src.add(at).cast());
+            if let Some(dst) = dst {
+                _mm_storeu_si128(dst.add(at).cast(), v);
+            }
+            v
+        };
         folded = fold_lane(folded, k16, next);
+        at += 16;
     }
     // The folded 16 bytes are congruent to everything so far: their CRC
     // from a zero register is the message's; the rest goes byte-wise.
     let mut crc = _mm_crc32_u64(0, _mm_cvtsi128_si64(folded) as u64);
     crc = _mm_crc32_u64(crc, _mm_extract_epi64::<1>(folded) as u64);
-    update_crc32_instruction(crc as u32, &tail[blocks * 16..])
+    finish(crc as u32, at)
+}
+
+/// One 128-bit lane advanced by `constants` (see [`fold_by`]) and `next`
+/// added.
+#[inline]
+#[target_feature(enable = "pclmulqdq,sse2")]
+fn fold_lane(lane: __m128i, constants: __m128i, next: __m128i) -> __m128i {
+    let low = _mm_clmulepi64_si128::<0x00>(lane, constants);
+    let high = _mm_clmulepi64_si128::<0x11>(lane, constants);
+    _mm_xor_si128(_mm_xor_si128(low, high), next)
 }
 
 /// The `crc32` instruction, eight bytes at a time.
