@@ -85,7 +85,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, env = "BARLINK_SEED")]
     seed: u64,
     /// Which of the two-process paths to measure (ratios to a baseline that
-    /// was not measured print as 0).
+    /// was not measured print as "-" and are left out of --json).
     #[arg(
         long,
         value_enum,
@@ -535,21 +535,34 @@ fn print_proc_row(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) {
             [row.retransmits, row.crc_errors],
             config,
         );
-        value.insert("ratio_to_raw_ring".into(), json!(round(row.vs_raw_ring, 3)));
-        value.insert("ratio_to_unix_socket".into(), json!(round(row.vs_unix, 3)));
+        // A ratio to a baseline this run did not measure is left out.
+        if row.vs_raw_ring > 0.0 {
+            value.insert("ratio_to_raw_ring".into(), json!(round(row.vs_raw_ring, 3)));
+        }
+        if row.vs_unix > 0.0 {
+            value.insert("ratio_to_unix_socket".into(), json!(round(row.vs_unix, 3)));
+        }
         if let Some(vs_clean) = row.vs_clean {
             value.insert("fault_rate".into(), json!(args.fault_rate));
             value.insert("ratio_to_clean".into(), json!(round(vs_clean, 3)));
         }
         println!("{}", serde_json::Value::Object(value));
     } else {
+        // "-" for a ratio to a baseline this run did not measure.
+        let ratio = |value: f64| {
+            if value > 0.0 {
+                format!("{value:.2}x")
+            } else {
+                "-".to_string()
+            }
+        };
         println!(
-            "  {:>8}  {:<14} {:>8.2} {:>11.2}x {:>8.2}x {:>11.2} {:>11.2} {:>8} {:>8}",
+            "  {:>8}  {:<14} {:>8.2} {:>12} {:>9} {:>11.2} {:>11.2} {:>8} {:>8}",
             human_size(row.size),
             row.path,
             row.gbps,
-            row.vs_raw_ring,
-            row.vs_unix,
+            ratio(row.vs_raw_ring),
+            ratio(row.vs_unix),
             row.lat_p50_us,
             row.lat_p99_us,
             row.retransmits,
