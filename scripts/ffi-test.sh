@@ -41,11 +41,12 @@ skip() { echo "SKIPPED: $*"; skipped=$((skipped + 1)); }
 # Shows the end of a step's log after a failure.
 show() { sed 's/^/    /' "$1" | tail -n "${2:-40}"; }
 
-# Runs a command with its output in a log; returns its status.
+# Runs a command with its output in a log, for at most FFI_TEST_TIMEOUT
+# seconds (a hung link must fail the step, not stall CI); returns its status.
 logged() {
     local log="$1"
     shift
-    "$@" >"$log" 2>&1
+    timeout --kill-after=10 "${FFI_TEST_TIMEOUT:-600}" "$@" >"$log" 2>&1
 }
 
 # Libraries the Rust standard library needs when linked statically

@@ -5,8 +5,9 @@
 // Ownership follows the C API (docs/FFI.md): a Link, Listener or Buffer
 // owns its handle and releases it in its destructor; they are movable, not
 // copyable. Destroy a Link before the Buffers it sends from (closing a link
-// lets go of all their memory); a Buffer's destructor deregisters, which
-// fails (and is ignored) while sends from it are still in flight.
+// lets go of all their memory); a Buffer's destructor deregisters, and
+// terminates the program if sends from it are still in flight (the memory
+// would be freed while barlink reads it).
 //
 // Errors: calls throw barlink::Error for failures, and return the status for
 // outcomes a caller is expected to handle (a timeout, a full queue, a buffer
@@ -15,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <new>
 #include <stdexcept>
@@ -95,7 +97,11 @@ public:
 
 private:
     void reset() noexcept {
-        if (handle_) barlink_deregister_buffer(handle_);  // BUSY is ignored here
+        if (!handle_) return;
+        // BUSY means barlink still reads this memory for sends in flight:
+        // going on would let the owner free it under barlink. Close the
+        // Link first (see the top of this file).
+        if (barlink_deregister_buffer(handle_) == BARLINK_BUSY) std::terminate();
         handle_ = nullptr;
     }
     barlink_buffer* handle_ = nullptr;

@@ -621,7 +621,13 @@ impl LinkState {
     pub(crate) fn test(&mut self, request: u64) -> Result<Step<()>> {
         let mut moved = false;
         if !self.done.contains_key(&request) {
-            if request == 0 || !self.requests.contains_key(&(request - 1)) {
+            // Only posted requests have ids to test (a blocking send's
+            // internal entry is not one).
+            let posted = request
+                .checked_sub(1)
+                .and_then(|index| self.requests.get(&index))
+                .is_some_and(|entry| entry.report);
+            if !posted {
                 return Err(Error::invalid(format!(
                     "request {request} is unknown on this link, or its completion was already reported"
                 )));
