@@ -409,7 +409,13 @@ impl DmaBuffer {
     /// [`DmaBuffer::new`] with another system-call layer.
     pub fn new_in(env: &VfioEnv, len: usize) -> Result<DmaBuffer, VfioError> {
         let page = crate::sys::page_size();
-        let len = len.max(1).div_ceil(page) * page;
+        let Some(len) = len.max(1).checked_next_multiple_of(page) else {
+            return Err(VfioError::MapFailed {
+                what: "anonymous memory".into(),
+                len,
+                errno: Errno(libc::ENOMEM),
+            });
+        };
         let region = Region::map(env.sys.clone(), None, len, 0, Prot::READ_WRITE, None).map_err(
             |errno| VfioError::MapFailed {
                 what: "anonymous memory".into(),

@@ -470,29 +470,49 @@ impl DmaMapping {
 
     /// Unmaps now, reporting a failure (dropping unmaps silently).
     pub fn unmap(mut self) -> Result<(), VfioError> {
+        self.unmap_now()
+    }
+
+    /// Unmaps the whole range, or says why not. On failure the memory is
+    /// kept mapped in this process for good (leaked): the device may still
+    /// reach it through the IOMMU, so it must never be reused.
+    fn unmap_now(&mut self) -> Result<(), VfioError> {
         self.mapped = false;
-        self.container
+        let error = |errno, hint: &str| VfioError::DmaMapFailed {
+            iova: self.iova,
+            size: self.len,
+            errno,
+            hint: hint.into(),
+        };
+        let result = match self
+            .container
             .env
             .sys
             .unmap_dma(self.container.fd, self.iova, self.len)
-            .map(drop)
-            .map_err(|errno| VfioError::DmaMapFailed {
-                iova: self.iova,
-                size: self.len,
-                errno: Some(errno),
-                hint: "VFIO_IOMMU_UNMAP_DMA failed".into(),
-            })
+        {
+            Ok(unmapped) if unmapped == self.len => Ok(()),
+            Ok(unmapped) => Err(error(
+                None,
+                &format!(
+                    "VFIO_IOMMU_UNMAP_DMA unmapped {unmapped} of {} bytes",
+                    self.len
+                ),
+            )),
+            Err(errno) => Err(error(Some(errno), "VFIO_IOMMU_UNMAP_DMA failed")),
+        };
+        if result.is_err() {
+            std::mem::forget(Arc::clone(&self._memory));
+        }
+        result
     }
 }
 
 impl Drop for DmaMapping {
     fn drop(&mut self) {
         if self.mapped {
-            let _ = self
-                .container
-                .env
-                .sys
-                .unmap_dma(self.container.fd, self.iova, self.len);
+            // A failure leaks the memory (see `unmap_now`); nothing else
+            // can be done in a destructor.
+            let _ = self.unmap_now();
         }
         // `_memory` is released after this, so the device can
         // no longer reach it when it goes; the container after that.

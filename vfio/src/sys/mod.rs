@@ -344,9 +344,11 @@ fn ioctl_value(fd: RawFd, request: u64, value: libc::c_ulong) -> SysResult<libc:
 /// An ioctl whose argument is a pointer to `arg`, which the kernel reads and
 /// may write (never beyond `size_of::<T>()`, which `argsz` tells it).
 fn ioctl_ptr<T>(fd: RawFd, request: u64, arg: &mut T) -> SysResult<libc::c_int> {
-    // SAFETY: `arg` is a live, exclusive, properly aligned `#[repr(C)]`
-    // value whose leading `argsz` field (set by every caller) bounds what
-    // the kernel reads and writes; no pointer to it outlives the call.
+    // SAFETY: `arg` is a live, exclusive, properly aligned value of exactly
+    // the type `request` expects (a `#[repr(C)]` struct whose leading
+    // `argsz` field, set by the caller, bounds what the kernel reads and
+    // writes, or a plain `i32` for VFIO_GROUP_SET_CONTAINER); no pointer to
+    // it outlives the call.
     let ret = unsafe { libc::ioctl(fd, request as _, arg as *mut T) };
     if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
 }
