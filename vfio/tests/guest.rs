@@ -229,7 +229,7 @@ fn expect_child_success(
     reader: std::thread::JoinHandle<String>,
     what: &str,
 ) {
-    let status = child.wait().unwrap();
+    let status = wait_with_deadline(&mut child, CHILD_LIMIT, what);
     let text = reader.join().unwrap_or_default();
     let text: String = text
         .lines()
@@ -238,6 +238,30 @@ fn expect_child_success(
     // Captured by the harness unless run with --nocapture.
     eprint!("{text}");
     assert!(status.success(), "{what} failed ({status}):\n{text}");
+}
+
+/// Longest a child role may run (the harness's own limit is longer, so a
+/// hung child is named here rather than killing the whole binary).
+const CHILD_LIMIT: Duration = Duration::from_secs(150);
+
+/// Waits for `child` at most `limit`, killing it and failing past that.
+fn wait_with_deadline(
+    child: &mut std::process::Child,
+    limit: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} ran past {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The environment variable that carries a child role's instructions.
@@ -631,21 +655,7 @@ fn run_cli(args: &[&str], limit: Duration) -> (Option<i32>, String, String) {
     };
     let stdout = drain(Box::new(child.stdout.take().unwrap()));
     let stderr = drain(Box::new(child.stderr.take().unwrap()));
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "barlink {args:?} ran past {limit:?}; stderr:\n{}",
-                stderr.join().unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_with_deadline(&mut child, limit, &format!("barlink {args:?}"));
     (
         status.code(),
         stdout.join().unwrap_or_default(),
