@@ -29,6 +29,14 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// `--json` row output: one JSON object per line.
+fn json_rows(output: &Output) -> Vec<serde_json::Value> {
+    stdout(output)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
+        .collect()
+}
+
 #[test]
 fn bench_json_has_one_object_per_row_with_the_documented_fields() {
     let output = barlink(&[
@@ -46,10 +54,7 @@ fn bench_json_has_one_object_per_row_with_the_documented_fields() {
         "20",
     ]);
     assert!(output.status.success(), "{output:?}");
-    let rows: Vec<serde_json::Value> = stdout(&output)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
-        .collect();
+    let rows: Vec<serde_json::Value> = json_rows(&output);
     assert_eq!(rows.len(), 4, "two sizes, engine and baseline each");
     for row in &rows {
         for field in [
@@ -136,10 +141,7 @@ fn bench_between_processes_reports_barlink_and_both_baselines() {
         "50",
     ]);
     assert!(output.status.success(), "{output:?}");
-    let rows: Vec<serde_json::Value> = stdout(&output)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
-        .collect();
+    let rows: Vec<serde_json::Value> = json_rows(&output);
     let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
     assert_eq!(
         paths,
@@ -199,10 +201,7 @@ fn bench_between_processes_recovers_injected_faults_and_reports_goodput() {
         "--json",
     ]);
     assert!(output.status.success(), "{output:?}");
-    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
-        .collect();
+    let rows: Vec<serde_json::Value> = json_rows(&output);
     let faulty = rows
         .iter()
         .find(|row| row["path"] == "barlink-faults")
