@@ -3,6 +3,12 @@
 //! dma-buf), connection setup, and links whose packets travel as RDMA WRITE
 //! with immediate into a peer's registered ring.
 //!
-//! Nothing is implemented here yet: the RDMA issue fills this crate. See
-//! `docs/ARCHITECTURE.md`.
-#![forbid(unsafe_code)]
+//! libibverbs is loaded at run time: on a machine without it every entry
+//! point reports [`RdmaError::NotAvailable`] and nothing else in barlink is
+//! affected. `unsafe` lives only in `sys` (the C ABI and the loader) and
+//! `verbs` (the safe wrappers over it); the link and connection setup
+//! forbid it.
+#![deny(unsafe_code)]
+
+pub mod error;
+pub use error::RdmaError;

@@ -16,6 +16,9 @@
 #![forbid(unsafe_code)]
 
 mod connect;
+mod medium;
+
+pub use medium::{Medium, MediumError};
 
 use std::fmt;
 use std::sync::atomic::Ordering;
