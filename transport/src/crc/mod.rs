@@ -6,7 +6,7 @@
 //! checksums each chunk while it is still hot in L1).
 //!
 //! On x86-64 CPUs with VPCLMULQDQ but without AVX-512 (where `crc-fast`
-//! takes its 128-bit path), large inputs go through [`x86`], a 256-bit
+//! takes its 128-bit path), large inputs go through `x86`, a 256-bit
 //! folding of our own that runs about twice as fast; everything else goes
 //! to `crc-fast`.
 #![deny(unsafe_code)]

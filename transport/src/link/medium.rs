@@ -51,7 +51,9 @@ pub trait Medium {
     /// peer's consumed count). A link whose last round moved nothing skips
     /// the next one while this is unchanged and no engine timer is due, so
     /// a waiting caller spins on this alone. A medium with no cheap test
-    /// may return a value that changes every call.
+    /// may return a value that changes every call. It is called first in
+    /// every round, so `receive` and `transmit` of the same round may act
+    /// on what it observed.
     fn activity(&mut self) -> Result<[u64; 2], MediumError>;
 
     /// Hands every packet that has arrived to `engine` (through
@@ -74,6 +76,6 @@ pub trait Medium {
     ) -> Result<usize, MediumError>;
 
     /// The largest packet, header included, one transmission carries: the
-    /// engine's MTU plus [`crate::wire::HEADER_LEN`] must fit.
+    /// engine's MTU (which includes the header) must fit.
     fn max_packet(&self) -> usize;
 }

@@ -1,13 +1,16 @@
-//! Links: an engine bound to two rings in memory windows.
+//! Links: an engine bound to a medium that carries its packets.
 //!
-//! A [`RingLink`] owns an [`Engine`] and two windows: its own receive
-//! window, which the peer writes packets into and which it reads, and the
-//! peer's receive window, which it writes into and never reads (except the
-//! control block, once, at setup). [`RingLink::progress`] moves packets both
-//! ways; the blocking calls ([`RingLink::send_blocking`],
-//! [`RingLink::recv`], [`RingLink::flush`]) drive it until done or until
-//! their timeout, so nothing waits forever. Progress is driven by the
-//! caller's thread (polling).
+//! A [`Link`] owns an [`Engine`] and a [`Medium`]. [`Link::progress`]
+//! moves packets both ways; the blocking calls ([`Link::send_blocking`],
+//! [`Link::recv`], [`Link::flush`]) drive it until done or until their
+//! timeout, so nothing waits forever. Progress is driven by the caller's
+//! thread (polling).
+//!
+//! A [`RingLink`] is a link over [`RingMedium`]: two windows, its own
+//! receive window, which the peer writes packets into and which it reads,
+//! and the peer's receive window, which it writes into and never reads
+//! (except the control block, once, at setup). `barlink-rdma` provides a
+//! medium whose packets travel as RDMA WRITE with immediate.
 //!
 //! [`connect`] and [`Listener`] set up a link between processes by name:
 //! each side creates a memfd window and hands it to the other over a Unix
@@ -36,10 +39,9 @@ use crate::wire::HEADER_LEN;
 /// next round cannot move anything either.
 #[derive(Debug, Clone, Copy)]
 struct Quiet {
-    /// The own ring's head (nothing new arrived).
-    head: u64,
-    /// The peer's consumed count in the own window (no slot was freed).
-    consumed: u64,
+    /// The medium's activity (for a ring: nothing new arrived and no slot
+    /// was freed).
+    activity: [u64; 2],
     /// The engine's next timer.
     until: Option<Time>,
 }
@@ -130,6 +132,8 @@ pub enum SetupError {
     RingVersion { found: u32 },
     /// The peer's slots cannot hold this side's packets.
     SlotsTooSmall { slot_size: u32, mtu: usize },
+    /// The medium carries packets smaller than the MTU needs.
+    MediumTooSmall { max_packet: usize, needed: usize },
     /// A socket operation of the rendezvous failed.
     Io {
         operation: &'static str,
@@ -166,6 +170,10 @@ impl fmt::Display for SetupError {
             SetupError::SlotsTooSmall { slot_size, mtu } => write!(
                 f,
                 "the peer's ring slots hold {slot_size} bytes but this side's MTU is {mtu}: use the same MTU on both sides"
+            ),
+            SetupError::MediumTooSmall { max_packet, needed } => write!(
+                f,
+                "the medium carries packets of at most {max_packet} bytes but the MTU is {needed}: lower the MTU or enlarge the medium's slots"
             ),
             SetupError::Io { operation, error } => write!(f, "{operation}: {error}"),
             SetupError::NameInUse { name } => write!(
@@ -212,8 +220,9 @@ pub enum IoError {
     Timeout { after: Duration },
     /// The link ended.
     Closed(LinkError),
-    /// The peer broke the ring protocol (an index that cannot be true), or a
-    /// window access failed: the link cannot go on.
+    /// The medium failed: the peer broke the ring protocol (an index that
+    /// cannot be true), a window access failed, or an RDMA work request
+    /// completed in error. The link cannot go on.
     Medium(String),
     /// The message is longer than the configured maximum.
     TooLong { len: u64, max: u64 },
@@ -224,7 +233,7 @@ impl fmt::Display for IoError {
         match self {
             IoError::Timeout { after } => write!(f, "timed out after {after:?}"),
             IoError::Closed(reason) => write!(f, "link closed: {reason}"),
-            IoError::Medium(detail) => write!(f, "ring failure: {detail}"),
+            IoError::Medium(detail) => write!(f, "link medium failure: {detail}"),
             IoError::TooLong { len, max } => {
                 write!(f, "message of {len} bytes exceeds max_message_len {max}")
             }
@@ -234,18 +243,161 @@ impl fmt::Display for IoError {
 
 impl std::error::Error for IoError {}
 
-/// An engine bound to a ring in each direction. `B` is the type of the
-/// caller's message buffers (see [`Engine`]): `Arc<[u8]>` sends the same
-/// bytes many times without copying them first.
+/// The ring in a pair of memory windows as a link's [`Medium`]: packets
+/// are written into slots of the ring in the peer's window (`peer`, never
+/// read) and read from slots of the ring in the own window (`own`, written
+/// only by the peer), the head and consumed indices published with
+/// release stores.
 #[derive(Debug)]
-pub struct RingLink<W: Window, B: AsRef<[u8]> = Vec<u8>> {
-    engine: Engine<B>,
+pub struct RingMedium<W: Window> {
     own: W,
     peer: W,
     producer: Producer,
     consumer: Consumer,
     own_geometry: Geometry,
     peer_geometry: Geometry,
+    /// The own ring's head, as last read by [`Medium::activity`].
+    head: u64,
+    /// The peer's consumed count of our packets (it lives in the own
+    /// window), as last read by [`Medium::activity`].
+    consumed: u64,
+}
+
+impl<W: Window> RingMedium<W> {
+    /// Binds two windows whose rings are initialized ([`init_ring`]): `own`
+    /// is read, `peer` written.
+    pub fn new(own: W, peer: W) -> Result<Self, SetupError> {
+        let own_info = read_ring_info(&own)?;
+        let peer_info = read_ring_info(&peer)?;
+        Ok(RingMedium {
+            producer: Producer::new(peer_info.geometry),
+            consumer: Consumer::new(own_info.geometry),
+            own_geometry: own_info.geometry,
+            peer_geometry: peer_info.geometry,
+            own,
+            peer,
+            head: 0,
+            consumed: 0,
+        })
+    }
+
+    /// The ring geometries (own, peer).
+    pub fn geometries(&self) -> (Geometry, Geometry) {
+        (self.own_geometry, self.peer_geometry)
+    }
+}
+
+impl<W: Window> Medium for RingMedium<W> {
+    fn activity(&mut self) -> Result<[u64; 2], MediumError> {
+        self.head = self
+            .own
+            .load_u64(ring::offset::HEAD, Ordering::Acquire)
+            .map_err(MediumError::new)?;
+        self.consumed = self
+            .own
+            .load_u64(ring::offset::CONSUMED, Ordering::Acquire)
+            .map_err(MediumError::new)?;
+        Ok([self.head, self.consumed])
+    }
+
+    fn receive<B: AsRef<[u8]>>(
+        &mut self,
+        now: Time,
+        engine: &mut Engine<B>,
+    ) -> Result<usize, MediumError> {
+        let ready = self.consumer.on_head(self.head).map_err(MediumError::new)?;
+        if ready == 0 {
+            return Ok(0);
+        }
+        let room = self.own_geometry.slot_size as usize - HEADER_LEN;
+        let mut handed = 0;
+        while let Some(slot) = self.consumer.next_slot_offset() {
+            let mut header = [0u8; HEADER_LEN];
+            self.own.read(slot, &mut header).map_err(MediumError::new)?;
+            let own = &self.own;
+            // The payload goes from the slot straight into its message
+            // (one copy); the header's lengths come from the peer and the
+            // engine checks them against `room` before any read. Rejected
+            // packets are counted by the engine (and NAKed).
+            let _verdict = engine
+                .handle_packet_from(now, &header, room, |offset, dst, crc| {
+                    let at = slot + HEADER_LEN + offset;
+                    match crc {
+                        Some(crc) => own.read_crc(at, dst, crc),
+                        None => own.read(at, dst),
+                    }
+                })
+                .map_err(MediumError::new)?;
+            self.consumer.release();
+            handed += 1;
+        }
+        let consumed = self.consumer.released();
+        self.peer
+            .store_u64(ring::offset::CONSUMED, consumed, Ordering::Release)
+            .map_err(MediumError::new)?;
+        Ok(handed)
+    }
+
+    fn transmit<B: AsRef<[u8]>>(
+        &mut self,
+        now: Time,
+        engine: &mut Engine<B>,
+    ) -> Result<usize, MediumError> {
+        self.producer
+            .on_consumed(self.consumed)
+            .map_err(MediumError::new)?;
+        let mut published = None;
+        let mut sent = 0;
+        while let Some(slot) = self.producer.next_slot_offset() {
+            let peer = &self.peer;
+            let written = engine.poll_transmit_with(now, |transmit| {
+                // The payload is copied and checksummed in one pass; the
+                // header, with the CRC, goes last.
+                let payload_at = slot + HEADER_LEN;
+                if !transmit.has_crc() {
+                    peer.write(payload_at, transmit.payload())?;
+                    return peer.write(slot, &transmit.header_with_crc(0));
+                }
+                let mut crc = transmit.crc_of_header();
+                peer.write_crc(payload_at, transmit.payload(), &mut crc)?;
+                peer.write(slot, &transmit.header_with_crc(crc.finish()))
+            });
+            match written {
+                None => break,
+                Some(result) => {
+                    result.map_err(MediumError::new)?;
+                    published = Some(self.producer.commit());
+                    sent += 1;
+                }
+            }
+        }
+        if let Some(head) = published {
+            // Payload stores (write-combined on a BAR) land before the index.
+            self.peer.store_fence();
+            self.peer
+                .store_u64(ring::offset::HEAD, head, Ordering::Release)
+                .map_err(MediumError::new)?;
+        }
+        Ok(sent)
+    }
+
+    fn max_packet(&self) -> usize {
+        self.peer_geometry.slot_size as usize
+    }
+}
+
+/// An engine bound to a ring in each direction: the link over memory
+/// windows. See [`Link`] for the calls.
+pub type RingLink<W, B = Vec<u8>> = Link<RingMedium<W>, B>;
+
+/// An engine bound to a [`Medium`]: the message API (send, receive, flush,
+/// close, all with timeouts) over any medium. `B` is the type of the
+/// caller's message buffers (see [`Engine`]): `Arc<[u8]>` sends the same
+/// bytes many times without copying them first.
+#[derive(Debug)]
+pub struct Link<M: Medium, B: AsRef<[u8]> = Vec<u8>> {
+    engine: Engine<B>,
+    medium: M,
     origin: Instant,
     completed: u64,
     closed: Option<LinkError>,
@@ -259,30 +411,45 @@ pub struct RingLink<W: Window, B: AsRef<[u8]> = Vec<u8>> {
     idle_clock: Option<Instant>,
 }
 
-impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
+impl<W: Window, B: AsRef<[u8]>> Link<RingMedium<W>, B> {
     /// Binds an engine to two windows whose rings are initialized
     /// ([`init_ring`]): `own` is read, `peer` written. `epoch` should be the
     /// own ring's generation.
     pub fn new(own: W, peer: W, config: EngineConfig, epoch: u32) -> Result<Self, SetupError> {
-        let own_info = read_ring_info(&own)?;
-        let peer_info = read_ring_info(&peer)?;
-        if (peer_info.geometry.slot_size as usize) < config.mtu {
+        let medium = RingMedium::new(own, peer)?;
+        let slot_size = medium.peer_geometry.slot_size;
+        if (slot_size as usize) < config.mtu {
             return Err(SetupError::SlotsTooSmall {
-                slot_size: peer_info.geometry.slot_size,
+                slot_size,
                 mtu: config.mtu,
             });
         }
-        let origin = Instant::now();
+        Link::with_medium(medium, config, epoch)
+    }
+
+    /// The ring geometries (own, peer).
+    pub fn geometries(&self) -> (Geometry, Geometry) {
+        self.medium.geometries()
+    }
+}
+
+impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
+    /// Binds an engine to a medium. `epoch` identifies this side's session
+    /// (it must change when a side restarts; 0 is taken as 1).
+    pub fn with_medium(medium: M, config: EngineConfig, epoch: u32) -> Result<Self, SetupError> {
+        // The MTU is a whole packet, header included.
+        let needed = config.mtu;
+        if medium.max_packet() < needed {
+            return Err(SetupError::MediumTooSmall {
+                max_packet: medium.max_packet(),
+                needed,
+            });
+        }
         let engine = Engine::new(config, epoch.max(1), Time::ZERO)?;
-        Ok(RingLink {
+        Ok(Link {
             engine,
-            producer: Producer::new(peer_info.geometry),
-            consumer: Consumer::new(own_info.geometry),
-            own_geometry: own_info.geometry,
-            peer_geometry: peer_info.geometry,
-            own,
-            peer,
-            origin,
+            medium,
+            origin: Instant::now(),
             completed: 0,
             closed: None,
             medium_error: None,
@@ -306,6 +473,11 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
         &self.engine
     }
 
+    /// The medium.
+    pub fn medium(&self) -> &M {
+        &self.medium
+    }
+
     /// Messages whose every packet the peer acknowledged, so far.
     pub fn completed(&self) -> u64 {
         self.completed
@@ -326,110 +498,36 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
                 self.take_events();
                 Ok(moved)
             }
-            Err(detail) => {
+            Err(error) => {
+                let detail = error.detail().to_string();
                 self.medium_error = Some(detail.clone());
                 Err(IoError::Medium(detail))
             }
         }
     }
 
-    fn progress_inner(&mut self, now: Time) -> Result<bool, String> {
-        let mut moved = false;
-        // Receive: everything the peer published into our ring.
-        let head = self
-            .own
-            .load_u64(ring::offset::HEAD, Ordering::Acquire)
-            .map_err(|e| e.to_string())?;
-        let consumed = self
-            .own
-            .load_u64(ring::offset::CONSUMED, Ordering::Acquire)
-            .map_err(|e| e.to_string())?;
-        // Nothing arrived, no slot was freed, no timer is due and the
+    fn progress_inner(&mut self, now: Time) -> Result<bool, MediumError> {
+        let activity = self.medium.activity()?;
+        // Nothing arrived, no room was freed, no timer is due and the
         // caller has done nothing since a round that moved nothing: this
-        // round would move nothing either. Two loads instead of a pass
-        // through the engine — what a waiting caller spins on.
+        // round would move nothing either. A ring's two loads instead of a
+        // pass through the engine — what a waiting caller spins on.
         if let Some(quiet) = &self.quiet
-            && quiet.head == head
-            && quiet.consumed == consumed
+            && quiet.activity == activity
             && quiet.until.is_none_or(|until| now < until)
         {
             return Ok(false);
         }
         self.quiet = None;
-        let ready = self.consumer.on_head(head).map_err(|e| e.to_string())?;
-        if ready > 0 {
-            let room = self.own_geometry.slot_size as usize - HEADER_LEN;
-            while let Some(slot) = self.consumer.next_slot_offset() {
-                let mut header = [0u8; HEADER_LEN];
-                self.own
-                    .read(slot, &mut header)
-                    .map_err(|e| e.to_string())?;
-                let own = &self.own;
-                // The payload goes from the slot straight into its message
-                // (one copy); the header's lengths come from the peer and
-                // the engine checks them against `room` before any read.
-                // Rejected packets are counted by the engine (and NAKed).
-                let _verdict = self
-                    .engine
-                    .handle_packet_from(now, &header, room, |offset, dst, crc| {
-                        let at = slot + HEADER_LEN + offset;
-                        match crc {
-                            Some(crc) => own.read_crc(at, dst, crc),
-                            None => own.read(at, dst),
-                        }
-                    })
-                    .map_err(|e| e.to_string())?;
-                self.consumer.release();
-            }
-            let consumed = self.consumer.released();
-            self.peer
-                .store_u64(ring::offset::CONSUMED, consumed, Ordering::Release)
-                .map_err(|e| e.to_string())?;
-            moved = true;
-        }
-        // Transmit: as many packets as the engine has and the ring holds.
-        self.producer
-            .on_consumed(consumed)
-            .map_err(|e| e.to_string())?;
-        let mut published = None;
-        while let Some(slot) = self.producer.next_slot_offset() {
-            let peer = &self.peer;
-            let written = self.engine.poll_transmit_with(now, |transmit| {
-                // The payload is copied and checksummed in one pass; the
-                // header, with the CRC, goes last.
-                let payload_at = slot + HEADER_LEN;
-                if !transmit.has_crc() {
-                    peer.write(payload_at, transmit.payload())?;
-                    return peer.write(slot, &transmit.header_with_crc(0));
-                }
-                let mut crc = transmit.crc_of_header();
-                peer.write_crc(payload_at, transmit.payload(), &mut crc)?;
-                peer.write(slot, &transmit.header_with_crc(crc.finish()))
-            });
-            match written {
-                None => break,
-                Some(result) => {
-                    result.map_err(|e| e.to_string())?;
-                    published = Some(self.producer.commit());
-                }
-            }
-        }
-        if let Some(head) = published {
-            // Payload stores (write-combined on a BAR) land before the index.
-            self.peer.store_fence();
-            self.peer
-                .store_u64(ring::offset::HEAD, head, Ordering::Release)
-                .map_err(|e| e.to_string())?;
-            moved = true;
-        }
+        let mut moved = self.medium.receive(now, &mut self.engine)? > 0;
+        moved |= self.medium.transmit(now, &mut self.engine)? > 0;
         if self.engine.poll_timeout().is_some_and(|due| due <= now) {
             self.engine.handle_timeout(now);
             moved = true;
         }
         if !moved {
             self.quiet = Some(Quiet {
-                head,
-                consumed,
+                activity,
                 until: self.engine.poll_timeout(),
             });
         }
@@ -604,10 +702,5 @@ impl<W: Window, B: AsRef<[u8]>> RingLink<W, B> {
             }
         }
         Ok(())
-    }
-
-    /// The ring geometries (own, peer).
-    pub fn geometries(&self) -> (Geometry, Geometry) {
-        (self.own_geometry, self.peer_geometry)
     }
 }
