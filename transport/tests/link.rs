@@ -8,7 +8,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use barlink_transport::link::{
-    IoError, LinkConfig, Listener, RingLink, SetupError, connect, init_ring,
+    IoError, LinkConfig, Listener, ProgressOptions, ProgressThread, RingLink, SetupError, connect,
+    init_ring,
 };
 use barlink_transport::ring::Geometry;
 use barlink_transport::sim::SplitMix64;
@@ -244,10 +245,17 @@ fn child_process_role() {
     let mut parts = spec.split(',');
     let name = parts.next().unwrap().to_string();
     let count: u64 = parts.next().unwrap().parse().unwrap();
-    let linger = parts.next() == Some("linger");
+    let mut linger = false;
+    let mut seed = 3;
+    for part in parts {
+        match part.strip_prefix("seed=") {
+            Some(value) => seed = value.parse().unwrap(),
+            None => linger = part == "linger",
+        }
+    }
     let mut link = connect(&name, &link_config()).unwrap();
     for index in 0..count {
-        link.send_blocking(message(3, index, 200_000), TIMEOUT)
+        link.send_blocking(message(seed, index, 200_000), TIMEOUT)
             .unwrap();
     }
     link.flush(TIMEOUT).unwrap();
@@ -261,6 +269,10 @@ fn child_process_role() {
 }
 
 fn spawn_child(name: &str, count: u64, linger: bool) -> std::process::Child {
+    spawn_child_with(name, count, linger, 3)
+}
+
+fn spawn_child_with(name: &str, count: u64, linger: bool, seed: u64) -> std::process::Child {
     Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -271,7 +283,10 @@ fn spawn_child(name: &str, count: u64, linger: bool) -> std::process::Child {
         ])
         .env(
             CHILD_ROLE,
-            format!("{name},{count}{}", if linger { ",linger" } else { "" }),
+            format!(
+                "{name},{count}{},seed={seed}",
+                if linger { ",linger" } else { "" }
+            ),
         )
         .stdout(Stdio::null())
         .spawn()
@@ -384,4 +399,145 @@ fn a_caller_that_does_not_receive_slows_the_sender_instead_of_queueing() {
     }
     a.flush(Duration::from_secs(5)).unwrap();
     assert_eq!(a.completed(), queued as u64);
+}
+
+/// A peer killed in the middle of a stream (packets of a half-sent message
+/// in flight) and started again under the same name: the surviving side
+/// reports the old link lost, accepts the new one, and the new session
+/// delivers only the new peer's messages, from its first, in order.
+#[test]
+fn a_restarted_peer_reconnects_and_no_old_data_reaches_the_new_session() {
+    let name = unique("restart");
+    let listener = Listener::bind(&name).unwrap();
+    let mut first = spawn_child_with(&name, 1_000_000, false, 5);
+    let mut old: RingLink<_> = listener.accept(&link_config()).unwrap();
+    for index in 0..200 {
+        let got = old.recv(TIMEOUT).unwrap();
+        assert!(got == message(5, index, 200_000), "message {index} differs");
+    }
+    first.kill().unwrap(); // SIGKILL, mid-stream
+    first.wait().unwrap();
+    // Whatever the old peer had fully delivered may still be taken; then
+    // the loss is reported, never a message of another session.
+    let mut index = 200;
+    let error = loop {
+        match old.recv(TIMEOUT) {
+            Ok(got) => {
+                assert!(got == message(5, index, 200_000), "message {index} differs");
+                index += 1;
+            }
+            Err(error) => break error,
+        }
+    };
+    assert!(
+        matches!(error, IoError::Closed(LinkError::PeerLost { .. })),
+        "{error}"
+    );
+    let mut second = spawn_child_with(&name, 1_000, false, 6);
+    let mut new: RingLink<_> = listener.accept(&link_config()).unwrap();
+    for index in 0..1_000 {
+        let got = new
+            .recv(TIMEOUT)
+            .unwrap_or_else(|e| panic!("new session, message {index}: {e}"));
+        assert!(
+            got == message(6, index, 200_000),
+            "new session, message {index} is not the new peer's"
+        );
+    }
+    let until = Instant::now() + TIMEOUT;
+    loop {
+        new.progress().unwrap();
+        if let Some(status) = second.try_wait().unwrap() {
+            assert!(status.success(), "second child failed: {status}");
+            break;
+        }
+        assert!(Instant::now() < until, "second child did not finish");
+    }
+    assert_eq!(new.engine().stats().messages_delivered, 1_000);
+}
+
+/// Links driven by background progress threads: 10,000 mixed messages each
+/// way at once, callers only sending and receiving.
+#[test]
+fn links_driven_by_progress_threads_move_ten_thousand_messages_each_way() {
+    let (a, b) = thread_links(
+        Arc::new(HeapWindow::new(1 << 20).unwrap()),
+        Arc::new(HeapWindow::new(1 << 20).unwrap()),
+        |w| w,
+        |w| w,
+    );
+    let options = ProgressOptions::default();
+    let a = Arc::new(ProgressThread::spawn(a, options).unwrap());
+    let b = Arc::new(ProgressThread::spawn(b, options).unwrap());
+    let count = 10_000;
+    let mut workers = Vec::new();
+    for (from, to, seed) in [(&a, &b, 11), (&b, &a, 12)] {
+        let from = Arc::clone(from);
+        workers.push(thread::spawn(move || {
+            for index in 0..count {
+                from.send_blocking(message(seed, index, 200_000), TIMEOUT)
+                    .unwrap_or_else(|e| panic!("send {index}: {e}"));
+            }
+            from.flush(TIMEOUT).unwrap();
+        }));
+        let to = Arc::clone(to);
+        workers.push(thread::spawn(move || {
+            for index in 0..count {
+                let got = to
+                    .recv(TIMEOUT)
+                    .unwrap_or_else(|e| panic!("recv {index}: {e}"));
+                assert!(
+                    got == message(seed, index, 200_000),
+                    "message {index} differs"
+                );
+                to.recycle(got);
+            }
+        }));
+    }
+    for worker in workers {
+        worker.join().expect("worker");
+    }
+    assert_eq!(a.completed(), count);
+    assert_eq!(b.completed(), count);
+    assert_eq!(a.stats().messages_delivered, count);
+    let a = Arc::into_inner(a).unwrap();
+    let b = Arc::into_inner(b).unwrap();
+    // Close both at once: each needs the other's thread to answer.
+    let closer = thread::spawn(move || b.close(TIMEOUT));
+    a.close(TIMEOUT).unwrap();
+    closer.join().unwrap().unwrap();
+}
+
+/// A progress-thread link whose peer stops answering reports the loss to a
+/// caller blocked in `recv` within the heartbeat deadline, and a timeout
+/// is a timeout while the peer is alive.
+#[test]
+fn a_progress_thread_reports_a_silent_peer_and_times_out_waits() {
+    let (a, b) = thread_links(
+        Arc::new(HeapWindow::new(1 << 20).unwrap()),
+        Arc::new(HeapWindow::new(1 << 20).unwrap()),
+        |w| w,
+        |w| w,
+    );
+    let a = ProgressThread::spawn(a, ProgressOptions::default()).unwrap();
+    let b = ProgressThread::spawn(b, ProgressOptions::default()).unwrap();
+    b.send_blocking(vec![7; 10_000], TIMEOUT).unwrap();
+    assert_eq!(a.recv(TIMEOUT).unwrap(), vec![7; 10_000]);
+    let error = a.recv(Duration::from_millis(100)).unwrap_err();
+    assert!(matches!(error, IoError::Timeout { .. }), "{error}");
+    // The peer's thread stops and its link is left undriven.
+    let b = b.into_link().unwrap();
+    let stopped_at = Instant::now();
+    let error = a.recv(TIMEOUT).unwrap_err();
+    let took = stopped_at.elapsed();
+    assert!(
+        matches!(error, IoError::Closed(LinkError::PeerLost { .. })),
+        "{error}"
+    );
+    let deadline = engine_config().peer_timeout + Duration::from_millis(500);
+    assert!(
+        took <= deadline,
+        "reported after {took:?}, deadline {deadline:?}"
+    );
+    drop(b);
 }

@@ -20,8 +20,10 @@
 
 mod connect;
 mod medium;
+mod thread;
 
 pub use medium::{Medium, MediumError};
+pub use thread::{ProgressOptions, ProgressThread};
 
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -551,6 +553,14 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         }
     }
 
+    /// A delivered message, without a round of progress.
+    fn take_message(&mut self) -> Option<Vec<u8>> {
+        let (_, data) = self.engine.poll_message()?;
+        // Taking it frees credit and may release a held ack.
+        self.quiet = None;
+        Some(data)
+    }
+
     fn check_open(&self) -> Result<(), IoError> {
         if let Some(detail) = &self.medium_error {
             return Err(IoError::Medium(detail.clone()));
@@ -599,9 +609,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     pub fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some((_, data)) = self.engine.poll_message() {
-                // Taking it frees credit and may release a held ack.
-                self.quiet = None;
+            if let Some(data) = self.take_message() {
                 return Ok(data);
             }
             self.check_open()?;
@@ -614,8 +622,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         if self.engine.messages_ready() == 0 {
             self.progress()?;
         }
-        if let Some((_, data)) = self.engine.poll_message() {
-            self.quiet = None;
+        if let Some(data) = self.take_message() {
             return Ok(Some(data));
         }
         self.check_open()?;
