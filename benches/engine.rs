@@ -1,6 +1,9 @@
 //! Criterion benchmark: two engines over the in-memory medium at 4 KiB and
 //! 64 KiB MTU, CRC on and off (the difference is the CRC's share), plus the
-//! CRC alone at each packet size.
+//! CRC alone at each packet size, and the CPU cost of a small message's
+//! round trip over two ring links in one thread (no cross-core traffic: the
+//! protocol's own cost, which the one-way latency of `barlink bench` adds
+//! to the raw ring's).
 //!
 //! `cargo bench --bench engine`; throughput is in bytes (GB/s); packets/s is
 //! bytes/s divided by the payload per packet, which the group name gives,
@@ -11,7 +14,10 @@ use std::sync::Arc;
 
 use barlink::EngineConfig;
 use barlink::transport::crc::crc32c;
+use barlink::transport::link::{RingLink, init_ring};
+use barlink::transport::ring::Geometry;
 use barlink::transport::sim::{Faults, SimPair};
+use barlink::transport::window::{HeapWindow, Window};
 use barlink::transport::wire::HEADER_LEN;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -91,9 +97,52 @@ fn crc_alone(c: &mut Criterion) {
     group.finish();
 }
 
+/// A 64-byte message there and back over two ring links driven by one
+/// thread: everything both sides do per message, without the wait.
+fn ring_round_trip(c: &mut Criterion) {
+    let config = EngineConfig {
+        mtu: 65536,
+        ..EngineConfig::default()
+    };
+    let window_a = Arc::new(HeapWindow::new(4 << 20).unwrap());
+    let window_b = Arc::new(HeapWindow::new(4 << 20).unwrap());
+    let geometry = Geometry::for_window(window_a.len(), config.mtu).unwrap();
+    init_ring(&*window_a, geometry, 1).unwrap();
+    init_ring(&*window_b, geometry, 1).unwrap();
+    let mut a: RingLink<Arc<HeapWindow>, Arc<[u8]>> =
+        RingLink::new(window_a.clone(), window_b.clone(), config.clone(), 1).unwrap();
+    let mut b: RingLink<Arc<HeapWindow>, Arc<[u8]>> =
+        RingLink::new(window_b, window_a, config, 1).unwrap();
+    let message: Arc<[u8]> = vec![0x5Au8; 64].into();
+    let mut round_trip = move || {
+        a.send(message.clone()).unwrap();
+        a.progress().unwrap();
+        let got = loop {
+            if let Some(got) = b.try_recv().unwrap() {
+                break got;
+            }
+            // Only while the two set up their session does A need a turn.
+            a.progress().unwrap();
+        };
+        b.recycle(got);
+        b.send(message.clone()).unwrap();
+        b.progress().unwrap();
+        let got = loop {
+            if let Some(got) = a.try_recv().unwrap() {
+                break got;
+            }
+            b.progress().unwrap();
+        };
+        a.recycle(got);
+    };
+    let mut group = c.benchmark_group("ring_link_round_trip");
+    group.bench_function("64B, one thread", |bencher| bencher.iter(&mut round_trip));
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20);
-    targets = engine_pair, crc_alone
+    targets = engine_pair, crc_alone, ring_round_trip
 }
 criterion_main!(benches);

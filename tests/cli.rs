@@ -172,6 +172,42 @@ fn bench_between_processes_reports_barlink_and_both_baselines() {
     }
 }
 
+/// `--progress thread`: the barlink links between the processes are driven
+/// by background progress threads; rows say so, and everything arrives
+/// (the child checks sizes and bytes).
+#[test]
+fn bench_with_progress_threads_moves_every_message() {
+    let output = barlink(&[
+        "bench",
+        "--json",
+        "--progress",
+        "thread",
+        "--paths",
+        "barlink,raw-ring",
+        "--sizes",
+        "64,64K",
+        "--windows",
+        "1",
+        "--bytes-per-window",
+        "2M",
+        "--lat-iters",
+        "50",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let rows: Vec<serde_json::Value> = json_rows(&output);
+    let barlink_rows: Vec<_> = rows.iter().filter(|r| r["path"] == "barlink").collect();
+    assert_eq!(barlink_rows.len(), 2, "{rows:?}");
+    for row in barlink_rows {
+        assert_eq!(row["progress"], "thread", "{row}");
+        assert!(row["gbps"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["lat_p50_us"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    assert!(
+        rows.iter()
+            .all(|r| r["path"] != "raw-ring" || r.get("progress").is_none())
+    );
+}
+
 #[test]
 fn a_short_soak_with_faults_loses_nothing_and_says_so() {
     let output = barlink(&["soak", "--duration", "3s", "--fault-rate", "0.01", "--json"]);

@@ -84,6 +84,11 @@ pub struct BenchArgs {
     /// Seed for payloads and injected faults.
     #[arg(long, default_value_t = 1, env = "BARLINK_SEED")]
     seed: u64,
+    /// Who drives barlink's links between processes: the caller's thread
+    /// inside its calls (poll), or a background progress thread per link
+    /// (thread: callers block, a CPU thread moves the packets).
+    #[arg(long, value_enum, default_value = "poll", env = "BARLINK_PROGRESS")]
+    progress: bench_procs::ProgressMode,
     /// Which of the two-process paths to measure (ratios to a baseline that
     /// was not measured print as "-" and are left out of --json).
     #[arg(
@@ -399,10 +404,11 @@ fn run_processes(
     if !args.json {
         println!("# barlink bench: two processes over shared memory (memfd windows, 4 MiB rings)");
         println!(
-            "# MTU {}  window {}  CRC {}  {} timed windows per size (medians); latency = round trip / 2",
+            "# MTU {}  window {}  CRC {}  progress {}  {} timed windows per size (medians); latency = round trip / 2",
             config.mtu,
             config.send_window,
             if config.crc { "on" } else { "off" },
+            args.progress.name(),
             plan.windows
         );
         println!(
@@ -452,6 +458,7 @@ fn run_processes(
         crc: config.crc,
         fault_rate: args.fault_rate,
         seed: args.seed,
+        progress: args.progress,
     };
     let measured = bench_procs::run_parent(&peer_plan)
         .map_err(|e| CommandError::environment(format!("bench: {e}")))?;
@@ -541,6 +548,9 @@ fn print_proc_row(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) {
         }
         if row.vs_unix > 0.0 {
             value.insert("ratio_to_unix_socket".into(), json!(round(row.vs_unix, 3)));
+        }
+        if row.path.starts_with("barlink") {
+            value.insert("progress".into(), json!(args.progress.name()));
         }
         if let Some(vs_clean) = row.vs_clean {
             value.insert("fault_rate".into(), json!(args.fault_rate));

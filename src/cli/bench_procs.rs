@@ -25,7 +25,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use barlink_transport::link::{LinkConfig, Listener, RingLink, connect, connect_windows};
+use barlink_transport::link::{
+    LinkConfig, Listener, Medium, ProgressOptions, ProgressThread, RingLink, connect,
+    connect_windows,
+};
 use barlink_transport::ring::{self, Consumer, Producer};
 use barlink_transport::window::{FaultConfig, FaultWindow, ShmWindow, Window};
 use clap::{Args, ValueEnum};
@@ -49,6 +52,24 @@ impl ProcPath {
             ProcPath::RawRing => "raw-ring",
             ProcPath::UnixSocket => "unix-socket",
             ProcPath::BarlinkFaults => "barlink-faults",
+        }
+    }
+}
+
+/// Who drives a barlink link's progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProgressMode {
+    /// The caller's thread, inside its send and receive calls (polling).
+    Poll,
+    /// A background progress thread per link; callers block on it.
+    Thread,
+}
+
+impl ProgressMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProgressMode::Poll => "poll",
+            ProgressMode::Thread => "thread",
         }
     }
 }
@@ -87,6 +108,9 @@ pub struct PeerPlan {
     /// Seed of the injected faults.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Who drives the barlink links.
+    #[arg(long, value_enum, default_value = "poll")]
+    pub progress: ProgressMode,
 }
 
 /// What one size measured on one path.
@@ -147,16 +171,14 @@ fn faulty_link(
     config: &LinkConfig,
     rate: f64,
     seed: u64,
-) -> Result<LinkPipe<FaultWindow<ShmWindow>>, String> {
+) -> Result<RingLink<FaultWindow<ShmWindow>, Arc<[u8]>>, String> {
     let own = FaultWindow::new(own, FaultConfig::none(), seed);
     let peer = FaultWindow::new(
         peer,
         FaultConfig::none().with_bit_flip(rate / 2.0),
         seed ^ 0x5EED,
     );
-    RingLink::new(own, peer, config.engine.clone(), 1)
-        .map(LinkPipe)
-        .map_err(|e| e.to_string())
+    RingLink::new(own, peer, config.engine.clone(), 1).map_err(|e| e.to_string())
 }
 
 impl<W: Window> Pipe for LinkPipe<W> {
@@ -183,6 +205,45 @@ impl<W: Window> Pipe for LinkPipe<W> {
         let stats = self.0.engine().stats();
         (stats.retransmits(), stats.crc_failures + stats.malformed)
     }
+}
+
+/// A link driven by a background progress thread (`--progress thread`).
+struct ThreadPipe<M: Medium + Send + 'static>(ProgressThread<M, Arc<[u8]>>);
+
+impl<M: Medium + Send + 'static> Pipe for ThreadPipe<M> {
+    fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String> {
+        self.0
+            .send_blocking(message.clone(), STEP_TIMEOUT)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
+        let data = self.0.recv(STEP_TIMEOUT).map_err(|e| e.to_string())?;
+        let len = data.len();
+        self.0.recycle(std::mem::replace(buf, data));
+        Ok(len)
+    }
+    fn flush(&mut self) -> Result<(), String> {
+        self.0.flush(STEP_TIMEOUT).map_err(|e| e.to_string())
+    }
+    fn counters(&self) -> (u64, u64) {
+        let stats = self.0.stats();
+        (stats.retransmits(), stats.crc_failures + stats.malformed)
+    }
+}
+
+/// The link as a pipe, driven as `mode` says.
+fn link_pipe<W: Window + Send + 'static>(
+    link: RingLink<W, Arc<[u8]>>,
+    mode: ProgressMode,
+) -> Result<Box<dyn Pipe>, String> {
+    Ok(match mode {
+        ProgressMode::Poll => Box::new(LinkPipe(link)),
+        ProgressMode::Thread => Box::new(ThreadPipe(
+            ProgressThread::spawn(link, ProgressOptions::default())
+                .map_err(|e| format!("starting the progress thread: {e}"))?,
+        )),
+    })
 }
 
 /// The raw-ring baseline: fragments copied into slots behind a 16-byte slot
@@ -335,16 +396,20 @@ fn parent_pipe(
     Ok(match path {
         ProcPath::Barlink => {
             let listener = Listener::bind(&name).map_err(|e| e.to_string())?;
-            Box::new(LinkPipe(
+            link_pipe(
                 listener.accept(&config).map_err(|e| e.to_string())?,
-            ))
+                plan.progress,
+            )?
         }
         ProcPath::BarlinkFaults => {
             let listener = Listener::bind(&name).map_err(|e| e.to_string())?;
             let (own, peer) = listener
                 .accept_windows(&config)
                 .map_err(|e| e.to_string())?;
-            Box::new(faulty_link(own, peer, &config, plan.fault_rate, plan.seed)?)
+            link_pipe(
+                faulty_link(own, peer, &config, plan.fault_rate, plan.seed)?,
+                plan.progress,
+            )?
         }
         ProcPath::RawRing => {
             let listener = Listener::bind(&name).map_err(|e| e.to_string())?;
@@ -383,18 +448,16 @@ fn child_pipe(plan: &PeerPlan, path: ProcPath) -> Result<Box<dyn Pipe>, String> 
     let config = link_config(plan);
     let name = format!("{}-{}", plan.name, path.name());
     Ok(match path {
-        ProcPath::Barlink => Box::new(LinkPipe(
+        ProcPath::Barlink => link_pipe(
             connect(&name, &config).map_err(|e| e.to_string())?,
-        )),
+            plan.progress,
+        )?,
         ProcPath::BarlinkFaults => {
             let (own, peer) = connect_windows(&name, &config).map_err(|e| e.to_string())?;
-            Box::new(faulty_link(
-                own,
-                peer,
-                &config,
-                plan.fault_rate,
-                !plan.seed,
-            )?)
+            link_pipe(
+                faulty_link(own, peer, &config, plan.fault_rate, !plan.seed)?,
+                plan.progress,
+            )?
         }
         ProcPath::RawRing => {
             let (own, peer) = connect_windows(&name, &config).map_err(|e| e.to_string())?;
@@ -632,5 +695,7 @@ fn plan_args(plan: &PeerPlan) -> Vec<String> {
         plan.fault_rate.to_string(),
         "--seed".into(),
         plan.seed.to_string(),
+        "--progress".into(),
+        plan.progress.name().into(),
     ]
 }

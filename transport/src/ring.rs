@@ -36,16 +36,18 @@
 
 use std::fmt;
 
-/// Bytes of the control block at the start of every ring window: three
-/// 64-byte lines, so that fields written by different sides never share a
-/// cache line, padded to 256.
+/// Bytes of the control block at the start of every ring window: a line the
+/// owner writes once (identity and geometry) and a line of indices that
+/// only the peer writes, padded to 256. The owner never writes the second
+/// line, so the two sides never share a written cache line; the peer's two
+/// indices share one, so an owner waiting for either reads one line.
 pub const CONTROL_LEN: usize = 256;
 /// Slots are multiples of a cache line.
 pub const SLOT_ALIGN: usize = 64;
 /// `b"BLRING\0\x01"` as a little-endian u64: identifies a barlink ring.
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"BLRING\0\x01");
 /// Layout version of the control block.
-pub const RING_VERSION: u32 = 1;
+pub const RING_VERSION: u32 = 2;
 
 /// Offsets within the control block.
 pub mod offset {
@@ -64,8 +66,9 @@ pub mod offset {
     pub const OWNER_PID: usize = 32;
     /// u64 packets the peer has published into this window (line 1).
     pub const HEAD: usize = 64;
-    /// u64 packets the peer has consumed from its own window (line 2).
-    pub const CONSUMED: usize = 128;
+    /// u64 packets the peer has consumed from its own window (line 1 too:
+    /// the peer writes both, and a ping-pong then moves one line, not two).
+    pub const CONSUMED: usize = 72;
     /// First slot.
     pub const SLOTS: usize = super::CONTROL_LEN;
 }

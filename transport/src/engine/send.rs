@@ -368,10 +368,11 @@ impl<B: AsRef<[u8]>> Sender<B> {
             self.rtt.sample(rtt, config);
         }
         let mut highest_sacked = ack;
-        for bit in 0..64u64 {
-            if sack & (1 << bit) == 0 {
-                continue;
-            }
+        // Only the set bits: the common SACK is empty or nearly so.
+        let mut bits = sack;
+        while bits != 0 {
+            let bit = u64::from(bits.trailing_zeros());
+            bits &= bits - 1;
             let seq = ack + 1 + bit;
             if seq >= self.next_seq {
                 break; // the peer claims packets never sent; ignore the rest
