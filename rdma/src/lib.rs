@@ -12,3 +12,7 @@
 
 pub mod error;
 pub use error::RdmaError;
+
+pub mod link;
+pub mod loopback;
+pub use link::{PacketQueue, RdmaLink, RdmaMedium, RingShape, rdma_link};
