@@ -26,4 +26,5 @@ pub use verbs::{
 
 pub mod link;
 pub mod loopback;
+pub mod oob;
 pub use link::{PacketQueue, RdmaLink, RdmaMedium, RingShape, rdma_link};
