@@ -71,6 +71,15 @@ impl RdmaError {
     }
 }
 
+/// `strerror(errno)`, without the " (os error N)" that `io::Error` adds.
+pub(crate) fn strerror(errno: i32) -> String {
+    let text = std::io::Error::from_raw_os_error(errno).to_string();
+    match text.rfind(" (os error ") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
 /// What to check when `call` failed with `errno`.
 fn verbs_hint(call: &str, errno: i32) -> &'static str {
     match (call, errno) {
@@ -124,7 +133,7 @@ impl fmt::Display for RdmaError {
             RdmaError::Verbs { call, errno } => write!(
                 f,
                 "{call} failed: {} (errno {errno}){}",
-                std::io::Error::from_raw_os_error(*errno),
+                strerror(*errno),
                 verbs_hint(call, *errno)
             ),
             RdmaError::Completion {

@@ -274,7 +274,7 @@ fn with_device_list<T>(
         return Err(RdmaError::NoDevice {
             reason: format!(
                 "ibv_get_device_list failed: {} (errno {errno}){}",
-                std::io::Error::from_raw_os_error(errno),
+                crate::error::strerror(errno),
                 if errno == libc::ENOSYS {
                     " -- the kernel has no RDMA (ib_uverbs) support"
                 } else {
@@ -664,7 +664,7 @@ impl ProtectionDomain {
                              it ({}); soft-RoCE (rxe) and older drivers do not support dma-buf \
                              memory regions -- register a host bounce buffer instead",
                             self.inner.ctx.name,
-                            std::io::Error::from_raw_os_error(errno)
+                            crate::error::strerror(errno)
                         ),
                     })
                 } else {
@@ -1061,7 +1061,7 @@ impl RegisteredMemory {
                         what: format!(
                             "2 MiB huge pages for {len} bytes: {} (reserve some: echo N > \
                              /proc/sys/vm/nr_hugepages)",
-                            std::io::Error::from_raw_os_error(errno)
+                            crate::error::strerror(errno)
                         ),
                     },
                     other => other,
