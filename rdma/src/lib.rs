@@ -27,4 +27,5 @@ pub use verbs::{
 pub mod link;
 pub mod loopback;
 pub mod oob;
+pub mod verbs_queue;
 pub use link::{PacketQueue, RdmaLink, RdmaMedium, RingShape, rdma_link};

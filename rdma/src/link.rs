@@ -41,6 +41,8 @@ use barlink_transport::time::Time;
 use barlink_transport::window::{Window, WindowError};
 use barlink_transport::wire::HEADER_LEN;
 
+pub use crate::verbs::WcStatus;
+
 /// Bytes before the first slot of a receive region: the credit word (u64
 /// at offset 0, written by the peer) in a cache line of its own.
 pub const CONTROL_LEN: usize = 64;
@@ -113,106 +115,6 @@ impl RingShape {
     /// Offset of staging slot `count % slots` in a staging area.
     pub fn staging_offset(&self, count: u64) -> usize {
         (count % u64::from(self.slots)) as usize * self.slot_size as usize
-    }
-}
-
-/// A work completion's status: the `ibv_wc_status` values the link tells
-/// apart, each with what to check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum WcStatus {
-    /// The work request completed.
-    Success,
-    /// `IBV_WC_LOC_LEN_ERR`.
-    LocalLength,
-    /// `IBV_WC_LOC_QP_OP_ERR`.
-    LocalQpOperation,
-    /// `IBV_WC_LOC_PROT_ERR`.
-    LocalProtection,
-    /// `IBV_WC_WR_FLUSH_ERR`.
-    Flushed,
-    /// `IBV_WC_REM_INV_REQ_ERR`.
-    RemoteInvalidRequest,
-    /// `IBV_WC_REM_ACCESS_ERR`.
-    RemoteAccess,
-    /// `IBV_WC_REM_OP_ERR`.
-    RemoteOperation,
-    /// `IBV_WC_RETRY_EXC_ERR`.
-    RetryExceeded,
-    /// `IBV_WC_RNR_RETRY_EXC_ERR`.
-    RnrRetryExceeded,
-    /// Any other `ibv_wc_status` value.
-    Other(u32),
-}
-
-impl WcStatus {
-    /// The status for an `ibv_wc_status` value.
-    pub fn from_code(code: u32) -> WcStatus {
-        match code {
-            0 => WcStatus::Success,
-            1 => WcStatus::LocalLength,
-            2 => WcStatus::LocalQpOperation,
-            4 => WcStatus::LocalProtection,
-            5 => WcStatus::Flushed,
-            9 => WcStatus::RemoteInvalidRequest,
-            10 => WcStatus::RemoteAccess,
-            11 => WcStatus::RemoteOperation,
-            12 => WcStatus::RetryExceeded,
-            13 => WcStatus::RnrRetryExceeded,
-            other => WcStatus::Other(other),
-        }
-    }
-
-    /// What the status most likely means for a link, and what to check.
-    pub fn hint(&self) -> &'static str {
-        match self {
-            WcStatus::Success => "no error",
-            WcStatus::LocalLength => {
-                "a work request's length does not fit the buffer or the path: check the MTU on both sides"
-            }
-            WcStatus::LocalQpOperation => {
-                "the local queue pair refused the work request: check that it reached RTS"
-            }
-            WcStatus::LocalProtection => {
-                "a local buffer is not registered (or not for this access): check the memory registration"
-            }
-            WcStatus::Flushed => {
-                "the queue pair is in the error state after an earlier failure (see the first error), or was torn down"
-            }
-            WcStatus::RemoteInvalidRequest => {
-                "the peer refused the request as invalid: check that both sides run the same barlink version"
-            }
-            WcStatus::RemoteAccess => {
-                "the peer refused the write (bad rkey, or an address beyond its registered ring): check the ring address and rkey exchanged in the hello"
-            }
-            WcStatus::RemoteOperation => "the peer's adapter failed the operation",
-            WcStatus::RetryExceeded => {
-                "the peer did not acknowledge within the QP timeout times the retry count: the peer process or host is gone, or the path is broken (check the peer, the port state, GID and MTU)"
-            }
-            WcStatus::RnrRetryExceeded => {
-                "the peer had no receive posted: it stopped draining its completions, or it is gone"
-            }
-            WcStatus::Other(_) => "see ibv_wc_status_str for this code",
-        }
-    }
-}
-
-impl fmt::Display for WcStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match self {
-            WcStatus::Success => "success",
-            WcStatus::LocalLength => "local length error",
-            WcStatus::LocalQpOperation => "local QP operation error",
-            WcStatus::LocalProtection => "local protection error",
-            WcStatus::Flushed => "work request flushed",
-            WcStatus::RemoteInvalidRequest => "remote invalid request",
-            WcStatus::RemoteAccess => "remote access error",
-            WcStatus::RemoteOperation => "remote operation error",
-            WcStatus::RetryExceeded => "transport retry counter exceeded",
-            WcStatus::RnrRetryExceeded => "RNR retry counter exceeded",
-            WcStatus::Other(code) => return write!(f, "work completion status {code}"),
-        };
-        f.write_str(name)
     }
 }
 
@@ -540,9 +442,9 @@ impl<Q: PacketQueue> RdmaMedium<Q> {
                 return Err(MediumError::new(format_args!(
                     "RDMA write {} to the peer failed: {} (vendor error {:#x}): {}",
                     completion.wr_id,
-                    completion.status,
+                    completion.status.name(),
                     completion.vendor_err,
-                    completion.status.hint()
+                    completion.status.what_to_check()
                 )));
             }
             if completion.wr_id >= self.wr_posted {
@@ -620,9 +522,9 @@ impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
             if completion.status != WcStatus::Success {
                 return Err(MediumError::new(format_args!(
                     "a receive failed: {} (vendor error {:#x}): {}",
-                    completion.status,
+                    completion.status.name(),
                     completion.vendor_err,
-                    completion.status.hint()
+                    completion.status.what_to_check()
                 )));
             }
             // The immediate and the length come from the peer: checked

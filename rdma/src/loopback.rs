@@ -254,7 +254,7 @@ impl PacketQueue for LoopbackQueue {
         match self.peer_death() {
             Some(Death::Silent) => return Ok(()),
             Some(Death::RetryExceeded) => {
-                self.complete_send(wr_id, WcStatus::RetryExceeded, signaled);
+                self.complete_send(wr_id, WcStatus::RetryExcErr, signaled);
                 return Ok(());
             }
             None => {}
@@ -263,7 +263,7 @@ impl PacketQueue for LoopbackQueue {
         // protection error, as an adapter would report it.
         self.scratch.resize(len, 0);
         if self.staging.read(local_offset, &mut self.scratch).is_err() {
-            self.complete_send(wr_id, WcStatus::LocalProtection, signaled);
+            self.complete_send(wr_id, WcStatus::LocProtErr, signaled);
             return Ok(());
         }
         // The remote write: beyond the peer's region is a remote access error.
@@ -271,7 +271,7 @@ impl PacketQueue for LoopbackQueue {
             .checked_add(len)
             .is_some_and(|end| end <= self.peer_receive.len());
         if !in_bounds {
-            self.complete_send(wr_id, WcStatus::RemoteAccess, signaled);
+            self.complete_send(wr_id, WcStatus::RemAccessErr, signaled);
             return Ok(());
         }
         let lose = {
@@ -295,7 +295,7 @@ impl PacketQueue for LoopbackQueue {
             let mut peer = lock(&self.peer);
             if peer.recvs_posted == 0 {
                 drop(peer);
-                self.complete_send(wr_id, WcStatus::RnrRetryExceeded, signaled);
+                self.complete_send(wr_id, WcStatus::RnrRetryExcErr, signaled);
                 return Ok(());
             }
             peer.recvs_posted -= 1;
@@ -318,7 +318,7 @@ impl PacketQueue for LoopbackQueue {
         match self.peer_death() {
             Some(Death::Silent) => return Ok(()),
             Some(Death::RetryExceeded) => {
-                self.complete_send(wr_id, WcStatus::RetryExceeded, signaled);
+                self.complete_send(wr_id, WcStatus::RetryExcErr, signaled);
                 return Ok(());
             }
             None => {}

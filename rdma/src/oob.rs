@@ -238,7 +238,11 @@ impl Hello {
                 "a ring of more than 1 TiB",
             );
         }
-        if self.ring_addr.checked_add(self.ring.region_len() as u64).is_none() {
+        if self
+            .ring_addr
+            .checked_add(self.ring.region_len() as u64)
+            .is_none()
+        {
             return field(
                 "ring address",
                 self.ring_addr,
@@ -255,7 +259,11 @@ impl Hello {
     /// engines must share (MTU, largest message, CRC).
     pub fn check_agreement(&self, peer: &Hello) -> Result<(), OobError> {
         let mismatch = |what, ours: u64, theirs: u64| {
-            Err(OobError::BadHello(HelloError::Mismatch { what, ours, theirs }))
+            Err(OobError::BadHello(HelloError::Mismatch {
+                what,
+                ours,
+                theirs,
+            }))
         };
         if self.engine_mtu != peer.engine_mtu {
             return mismatch(
@@ -582,10 +590,7 @@ impl OobStream {
         self.read_exact(&mut byte, "waiting for the peer to be ready")?;
         if byte[0] != READY {
             return Err(OobError::Protocol {
-                detail: format!(
-                    "expected the ready byte {READY:#04x}, got {:#04x}",
-                    byte[0]
-                ),
+                detail: format!("expected the ready byte {READY:#04x}, got {:#04x}", byte[0]),
             });
         }
         Ok(())
@@ -593,13 +598,15 @@ impl OobStream {
 
     /// Raw bytes to the peer (tests of hostile hellos).
     pub fn write_all(&mut self, bytes: &[u8], operation: &'static str) -> Result<(), OobError> {
-        self.stream.write_all(bytes).map_err(|error| match error.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => OobError::Timeout {
-                operation,
-                after: self.io_timeout,
-            },
-            _ => OobError::Io { operation, error },
-        })
+        self.stream
+            .write_all(bytes)
+            .map_err(|error| match error.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => OobError::Timeout {
+                    operation,
+                    after: self.io_timeout,
+                },
+                _ => OobError::Io { operation, error },
+            })
     }
 
     /// Reads exactly `buf.len()` bytes within the I/O timeout (one
