@@ -58,6 +58,9 @@ skipped=$((skipped + tests_skipped))
 grep 'SKIPPED' "$log/test.txt" | sed 's/^[. ]*/  /' || true
 if [ "$test_status" -eq 0 ]; then ok "cargo test: $tests_passed tests passed, $tests_skipped skipped"; else bad "cargo test: $tests_failed tests failed"; fi
 
+step "ibverbs ABI of rdma/src/sys.rs against verbs.h (scripts/rdma-layout.sh; installs libibverbs-dev as root)"
+./scripts/rdma-layout.sh >"$log/layout.txt" 2>&1; case $? in 0) ok "$(tail -1 "$log/layout.txt")" ;; 3) skip "$(tail -1 "$log/layout.txt")" ;; *) cat "$log/layout.txt"; bad "rdma-layout (scripts/rdma-layout.sh)" ;; esac
+
 # A sub-suite that prints "<name>: N passed, M failed[, K skipped]" as its
 # summary: its checks count one by one in the totals here.
 count_suite() {

@@ -10,5 +10,22 @@
 //! forbid it.
 #![deny(unsafe_code)]
 
+pub mod device;
 pub mod error;
+pub mod mr_cache;
+mod sys;
+pub mod verbs;
+pub use device::{DeviceInfo, DiscoveryOptions, GidEntry, GidType, PortInfo};
 pub use error::RdmaError;
+pub use mr_cache::{CacheStats, CachedRegion, MrCache};
+pub use verbs::{
+    Access, CompletionQueue, ConnectOptions, Context, Gid, HugePolicy, LinkLayer, MemoryOptions,
+    MemoryRegion, Mtu, PortState, ProtectionDomain, QpConfig, QpEndpoint, QpState, QueuePair,
+    RegisteredMemory, RemoteAddr, RemoteRegion, Sge, WcOpcode, WcStatus, WorkCompletion,
+};
+
+pub mod link;
+pub mod loopback;
+pub mod oob;
+pub mod verbs_queue;
+pub use link::{PacketQueue, RdmaLink, RdmaMedium, RingShape, rdma_link};

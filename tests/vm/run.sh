@@ -16,6 +16,8 @@
 # with BARLINK_VM_BAR_A / BARLINK_VM_BAR_B naming the files behind the BARs.
 TEST_TARGETS="
 barlink-vfio  guest
+barlink-rdma  guest
+barlink-rdma  guest_link
 "
 # ---------------------------------------------------------------------------
 

@@ -1,0 +1,655 @@
+//! The RDMA link: an engine's packets travel as RDMA WRITE with immediate
+//! into the peer's registered receive ring.
+//!
+//! [`RdmaMedium`] implements [`Medium`] over any [`PacketQueue`] — the few
+//! verbs operations the link needs. Two queues implement it: the real
+//! verbs queue pair (`verbs_queue`) and an in-process software pair
+//! ([`crate::loopback`]) with injected faults, so the whole link runs in
+//! tests on any host.
+//!
+//! # Layout of a receive region (registered by its owner, written by its peer)
+//! ```text
+//!  0                 CONTROL_LEN                 CONTROL_LEN + slots·slot_size
+//!  ├─ credit word ──┬─ slot 0 ─┬─ slot 1 ─┬ … ┬─ slot N-1 ─┤
+//!  │ u64 at 0: how  │ packet   │          │   │            │
+//!  │ many of OUR    │ written  │          │   │            │
+//!  │ packets the    │ by the   │          │   │            │
+//!  │ peer consumed  │ peer     │          │   │            │
+//! ```
+//! The sender writes its `k`-th packet (from its own registered staging
+//! slot `k % N`) into the peer's slot `k % N` with RDMA WRITE WITH IMM,
+//! `imm = k mod 2³²`. The receiver learns of it from the receive
+//! completion, never by looking at memory: RDMA does not order the
+//! placement of a write's bytes, the completion is what makes them
+//! visible. It checks the completion (`imm` must be the next count, the
+//! length must fit a slot), hands the slot to the engine, reposts a
+//! zero-length receive, and from time to time writes how many packets it
+//! has consumed into the sender's credit word (an 8-byte RDMA WRITE,
+//! inline where the device allows). The sender may have at most `N`
+//! packets unconsumed; a staging slot is reused only after the peer
+//! consumed the packet written from it, which implies the write that read
+//! it completed.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::Ordering;
+
+use barlink_transport::engine::{Engine, EngineConfig};
+use barlink_transport::link::{Link, Medium, MediumError, SetupError};
+use barlink_transport::time::Time;
+use barlink_transport::window::{Window, WindowError};
+use barlink_transport::wire::HEADER_LEN;
+
+pub use crate::verbs::WcStatus;
+
+/// Bytes before the first slot of a receive region: the credit word (u64
+/// at offset 0, written by the peer) in a cache line of its own.
+pub const CONTROL_LEN: usize = 64;
+/// Offset of the credit word in a receive region.
+pub const CREDIT_OFFSET: usize = 0;
+/// Slot sizes are multiples of a cache line.
+pub const SLOT_ALIGN: usize = 64;
+/// Most slots a ring may have (the hello refuses more).
+pub const MAX_SLOTS: u32 = 1 << 16;
+
+/// The shape of a receive ring: `slots` slots of `slot_size` bytes after
+/// [`CONTROL_LEN`] bytes of control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingShape {
+    /// Number of slots (2..=[`MAX_SLOTS`]).
+    pub slots: u32,
+    /// Bytes per slot: a multiple of [`SLOT_ALIGN`] that holds a whole
+    /// packet, header included.
+    pub slot_size: u32,
+}
+
+impl RingShape {
+    /// A ring of `slots` slots for packets of up to `mtu` bytes (the
+    /// engine's MTU, header included).
+    pub fn for_mtu(slots: u32, mtu: usize) -> Result<RingShape, LinkSetupError> {
+        let slot_size = mtu.max(HEADER_LEN).div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+        let shape = RingShape {
+            slots,
+            slot_size: u32::try_from(slot_size).map_err(|_| LinkSetupError::Shape {
+                detail: format!("slot size {slot_size} does not fit in 32 bits"),
+            })?,
+        };
+        shape.validate()?;
+        Ok(shape)
+    }
+
+    /// Checks the shape (one read from a peer's hello is untrusted).
+    pub fn validate(&self) -> Result<(), LinkSetupError> {
+        if !(2..=MAX_SLOTS).contains(&self.slots) {
+            return Err(LinkSetupError::Shape {
+                detail: format!("{} slots (need 2..={MAX_SLOTS})", self.slots),
+            });
+        }
+        let size = self.slot_size as usize;
+        if size < HEADER_LEN || !size.is_multiple_of(SLOT_ALIGN) {
+            return Err(LinkSetupError::Shape {
+                detail: format!(
+                    "slot size {size} (need a multiple of {SLOT_ALIGN} of at least {HEADER_LEN})"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes of the whole receive region: control block and slots.
+    pub fn region_len(&self) -> usize {
+        CONTROL_LEN + self.slots_len()
+    }
+
+    /// Bytes of the slots alone (the size of a staging area for this ring).
+    pub fn slots_len(&self) -> usize {
+        self.slots as usize * self.slot_size as usize
+    }
+
+    /// Offset of slot `index % slots` in the receive region.
+    pub fn slot_offset(&self, count: u64) -> usize {
+        CONTROL_LEN + self.staging_offset(count)
+    }
+
+    /// Offset of staging slot `count % slots` in a staging area.
+    pub fn staging_offset(&self, count: u64) -> usize {
+        (count % u64::from(self.slots)) as usize * self.slot_size as usize
+    }
+}
+
+/// One work completion, as the link needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's id (send side: the link's running WR count).
+    pub wr_id: u64,
+    /// Whether it succeeded.
+    pub status: WcStatus,
+    /// The adapter's vendor error code (diagnostics only).
+    pub vendor_err: u32,
+    /// Receive side: bytes the peer's write placed.
+    pub byte_len: u32,
+    /// Receive side: the immediate data, if the completion carries one.
+    pub imm: Option<u32>,
+}
+
+/// A failure of a queue operation itself (posting, polling), not of a
+/// work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// Posting a work request failed.
+    Post {
+        operation: &'static str,
+        detail: String,
+    },
+    /// Polling a completion queue failed.
+    Poll { queue: &'static str, detail: String },
+    /// A registered region could not be accessed.
+    Window(WindowError),
+}
+
+impl fmt::Display for QueueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueError::Post { operation, detail } => write!(f, "posting {operation}: {detail}"),
+            QueueError::Poll { queue, detail } => {
+                write!(f, "polling the {queue} completion queue: {detail}")
+            }
+            QueueError::Window(error) => write!(f, "registered memory: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for QueueError {}
+
+impl From<WindowError> for QueueError {
+    fn from(error: WindowError) -> Self {
+        QueueError::Window(error)
+    }
+}
+
+/// The verbs operations an RDMA link needs, over one connected reliable
+/// queue pair whose peer's ring address and keys are known.
+///
+/// Offsets are relative to the regions: `local_offset` into
+/// [`PacketQueue::staging`], `remote_offset` into the peer's receive
+/// region (the implementation adds the peer's address and rkey).
+pub trait PacketQueue {
+    /// A registered memory region, reached only through [`Window`]
+    /// accessors (the adapter may write it at any time).
+    type Region: Window;
+
+    /// This side's receive region: credit word and slots that the peer
+    /// writes. Read only through the window's accessors.
+    fn receive_region(&self) -> &Self::Region;
+
+    /// This side's staging area: where a packet is put together before
+    /// the adapter reads it for an RDMA WRITE.
+    fn staging(&self) -> &Self::Region;
+
+    /// Most work requests that may be outstanding on the send queue.
+    fn send_queue_depth(&self) -> usize;
+
+    /// Posts RDMA WRITE WITH IMM of `len` bytes at `local_offset` of the
+    /// staging area to `remote_offset` of the peer's receive region.
+    /// Unsignaled unless `signaled`.
+    fn post_write_imm(
+        &mut self,
+        wr_id: u64,
+        local_offset: usize,
+        len: usize,
+        remote_offset: usize,
+        imm: u32,
+        signaled: bool,
+    ) -> Result<(), QueueError>;
+
+    /// Posts an RDMA WRITE of `value` (8 bytes, little-endian) into the
+    /// peer's credit word. Unsignaled unless `signaled`.
+    fn post_credit(&mut self, wr_id: u64, value: u64, signaled: bool) -> Result<(), QueueError>;
+
+    /// Posts `count` zero-length receives (each consumed by one write with
+    /// immediate from the peer).
+    fn post_recvs(&mut self, count: usize) -> Result<(), QueueError>;
+
+    /// Appends the send queue's completions (signaled work requests, and
+    /// failed ones) to `out`.
+    fn poll_send(&mut self, out: &mut Vec<Completion>) -> Result<(), QueueError>;
+
+    /// Appends the receive queue's completions to `out`, in order.
+    fn poll_recv(&mut self, out: &mut VecDeque<Completion>) -> Result<(), QueueError>;
+}
+
+/// Why a link could not be put together.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LinkSetupError {
+    /// The engine refused its configuration, or the medium.
+    Link(SetupError),
+    /// A ring shape is unusable.
+    Shape { detail: String },
+    /// A region is smaller than its ring.
+    RegionTooSmall {
+        region: &'static str,
+        len: usize,
+        needed: usize,
+    },
+    /// The peer's slots cannot hold this side's packets.
+    SlotsTooSmall { slot_size: u32, mtu: usize },
+    /// Posting the first receives failed.
+    Queue(QueueError),
+}
+
+impl fmt::Display for LinkSetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LinkSetupError::Shape { detail } => write!(f, "unusable ring: {detail}"),
+            LinkSetupError::RegionTooSmall {
+                region,
+                len,
+                needed,
+            } => write!(
+                f,
+                "the {region} region has {len} bytes but the ring needs {needed}"
+            ),
+            LinkSetupError::SlotsTooSmall { slot_size, mtu } => write!(
+                f,
+                "the peer's slots hold {slot_size} bytes but this side's MTU is {mtu}: use the same MTU on both sides"
+            ),
+            LinkSetupError::Queue(error) => error.fmt(f),
+            LinkSetupError::Link(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for LinkSetupError {}
+
+impl From<SetupError> for LinkSetupError {
+    fn from(error: SetupError) -> Self {
+        LinkSetupError::Link(error)
+    }
+}
+
+/// An engine whose packets travel as RDMA WRITE WITH IMM: the whole
+/// message API of [`Link`] (`send`, `send_blocking`, `recv`, `try_recv`,
+/// `flush`, `close`, `progress`) over a [`PacketQueue`].
+pub type RdmaLink<Q, B = Vec<u8>> = Link<RdmaMedium<Q>, B>;
+
+/// Binds an engine to a connected queue: `local` is this side's receive
+/// ring, `remote` the peer's (from its hello), `epoch` this side's session
+/// (+1 per restart). For message buffers other than `Vec<u8>`, bind an
+/// [`RdmaMedium`] with [`Link::with_medium`].
+pub fn rdma_link<Q: PacketQueue>(
+    queue: Q,
+    local: RingShape,
+    remote: RingShape,
+    config: EngineConfig,
+    epoch: u32,
+) -> Result<RdmaLink<Q>, LinkSetupError> {
+    let medium = RdmaMedium::new(queue, local, remote, config.mtu)?;
+    Ok(Link::with_medium(medium, config, epoch)?)
+}
+
+/// What the medium itself did, beside the engine's statistics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RdmaStats {
+    /// RDMA WRITE WITH IMM posted (one per packet).
+    pub writes_posted: u64,
+    /// Credit writes posted.
+    pub credit_writes: u64,
+    /// Receive completions taken (one per packet that arrived).
+    pub recv_completions: u64,
+    /// Send completions taken.
+    pub send_completions: u64,
+    /// Packets whose write placed fewer bytes than a header.
+    pub short_writes: u64,
+    /// Rounds in which the sender had a packet but the peer's ring was full.
+    pub ring_full: u64,
+    /// Rounds in which the sender had a packet but the send queue was full.
+    pub send_queue_full: u64,
+}
+
+/// The RDMA medium: packets as RDMA WRITE WITH IMM into the peer's ring,
+/// arrivals from receive completions, credit from the peer's RDMA WRITE
+/// of its consumed count.
+#[derive(Debug)]
+pub struct RdmaMedium<Q: PacketQueue> {
+    queue: Q,
+    /// This side's receive ring.
+    local: RingShape,
+    /// The peer's receive ring (and the shape of this side's staging).
+    remote: RingShape,
+    /// Receive completions taken but not handed to the engine yet.
+    pending: VecDeque<Completion>,
+    send_completions: Vec<Completion>,
+    /// Packets handed to the engine (= consumed slots of the own ring).
+    received: u64,
+    /// The consumed count last written to the peer.
+    credit_sent: u64,
+    /// Consumed slots after which a credit write goes out regardless.
+    credit_every: u64,
+    /// Packets written into the peer's ring.
+    sent: u64,
+    /// The peer's consumed count of those, as last read.
+    credit: u64,
+    /// Work requests posted on the send queue.
+    wr_posted: u64,
+    /// Work requests known complete (through the last signaled one seen).
+    wr_done: u64,
+    /// Every `signal_every`-th work request is signaled.
+    signal_every: u64,
+    sq_depth: u64,
+    stats: RdmaStats,
+}
+
+impl<Q: PacketQueue> RdmaMedium<Q> {
+    /// Binds a connected queue: `local` is the shape of this side's
+    /// receive region, `remote` the peer's (from its hello). Posts one
+    /// receive per local slot. `mtu` is the engine's.
+    pub fn new(
+        mut queue: Q,
+        local: RingShape,
+        remote: RingShape,
+        mtu: usize,
+    ) -> Result<Self, LinkSetupError> {
+        local.validate()?;
+        remote.validate()?;
+        if (remote.slot_size as usize) < mtu {
+            return Err(LinkSetupError::SlotsTooSmall {
+                slot_size: remote.slot_size,
+                mtu,
+            });
+        }
+        for (region, len, needed) in [
+            ("receive", queue.receive_region().len(), local.region_len()),
+            ("staging", queue.staging().len(), remote.slots_len()),
+        ] {
+            if len < needed {
+                return Err(LinkSetupError::RegionTooSmall {
+                    region,
+                    len,
+                    needed,
+                });
+            }
+        }
+        let sq_depth = queue.send_queue_depth() as u64;
+        if sq_depth < 4 {
+            return Err(LinkSetupError::Shape {
+                detail: format!("send queue depth {sq_depth} (need at least 4)"),
+            });
+        }
+        queue
+            .post_recvs(local.slots as usize)
+            .map_err(LinkSetupError::Queue)?;
+        Ok(RdmaMedium {
+            queue,
+            local,
+            remote,
+            pending: VecDeque::with_capacity(local.slots as usize),
+            send_completions: Vec::new(),
+            received: 0,
+            credit_sent: 0,
+            credit_every: u64::from(local.slots / 4).max(1),
+            sent: 0,
+            credit: 0,
+            wr_posted: 0,
+            wr_done: 0,
+            // At least one signaled request among any (depth - 1) / 2 in a row,
+            // so a full send queue always has a completion coming.
+            signal_every: ((sq_depth - 1) / 4).max(1),
+            sq_depth,
+            stats: RdmaStats::default(),
+        })
+    }
+
+    /// The queue (for diagnostics).
+    pub fn queue(&self) -> &Q {
+        &self.queue
+    }
+
+    /// The medium's counters.
+    pub fn stats(&self) -> &RdmaStats {
+        &self.stats
+    }
+
+    /// (own ring, peer's ring).
+    pub fn shapes(&self) -> (RingShape, RingShape) {
+        (self.local, self.remote)
+    }
+
+    /// Takes every completion that is there: receive completions are
+    /// queued (a receive reposted for each), send completions advance the
+    /// count of finished work requests; a failed one ends the link.
+    fn reap(&mut self) -> Result<(), MediumError> {
+        let before = self.pending.len();
+        self.queue
+            .poll_recv(&mut self.pending)
+            .map_err(MediumError::new)?;
+        let arrived = self.pending.len() - before;
+        if arrived > 0 {
+            self.stats.recv_completions += arrived as u64;
+            // A receive is consumed per arrival: give it back at once, so
+            // the peer's next write (allowed by credit) finds one.
+            self.queue.post_recvs(arrived).map_err(MediumError::new)?;
+        }
+        self.send_completions.clear();
+        self.queue
+            .poll_send(&mut self.send_completions)
+            .map_err(MediumError::new)?;
+        for completion in &self.send_completions {
+            self.stats.send_completions += 1;
+            if completion.status != WcStatus::Success {
+                return Err(MediumError::new(format_args!(
+                    "RDMA write {} to the peer failed: {} (vendor error {:#x}): {}",
+                    completion.wr_id,
+                    completion.status.name(),
+                    completion.vendor_err,
+                    completion.status.what_to_check()
+                )));
+            }
+            if completion.wr_id >= self.wr_posted {
+                return Err(MediumError::new(format_args!(
+                    "a send completion names work request {} but only {} were posted: the adapter or its driver is broken",
+                    completion.wr_id, self.wr_posted
+                )));
+            }
+            // Requests complete in order: this one and all before it are done.
+            self.wr_done = self.wr_done.max(completion.wr_id + 1);
+        }
+        Ok(())
+    }
+
+    /// Reads the peer's consumed count from the credit word and checks it.
+    fn read_credit(&mut self) -> Result<u64, MediumError> {
+        let credit = self
+            .queue
+            .receive_region()
+            .load_u64(CREDIT_OFFSET, Ordering::Acquire)
+            .map_err(|e| MediumError::new(format_args!("reading the credit word: {e}")))?;
+        if credit < self.credit || credit > self.sent {
+            return Err(MediumError::new(format_args!(
+                "the peer reports {credit} packets consumed, but {} were sent and {} reported before: the peer broke the ring protocol",
+                self.sent, self.credit
+            )));
+        }
+        self.credit = credit;
+        Ok(credit)
+    }
+
+    fn post_credit(&mut self) -> Result<(), MediumError> {
+        let wr_id = self.wr_posted;
+        let signaled = wr_id % self.signal_every == self.signal_every - 1;
+        self.queue
+            .post_credit(wr_id, self.received, signaled)
+            .map_err(MediumError::new)?;
+        self.wr_posted += 1;
+        self.credit_sent = self.received;
+        self.stats.credit_writes += 1;
+        Ok(())
+    }
+
+    /// Whether the send queue has room for one more data write, keeping
+    /// one place for a credit write.
+    fn send_queue_room(&self) -> bool {
+        self.wr_posted - self.wr_done < self.sq_depth - 1
+    }
+
+    /// Whether the send queue has room for a credit write.
+    fn credit_room(&self) -> bool {
+        self.wr_posted - self.wr_done < self.sq_depth
+    }
+}
+
+impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
+    fn activity(&mut self) -> Result<[u64; 2], MediumError> {
+        self.reap()?;
+        let credit = self.read_credit()?;
+        Ok([
+            self.stats.recv_completions,
+            credit.wrapping_add(self.wr_done),
+        ])
+    }
+
+    fn receive<B: AsRef<[u8]>>(
+        &mut self,
+        now: Time,
+        engine: &mut Engine<B>,
+    ) -> Result<usize, MediumError> {
+        self.reap()?;
+        let mut handled = 0;
+        let slot_size = self.local.slot_size as usize;
+        while let Some(completion) = self.pending.pop_front() {
+            if completion.status != WcStatus::Success {
+                return Err(MediumError::new(format_args!(
+                    "a receive failed: {} (vendor error {:#x}): {}",
+                    completion.status.name(),
+                    completion.vendor_err,
+                    completion.status.what_to_check()
+                )));
+            }
+            // The immediate and the length come from the peer: checked
+            // before they are used.
+            let expected = self.received as u32;
+            match completion.imm {
+                Some(imm) if imm == expected => {}
+                Some(imm) => {
+                    return Err(MediumError::new(format_args!(
+                        "a write arrived as packet {imm} where packet {expected} was due: the peer broke the ring protocol (or is not a barlink link)"
+                    )));
+                }
+                None => {
+                    return Err(MediumError::new(
+                        "a receive completed without immediate data: the peer sends something other than RDMA WRITE WITH IMM",
+                    ));
+                }
+            }
+            let len = completion.byte_len as usize;
+            if len > slot_size {
+                return Err(MediumError::new(format_args!(
+                    "the peer wrote {len} bytes into a {slot_size}-byte slot: the peer broke the ring protocol"
+                )));
+            }
+            let slot = self.local.slot_offset(self.received);
+            let region = self.queue.receive_region();
+            let mut header = [0u8; HEADER_LEN];
+            let header_len = len.min(HEADER_LEN);
+            if header_len < HEADER_LEN {
+                self.stats.short_writes += 1;
+            }
+            region
+                .read(slot, &mut header[..header_len])
+                .map_err(|e| MediumError::new(format_args!("reading a slot: {e}")))?;
+            // The payload goes from the slot straight into its message,
+            // with its CRC; the header's lengths are checked by the engine
+            // against what the write placed. Rejected packets are counted
+            // by the engine (and NAKed).
+            let room = len - header_len;
+            let _verdict = engine
+                .handle_packet_from(now, &header[..header_len], room, |offset, dst, crc| {
+                    let at = slot + HEADER_LEN + offset;
+                    match crc {
+                        Some(crc) => region.read_crc(at, dst, crc),
+                        None => region.read(at, dst),
+                    }
+                })
+                .map_err(|e| MediumError::new(format_args!("reading a slot: {e}")))?;
+            self.received += 1;
+            handled += 1;
+            if self.received - self.credit_sent >= self.credit_every && self.credit_room() {
+                self.post_credit()?;
+            }
+        }
+        // Idle: report what was consumed since the last credit write, so a
+        // sender waiting for room does not wait for a quarter ring.
+        if handled == 0 && self.received > self.credit_sent && self.credit_room() {
+            self.post_credit()?;
+        }
+        Ok(handled)
+    }
+
+    fn transmit<B: AsRef<[u8]>>(
+        &mut self,
+        now: Time,
+        engine: &mut Engine<B>,
+    ) -> Result<usize, MediumError> {
+        self.reap()?;
+        let credit = self.read_credit()?;
+        let slots = u64::from(self.remote.slots);
+        let mut count = 0;
+        loop {
+            if self.sent - credit >= slots {
+                if engine.wants_transmit(now) {
+                    self.stats.ring_full += 1;
+                }
+                break;
+            }
+            if !self.send_queue_room() {
+                if engine.wants_transmit(now) {
+                    self.stats.send_queue_full += 1;
+                }
+                break;
+            }
+            let local_offset = self.remote.staging_offset(self.sent);
+            let staging = self.queue.staging();
+            let written = engine.poll_transmit_with(now, |transmit| {
+                // Payload copied and checksummed in one pass, header last.
+                let payload_at = local_offset + HEADER_LEN;
+                if transmit.has_crc() {
+                    let mut crc = transmit.crc_of_header();
+                    staging.write_crc(payload_at, transmit.payload(), &mut crc)?;
+                    staging.write(local_offset, &transmit.header_with_crc(crc.finish()))?;
+                } else {
+                    staging.write(payload_at, transmit.payload())?;
+                    staging.write(local_offset, &transmit.header_with_crc(0))?;
+                }
+                Ok::<usize, WindowError>(transmit.len())
+            });
+            let len = match written {
+                None => break,
+                Some(result) => result
+                    .map_err(|e| MediumError::new(format_args!("writing a staging slot: {e}")))?,
+            };
+            let wr_id = self.wr_posted;
+            let signaled = wr_id % self.signal_every == self.signal_every - 1;
+            self.queue
+                .post_write_imm(
+                    wr_id,
+                    local_offset,
+                    len,
+                    self.remote.slot_offset(self.sent),
+                    self.sent as u32,
+                    signaled,
+                )
+                .map_err(MediumError::new)?;
+            self.wr_posted += 1;
+            self.sent += 1;
+            self.stats.writes_posted += 1;
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    fn max_packet(&self) -> usize {
+        self.remote.slot_size as usize
+    }
+}

@@ -1,0 +1,886 @@
+//! Connection setup out of band, over TCP, in the manner of perftest: the
+//! server listens (port [`DEFAULT_PORT`]), the client connects (with a
+//! timeout per attempt and a bounded number of retries), and each side
+//! sends a fixed-layout, versioned, checksummed [`Hello`] describing its
+//! queue pair and its receive ring. After both queue pairs reached RTS,
+//! [`OobStream::ready`] trades one byte each way, so that neither side
+//! writes before the other's receives are posted.
+//!
+//! Everything read from the peer is untrusted: a hello is checked field by
+//! field before use, and a bad one is a typed [`OobError`] that says what
+//! to fix. Every read, write, accept and connect has a deadline.
+//!
+//! # Hello layout (little-endian, 96 bytes)
+//! ```text
+//!   0 magic "BLRH"   4 version u16   6 length u16 (96)
+//!   8 epoch u32     12 qpn u32      16 psn u32
+//!  20 lid u16       22 gid index u8 23 flags u8 (bit 0: CRC on)
+//!  24 gid [16]
+//!  40 ring addr u64 48 ring rkey u32 52 ring slots u32 56 slot size u32
+//!  60 credit rkey u32                64 credit addr u64
+//!  72 engine MTU u32                 76 path MTU u16  78 reserved u16 (0)
+//!  80 max message length u64
+//!  88 reserved u32 (0)               92 CRC-32C of bytes 0..92
+//! ```
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use barlink_transport::crc::crc32c;
+
+use crate::link::{MAX_SLOTS, RingShape};
+
+/// The TCP port a server listens on unless told otherwise (perftest's).
+pub const DEFAULT_PORT: u16 = 18515;
+/// `b"BLRH"` as a little-endian u32.
+pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"BLRH");
+/// The hello layout this build speaks.
+pub const HELLO_VERSION: u16 = 1;
+/// Bytes of a hello.
+pub const HELLO_LEN: usize = 96;
+/// The byte each side sends once its queue pair is ready for traffic.
+const READY: u8 = b'R';
+/// Most bytes a peer's receive ring may claim (1 TiB): a bound on what an
+/// untrusted hello can make this side compute with.
+const MAX_RING_BYTES: u64 = 1 << 40;
+/// QP numbers and PSNs are 24-bit.
+const MAX_24: u32 = 0x00FF_FFFF;
+
+/// What one side tells the other: its queue pair, its receive ring, and
+/// the engine settings both must share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// The sender's session (its engine epoch; +1 per restart). Never 0.
+    pub epoch: u32,
+    /// Queue pair number (24 bits).
+    pub qpn: u32,
+    /// First packet sequence number (24 bits).
+    pub psn: u32,
+    /// Port LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// Index of the GID in the sender's port table.
+    pub gid_index: u8,
+    /// The GID (RoCE: an IPv6 or IPv4-mapped address).
+    pub gid: [u8; 16],
+    /// The sender's active path MTU in bytes (256..=4096, a power of two).
+    pub path_mtu: u16,
+    /// Address of the sender's receive region (control block, then slots).
+    pub ring_addr: u64,
+    /// Its rkey.
+    pub ring_rkey: u32,
+    /// The shape of the receive ring.
+    pub ring: RingShape,
+    /// Address of the word the peer writes its consumed count into.
+    pub credit_addr: u64,
+    /// Its rkey.
+    pub credit_rkey: u32,
+    /// The engine's MTU (a whole packet, header included).
+    pub engine_mtu: u32,
+    /// The engine's largest message.
+    pub max_message_len: u64,
+    /// Whether the engine takes a CRC on every packet.
+    pub crc: bool,
+}
+
+impl Hello {
+    /// The 96 bytes on the wire.
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&HELLO_VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&(HELLO_LEN as u16).to_le_bytes());
+        b[8..12].copy_from_slice(&self.epoch.to_le_bytes());
+        b[12..16].copy_from_slice(&self.qpn.to_le_bytes());
+        b[16..20].copy_from_slice(&self.psn.to_le_bytes());
+        b[20..22].copy_from_slice(&self.lid.to_le_bytes());
+        b[22] = self.gid_index;
+        b[23] = u8::from(self.crc);
+        b[24..40].copy_from_slice(&self.gid);
+        b[40..48].copy_from_slice(&self.ring_addr.to_le_bytes());
+        b[48..52].copy_from_slice(&self.ring_rkey.to_le_bytes());
+        b[52..56].copy_from_slice(&self.ring.slots.to_le_bytes());
+        b[56..60].copy_from_slice(&self.ring.slot_size.to_le_bytes());
+        b[60..64].copy_from_slice(&self.credit_rkey.to_le_bytes());
+        b[64..72].copy_from_slice(&self.credit_addr.to_le_bytes());
+        b[72..76].copy_from_slice(&self.engine_mtu.to_le_bytes());
+        b[76..78].copy_from_slice(&self.path_mtu.to_le_bytes());
+        b[80..88].copy_from_slice(&self.max_message_len.to_le_bytes());
+        let crc = crc32c(&b[..92]);
+        b[92..96].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Parses and checks a hello that a peer sent. Checks, in order: the
+    /// length, magic, version, stated length, checksum, reserved bytes,
+    /// then each field's range.
+    pub fn decode(bytes: &[u8]) -> Result<Hello, OobError> {
+        if bytes.len() != HELLO_LEN {
+            return Err(OobError::BadHello(HelloError::Length {
+                found: bytes.len(),
+            }));
+        }
+        let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
+        let bad = |error| Err(OobError::BadHello(error));
+        let magic = u32_at(0);
+        if magic != HELLO_MAGIC {
+            return bad(HelloError::Magic { found: magic });
+        }
+        let version = u16_at(4);
+        if version != HELLO_VERSION {
+            return bad(HelloError::Version { found: version });
+        }
+        let stated = u16_at(6);
+        if stated as usize != HELLO_LEN {
+            return bad(HelloError::Length {
+                found: stated as usize,
+            });
+        }
+        let carried = u32_at(92);
+        let computed = crc32c(&bytes[..92]);
+        if carried != computed {
+            return bad(HelloError::Checksum { carried, computed });
+        }
+        if bytes[23] & !1 != 0 || u16_at(78) != 0 || u32_at(88) != 0 {
+            return bad(HelloError::Field {
+                field: "reserved",
+                value: u64::from(bytes[23] & !1) | u64::from(u16_at(78)) | u64::from(u32_at(88)),
+                why: "reserved bits must be zero (a newer peer?)",
+            });
+        }
+        let hello = Hello {
+            epoch: u32_at(8),
+            qpn: u32_at(12),
+            psn: u32_at(16),
+            lid: u16_at(20),
+            gid_index: bytes[22],
+            crc: bytes[23] & 1 != 0,
+            gid: bytes[24..40].try_into().expect("16"),
+            ring_addr: u64_at(40),
+            ring_rkey: u32_at(48),
+            ring: RingShape {
+                slots: u32_at(52),
+                slot_size: u32_at(56),
+            },
+            credit_rkey: u32_at(60),
+            credit_addr: u64_at(64),
+            engine_mtu: u32_at(72),
+            path_mtu: u16_at(76),
+            max_message_len: u64_at(80),
+        };
+        hello.validate()?;
+        Ok(hello)
+    }
+
+    /// Checks each field's range (what [`Hello::decode`] applies after the
+    /// framing checks; also useful before sending one's own).
+    pub fn validate(&self) -> Result<(), OobError> {
+        let field = |field, value: u64, why| {
+            Err(OobError::BadHello(HelloError::Field { field, value, why }))
+        };
+        if self.epoch == 0 {
+            return field("epoch", 0, "epoch 0 names no session");
+        }
+        if self.qpn == 0 || self.qpn > MAX_24 {
+            return field(
+                "qpn",
+                u64::from(self.qpn),
+                "a QP number is 24 bits and not 0",
+            );
+        }
+        if self.psn > MAX_24 {
+            return field("psn", u64::from(self.psn), "a PSN is 24 bits");
+        }
+        if !matches!(self.path_mtu, 256 | 512 | 1024 | 2048 | 4096) {
+            return field(
+                "path MTU",
+                u64::from(self.path_mtu),
+                "the path MTU is 256, 512, 1024, 2048 or 4096",
+            );
+        }
+        if !(2..=MAX_SLOTS).contains(&self.ring.slots) {
+            return field(
+                "ring slots",
+                u64::from(self.ring.slots),
+                "a ring has 2 to 65536 slots",
+            );
+        }
+        if u64::from(self.engine_mtu) < barlink_transport::engine::MIN_MTU as u64
+            || u64::from(self.engine_mtu) > barlink_transport::engine::MAX_MTU as u64
+        {
+            return field(
+                "engine MTU",
+                u64::from(self.engine_mtu),
+                "outside the engine's MTU range",
+            );
+        }
+        if self.ring.slot_size < self.engine_mtu {
+            return Err(OobError::BadHello(HelloError::SlotTooSmall {
+                slot_size: self.ring.slot_size,
+                mtu: self.engine_mtu,
+            }));
+        }
+        if self.ring.validate().is_err() {
+            return field(
+                "slot size",
+                u64::from(self.ring.slot_size),
+                "a slot size is a multiple of 64",
+            );
+        }
+        if self.ring.region_len() as u64 > MAX_RING_BYTES {
+            return field(
+                "ring size",
+                self.ring.region_len() as u64,
+                "a ring of more than 1 TiB",
+            );
+        }
+        if self
+            .ring_addr
+            .checked_add(self.ring.region_len() as u64)
+            .is_none()
+        {
+            return field(
+                "ring address",
+                self.ring_addr,
+                "the ring would wrap around the address space",
+            );
+        }
+        if self.max_message_len == 0 {
+            return field("max message length", 0, "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// Checks that a peer's hello agrees with this side's on what both
+    /// engines must share (MTU, largest message, CRC).
+    pub fn check_agreement(&self, peer: &Hello) -> Result<(), OobError> {
+        let mismatch = |what, ours: u64, theirs: u64| {
+            Err(OobError::BadHello(HelloError::Mismatch {
+                what,
+                ours,
+                theirs,
+            }))
+        };
+        if self.engine_mtu != peer.engine_mtu {
+            return mismatch(
+                "engine MTU",
+                u64::from(self.engine_mtu),
+                u64::from(peer.engine_mtu),
+            );
+        }
+        if self.max_message_len != peer.max_message_len {
+            return mismatch(
+                "max message length",
+                self.max_message_len,
+                peer.max_message_len,
+            );
+        }
+        if self.crc != peer.crc {
+            return mismatch("CRC", u64::from(self.crc), u64::from(peer.crc));
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong with a peer's hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HelloError {
+    /// Not 96 bytes.
+    Length { found: usize },
+    /// Not a barlink hello.
+    Magic { found: u32 },
+    /// Another hello version.
+    Version { found: u16 },
+    /// The checksum does not match.
+    Checksum { carried: u32, computed: u32 },
+    /// A field out of range.
+    Field {
+        field: &'static str,
+        value: u64,
+        why: &'static str,
+    },
+    /// The peer's slots cannot hold its own packets.
+    SlotTooSmall { slot_size: u32, mtu: u32 },
+    /// The two sides' engines disagree.
+    Mismatch {
+        what: &'static str,
+        ours: u64,
+        theirs: u64,
+    },
+}
+
+impl fmt::Display for HelloError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HelloError::Length { found } => write!(
+                f,
+                "a hello of {found} bytes (this build's are {HELLO_LEN}): run the same barlink version on both sides"
+            ),
+            HelloError::Magic { found } => write!(
+                f,
+                "not a barlink hello (magic {found:#010x}): is something else listening on that port?"
+            ),
+            HelloError::Version { found } => write!(
+                f,
+                "the peer speaks hello version {found}, this build {HELLO_VERSION}: run the same barlink version on both sides"
+            ),
+            HelloError::Checksum { carried, computed } => write!(
+                f,
+                "hello checksum {carried:#010x} does not match its bytes ({computed:#010x}): corrupted on the way"
+            ),
+            HelloError::Field { field, value, why } => {
+                write!(f, "the peer's {field} is {value}: {why}")
+            }
+            HelloError::SlotTooSmall { slot_size, mtu } => write!(
+                f,
+                "the peer's ring slots hold {slot_size} bytes, less than its MTU of {mtu}: the peer is misconfigured"
+            ),
+            HelloError::Mismatch { what, ours, theirs } => write!(
+                f,
+                "{what} differs: {ours} here, {theirs} at the peer: configure both sides alike"
+            ),
+        }
+    }
+}
+
+/// Why the out-of-band setup failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OobError {
+    /// A socket operation failed.
+    Io {
+        operation: &'static str,
+        error: io::Error,
+    },
+    /// Nobody accepted the connection, after every attempt.
+    Refused {
+        addr: SocketAddr,
+        attempts: u32,
+        last: io::Error,
+    },
+    /// A step did not finish in time.
+    Timeout {
+        operation: &'static str,
+        after: Duration,
+    },
+    /// The peer closed the connection in the middle of the setup.
+    PeerClosed { operation: &'static str },
+    /// The peer's hello is unusable.
+    BadHello(HelloError),
+    /// The peer sent something other than the ready byte.
+    Protocol { detail: String },
+}
+
+impl fmt::Display for OobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OobError::Io { operation, error } => write!(f, "{operation}: {error}"),
+            OobError::Refused {
+                addr,
+                attempts,
+                last,
+            } => write!(
+                f,
+                "could not connect to {addr} in {attempts} attempts ({last}): is the server side started, on this address and port, and not firewalled?"
+            ),
+            OobError::Timeout { operation, after } => write!(
+                f,
+                "{operation}: no answer within {after:?} (is the peer running, and reachable?)"
+            ),
+            OobError::PeerClosed { operation } => write!(
+                f,
+                "{operation}: the peer closed the connection (see its error)"
+            ),
+            OobError::BadHello(error) => write!(f, "connection setup: {error}"),
+            OobError::Protocol { detail } => write!(f, "connection setup: {detail}"),
+        }
+    }
+}
+
+impl std::error::Error for OobError {}
+
+/// Timeouts and retries of the out-of-band setup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OobOptions {
+    /// Limit of one connection attempt.
+    pub connect_timeout: Duration,
+    /// Attempts after the first when the server is not there yet.
+    pub connect_retries: u32,
+    /// Pause between attempts.
+    pub retry_interval: Duration,
+    /// Limit of each exchange step (hello, ready byte).
+    pub io_timeout: Duration,
+}
+
+impl Default for OobOptions {
+    /// 2 s per attempt, 10 retries 500 ms apart (a server that starts a
+    /// few seconds after its client is still found), 30 s per step (queue
+    /// pair setup under emulation is slow).
+    fn default() -> Self {
+        OobOptions {
+            connect_timeout: Duration::from_secs(2),
+            connect_retries: 10,
+            retry_interval: Duration::from_millis(500),
+            io_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The server side: listens for one client at a time.
+#[derive(Debug)]
+pub struct OobListener {
+    listener: TcpListener,
+}
+
+impl OobListener {
+    /// Listens on `addr` (e.g. `0.0.0.0:18515`; port 0 picks one).
+    pub fn bind(addr: impl ToSocketAddrs) -> Result<OobListener, OobError> {
+        let listener = TcpListener::bind(addr).map_err(|error| OobError::Io {
+            operation: "listening for the peer",
+            error,
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|error| OobError::Io {
+                operation: "listening for the peer",
+                error,
+            })?;
+        Ok(OobListener { listener })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> Result<SocketAddr, OobError> {
+        self.listener.local_addr().map_err(|error| OobError::Io {
+            operation: "listening for the peer",
+            error,
+        })
+    }
+
+    /// Waits at most `timeout` for a client.
+    pub fn accept(&self, timeout: Duration, options: &OobOptions) -> Result<OobStream, OobError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => return OobStream::new(stream, options),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => {
+                    return Err(OobError::Io {
+                        operation: "accepting the peer",
+                        error,
+                    });
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(OobError::Timeout {
+                    operation: "waiting for the peer to connect",
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// The client side: connects to `addr`, retrying while nobody listens
+/// yet, each attempt bounded by `options.connect_timeout`.
+pub fn connect(addr: impl ToSocketAddrs, options: &OobOptions) -> Result<OobStream, OobError> {
+    let addr = addr
+        .to_socket_addrs()
+        .map_err(|error| OobError::Io {
+            operation: "resolving the peer's address",
+            error,
+        })?
+        .next()
+        .ok_or_else(|| OobError::Io {
+            operation: "resolving the peer's address",
+            error: io::Error::new(io::ErrorKind::NotFound, "no address"),
+        })?;
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let last = match TcpStream::connect_timeout(&addr, options.connect_timeout) {
+            Ok(stream) => return OobStream::new(stream, options),
+            Err(error) => error,
+        };
+        let retryable = matches!(
+            last.kind(),
+            io::ErrorKind::ConnectionRefused
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::WouldBlock
+                | io::ErrorKind::Interrupted
+                | io::ErrorKind::ConnectionReset
+        );
+        if !retryable {
+            return Err(OobError::Io {
+                operation: "connecting to the peer",
+                error: last,
+            });
+        }
+        if attempts > options.connect_retries {
+            if last.kind() == io::ErrorKind::TimedOut {
+                return Err(OobError::Timeout {
+                    operation: "connecting to the peer",
+                    after: options.connect_timeout,
+                });
+            }
+            return Err(OobError::Refused {
+                addr,
+                attempts,
+                last,
+            });
+        }
+        std::thread::sleep(options.retry_interval);
+    }
+}
+
+/// A connected setup channel.
+#[derive(Debug)]
+pub struct OobStream {
+    stream: TcpStream,
+    io_timeout: Duration,
+}
+
+impl OobStream {
+    fn new(stream: TcpStream, options: &OobOptions) -> Result<OobStream, OobError> {
+        let setup = |error| OobError::Io {
+            operation: "setting up the connection to the peer",
+            error,
+        };
+        stream.set_nonblocking(false).map_err(setup)?;
+        stream.set_nodelay(true).map_err(setup)?;
+        stream
+            .set_write_timeout(Some(options.io_timeout.max(Duration::from_millis(1))))
+            .map_err(setup)?;
+        Ok(OobStream {
+            stream,
+            io_timeout: options.io_timeout,
+        })
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Result<SocketAddr, OobError> {
+        self.stream.peer_addr().map_err(|error| OobError::Io {
+            operation: "reading the peer's address",
+            error,
+        })
+    }
+
+    /// Sends `ours` and returns the peer's hello, checked, and checked to
+    /// agree with `ours` on what both engines must share.
+    pub fn exchange(&mut self, ours: &Hello) -> Result<Hello, OobError> {
+        self.write_all(&ours.encode(), "sending the hello")?;
+        let mut bytes = [0u8; HELLO_LEN];
+        self.read_exact(&mut bytes, "waiting for the peer's hello")?;
+        let peer = Hello::decode(&bytes)?;
+        ours.check_agreement(&peer)?;
+        Ok(peer)
+    }
+
+    /// Says this side is ready for traffic (its queue pair is in RTS, its
+    /// receives are posted) and waits until the peer says the same.
+    pub fn ready(&mut self) -> Result<(), OobError> {
+        self.write_all(&[READY], "sending the ready byte")?;
+        let mut byte = [0u8; 1];
+        self.read_exact(&mut byte, "waiting for the peer to be ready")?;
+        if byte[0] != READY {
+            return Err(OobError::Protocol {
+                detail: format!("expected the ready byte {READY:#04x}, got {:#04x}", byte[0]),
+            });
+        }
+        Ok(())
+    }
+
+    /// Raw bytes to the peer (tests of hostile hellos).
+    pub fn write_all(&mut self, bytes: &[u8], operation: &'static str) -> Result<(), OobError> {
+        self.stream
+            .write_all(bytes)
+            .map_err(|error| match error.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => OobError::Timeout {
+                    operation,
+                    after: self.io_timeout,
+                },
+                _ => OobError::Io { operation, error },
+            })
+    }
+
+    /// Reads exactly `buf.len()` bytes within the I/O timeout (one
+    /// deadline for the whole read, however the bytes trickle in).
+    pub fn read_exact(&mut self, buf: &mut [u8], operation: &'static str) -> Result<(), OobError> {
+        let deadline = Instant::now() + self.io_timeout;
+        let mut filled = 0;
+        while filled < buf.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(OobError::Timeout {
+                    operation,
+                    after: self.io_timeout,
+                });
+            }
+            self.stream
+                .set_read_timeout(Some(left))
+                .map_err(|error| OobError::Io { operation, error })?;
+            match self.stream.read(&mut buf[filled..]) {
+                Ok(0) => return Err(OobError::PeerClosed { operation }),
+                Ok(n) => filled += n,
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(error) => return Err(OobError::Io { operation, error }),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello() -> Hello {
+        Hello {
+            epoch: 3,
+            qpn: 0x11,
+            psn: 0xABCDE,
+            lid: 0,
+            gid_index: 1,
+            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 2, 15],
+            path_mtu: 1024,
+            ring_addr: 0x7f00_0000_0000,
+            ring_rkey: 0x1234,
+            ring: RingShape::for_mtu(64, 8192).unwrap(),
+            credit_addr: 0x7f00_0000_0000,
+            credit_rkey: 0x1234,
+            engine_mtu: 8192,
+            max_message_len: 1 << 30,
+            crc: true,
+        }
+    }
+
+    fn options() -> OobOptions {
+        OobOptions {
+            connect_timeout: Duration::from_millis(500),
+            connect_retries: 2,
+            retry_interval: Duration::from_millis(50),
+            io_timeout: Duration::from_millis(500),
+        }
+    }
+
+    /// A listener on 127.0.0.1 and a client connected to it.
+    fn connected() -> (OobStream, OobStream) {
+        let listener = OobListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::thread::spawn(move || connect(addr, &options()).unwrap());
+        let server = listener.accept(Duration::from_secs(5), &options()).unwrap();
+        (server, client.join().unwrap())
+    }
+
+    #[test]
+    fn hello_round_trips() {
+        let ours = hello();
+        assert_eq!(Hello::decode(&ours.encode()).unwrap(), ours);
+    }
+
+    #[test]
+    fn exchange_and_ready_over_tcp() {
+        let (mut server, mut client) = connected();
+        let mut theirs = hello();
+        theirs.qpn = 0x22;
+        theirs.epoch = 9;
+        let peer = std::thread::spawn(move || {
+            let got = client.exchange(&theirs).unwrap();
+            client.ready().unwrap();
+            got
+        });
+        let got = server.exchange(&hello()).unwrap();
+        server.ready().unwrap();
+        assert_eq!(got.qpn, 0x22);
+        assert_eq!(got.epoch, 9);
+        assert_eq!(peer.join().unwrap(), hello());
+    }
+
+    /// Sends `bytes` as the client's hello; returns the server's verdict.
+    fn server_reads(bytes: Vec<u8>) -> OobError {
+        let (mut server, mut client) = connected();
+        let writer = std::thread::spawn(move || {
+            let _ = client.write_all(&bytes, "test");
+            // Keep the connection open until the server has judged.
+            let mut sink = [0u8; HELLO_LEN];
+            let _ = client.read_exact(&mut sink, "test");
+            client
+        });
+        let error = server.exchange(&hello()).unwrap_err();
+        drop(server);
+        let _ = writer.join();
+        error
+    }
+
+    fn with(edit: impl FnOnce(&mut Hello)) -> Vec<u8> {
+        let mut hello = hello();
+        edit(&mut hello);
+        hello.encode().to_vec()
+    }
+
+    /// Re-checksums bytes edited after encoding.
+    fn resealed(mut bytes: Vec<u8>) -> Vec<u8> {
+        let crc = crc32c(&bytes[..92]);
+        bytes[92..96].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn bad_hellos_are_typed_errors() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (
+                resealed({
+                    let mut b = hello().encode().to_vec();
+                    b[0] = b'X';
+                    b
+                }),
+                "not a barlink hello",
+            ),
+            (
+                resealed({
+                    let mut b = hello().encode().to_vec();
+                    b[4] = 2;
+                    b
+                }),
+                "hello version 2",
+            ),
+            (
+                {
+                    let mut b = hello().encode().to_vec();
+                    b[50] ^= 4;
+                    b
+                },
+                "checksum",
+            ),
+            (with(|h| h.ring.slots = 0), "ring slots is 0"),
+            (with(|h| h.ring.slots = 1 << 20), "ring slots is 1048576"),
+            (
+                with(|h| h.ring.slot_size = 4096),
+                "slots hold 4096 bytes, less than its MTU of 8192",
+            ),
+            (with(|h| h.ring.slot_size = 8200), "slot size is 8200"),
+            (with(|h| h.qpn = 0x0100_0000), "qpn is 16777216"),
+            (with(|h| h.epoch = 0), "epoch is 0"),
+            (with(|h| h.path_mtu = 1500), "path MTU is 1500"),
+            (
+                with(|h| h.ring_addr = u64::MAX - 100),
+                "wrap around the address space",
+            ),
+            (
+                with(|h| {
+                    h.engine_mtu = 4096;
+                }),
+                "engine MTU differs: 8192 here, 4096 at the peer",
+            ),
+            (with(|h| h.crc = false), "CRC differs"),
+            (
+                resealed({
+                    let mut b = hello().encode().to_vec();
+                    b[88] = 1;
+                    b
+                }),
+                "reserved",
+            ),
+        ];
+        for (bytes, expected) in cases {
+            let error = server_reads(bytes);
+            assert!(
+                matches!(error, OobError::BadHello(_)),
+                "{expected}: {error:?}"
+            );
+            let text = error.to_string();
+            assert!(text.contains(expected), "{expected:?} not in {text:?}");
+        }
+    }
+
+    #[test]
+    fn short_hello_then_close_is_peer_closed() {
+        let error = {
+            let (mut server, mut client) = connected();
+            client.write_all(&hello().encode()[..40], "test").unwrap();
+            drop(client);
+            server.exchange(&hello()).unwrap_err()
+        };
+        assert!(matches!(error, OobError::PeerClosed { .. }), "{error:?}");
+    }
+
+    #[test]
+    fn silent_peer_times_out_within_the_io_timeout() {
+        let (mut server, _client) = connected();
+        let started = Instant::now();
+        let error = server.exchange(&hello()).unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(error, OobError::Timeout { .. }), "{error:?}");
+        assert!(
+            took >= Duration::from_millis(450) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        // A trickle of bytes does not extend the deadline.
+        let (mut server, mut client) = connected();
+        let trickle = std::thread::spawn(move || {
+            for byte in hello().encode().iter().take(50) {
+                if client.write_all(&[*byte], "test").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let started = Instant::now();
+        let error = server.exchange(&hello()).unwrap_err();
+        assert!(matches!(error, OobError::Timeout { .. }), "{error:?}");
+        assert!(started.elapsed() < Duration::from_millis(900));
+        trickle.join().unwrap();
+    }
+
+    #[test]
+    fn nobody_listening_is_refused_within_the_configured_time() {
+        let port = {
+            let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        };
+        let started = Instant::now();
+        let error = connect(("127.0.0.1", port), &options()).unwrap_err();
+        let took = started.elapsed();
+        match &error {
+            OobError::Refused { attempts, .. } => assert_eq!(*attempts, 3),
+            other => panic!("{other:?}"),
+        }
+        assert!(error.to_string().contains("is the server side started"));
+        // Two pauses of 50 ms between three attempts.
+        assert!(
+            took >= Duration::from_millis(100) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn accept_with_nobody_coming_times_out() {
+        let listener = OobListener::bind("127.0.0.1:0").unwrap();
+        let started = Instant::now();
+        let error = listener
+            .accept(Duration::from_millis(200), &options())
+            .unwrap_err();
+        assert!(matches!(error, OobError::Timeout { .. }), "{error:?}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn wrong_ready_byte_is_a_protocol_error() {
+        let (mut server, mut client) = connected();
+        client.write_all(b"X", "test").unwrap();
+        let error = server.ready().unwrap_err();
+        assert!(matches!(error, OobError::Protocol { .. }), "{error:?}");
+    }
+}

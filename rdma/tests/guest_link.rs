@@ -1,0 +1,379 @@
+//! The RDMA link over real verbs, between two processes, in the QEMU guest
+//! of `tests/vm/run.sh` (soft-RoCE `rxe0` on `eth0`): set up over TCP on
+//! the guest's address, 10,000 messages each way checked byte for byte,
+//! then a SIGKILLed peer reported as an error within the deadline.
+//!
+//! Every test is `#[ignore]`d; the harness runs
+//! `guest_link --ignored --test-threads=1 guest_` in the guest with
+//! `BARLINK_VM_RDMA_DEV` (and `BARLINK_VM_RDMA_IP`, `BARLINK_VM_RDMA_GID`)
+//! set when soft-RoCE came up. Without them each test prints
+//! `SKIPPED <name>: ...` and returns. The child role (`child_rdma_peer`,
+//! started by the tests with `--exact`) does not match the filter.
+
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use barlink_rdma::oob::{OobListener, OobOptions};
+use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
+use barlink_rdma::{PacketQueue, RdmaLink};
+use barlink_transport::link::IoError;
+use barlink_transport::sim::SplitMix64;
+use barlink_transport::window::Window;
+use barlink_transport::{EngineConfig, LinkError, SendError};
+
+const CHILD_SPEC: &str = "BARLINK_RDMA_GUEST_CHILD";
+const MESSAGES: u64 = 10_000;
+/// Longest a child may run before the test kills it and fails.
+const CHILD_LIMIT: Duration = Duration::from_secs(150);
+/// Streams: what the server (parent) sends, what the client (child) sends.
+const SERVER_STREAM: u64 = 0x5E4E_0001;
+const CLIENT_STREAM: u64 = 0xC11E_0002;
+
+struct Rdma {
+    dev: String,
+    ip: String,
+    gid: Option<u8>,
+}
+
+fn rdma_env(test: &str) -> Option<Rdma> {
+    match std::env::var("BARLINK_VM_RDMA_DEV") {
+        Ok(dev) if !dev.is_empty() => Some(Rdma {
+            dev,
+            ip: std::env::var("BARLINK_VM_RDMA_IP").unwrap_or_else(|_| "10.0.2.15".into()),
+            gid: std::env::var("BARLINK_VM_RDMA_GID")
+                .ok()
+                .and_then(|g| g.trim().parse().ok()),
+        }),
+        _ => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {test}: needs soft-RoCE in the QEMU guest (tests/vm/run.sh sets BARLINK_VM_RDMA_DEV)"
+            );
+            None
+        }
+    }
+}
+
+fn options(rdma: &Rdma) -> RdmaLinkOptions {
+    RdmaLinkOptions {
+        device: Some(rdma.dev.clone()),
+        gid_index: rdma.gid,
+        slots: 64,
+        send_queue_depth: 128,
+        // Soft-RoCE under emulation is slow (FINDINGS: timeout 18-20, 7 retries).
+        qp_timeout: 18,
+        retry_count: 7,
+        rnr_retry: 7,
+        oob: OobOptions {
+            connect_timeout: Duration::from_secs(5),
+            connect_retries: 20,
+            retry_interval: Duration::from_millis(250),
+            io_timeout: Duration::from_secs(60),
+        },
+        engine: EngineConfig {
+            mtu: 16 << 10,
+            max_message_len: 1 << 20,
+            initial_rto: Duration::from_millis(200),
+            min_rto: Duration::from_millis(50),
+            max_rto: Duration::from_secs(2),
+            heartbeat_interval: Duration::from_millis(200),
+            peer_timeout: Duration::from_secs(4),
+            ..EngineConfig::default()
+        },
+        epoch: 1,
+        ..RdmaLinkOptions::default()
+    }
+}
+
+/// Message `index` of `stream`: modest sizes (rxe under emulation moves
+/// 10-30 MB/s), the same on both sides.
+fn message(stream: u64, index: u64) -> Vec<u8> {
+    let mut rng = SplitMix64::new(stream ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let top = match (stream, rng.below(100)) {
+        (CLIENT_STREAM, _) => 256,
+        (_, 0) => 64 << 10,
+        (_, 1..=9) => 16 << 10,
+        _ => 2 << 10,
+    };
+    let len = 1 + rng.below(top) as usize;
+    let mut data = vec![0u8; len];
+    rng.fill(&mut data);
+    data
+}
+
+/// Sends `count` messages of `send` and receives `count` of `recv`,
+/// checking each, then a last empty message each way, so that each side
+/// knows the other received everything before it closes.
+fn exchange(link: &mut RdmaLink<VerbsQueue>, send: u64, recv: u64, count: u64, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let (mut sent, mut received) = (0u64, 0u64);
+    let mut next: Option<Vec<u8>> = None;
+    // Message `count` is the empty "done" message.
+    while received <= count || sent <= count {
+        assert!(
+            Instant::now() < deadline,
+            "stuck after {limit:?}: sent {sent}, received {received}; engine {:?}; medium {:?}",
+            link.engine().stats(),
+            link.medium().stats()
+        );
+        if sent < count || (sent == count && received >= count) {
+            let data = next.take().unwrap_or_else(|| {
+                if sent < count {
+                    message(send, sent)
+                } else {
+                    Vec::new()
+                }
+            });
+            match link.send(data) {
+                Ok(_) => sent += 1,
+                Err(SendError::QueueFull(back)) => next = Some(back),
+                Err(other) => panic!("send {sent}: {other}"),
+            }
+        }
+        match link.try_recv() {
+            Ok(Some(data)) => {
+                if received < count {
+                    let expected = message(recv, received);
+                    assert_eq!(data.len(), expected.len(), "message {received}: length");
+                    assert!(data == expected, "message {received}: bytes differ");
+                } else {
+                    assert!(data.is_empty(), "the done message");
+                }
+                received += 1;
+                link.recycle(data);
+            }
+            Ok(None) => {}
+            Err(error) => panic!("receiving message {received}: {error}"),
+        }
+    }
+    link.flush(limit).expect("flush");
+}
+
+fn spawn_child(spec: &str) -> (Child, std::thread::JoinHandle<String>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_rdma_peer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_SPEC, spec)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning the child");
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    (child, reader)
+}
+
+fn wait_with_deadline(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the child ran past {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn child_output(reader: std::thread::JoinHandle<String>) -> String {
+    reader
+        .join()
+        .unwrap_or_default()
+        .lines()
+        .map(|line| format!("    child> {line}\n"))
+        .collect()
+}
+
+/// Listens on the guest's address, starts the child with `mode`, accepts.
+fn start(
+    rdma: &Rdma,
+    mode: &str,
+) -> (RdmaLink<VerbsQueue>, Child, std::thread::JoinHandle<String>) {
+    let listener = OobListener::bind((rdma.ip.as_str(), 0)).expect("listening");
+    let port = listener.local_addr().unwrap().port();
+    let (mut child, reader) = spawn_child(&format!("{mode} {}:{port}", rdma.ip));
+    match verbs_queue::accept(&listener, Duration::from_secs(60), &options(rdma)) {
+        Ok(link) => (link, child, reader),
+        Err(error) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "setting up the RDMA link: {error}\n{}",
+                child_output(reader)
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "runs in the QEMU guest (tests/vm/run.sh)"]
+fn guest_rdma_link_moves_10000_messages_each_way() {
+    let Some(rdma) = rdma_env("guest_rdma_link_moves_10000_messages_each_way") else {
+        return;
+    };
+    let started = Instant::now();
+    let (mut link, mut child, reader) = start(&rdma, "transfer");
+    let setup = started.elapsed();
+    exchange(
+        &mut link,
+        SERVER_STREAM,
+        CLIENT_STREAM,
+        MESSAGES,
+        Duration::from_secs(120),
+    );
+    let moved = started.elapsed();
+    let _ = link.close(Duration::from_secs(10));
+    let status = wait_with_deadline(&mut child, CHILD_LIMIT);
+    let text = child_output(reader);
+    eprint!("{text}");
+    assert!(status.success(), "the child failed ({status}):\n{text}");
+    let stats = link.engine().stats();
+    let medium = link.medium().stats();
+    assert_eq!(stats.messages_delivered, MESSAGES + 1);
+    eprintln!(
+        "rdma link over {}: setup {setup:?}, 10,000 messages each way in {:?}; {} packets sent, {} retransmitted, {} CRC failures; {} writes, {} credit writes; QP {:?}",
+        rdma.dev,
+        moved - setup,
+        stats.packets_sent,
+        stats.retransmits(),
+        stats.crc_failures,
+        medium.writes_posted,
+        medium.credit_writes,
+        link.medium().queue().qp().state()
+    );
+}
+
+#[test]
+#[ignore = "runs in the QEMU guest (tests/vm/run.sh)"]
+fn guest_rdma_link_detects_a_killed_peer() {
+    let Some(rdma) = rdma_env("guest_rdma_link_detects_a_killed_peer") else {
+        return;
+    };
+    let (mut link, mut child, reader) = start(&rdma, "hold");
+    // Traffic first: the link works.
+    exchange(
+        &mut link,
+        SERVER_STREAM,
+        CLIENT_STREAM,
+        100,
+        Duration::from_secs(60),
+    );
+    child.kill().expect("SIGKILL the child");
+    let _ = child.wait();
+    let killed = Instant::now();
+    let peer_timeout = options(&rdma).engine.peer_timeout;
+    // Keep sending, as a live application would, until the link fails.
+    let mut error = None;
+    for i in 0..1000u64 {
+        match link.send_blocking(message(SERVER_STREAM, i), Duration::from_secs(1)) {
+            Ok(_) => {}
+            Err(IoError::Timeout { .. }) => {}
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+        match link.recv(Duration::from_millis(200)) {
+            Ok(data) => link.recycle(data),
+            Err(IoError::Timeout { .. }) => {}
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+        if killed.elapsed() > peer_timeout + Duration::from_secs(20) {
+            break;
+        }
+    }
+    let took = killed.elapsed();
+    let text = child_output(reader);
+    let error =
+        error.unwrap_or_else(|| panic!("no error {took:?} after the peer was killed\n{text}"));
+    eprintln!("killed peer reported after {took:?}: {error}");
+    assert!(
+        matches!(
+            error,
+            IoError::Closed(LinkError::PeerLost { .. }) | IoError::Medium(_)
+        ),
+        "{error}"
+    );
+    assert!(
+        took < peer_timeout + Duration::from_secs(5),
+        "took {took:?} (peer timeout {peer_timeout:?})"
+    );
+}
+
+/// The client: connects to the parent, then `transfer` (the 10,000
+/// messages, then close) or `hold` (100 messages, then keeps the link
+/// going until it is killed).
+#[test]
+#[ignore = "a child role of the guest_ tests"]
+fn child_rdma_peer() {
+    let Ok(spec) = std::env::var(CHILD_SPEC) else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED child_rdma_peer: a child role, started by the guest_ tests"
+        );
+        return;
+    };
+    let (mode, addr) = spec.split_once(' ').expect("spec: MODE ADDR");
+    let rdma = rdma_env("child_rdma_peer").expect("the parent had RDMA");
+    let mut link = verbs_queue::connect(addr, &options(&rdma))
+        .unwrap_or_else(|error| panic!("child: setting up the RDMA link: {error}"));
+    eprintln!(
+        "connected: QP {} in {:?}",
+        link.medium().queue().qp().qp_num(),
+        link.medium().queue().qp().state()
+    );
+    match mode {
+        "transfer" => {
+            exchange(
+                &mut link,
+                CLIENT_STREAM,
+                SERVER_STREAM,
+                MESSAGES,
+                Duration::from_secs(120),
+            );
+            let stats = link.engine().stats();
+            eprintln!(
+                "child: done; {} packets sent, {} retransmitted, {} CRC failures, receive region {} bytes",
+                stats.packets_sent,
+                stats.retransmits(),
+                stats.crc_failures,
+                link.medium().queue().receive_region().len()
+            );
+            let _ = link.close(Duration::from_secs(10));
+        }
+        "hold" => {
+            exchange(
+                &mut link,
+                CLIENT_STREAM,
+                SERVER_STREAM,
+                100,
+                Duration::from_secs(60),
+            );
+            let deadline = Instant::now() + CHILD_LIMIT;
+            while Instant::now() < deadline {
+                match link.recv(Duration::from_secs(1)) {
+                    Ok(data) => link.recycle(data),
+                    Err(IoError::Timeout { .. }) => {}
+                    Err(error) => panic!("child: {error}"),
+                }
+            }
+        }
+        other => panic!("unknown mode {other}"),
+    }
+}
