@@ -8,11 +8,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use barlink_transport::link::{
-    IoError, LinkConfig, Listener, ProgressOptions, ProgressThread, RingLink, SetupError, connect,
-    init_ring,
+    IoError, LinkConfig, Listener, NamedOptions, ProgressOptions, ProgressThread, RingLink,
+    SetupError, Side, connect, connect_named, create_named_ring, init_ring,
 };
 use barlink_transport::ring::Geometry;
 use barlink_transport::sim::SplitMix64;
+use barlink_transport::window::ShmOptions;
 use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window};
 use barlink_transport::{EngineConfig, LinkError};
 
@@ -540,4 +541,139 @@ fn a_progress_thread_reports_a_silent_peer_and_times_out_waits() {
         "reported after {took:?}, deadline {deadline:?}"
     );
     drop(b);
+}
+
+/// A private directory for ring files (removed at the end).
+fn ring_dir(tag: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(unique(tag));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+    dir
+}
+
+fn named_options(dir: &std::path::Path) -> NamedOptions {
+    NamedOptions {
+        engine: engine_config(),
+        window_len: 1 << 20,
+        shm: ShmOptions::default().with_dir(dir),
+        setup_timeout: Duration::from_secs(10),
+        reclaim_stale: false,
+    }
+}
+
+/// The pid of a process that has exited (and been reaped).
+fn dead_pid() -> u32 {
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// Links over named ring files (no socket): the two sides find each
+/// other's files, move messages, and remove their files when done.
+#[test]
+fn a_link_over_named_ring_files_needs_no_socket() {
+    let dir = ring_dir("named");
+    let options = named_options(&dir);
+    let second = {
+        let options = options.clone();
+        thread::spawn(move || {
+            let mut link: RingLink<_> = connect_named("pair", Side::Second, &options).unwrap();
+            for index in 0..1_000 {
+                let got = link.recv(TIMEOUT).unwrap();
+                assert!(
+                    got == message(21, index, 200_000),
+                    "message {index} differs"
+                );
+            }
+            let until = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < until {
+                link.progress().unwrap();
+            }
+        })
+    };
+    let mut first: RingLink<_> = connect_named("pair", Side::First, &options).unwrap();
+    for index in 0..1_000 {
+        first
+            .send_blocking(message(21, index, 200_000), TIMEOUT)
+            .unwrap();
+    }
+    first.flush(TIMEOUT).unwrap();
+    second.join().unwrap();
+    drop(first);
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "ring files left behind: {left:?}");
+    std::fs::remove_dir(&dir).unwrap();
+}
+
+/// A ring file left by a process that died is named as stale, with the
+/// command that removes it, and reclaimed only when asked; a live owner's
+/// file is "in use"; a file that is no ring says so.
+#[test]
+fn stale_live_and_foreign_ring_files_are_told_apart() {
+    let dir = ring_dir("stale");
+    let shm = ShmOptions::default().with_dir(&dir);
+    let kept = shm.clone().with_unlink_on_drop(false);
+    // A crashed owner: its ring file stays, with its pid inside.
+    let window = create_named_ring("crashed", 1 << 20, 4096, &kept, false).unwrap();
+    let dead = dead_pid();
+    window
+        .write(
+            barlink_transport::ring::offset::OWNER_PID,
+            &dead.to_le_bytes(),
+        )
+        .unwrap();
+    drop(window);
+    let error = create_named_ring("crashed", 1 << 20, 4096, &shm, false).unwrap_err();
+    assert!(
+        matches!(&error, SetupError::StaleRing { owner_pid, .. } if *owner_pid == dead),
+        "{error}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("no longer runs") && text.contains("rm "),
+        "{text}"
+    );
+    // Reclaimed on request: laid out anew, owned by this process.
+    let window = create_named_ring("crashed", 1 << 20, 4096, &shm, true).unwrap();
+    let info = barlink_transport::link::read_ring_info(&window).unwrap();
+    assert_eq!(info.owner_pid, std::process::id());
+    // While its owner runs, the same name is in use.
+    let error = create_named_ring("crashed", 1 << 20, 4096, &shm, true).unwrap_err();
+    assert!(matches!(error, SetupError::NameInUse { .. }), "{error}");
+    drop(window);
+    // A file that is not a ring is never taken over.
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join("foreign"))
+            .unwrap();
+        std::io::Write::write_all(&mut file, &[0x42; 8192]).unwrap();
+    }
+    let error = create_named_ring("foreign", 1 << 20, 4096, &shm, true).unwrap_err();
+    assert!(matches!(error, SetupError::NotARing { .. }), "{error}");
+    std::fs::remove_file(dir.join("foreign")).unwrap();
+    // The other side's file is stale: connecting reports it, not a bare
+    // timeout.
+    let window = create_named_ring("gone.first", 1 << 20, 4096, &kept, false).unwrap();
+    window
+        .write(
+            barlink_transport::ring::offset::OWNER_PID,
+            &dead.to_le_bytes(),
+        )
+        .unwrap();
+    drop(window);
+    let options = NamedOptions {
+        setup_timeout: Duration::from_millis(200),
+        ..named_options(&dir)
+    };
+    let error = connect_named::<Vec<u8>>("gone", Side::Second, &options).unwrap_err();
+    assert!(matches!(error, SetupError::StaleRing { .. }), "{error}");
+    std::fs::remove_file(dir.join("gone.first")).unwrap();
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+    std::fs::remove_dir(&dir).unwrap();
 }

@@ -20,9 +20,11 @@
 
 mod connect;
 mod medium;
+mod named;
 mod thread;
 
 pub use medium::{Medium, MediumError};
+pub use named::{NamedOptions, Side, connect_named, create_named_ring};
 pub use thread::{ProgressOptions, ProgressThread};
 
 use std::fmt;
@@ -141,8 +143,14 @@ pub enum SetupError {
         operation: &'static str,
         error: std::io::Error,
     },
-    /// The name is taken by another listener.
+    /// The name is taken by another listener (or a running process's ring
+    /// file).
     NameInUse { name: String },
+    /// A ring file left behind by a process that no longer runs.
+    StaleRing {
+        path: std::path::PathBuf,
+        owner_pid: u32,
+    },
     /// Nobody is listening under the name.
     NoListener { name: String },
     /// The peer did not complete the setup in time.
@@ -180,7 +188,14 @@ impl fmt::Display for SetupError {
             SetupError::Io { operation, error } => write!(f, "{operation}: {error}"),
             SetupError::NameInUse { name } => write!(
                 f,
-                "link name {name:?} is in use by another listener: pick another name or stop that process"
+                "link name {name:?} is in use by another process (a listener, or the owner of the ring file): pick another name or stop that process"
+            ),
+            SetupError::StaleRing { path, owner_pid } => write!(
+                f,
+                "{} is a ring left behind by process {owner_pid}, which no longer runs (it crashed or was killed): \
+                 remove it (`rm {}`) or let barlink reclaim stale rings (NamedOptions::reclaim_stale)",
+                path.display(),
+                path.display()
             ),
             SetupError::NoListener { name } => write!(
                 f,

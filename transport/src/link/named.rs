@@ -1,0 +1,228 @@
+//! Links between processes that share a directory (`/dev/shm`) but no
+//! socket — containers with a common IPC mount and separate network
+//! namespaces, where the abstract Unix socket of [`super::connect`] is not
+//! shared.
+//!
+//! Each side creates its receive ring as a named file (mode 0600,
+//! `O_EXCL`), `<name>.first` or `<name>.second` by its [`Side`], and opens
+//! the other's once it appears. A ring file outlives a process that crashed
+//! before removing it: creating over it is refused, and the error says
+//! which case it is — a live owner ([`SetupError::NameInUse`]), an owner
+//! that no longer runs ([`SetupError::StaleRing`], removed and recreated
+//! only when [`NamedOptions::reclaim_stale`] says so), or a file that is no
+//! barlink ring at all ([`SetupError::NotARing`]).
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{RingLink, SetupError, init_ring, read_ring_info};
+use crate::engine::EngineConfig;
+use crate::ring::Geometry;
+use crate::window::{ShmOptions, ShmWindow, Window, WindowError};
+
+/// Which of the two sides this process is (each must pick the other one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// Creates `<name>.first`, writes into `<name>.second`.
+    First,
+    /// Creates `<name>.second`, writes into `<name>.first`.
+    Second,
+}
+
+impl Side {
+    fn suffix(self) -> &'static str {
+        match self {
+            Side::First => "first",
+            Side::Second => "second",
+        }
+    }
+
+    fn other(self) -> Side {
+        match self {
+            Side::First => Side::Second,
+            Side::Second => Side::First,
+        }
+    }
+}
+
+/// How named rings are created and found.
+#[derive(Debug, Clone)]
+pub struct NamedOptions {
+    /// The engine (both sides should agree on the MTU).
+    pub engine: EngineConfig,
+    /// Bytes of each side's receive ring file.
+    pub window_len: usize,
+    /// Directory and pages of the ring files (default `/dev/shm`).
+    pub shm: ShmOptions,
+    /// Longest wait for the other side's ring to appear.
+    pub setup_timeout: Duration,
+    /// Remove a ring file whose owner no longer runs and create it anew,
+    /// instead of refusing with [`SetupError::StaleRing`].
+    pub reclaim_stale: bool,
+}
+
+impl Default for NamedOptions {
+    fn default() -> Self {
+        NamedOptions {
+            engine: EngineConfig::default(),
+            window_len: (4 << 20) + crate::ring::CONTROL_LEN,
+            shm: ShmOptions::default(),
+            setup_timeout: Duration::from_secs(10),
+            reclaim_stale: false,
+        }
+    }
+}
+
+/// Whether process `pid` exists (a process of another user counts).
+fn process_runs(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    match rustix::process::test_kill_process(pid) {
+        Ok(()) => true,
+        Err(errno) => errno != rustix::io::Errno::SRCH,
+    }
+}
+
+/// Whether nobody has written packets into a ring yet.
+fn ring_is_fresh(window: &ShmWindow) -> Result<bool, SetupError> {
+    let head = window.load_u64(crate::ring::offset::HEAD, Ordering::Acquire)?;
+    let consumed = window.load_u64(crate::ring::offset::CONSUMED, Ordering::Acquire)?;
+    Ok(head == 0 && consumed == 0)
+}
+
+/// Why an existing ring file cannot be created over, or `Ok` if it is
+/// stale and may be reclaimed.
+fn diagnose_existing(
+    name: &str,
+    path: &PathBuf,
+    options: &ShmOptions,
+) -> Result<StaleRing, SetupError> {
+    let opened = ShmWindow::open_named(name, &options.clone().with_unlink_on_drop(false));
+    let window = match opened {
+        Ok(window) => window,
+        // Another user's file, a link, an empty file: the window layer's
+        // error says which.
+        Err(error) => return Err(SetupError::Window(error)),
+    };
+    let info = read_ring_info(&window)?;
+    if process_runs(info.owner_pid) {
+        return Err(SetupError::NameInUse {
+            name: format!(
+                "{} (ring owned by running process {})",
+                path.display(),
+                info.owner_pid
+            ),
+        });
+    }
+    Ok(StaleRing {
+        path: path.clone(),
+        owner_pid: info.owner_pid,
+    })
+}
+
+struct StaleRing {
+    path: PathBuf,
+    owner_pid: u32,
+}
+
+/// Creates this process's receive ring as the named file `file_name`,
+/// with a ring laid out for `mtu`. An existing file is diagnosed (see the
+/// module documentation) and reclaimed only if `reclaim_stale`.
+pub fn create_named_ring(
+    file_name: &str,
+    window_len: usize,
+    mtu: usize,
+    options: &ShmOptions,
+    reclaim_stale: bool,
+) -> Result<ShmWindow, SetupError> {
+    let window = match ShmWindow::create_named(file_name, window_len, options) {
+        Ok(window) => window,
+        Err(WindowError::NameInUse { path }) => {
+            let stale = diagnose_existing(file_name, &path, options)?;
+            if !reclaim_stale {
+                return Err(SetupError::StaleRing {
+                    path: stale.path,
+                    owner_pid: stale.owner_pid,
+                });
+            }
+            std::fs::remove_file(&stale.path).map_err(|error| SetupError::Io {
+                operation: "removing a stale ring file",
+                error,
+            })?;
+            ShmWindow::create_named(file_name, window_len, options)?
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let geometry = Geometry::for_window(window.len(), mtu)?;
+    init_ring(&window, geometry, 1)?;
+    Ok(window)
+}
+
+/// Sets up this process's side of the link `name` over named ring files:
+/// creates its own ring, waits (at most `options.setup_timeout`) for the
+/// other side's, and binds the engine. Each side removes its own file when
+/// the link is dropped.
+pub fn connect_named<B: AsRef<[u8]>>(
+    name: &str,
+    side: Side,
+    options: &NamedOptions,
+) -> Result<RingLink<ShmWindow, B>, SetupError> {
+    let own_name = format!("{name}.{}", side.suffix());
+    let peer_name = format!("{name}.{}", side.other().suffix());
+    let own = create_named_ring(
+        &own_name,
+        options.window_len,
+        options.engine.mtu,
+        &options.shm,
+        options.reclaim_stale,
+    )?;
+    let deadline = Instant::now() + options.setup_timeout;
+    let opener = options.shm.clone().with_unlink_on_drop(false);
+    // The other side's ring is usable once it is laid out, its owner runs
+    // and nobody has written into it yet: a ring with packets in it belongs
+    // to a session that is over (its owner will make a new one when it
+    // notices), and writing into it would go unread.
+    let mut last_refusal = None;
+    let peer = loop {
+        match ShmWindow::open_named(&peer_name, &opener) {
+            Ok(window) => match read_ring_info(&window) {
+                Ok(info) if !process_runs(info.owner_pid) => {
+                    last_refusal = Some(SetupError::StaleRing {
+                        path: options.shm.path_of(&peer_name)?,
+                        owner_pid: info.owner_pid,
+                    });
+                }
+                Ok(_) if ring_is_fresh(&window)? => break window,
+                Ok(info) => {
+                    last_refusal = Some(SetupError::Handshake {
+                        detail: format!(
+                            "the other side's ring file {peer_name} (process {}) holds packets of an earlier session: \
+                             restart that side too",
+                            info.owner_pid
+                        ),
+                    });
+                }
+                // Created but not laid out yet.
+                Err(SetupError::NotARing { found: 0 }) => {}
+                Err(error) => return Err(error),
+            },
+            // Not there yet, or there but not sized yet.
+            Err(WindowError::NotFound { .. } | WindowError::TooSmall { .. }) => {}
+            Err(error) => return Err(error.into()),
+        }
+        if Instant::now() >= deadline {
+            return Err(last_refusal.unwrap_or(SetupError::Timeout {
+                operation: "waiting for the other side's ring file",
+                after: options.setup_timeout,
+            }));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    RingLink::new(own, peer, options.engine.clone(), 1)
+}
