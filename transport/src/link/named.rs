@@ -13,7 +13,7 @@
 //! barlink ring at all ([`SetupError::NotARing`]).
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -100,7 +100,7 @@ fn ring_is_fresh(window: &ShmWindow) -> Result<bool, SetupError> {
 /// stale and may be reclaimed.
 fn diagnose_existing(
     name: &str,
-    path: &PathBuf,
+    path: &Path,
     options: &ShmOptions,
 ) -> Result<StaleRing, SetupError> {
     let opened = ShmWindow::open_named(name, &options.clone().with_unlink_on_drop(false));
@@ -121,7 +121,7 @@ fn diagnose_existing(
         });
     }
     Ok(StaleRing {
-        path: path.clone(),
+        path: path.to_path_buf(),
         owner_pid: info.owner_pid,
     })
 }
