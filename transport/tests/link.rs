@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use barlink_transport::link::{
     IoError, LinkConfig, Listener, NamedOptions, ProgressOptions, ProgressThread, RingLink,
-    SetupError, Side, connect, connect_named, create_named_ring, init_ring,
+    SetupError, Side, connect, connect_named, create_named_ring, init_ring, pair_windows,
 };
 use barlink_transport::ring::Geometry;
 use barlink_transport::sim::SplitMix64;
@@ -676,4 +676,67 @@ fn stale_live_and_foreign_ring_files_are_told_apart() {
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
     std::fs::remove_dir(&dir).unwrap();
+}
+
+/// Two windows both sides can reach (as two device BARs are): each side
+/// lays out its ring and waits for the other's; a side that comes back
+/// alone finds the other's ring full of the old session and says so
+/// instead of writing where nobody reads; when both come back, it works.
+#[test]
+fn paired_windows_need_both_sides_fresh() {
+    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let place = std::path::Path::new("window b");
+    let session = |seed: u64| {
+        let (wa, wb) = (window_a.clone(), window_b.clone());
+        let other = thread::spawn(move || {
+            let mut link: RingLink<_> = pair_windows(
+                wb,
+                wa,
+                engine_config(),
+                TIMEOUT,
+                std::path::Path::new("window a"),
+            )
+            .unwrap();
+            for index in 0..500 {
+                let got = link.recv(TIMEOUT).unwrap();
+                assert!(
+                    got == message(seed, index, 200_000),
+                    "message {index} differs"
+                );
+            }
+            let until = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < until {
+                link.progress().unwrap();
+            }
+        });
+        let mut link: RingLink<_> = pair_windows(
+            window_a.clone(),
+            window_b.clone(),
+            engine_config(),
+            TIMEOUT,
+            place,
+        )
+        .unwrap();
+        for index in 0..500 {
+            link.send_blocking(message(seed, index, 200_000), TIMEOUT)
+                .unwrap();
+        }
+        link.flush(TIMEOUT).unwrap();
+        other.join().unwrap();
+    };
+    session(31);
+    let error = pair_windows::<_, Vec<u8>>(
+        window_a.clone(),
+        window_b.clone(),
+        engine_config(),
+        Duration::from_millis(200),
+        place,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&error, SetupError::Handshake { detail } if detail.contains("earlier session")),
+        "{error}"
+    );
+    session(32);
 }

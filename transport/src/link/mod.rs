@@ -24,7 +24,7 @@ mod named;
 mod thread;
 
 pub use medium::{Medium, MediumError};
-pub use named::{NamedOptions, Side, connect_named, create_named_ring};
+pub use named::{NamedOptions, Side, connect_named, create_named_ring, pair_windows};
 pub use thread::{ProgressOptions, ProgressThread};
 
 use std::fmt;
@@ -67,16 +67,22 @@ pub fn init_ring<W: Window + ?Sized>(
     generation: u64,
 ) -> Result<(), SetupError> {
     geometry.validate(window.len())?;
+    // A window may be laid out again while the other side watches it (a
+    // device BAR or a ring file reused after a restart): the magic goes
+    // first and comes back last, so a reader that sees it (Acquire) sees
+    // the geometry and the zeroed indices too.
+    window.store_u64(ring::offset::MAGIC, 0, Ordering::Release)?;
     let mut line = [0u8; 64];
-    line[..8].copy_from_slice(&ring::RING_MAGIC.to_le_bytes());
     line[8..12].copy_from_slice(&ring::RING_VERSION.to_le_bytes());
     line[12..16].copy_from_slice(&geometry.slot_size.to_le_bytes());
     line[16..20].copy_from_slice(&geometry.slot_count.to_le_bytes());
     line[24..32].copy_from_slice(&generation.to_le_bytes());
     line[32..36].copy_from_slice(&std::process::id().to_le_bytes());
-    window.write(0, &line)?;
+    window.write(8, &line[8..])?;
     window.store_u64(ring::offset::HEAD, 0, Ordering::Relaxed)?;
     window.store_u64(ring::offset::CONSUMED, 0, Ordering::Relaxed)?;
+    window.store_fence();
+    window.store_u64(ring::offset::MAGIC, ring::RING_MAGIC, Ordering::Release)?;
     window.store_fence();
     Ok(())
 }
@@ -96,14 +102,15 @@ pub struct RingInfo {
 /// ring, of another layout version, or whose geometry does not fit the
 /// window is refused with an error that says which.
 pub fn read_ring_info<W: Window + ?Sized>(window: &W) -> Result<RingInfo, SetupError> {
+    // The magic first (Acquire): the owner stores it last (see init_ring).
+    let magic = window.load_u64(ring::offset::MAGIC, Ordering::Acquire)?;
+    if magic != ring::RING_MAGIC {
+        return Err(SetupError::NotARing { found: magic });
+    }
     let mut line = [0u8; 64];
     window.read(0, &mut line)?;
     let u32_at = |at: usize| u32::from_le_bytes(line[at..at + 4].try_into().expect("4 bytes"));
     let u64_at = |at: usize| u64::from_le_bytes(line[at..at + 8].try_into().expect("8 bytes"));
-    let magic = u64_at(ring::offset::MAGIC);
-    if magic != ring::RING_MAGIC {
-        return Err(SetupError::NotARing { found: magic });
-    }
     let version = u32_at(ring::offset::VERSION);
     if version != ring::RING_VERSION {
         return Err(SetupError::RingVersion { found: version });

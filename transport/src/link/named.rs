@@ -90,7 +90,7 @@ fn process_runs(pid: u32) -> bool {
 }
 
 /// Whether nobody has written packets into a ring yet.
-fn ring_is_fresh(window: &ShmWindow) -> Result<bool, SetupError> {
+fn ring_is_fresh<W: Window>(window: &W) -> Result<bool, SetupError> {
     let head = window.load_u64(crate::ring::offset::HEAD, Ordering::Acquire)?;
     let consumed = window.load_u64(crate::ring::offset::CONSUMED, Ordering::Acquire)?;
     Ok(head == 0 && consumed == 0)
@@ -182,47 +182,100 @@ pub fn connect_named<B: AsRef<[u8]>>(
         &options.shm,
         options.reclaim_stale,
     )?;
-    let deadline = Instant::now() + options.setup_timeout;
     let opener = options.shm.clone().with_unlink_on_drop(false);
-    // The other side's ring is usable once it is laid out, its owner runs
-    // and nobody has written into it yet: a ring with packets in it belongs
-    // to a session that is over (its owner will make a new one when it
-    // notices), and writing into it would go unread.
-    let mut last_refusal = None;
+    let peer_path = options.shm.path_of(&peer_name)?;
+    let deadline = Instant::now() + options.setup_timeout;
+    let mut refusal = None;
     let peer = loop {
         match ShmWindow::open_named(&peer_name, &opener) {
-            Ok(window) => match read_ring_info(&window) {
-                Ok(info) if !process_runs(info.owner_pid) => {
-                    last_refusal = Some(SetupError::StaleRing {
-                        path: options.shm.path_of(&peer_name)?,
-                        owner_pid: info.owner_pid,
-                    });
-                }
-                Ok(_) if ring_is_fresh(&window)? => break window,
-                Ok(info) => {
-                    last_refusal = Some(SetupError::Handshake {
-                        detail: format!(
-                            "the other side's ring file {peer_name} (process {}) holds packets of an earlier session: \
-                             restart that side too",
-                            info.owner_pid
-                        ),
-                    });
-                }
-                // Created but not laid out yet.
-                Err(SetupError::NotARing { found: 0 }) => {}
-                Err(error) => return Err(error),
+            Ok(window) => match peer_ring_state(&window, &peer_path)? {
+                PeerRing::Usable => break window,
+                PeerRing::NotYet(why) => refusal = why.or(refusal),
             },
             // Not there yet, or there but not sized yet.
             Err(WindowError::NotFound { .. } | WindowError::TooSmall { .. }) => {}
             Err(error) => return Err(error.into()),
         }
-        if Instant::now() >= deadline {
-            return Err(last_refusal.unwrap_or(SetupError::Timeout {
-                operation: "waiting for the other side's ring file",
-                after: options.setup_timeout,
-            }));
-        }
-        std::thread::sleep(Duration::from_millis(2));
+        waited(deadline, options.setup_timeout, &mut refusal)?;
     };
     RingLink::new(own, peer, options.engine.clone(), 1)
+}
+
+/// What the other side's ring looks like right now.
+enum PeerRing {
+    /// Laid out, its owner runs, and nobody has written packets into it.
+    Usable,
+    /// Not laid out yet, or refused for now with this error: its owner no
+    /// longer runs, or it holds packets of a session that is over (its
+    /// owner lays out a new one when it notices; writing into it would go
+    /// unread).
+    NotYet(Option<SetupError>),
+}
+
+fn peer_ring_state<W: Window>(window: &W, place: &Path) -> Result<PeerRing, SetupError> {
+    match read_ring_info(window) {
+        Ok(info) if !process_runs(info.owner_pid) => {
+            Ok(PeerRing::NotYet(Some(SetupError::StaleRing {
+                path: place.to_path_buf(),
+                owner_pid: info.owner_pid,
+            })))
+        }
+        Ok(_) if ring_is_fresh(window)? => Ok(PeerRing::Usable),
+        Ok(info) => Ok(PeerRing::NotYet(Some(SetupError::Handshake {
+            detail: format!(
+                "the other side's ring in {} (process {}) holds packets of an earlier session: \
+                 restart that side too",
+                place.display(),
+                info.owner_pid
+            ),
+        }))),
+        // Not laid out yet.
+        Err(SetupError::NotARing { found: 0 }) => Ok(PeerRing::NotYet(None)),
+        Err(error) => Err(error),
+    }
+}
+
+/// Sleeps a little before the next look, or ends the wait at the deadline
+/// with the last refusal seen (else a timeout).
+fn waited(
+    deadline: Instant,
+    timeout: Duration,
+    refusal: &mut Option<SetupError>,
+) -> Result<(), SetupError> {
+    if Instant::now() >= deadline {
+        return Err(refusal.take().unwrap_or(SetupError::Timeout {
+            operation: "waiting for the other side's ring",
+            after: timeout,
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(2));
+    Ok(())
+}
+
+/// Sets up a link over two windows both processes can already reach — a
+/// pair of device BARs, say, each side mapping its own and the other's —
+/// with no rendezvous: lays out this side's ring in `own`, waits (at most
+/// `timeout`) for the other side's in `peer` (refusing a stale one or one
+/// of an earlier session, as named rings do), and binds the engine.
+/// `place` names the peer window in errors (e.g. the device's sysfs
+/// resource file).
+pub fn pair_windows<W: Window, B: AsRef<[u8]>>(
+    own: W,
+    peer: W,
+    engine: EngineConfig,
+    timeout: Duration,
+    place: &Path,
+) -> Result<RingLink<W, B>, SetupError> {
+    let geometry = Geometry::for_window(own.len(), engine.mtu)?;
+    init_ring(&own, geometry, 1)?;
+    let deadline = Instant::now() + timeout;
+    let mut refusal = None;
+    loop {
+        match peer_ring_state(&peer, place)? {
+            PeerRing::Usable => break,
+            PeerRing::NotYet(why) => refusal = why.or(refusal),
+        }
+        waited(deadline, timeout, &mut refusal)?;
+    }
+    RingLink::new(own, peer, engine, 1)
 }
