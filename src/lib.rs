@@ -7,13 +7,23 @@
 //! hosts the `barlink` command. The parts:
 //! - [`transport`]: wire format, the sans-IO reliability [`Engine`], the
 //!   simulated medium (and, later, links over memory windows);
-//! - [`topology`]: PCI discovery, P2P path choice and the platform doctor.
+//! - [`topology`]: PCI discovery, P2P path choice and the platform doctor;
+//! - [`rdma`]: ibverbs loaded at run time, RC queue pairs and RDMA links;
+//! - [`connect()`]: one call that picks BAR P2P, a host-memory bounce or
+//!   RDMA for a peer and says why.
 //!
 //! See `docs/ARCHITECTURE.md` for how they fit together.
 #![forbid(unsafe_code)]
 
+pub use barlink_rdma as rdma;
 pub use barlink_transport as transport;
 pub use barlink_transport::{
     Engine, EngineConfig, Event, LinkError, MessageId, PacketError, SendError, Stats, Time,
 };
 pub use barlink_vfio as topology;
+
+pub mod connect;
+pub use connect::{
+    BarEnds, BarRef, ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Peer, Role,
+    choose_path, connect,
+};

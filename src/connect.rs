@@ -1,0 +1,493 @@
+//! One [`connect`] for every path: it picks BAR peer-to-peer, a host-memory
+//! bounce or RDMA from the PCI topology and from where the peer is, sets up
+//! that link, and says which it picked and why ([`PathDecision`]).
+//!
+//! - A peer on **another node** ([`Peer::Remote`]) is reached over RDMA
+//!   (`barlink-rdma`): RDMA WRITE with immediate into its registered ring,
+//!   set up over TCP. Without an RDMA device there is no path, and the
+//!   error says what was found.
+//! - A peer on **this host** whose GPU and ours were named by their BAR
+//!   windows ([`ConnectOptions::bars`]) is reached over those BARs when the
+//!   topology allows peer-to-peer between the two devices (same switch or
+//!   root complex within the policy, no ACS redirect, no translating IOMMU,
+//!   an aperture large enough), else through host memory.
+//! - Any other peer on this host is reached through host shared memory
+//!   (memfd rings set up under a link name).
+//!
+//! Whatever the path, the link underneath is the same engine: every packet
+//! CRC-checked, retransmitted until it is through, messages delivered once
+//! and in order, or an error.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use barlink_rdma::oob::OobListener;
+use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
+use barlink_rdma::{RdmaError, RdmaLink};
+use barlink_transport::link::{IoError, LinkConfig, Listener, RingLink, SetupError, pair_windows};
+use barlink_transport::window::ShmWindow;
+use barlink_transport::{EngineConfig, Stats};
+use barlink_vfio::{
+    BarWindow, Bdf, DeviceSpec, PathChoice, PathPolicy, SysfsBar, SysfsBarOptions, Topology,
+};
+
+/// Where the peer is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    /// A process on this host, met under a link name.
+    Local { name: String },
+    /// A process on another node, met at its RDMA setup address
+    /// (`host:port`; for [`Role::Accept`], the address to listen on).
+    Remote { addr: String },
+}
+
+impl FromStr for Peer {
+    type Err = ConnectError;
+
+    /// `local:NAME` or a bare name: this host; `rdma://HOST:PORT` or
+    /// `HOST:PORT`: another node.
+    fn from_str(text: &str) -> Result<Peer, ConnectError> {
+        if let Some(name) = text.strip_prefix("local:") {
+            return Ok(Peer::Local {
+                name: name.to_string(),
+            });
+        }
+        if let Some(addr) = text.strip_prefix("rdma://") {
+            return Ok(Peer::Remote {
+                addr: addr.to_string(),
+            });
+        }
+        if text.is_empty() {
+            return Err(ConnectError::Usage {
+                detail: "an empty peer: give local:NAME or rdma://HOST:PORT".to_string(),
+            });
+        }
+        Ok(match text.rsplit_once(':') {
+            Some((_, port)) if port.parse::<u16>().is_ok() => Peer::Remote {
+                addr: text.to_string(),
+            },
+            _ => Peer::Local {
+                name: text.to_string(),
+            },
+        })
+    }
+}
+
+/// Which side of the setup this process takes. Over BAR windows both sides
+/// do the same and the role does not matter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Waits for the peer (listens under the name or on the address).
+    Accept,
+    /// Goes to the peer.
+    Connect,
+}
+
+/// The paths a link can take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    /// Packets written straight into the peer device's BAR window.
+    BarP2p,
+    /// Packets through rings in host shared memory.
+    HostBounce,
+    /// Packets as RDMA WRITE with immediate into the peer's registered ring.
+    Rdma,
+}
+
+impl PathKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PathKind::BarP2p => "bar-p2p",
+            PathKind::HostBounce => "host-bounce",
+            PathKind::Rdma => "rdma",
+        }
+    }
+}
+
+impl fmt::Display for PathKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The path picked, and why, in words a user can check against
+/// `barlink topo` and `barlink doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathDecision {
+    pub path: PathKind,
+    pub reason: String,
+}
+
+impl fmt::Display for PathDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+/// A BAR window: bytes `offset..offset + len` of BAR `bar` of a device
+/// (an address like `0000:01:00.0`, or `vendor:device[#n]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BarRef {
+    pub device: String,
+    pub bar: u32,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// The BAR windows of the two sides on this host: each side reads its own
+/// ring in `own` and writes the peer's in `peer` (the peer names the same
+/// two, swapped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BarEnds {
+    pub own: BarRef,
+    pub peer: BarRef,
+}
+
+/// How [`connect`] decides and sets up.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// The engine on every path (both sides must agree on the MTU).
+    pub engine: EngineConfig,
+    /// Longest wait for the peer during setup.
+    pub setup_timeout: Duration,
+    /// The two devices' BAR windows, when both sides are GPUs on this host.
+    pub bars: Option<BarEnds>,
+    /// The sysfs root the topology is read from (`/`).
+    pub sysfs_root: PathBuf,
+    /// How far peer-to-peer is trusted (as `barlink topo --p2p-level`).
+    pub policy: PathPolicy,
+    /// Take this path whatever the topology says (the decision still says
+    /// what it would have picked).
+    pub force: Option<PathKind>,
+    /// RDMA device, port, queue-pair timeouts and retries (its `engine`
+    /// is replaced by [`ConnectOptions::engine`]).
+    pub rdma: RdmaLinkOptions,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            engine: EngineConfig::default(),
+            setup_timeout: Duration::from_secs(10),
+            bars: None,
+            sysfs_root: PathBuf::from("/"),
+            policy: PathPolicy::default(),
+            force: None,
+            rdma: RdmaLinkOptions::default(),
+        }
+    }
+}
+
+/// Why [`connect`] has no link.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// No path reaches the peer; `reason` says what was looked at.
+    NoPath { reason: String },
+    /// The peer or the options are malformed.
+    Usage { detail: String },
+    /// Setting up the chosen path failed.
+    Setup {
+        decision: PathDecision,
+        detail: String,
+    },
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectError::NoPath { reason } => write!(f, "no path to the peer: {reason}"),
+            ConnectError::Usage { detail } => write!(f, "connect: {detail}"),
+            ConnectError::Setup { decision, detail } => {
+                write!(
+                    f,
+                    "setting up {} ({}): {detail}",
+                    decision.path, decision.reason
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// A device address from a BAR reference.
+fn resolve(device: &str, root: &Path) -> Result<Bdf, String> {
+    let spec: DeviceSpec = device.parse().map_err(|e| format!("{device}: {e}"))?;
+    spec.resolve(root).map_err(|e| e.to_string())
+}
+
+/// What the topology says about peer-to-peer between two devices.
+fn bar_decision(bars: &BarEnds, options: &ConnectOptions) -> PathDecision {
+    let root = &options.sysfs_root;
+    let bounce = |reason: String| PathDecision {
+        path: PathKind::HostBounce,
+        reason,
+    };
+    let (own, peer) = match (
+        resolve(&bars.own.device, root),
+        resolve(&bars.peer.device, root),
+    ) {
+        (Ok(own), Ok(peer)) => (own, peer),
+        (Err(e), _) | (_, Err(e)) => {
+            return bounce(format!(
+                "the BAR windows' devices cannot be found ({e}), so host memory"
+            ));
+        }
+    };
+    let topology = match Topology::discover(root, options.policy) {
+        Ok(topology) => topology,
+        Err(e) => {
+            return bounce(format!(
+                "the PCI topology cannot be read ({e}), and peer-to-peer is not risked blind"
+            ));
+        }
+    };
+    let name_of = |bdf: Bdf| {
+        topology
+            .gpus
+            .iter()
+            .find(|g| g.bdf == bdf)
+            .map(|g| g.name.clone())
+    };
+    match (name_of(own), name_of(peer)) {
+        (Some(a), Some(b)) => match topology.pair(&a, &b) {
+            Some(pair) if pair.path == PathChoice::P2p => PathDecision {
+                path: PathKind::BarP2p,
+                reason: format!(
+                    "{a} ({own}) and {b} ({peer}) are {}: {}",
+                    pair.link, pair.reason
+                ),
+            },
+            Some(pair) => bounce(format!(
+                "{a} ({own}) and {b} ({peer}) are {}, but {}",
+                pair.link, pair.reason
+            )),
+            None => bounce(format!("the topology has no verdict for {a} and {b}")),
+        },
+        _ => PathDecision {
+            path: PathKind::BarP2p,
+            reason: format!(
+                "{own} and {peer} are not GPUs the topology classifies; the BAR windows named are used as given \
+                 (every packet's CRC still checks what crosses them)"
+            ),
+        },
+    }
+}
+
+/// Picks the path to `peer` without setting anything up.
+pub fn choose_path(peer: &Peer, options: &ConnectOptions) -> Result<PathDecision, ConnectError> {
+    let automatic = match peer {
+        Peer::Remote { addr } => match barlink_rdma::device::devices() {
+            Ok(devices) => {
+                let wanted = options.rdma.device.as_deref();
+                let usable = devices
+                    .iter()
+                    .filter(|d| wanted.is_none_or(|w| w == d.name))
+                    .find_map(|d| d.active_port().map(|p| (d, p)));
+                match usable {
+                    Some((device, port)) => PathDecision {
+                        path: PathKind::Rdma,
+                        reason: format!(
+                            "the peer ({addr}) is on another node; RDMA device {} port {} is active ({:?})",
+                            device.name, port.port, port.link_layer
+                        ),
+                    },
+                    None => {
+                        return Err(ConnectError::NoPath {
+                            reason: format!(
+                                "the peer ({addr}) is on another node and no RDMA port is active{} \
+                                 (devices: {}; check `ibv_devinfo`)",
+                                wanted.map(|w| format!(" on {w}")).unwrap_or_default(),
+                                devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
+                            ),
+                        });
+                    }
+                }
+            }
+            Err(error) => {
+                return Err(ConnectError::NoPath {
+                    reason: format!("the peer ({addr}) is on another node, which needs RDMA: {error}"),
+                });
+            }
+        },
+        Peer::Local { .. } => match &options.bars {
+            Some(bars) => bar_decision(bars, options),
+            None => PathDecision {
+                path: PathKind::HostBounce,
+                reason: "the peer is a process on this host and no BAR windows were named, so host shared memory"
+                    .to_string(),
+            },
+        },
+    };
+    Ok(match options.force {
+        Some(path) if path != automatic.path => PathDecision {
+            path,
+            reason: format!(
+                "forced by the caller (automatic choice: {} — {})",
+                automatic.path, automatic.reason
+            ),
+        },
+        _ => automatic,
+    })
+}
+
+/// The link under a [`Connection`], by path.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AnyLink {
+    HostBounce(RingLink<ShmWindow>),
+    BarP2p(RingLink<BarWindow>),
+    Rdma(RdmaLink<VerbsQueue>),
+}
+
+/// A link to the peer over the path [`connect`] picked.
+#[derive(Debug)]
+pub struct Connection {
+    pub link: AnyLink,
+    pub decision: PathDecision,
+}
+
+macro_rules! each_link {
+    ($self:expr, $link:ident => $body:expr) => {
+        match &mut $self.link {
+            AnyLink::HostBounce($link) => $body,
+            AnyLink::BarP2p($link) => $body,
+            AnyLink::Rdma($link) => $body,
+        }
+    };
+}
+
+impl Connection {
+    /// Queues a message, waiting at most `timeout` for room.
+    pub fn send(&mut self, data: Vec<u8>, timeout: Duration) -> Result<(), IoError> {
+        each_link!(self, link => link.send_blocking(data, timeout).map(|_| ()))
+    }
+
+    /// The next message, waiting at most `timeout`.
+    pub fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError> {
+        each_link!(self, link => link.recv(timeout))
+    }
+
+    /// Waits until every queued message is acknowledged.
+    pub fn flush(&mut self, timeout: Duration) -> Result<(), IoError> {
+        each_link!(self, link => link.flush(timeout))
+    }
+
+    /// Closes in order: queued messages are still delivered.
+    pub fn close(&mut self, timeout: Duration) -> Result<(), IoError> {
+        each_link!(self, link => link.close(timeout))
+    }
+
+    /// Drives the link once (a caller that only sends or waits elsewhere
+    /// should call this now and then).
+    pub fn progress(&mut self) -> Result<bool, IoError> {
+        each_link!(self, link => link.progress())
+    }
+
+    /// The engine's statistics.
+    pub fn stats(&mut self) -> Stats {
+        each_link!(self, link => link.engine().stats().clone())
+    }
+}
+
+fn open_bar(bar: &BarRef, root: &Path) -> Result<BarWindow, String> {
+    let options = SysfsBarOptions {
+        len: Some(bar.offset + bar.len),
+        env: barlink_vfio::VfioEnv {
+            sysfs_root: root.to_path_buf(),
+            ..barlink_vfio::VfioEnv::default()
+        },
+        ..SysfsBarOptions::default()
+    };
+    let window = SysfsBar::open_with(&bar.device, bar.bar, &options)
+        .map_err(|e| format!("mapping BAR {} of {}: {e}", bar.bar, bar.device))?;
+    window
+        .slice(bar.offset, bar.len)
+        .map_err(|e| format!("BAR {} of {}: {e}", bar.bar, bar.device))
+}
+
+/// Picks the path to `peer` ([`choose_path`]), sets up the link over it and
+/// returns it with the decision.
+pub fn connect(
+    peer: &Peer,
+    role: Role,
+    options: &ConnectOptions,
+) -> Result<Connection, ConnectError> {
+    let decision = choose_path(peer, options)?;
+    let failed = |detail: String| ConnectError::Setup {
+        decision: decision.clone(),
+        detail,
+    };
+    let link = match (decision.path, peer) {
+        (PathKind::HostBounce, Peer::Local { name }) => {
+            let config = LinkConfig {
+                engine: options.engine.clone(),
+                setup_timeout: options.setup_timeout,
+                ..LinkConfig::default()
+            };
+            let link = match role {
+                Role::Accept => Listener::bind(name).and_then(|l| l.accept(&config)),
+                Role::Connect => barlink_transport::link::connect(name, &config),
+            };
+            AnyLink::HostBounce(link.map_err(|e: SetupError| failed(e.to_string()))?)
+        }
+        (PathKind::BarP2p, Peer::Local { .. }) => {
+            let Some(bars) = &options.bars else {
+                return Err(failed(
+                    "BAR P2P needs the two BAR windows (ConnectOptions::bars)".into(),
+                ));
+            };
+            let own = open_bar(&bars.own, &options.sysfs_root).map_err(&failed)?;
+            let peer_window = open_bar(&bars.peer, &options.sysfs_root).map_err(&failed)?;
+            let place = PathBuf::from(format!("BAR {} of {}", bars.peer.bar, bars.peer.device));
+            AnyLink::BarP2p(
+                pair_windows(
+                    own,
+                    peer_window,
+                    options.engine.clone(),
+                    options.setup_timeout,
+                    &place,
+                )
+                .map_err(|e| failed(e.to_string()))?,
+            )
+        }
+        (PathKind::Rdma, Peer::Remote { addr }) => {
+            let rdma = RdmaLinkOptions {
+                engine: options.engine.clone(),
+                ..options.rdma.clone()
+            };
+            let link = match role {
+                Role::Accept => OobListener::bind(addr.as_str())
+                    .map_err(|e| failed(e.to_string()))
+                    .and_then(|listener| {
+                        verbs_queue::accept(&listener, options.setup_timeout, &rdma)
+                            .map_err(|e| failed(e.to_string()))
+                    }),
+                Role::Connect => {
+                    verbs_queue::connect(addr.as_str(), &rdma).map_err(|e| failed(e.to_string()))
+                }
+            };
+            AnyLink::Rdma(link?)
+        }
+        (path, Peer::Remote { .. }) => {
+            return Err(failed(format!(
+                "{path} cannot reach a peer on another node: only RDMA can"
+            )));
+        }
+        (PathKind::Rdma, Peer::Local { .. }) => {
+            return Err(failed(
+                "RDMA to a peer on this host needs its address: give rdma://HOST:PORT".into(),
+            ));
+        }
+    };
+    Ok(Connection { link, decision })
+}
+
+/// Whether RDMA is usable here at all, for reports (`Ok(device names)`).
+pub fn rdma_devices() -> Result<Vec<String>, RdmaError> {
+    barlink_rdma::device::devices().map(|d| d.into_iter().map(|d| d.name).collect())
+}

@@ -1,0 +1,182 @@
+//! The facade's `connect`: which path it picks for a peer, and why, from
+//! the PCI topology (fixture trees) and from where the peer is; and a link
+//! set up through it between two threads of this host.
+
+use std::path::PathBuf;
+use std::thread;
+use std::time::Duration;
+
+use barlink::{
+    BarEnds, BarRef, ConnectError, ConnectOptions, PathKind, Peer, Role, choose_path, connect,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/sysfs")
+        .join(name)
+}
+
+fn bars(own: &str, peer: &str) -> BarEnds {
+    let bar = |device: &str| BarRef {
+        device: device.to_string(),
+        bar: 1,
+        offset: 0,
+        len: 4 << 20,
+    };
+    BarEnds {
+        own: bar(own),
+        peer: bar(peer),
+    }
+}
+
+fn local() -> Peer {
+    Peer::Local {
+        name: "x".to_string(),
+    }
+}
+
+#[test]
+fn peers_parse_as_local_names_or_remote_addresses() {
+    let parse = |text: &str| text.parse::<Peer>().unwrap();
+    assert_eq!(parse("local:kv"), Peer::Local { name: "kv".into() });
+    assert_eq!(parse("kv"), Peer::Local { name: "kv".into() });
+    assert_eq!(
+        parse("rdma://10.0.0.2:18515"),
+        Peer::Remote {
+            addr: "10.0.0.2:18515".into()
+        }
+    );
+    assert_eq!(
+        parse("node7:18515"),
+        Peer::Remote {
+            addr: "node7:18515".into()
+        }
+    );
+    assert!(matches!(
+        "".parse::<Peer>(),
+        Err(ConnectError::Usage { .. })
+    ));
+}
+
+#[test]
+fn a_local_peer_without_bar_windows_goes_through_host_memory() {
+    let decision = choose_path(&local(), &ConnectOptions::default()).unwrap();
+    assert_eq!(decision.path, PathKind::HostBounce);
+    assert!(decision.reason.contains("no BAR windows"), "{decision}");
+}
+
+#[test]
+fn two_gpus_the_topology_clears_for_p2p_get_bar_p2p_and_the_reason() {
+    let options = ConnectOptions {
+        bars: Some(bars("0000:01:00.0", "0000:02:00.0")),
+        sysfs_root: fixture("desktop-2x4090"),
+        ..ConnectOptions::default()
+    };
+    let decision = choose_path(&local(), &options).unwrap();
+    assert_eq!(decision.path, PathKind::BarP2p, "{decision}");
+    assert!(
+        decision.reason.contains("GPU0") && decision.reason.contains("PHB"),
+        "{decision}"
+    );
+}
+
+#[test]
+fn acs_an_iommu_or_a_small_bar_sends_the_pair_through_host_memory() {
+    for (tree, own, peer, why) in [
+        ("acs-cascade-4gpu", "0000:05:00.0", "0000:06:00.0", "ACS"),
+        ("iommu-translating", "0000:19:00.0", "0000:1a:00.0", "IOMMU"),
+        (
+            "small-bar1",
+            "0000:21:00.0",
+            "0000:41:00.0",
+            "BAR1 is 256 MiB",
+        ),
+    ] {
+        let options = ConnectOptions {
+            bars: Some(bars(own, peer)),
+            sysfs_root: fixture(tree),
+            ..ConnectOptions::default()
+        };
+        let decision = choose_path(&local(), &options).unwrap();
+        assert_eq!(decision.path, PathKind::HostBounce, "{tree}: {decision}");
+        assert!(decision.reason.contains(why), "{tree}: {decision}");
+        // Forcing BAR P2P is possible and still says what auto would do.
+        let forced = choose_path(
+            &local(),
+            &ConnectOptions {
+                force: Some(PathKind::BarP2p),
+                ..options
+            },
+        )
+        .unwrap();
+        assert_eq!(forced.path, PathKind::BarP2p);
+        assert!(
+            forced.reason.contains("forced") && forced.reason.contains(why),
+            "{forced}"
+        );
+    }
+}
+
+#[test]
+fn unknown_devices_or_an_unreadable_topology_never_risk_p2p() {
+    let options = ConnectOptions {
+        bars: Some(bars("0000:7f:00.0", "0000:02:00.0")),
+        sysfs_root: fixture("desktop-2x4090"),
+        ..ConnectOptions::default()
+    };
+    let decision = choose_path(&local(), &options).unwrap();
+    assert_eq!(decision.path, PathKind::HostBounce, "{decision}");
+    assert!(decision.reason.contains("cannot be found"), "{decision}");
+}
+
+/// This host has no RDMA device (or no libibverbs): a remote peer has no
+/// path, and the error says RDMA is what is missing.
+#[test]
+fn a_remote_peer_without_rdma_is_no_path_with_the_reason() {
+    if barlink::connect::rdma_devices().is_ok() {
+        eprintln!("SKIPPED: this host has an RDMA device; the guest tests cover RDMA");
+        return;
+    }
+    let peer: Peer = "rdma://192.0.2.1:18515".parse().unwrap();
+    let error = choose_path(&peer, &ConnectOptions::default()).unwrap_err();
+    let text = error.to_string();
+    assert!(matches!(error, ConnectError::NoPath { .. }), "{text}");
+    assert!(
+        text.contains("another node") && text.contains("RDMA"),
+        "{text}"
+    );
+    let error = connect(&peer, Role::Connect, &ConnectOptions::default()).unwrap_err();
+    assert!(matches!(error, ConnectError::NoPath { .. }), "{error}");
+}
+
+#[test]
+fn connect_and_accept_by_name_move_messages_and_say_host_bounce() {
+    let name = format!("connect-test-{}", std::process::id());
+    let peer = Peer::Local { name };
+    let accepting = {
+        let peer = peer.clone();
+        thread::spawn(move || {
+            let mut connection = connect(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
+            for index in 0..100u32 {
+                let got = connection.recv(TIMEOUT).unwrap();
+                assert_eq!(got, vec![index as u8; index as usize * 100]);
+            }
+            connection.send(b"done".to_vec(), TIMEOUT).unwrap();
+            connection.flush(TIMEOUT).unwrap();
+            connection.decision
+        })
+    };
+    let mut connection = connect(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
+    assert_eq!(connection.decision.path, PathKind::HostBounce);
+    for index in 0..100u32 {
+        connection
+            .send(vec![index as u8; index as usize * 100], TIMEOUT)
+            .unwrap();
+    }
+    assert_eq!(connection.recv(TIMEOUT).unwrap(), b"done");
+    let decision = accepting.join().unwrap();
+    assert_eq!(decision.path, PathKind::HostBounce);
+    assert_eq!(connection.stats().crc_failures, 0);
+}
