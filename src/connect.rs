@@ -341,7 +341,8 @@ pub fn choose_path(peer: &Peer, options: &ConnectOptions) -> Result<PathDecision
 pub enum AnyLink {
     HostBounce(RingLink<ShmWindow>),
     BarP2p(RingLink<BarWindow>),
-    Rdma(RdmaLink<VerbsQueue>),
+    /// Boxed: a verbs queue carries its completion buffers inline.
+    Rdma(Box<RdmaLink<VerbsQueue>>),
 }
 
 /// A link to the peer over the path [`connect`] picked.
@@ -471,7 +472,7 @@ pub fn connect(
                     verbs_queue::connect(addr.as_str(), &rdma).map_err(|e| failed(e.to_string()))
                 }
             };
-            AnyLink::Rdma(link?)
+            AnyLink::Rdma(Box::new(link?))
         }
         (path, Peer::Remote { .. }) => {
             return Err(failed(format!(
