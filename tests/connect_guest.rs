@@ -43,13 +43,19 @@ fn ivshmem() -> [String; 4] {
     devices.try_into().expect("BARLINK_VM_IVSHMEM: four addresses")
 }
 
-/// Memory decoding on: a device that vfio-pci held and released (the VFIO
-/// tests run first) is left disabled, and its BAR would read all-ones.
+/// Memory decoding on, for a mapping through sysfs: a device that vfio-pci
+/// held (the VFIO tests run first) is left bound and disabled, and its BAR
+/// would read all-ones. The kernel enables only a device with no driver.
 fn enable(device: &str) {
-    let path = format!("/sys/bus/pci/devices/{device}/enable");
-    let on = std::fs::read_to_string(&path).is_ok_and(|v| v.trim() != "0");
+    let dir = format!("/sys/bus/pci/devices/{device}");
+    if std::path::Path::new(&format!("{dir}/driver")).exists() {
+        std::fs::write(format!("{dir}/driver/unbind"), device)
+            .unwrap_or_else(|e| panic!("unbinding {device}: {e}"));
+    }
+    let on = std::fs::read_to_string(format!("{dir}/enable")).is_ok_and(|v| v.trim() != "0");
     if !on {
-        std::fs::write(&path, "1").unwrap_or_else(|e| panic!("enabling {device}: {e}"));
+        std::fs::write(format!("{dir}/enable"), "1")
+            .unwrap_or_else(|e| panic!("enabling {device}: {e}"));
     }
 }
 
