@@ -603,7 +603,9 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     /// Queues a message, driving the link while the send queue is full, for
     /// at most `timeout`.
     pub fn send_blocking(&mut self, data: B, timeout: Duration) -> Result<MessageId, IoError> {
-        let deadline = Instant::now() + timeout;
+        // Set by the first wait, from a clock read it needs anyway: a call
+        // that completes at once reads no clock for its deadline.
+        let mut deadline = None;
         let mut data = data;
         loop {
             self.check_open()?;
@@ -623,19 +625,21 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
                     ));
                 }
             }
-            self.wait_step(deadline, timeout)?;
+            self.wait_step(&mut deadline, timeout)?;
         }
     }
 
     /// The next delivered message, driving the link for at most `timeout`.
     pub fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError> {
-        let deadline = Instant::now() + timeout;
+        // Set by the first wait, from a clock read it needs anyway: a call
+        // that completes at once reads no clock for its deadline.
+        let mut deadline = None;
         loop {
             if let Some(data) = self.take_message() {
                 return Ok(data);
             }
             self.check_open()?;
-            self.wait_step(deadline, timeout)?;
+            self.wait_step(&mut deadline, timeout)?;
         }
     }
 
@@ -665,28 +669,32 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     /// turning away from a link for a while (to another link, or to
     /// compute) so that the peer is not left waiting for it.
     pub fn push(&mut self, timeout: Duration) -> Result<(), IoError> {
-        let deadline = Instant::now() + timeout;
+        // Set by the first wait, from a clock read it needs anyway: a call
+        // that completes at once reads no clock for its deadline.
+        let mut deadline = None;
         loop {
             self.progress()?;
             if !self.engine.has_unsent() {
                 return Ok(());
             }
             self.check_open()?;
-            self.wait_step(deadline, timeout)?;
+            self.wait_step(&mut deadline, timeout)?;
         }
     }
 
     /// Drives the link until every queued message is acknowledged, for at
     /// most `timeout`.
     pub fn flush(&mut self, timeout: Duration) -> Result<(), IoError> {
-        let deadline = Instant::now() + timeout;
+        // Set by the first wait, from a clock read it needs anyway: a call
+        // that completes at once reads no clock for its deadline.
+        let mut deadline = None;
         loop {
             self.progress()?;
             if self.engine.queued_messages() == 0 {
                 return Ok(());
             }
             self.check_open()?;
-            self.wait_step(deadline, timeout)?;
+            self.wait_step(&mut deadline, timeout)?;
         }
     }
 
@@ -695,25 +703,39 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     pub fn close(&mut self, timeout: Duration) -> Result<(), IoError> {
         self.quiet = None;
         self.engine.close();
-        let deadline = Instant::now() + timeout;
+        // Set by the first wait, from a clock read it needs anyway: a call
+        // that completes at once reads no clock for its deadline.
+        let mut deadline = None;
         loop {
             self.progress()?;
             if self.engine.is_closed() && !self.engine.wants_transmit(self.now()) {
                 return Ok(());
             }
-            self.wait_step(deadline, timeout)?;
+            self.wait_step(&mut deadline, timeout)?;
         }
     }
 
     /// One round of progress; past the deadline, a timeout. Spins while
     /// packets move and yields the CPU when idle.
-    fn wait_step(&mut self, deadline: Instant, timeout: Duration) -> Result<(), IoError> {
+    fn wait_step(
+        &mut self,
+        deadline: &mut Option<Instant>,
+        timeout: Duration,
+    ) -> Result<(), IoError> {
         // While idle, read the clock every few rounds only: a round is a few
         // hundred nanoseconds and the engine's timers are milliseconds.
+        // The first wait of a call reads the clock afresh: the caller may
+        // have been away since the last idle round.
         let instant = match self.idle_clock {
-            Some(instant) if !self.idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS) => instant,
+            Some(instant)
+                if deadline.is_some()
+                    && !self.idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS) =>
+            {
+                instant
+            }
             _ => Instant::now(),
         };
+        let deadline = *deadline.get_or_insert(instant + timeout);
         let moved = self.progress_at(instant)?;
         if instant >= deadline {
             return Err(IoError::Timeout { after: timeout });
