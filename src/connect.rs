@@ -419,6 +419,7 @@ pub fn connect(
     options: &ConnectOptions,
 ) -> Result<Connection, ConnectError> {
     let decision = choose_path(peer, options)?;
+    tracing::info!(path = %decision.path, reason = %decision.reason, ?role, "path chosen");
     let failed = |detail: String| ConnectError::Setup {
         decision: decision.clone(),
         detail,

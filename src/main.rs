@@ -37,7 +37,35 @@ enum Command {
     BenchPeer(cli::bench_procs::PeerPlan),
 }
 
+/// Logs to stderr as `BARLINK_LOG` says: a level (`debug`), or targets
+/// with levels (`barlink_transport=debug,barlink_rdma=trace`). Unset: only
+/// warnings and errors. A value that does not parse is reported and
+/// ignored, never fatal.
+fn init_logging() {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
+    let filter = match std::env::var("BARLINK_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => match spec.parse::<Targets>() {
+            Ok(targets) => targets,
+            Err(error) => {
+                eprintln!(
+                    "barlink: BARLINK_LOG={spec:?} is not a log filter ({error}); use e.g. debug or barlink_transport=debug"
+                );
+                Targets::new().with_default(LevelFilter::WARN)
+            }
+        },
+        _ => Targets::new().with_default(LevelFilter::WARN),
+    };
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    tracing_subscriber::registry()
+        .with(layer.with_filter(filter))
+        .init();
+}
+
 fn main() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Bench(args) => cli::bench::run(&args),

@@ -341,3 +341,35 @@ fn doctor_on_this_machine_says_what_it_found() {
     let doc: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
     assert!(doc.is_object());
 }
+
+/// `BARLINK_LOG` filters the log on stderr (stdout stays the report); a
+/// filter that does not parse is reported and ignored, never fatal.
+#[test]
+fn barlink_log_filters_the_log_on_stderr() {
+    let run = |filter: &str| {
+        Command::new(env!("CARGO_BIN_EXE_barlink"))
+            .args(["bench", "--json", "--sizes", "4K", "--windows", "1"])
+            .args([
+                "--bytes-per-window",
+                "1M",
+                "--lat-iters",
+                "10",
+                "--paths",
+                "barlink",
+            ])
+            .env("BARLINK_LOG", filter)
+            .output()
+            .expect("the barlink binary runs")
+    };
+    let output = run("barlink_transport=info");
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("memfd rings exchanged"), "{stderr}");
+    assert!(json_rows(&output).iter().all(|r| r["path"] == "barlink"));
+    let quiet = run("warn");
+    assert!(quiet.status.success(), "{quiet:?}");
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("INFO"));
+    let bad = run("barlink_transport=[");
+    assert!(bad.status.success(), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a log filter"));
+}

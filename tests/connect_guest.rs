@@ -40,7 +40,9 @@ fn ivshmem() -> [String; 4] {
     let list = std::env::var("BARLINK_VM_IVSHMEM")
         .unwrap_or_else(|_| "0000:00:10.0,0000:00:11.0,0000:00:12.0,0000:00:13.0".into());
     let devices: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
-    devices.try_into().expect("BARLINK_VM_IVSHMEM: four addresses")
+    devices
+        .try_into()
+        .expect("BARLINK_VM_IVSHMEM: four addresses")
 }
 
 /// Memory decoding on, for a mapping through sysfs: a device that vfio-pci

@@ -471,6 +471,12 @@ impl<B: AsRef<[u8]>> Sender<B> {
                 });
             }
             entry.queued = true;
+            tracing::debug!(
+                seq,
+                transmissions = entry.transmissions,
+                rto_us = self.rtt.rto.as_micros() as u64,
+                "retransmission timer fired"
+            );
             self.retransmit_queue
                 .push_back((seq, RetransmitCause::Timeout));
         }

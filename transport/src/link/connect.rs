@@ -212,5 +212,13 @@ fn exchange(
         }
     };
     let peer = ShmWindow::from_fd(peer_fd)?;
+    tracing::info!(
+        name,
+        ?role,
+        own_len = own.len(),
+        peer_len = peer.len(),
+        mtu = config.engine.mtu,
+        "memfd rings exchanged"
+    );
     Ok((own, peer))
 }

@@ -524,6 +524,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             }
             Err(error) => {
                 let detail = error.detail().to_string();
+                tracing::warn!(%detail, "link medium failed; the link stops");
                 self.medium_error = Some(detail.clone());
                 Err(IoError::Medium(detail))
             }
@@ -567,10 +568,28 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             match event {
                 Event::SendComplete { .. } => self.completed += 1,
                 Event::SendFailed { error, .. } => {
+                    tracing::warn!(%error, "a send failed");
                     self.closed.get_or_insert(error);
                 }
-                Event::Closed { reason } => self.closed = Some(reason),
-                Event::Message { .. } | Event::Connected { .. } | Event::PeerRestarted { .. } => {}
+                Event::Closed { reason } => {
+                    match &reason {
+                        LinkError::LocalClose | LinkError::PeerClosed => {
+                            tracing::debug!(%reason, "link closed")
+                        }
+                        _ => tracing::warn!(%reason, "link closed"),
+                    }
+                    self.closed = Some(reason);
+                }
+                Event::Connected { peer_epoch } => {
+                    tracing::debug!(epoch = self.engine.epoch(), peer_epoch, "session up");
+                }
+                Event::PeerRestarted {
+                    old_epoch,
+                    new_epoch,
+                } => {
+                    tracing::info!(old_epoch, new_epoch, "peer restarted: a new session");
+                }
+                Event::Message { .. } => {}
             }
         }
     }

@@ -151,6 +151,11 @@ pub fn create_named_ring(
                     owner_pid: stale.owner_pid,
                 });
             }
+            tracing::warn!(
+                path = %stale.path.display(),
+                owner_pid = stale.owner_pid,
+                "reclaiming a ring file left by a process that no longer runs"
+            );
             std::fs::remove_file(&stale.path).map_err(|error| SetupError::Io {
                 operation: "removing a stale ring file",
                 error,
@@ -198,6 +203,7 @@ pub fn connect_named<B: AsRef<[u8]>>(
         }
         waited(deadline, options.setup_timeout, &mut refusal)?;
     };
+    tracing::info!(name, ?side, "ring files paired");
     RingLink::new(own, peer, options.engine.clone(), 1)
 }
 
@@ -277,5 +283,6 @@ pub fn pair_windows<W: Window, B: AsRef<[u8]>>(
         }
         waited(deadline, timeout, &mut refusal)?;
     }
+    tracing::info!(peer = %place.display(), "windows paired");
     RingLink::new(own, peer, engine, 1)
 }
