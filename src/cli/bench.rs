@@ -25,6 +25,10 @@ use serde_json::json;
 
 use super::{CommandError, Status, bench_procs, human_size, parse_size};
 
+/// `--rdma`: between two machines, against perftest (src/cli/bench_rdma.rs).
+#[path = "bench_rdma.rs"]
+mod rdma;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
     On,
@@ -99,6 +103,8 @@ pub struct BenchArgs {
         env = "BARLINK_PATHS"
     )]
     paths: Vec<bench_procs::ProcPath>,
+    #[command(flatten)]
+    rdma: rdma::RdmaArgs,
 }
 
 /// One row of results.
@@ -217,6 +223,9 @@ fn messages_per_window(plan: &Plan, size: usize) -> usize {
 }
 
 pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
+    if args.rdma.enabled {
+        return rdma::run(args);
+    }
     let plan = args.plan()?;
     let max_size = *plan.sizes.iter().max().expect("checked non-empty");
     let config = args.engine_config(max_size);
