@@ -25,7 +25,8 @@
 //! length must fit a slot), hands the slot to the engine, reposts a
 //! zero-length receive, and from time to time writes how many packets it
 //! has consumed into the sender's credit word (an 8-byte RDMA WRITE,
-//! inline where the device allows). The sender may have at most `N`
+//! inline where the device allows; see [`encode_credit`] for its format).
+//! The sender may have at most `N`
 //! packets unconsumed; a staging slot is reused only after the peer
 //! consumed the packet written from it, which implies the write that read
 //! it completed.
@@ -52,6 +53,32 @@ pub const CREDIT_OFFSET: usize = 0;
 pub const SLOT_ALIGN: usize = 64;
 /// Most slots a ring may have (the hello refuses more).
 pub const MAX_SLOTS: u32 = 1 << 16;
+
+/// The credit word as the receiver writes it: the consumed count modulo
+/// 2³², in both halves of the 8-byte word.
+///
+/// Why twice: the word is placed by the peer's adapter, and nothing
+/// guarantees that an 8-byte RDMA WRITE lands in one piece — soft-RoCE
+/// copies it with the kernel's `memcpy` (byte by byte under emulation),
+/// and a device may split it. A load that races the placement can see
+/// some bytes of the old count and some of the new. A copy in address
+/// order (either direction) always leaves the two halves unequal when it
+/// tears between values that differ, so [`decode_credit`] tells a torn
+/// word from a whole one, and the sender keeps its last credit until a
+/// whole word is there. 32 bits suffice: at most [`MAX_SLOTS`] packets are
+/// ever unconsumed, so the sender extends the count from what it knew.
+pub fn encode_credit(consumed: u64) -> u64 {
+    let count = u64::from(consumed as u32);
+    count | (count << 32)
+}
+
+/// The consumed count (modulo 2³²) in a credit word, or `None` when its
+/// halves differ: a word read while the adapter was still placing it (or
+/// garbage). See [`encode_credit`].
+pub fn decode_credit(word: u64) -> Option<u32> {
+    let (low, high) = (word as u32, (word >> 32) as u32);
+    (low == high).then_some(low)
+}
 
 /// The shape of a receive ring: `slots` slots of `slot_size` bytes after
 /// [`CONTROL_LEN`] bytes of control.
@@ -204,8 +231,11 @@ pub trait PacketQueue {
         signaled: bool,
     ) -> Result<(), QueueError>;
 
-    /// Posts an RDMA WRITE of `value` (8 bytes, little-endian) into the
-    /// peer's credit word. Unsignaled unless `signaled`.
+    /// Posts an RDMA WRITE of `value` (8 bytes, little-endian; already in
+    /// the format of [`encode_credit`]) into the peer's credit word.
+    /// Unsignaled unless `signaled`. The bytes must be captured by the time
+    /// this returns (inline data, or a source that stays unchanged until the
+    /// request completes).
     fn post_credit(&mut self, wr_id: u64, value: u64, signaled: bool) -> Result<(), QueueError>;
 
     /// Posts `count` zero-length receives (each consumed by one write with
@@ -292,6 +322,7 @@ pub fn rdma_link<Q: PacketQueue>(
 
 /// What the medium itself did, beside the engine's statistics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RdmaStats {
     /// RDMA WRITE WITH IMM posted (one per packet).
     pub writes_posted: u64,
@@ -307,6 +338,9 @@ pub struct RdmaStats {
     pub ring_full: u64,
     /// Rounds in which the sender had a packet but the send queue was full.
     pub send_queue_full: u64,
+    /// Reads of the credit word that caught the peer's write half placed
+    /// (halves unequal): the last credit stood until a whole word was there.
+    pub torn_credit_reads: u64,
 }
 
 /// The RDMA medium: packets as RDMA WRITE WITH IMM into the peer's ring,
@@ -394,8 +428,9 @@ impl<Q: PacketQueue> RdmaMedium<Q> {
             credit: 0,
             wr_posted: 0,
             wr_done: 0,
-            // At least one signaled request among any (depth - 1) / 2 in a row,
-            // so a full send queue always has a completion coming.
+            // Every ((depth - 1) / 4)-th request is signaled, so among the at
+            // most depth - 1 data writes (or depth requests) outstanding at
+            // least one is: a full send queue always has a completion coming.
             signal_every: ((sq_depth - 1) / 4).max(1),
             sq_depth,
             stats: RdmaStats::default(),
@@ -459,28 +494,37 @@ impl<Q: PacketQueue> RdmaMedium<Q> {
         Ok(())
     }
 
-    /// Reads the peer's consumed count from the credit word and checks it.
+    /// Reads the peer's consumed count from the credit word and checks it:
+    /// a torn word (halves unequal, see [`encode_credit`]) leaves the last
+    /// credit in force; a whole one must lie between the last credit and
+    /// the packets sent (so it never goes backwards, nor past what was
+    /// sent: at most [`MAX_SLOTS`] are unconsumed, far below 2³²).
     fn read_credit(&mut self) -> Result<u64, MediumError> {
-        let credit = self
+        let word = self
             .queue
             .receive_region()
             .load_u64(CREDIT_OFFSET, Ordering::Acquire)
             .map_err(|e| MediumError::new(format_args!("reading the credit word: {e}")))?;
-        if credit < self.credit || credit > self.sent {
+        let Some(count) = decode_credit(word) else {
+            self.stats.torn_credit_reads += 1;
+            return Ok(self.credit);
+        };
+        let ahead = u64::from(count.wrapping_sub(self.credit as u32));
+        if ahead > self.sent - self.credit {
             return Err(MediumError::new(format_args!(
-                "the peer reports {credit} packets consumed, but {} were sent and {} reported before: the peer broke the ring protocol",
+                "the peer reports {count} (mod 2^32) packets consumed, but {} were sent and {} reported before: the peer broke the ring protocol (or runs another barlink version)",
                 self.sent, self.credit
             )));
         }
-        self.credit = credit;
-        Ok(credit)
+        self.credit += ahead;
+        Ok(self.credit)
     }
 
     fn post_credit(&mut self) -> Result<(), MediumError> {
         let wr_id = self.wr_posted;
         let signaled = wr_id % self.signal_every == self.signal_every - 1;
         self.queue
-            .post_credit(wr_id, self.received, signaled)
+            .post_credit(wr_id, encode_credit(self.received), signaled)
             .map_err(MediumError::new)?;
         self.wr_posted += 1;
         self.credit_sent = self.received;
@@ -651,5 +695,61 @@ impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
 
     fn max_packet(&self) -> usize {
         self.remote.slot_size as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a load sees while an adapter copies `new` over `old` byte by
+    /// byte in address order (up or down), stopped after `placed` bytes.
+    fn torn(old: u64, new: u64, placed: usize, upwards: bool) -> u64 {
+        let (old, new) = (old.to_le_bytes(), new.to_le_bytes());
+        let mut seen = old;
+        for i in 0..placed {
+            let at = if upwards { i } else { 7 - i };
+            seen[at] = new[at];
+        }
+        u64::from_le_bytes(seen)
+    }
+
+    #[test]
+    fn a_credit_word_torn_by_an_ordered_copy_is_recognised() {
+        let counts = [
+            0u64,
+            1,
+            0xff,
+            0x100,
+            0xffff,
+            0x1_0000,
+            0xff_ffff,
+            0xffff_ffff,
+            0x1_0000_0000,
+            0x1_2345_6789,
+        ];
+        for &old in &counts {
+            for step in [1u64, 2, 255, 256, 65_536] {
+                let new = old + step;
+                let (w_old, w_new) = (encode_credit(old), encode_credit(new));
+                assert_eq!(decode_credit(w_old), Some(old as u32));
+                assert_eq!(decode_credit(w_new), Some(new as u32));
+                for placed in 0..=8 {
+                    for upwards in [true, false] {
+                        let seen = torn(w_old, w_new, placed, upwards);
+                        // Either a whole value (the old or the new one) or
+                        // recognisably torn: never a third count.
+                        match decode_credit(seen) {
+                            None => {}
+                            Some(c) => assert!(
+                                c == old as u32 || c == new as u32,
+                                "{old:#x} -> {new:#x}, {placed} bytes placed \
+                                 (upwards {upwards}): read as {c:#x}"
+                            ),
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -37,8 +37,9 @@ use crate::link::{MAX_SLOTS, RingShape};
 pub const DEFAULT_PORT: u16 = 18515;
 /// `b"BLRH"` as a little-endian u32.
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"BLRH");
-/// The hello layout this build speaks.
-pub const HELLO_VERSION: u16 = 1;
+/// The hello layout (and link protocol) this build speaks. 2: the credit
+/// word carries the consumed count twice (`link::encode_credit`).
+pub const HELLO_VERSION: u16 = 2;
 /// Bytes of a hello.
 pub const HELLO_LEN: usize = 96;
 /// The byte each side sends once its queue pair is ready for traffic.
@@ -256,7 +257,9 @@ impl Hello {
     }
 
     /// Checks that a peer's hello agrees with this side's on what both
-    /// engines must share (MTU, largest message, CRC).
+    /// engines must share (MTU, largest message, CRC) and on the slot size
+    /// (both sides size slots from the MTU; a peer's larger slots would
+    /// only make this side register a larger staging area for them).
     pub fn check_agreement(&self, peer: &Hello) -> Result<(), OobError> {
         let mismatch = |what, ours: u64, theirs: u64| {
             Err(OobError::BadHello(HelloError::Mismatch {
@@ -281,6 +284,13 @@ impl Hello {
         }
         if self.crc != peer.crc {
             return mismatch("CRC", u64::from(self.crc), u64::from(peer.crc));
+        }
+        if self.ring.slot_size != peer.ring.slot_size {
+            return mismatch(
+                "ring slot size",
+                u64::from(self.ring.slot_size),
+                u64::from(peer.ring.slot_size),
+            );
         }
         Ok(())
     }
@@ -751,10 +761,10 @@ mod tests {
             (
                 resealed({
                     let mut b = hello().encode().to_vec();
-                    b[4] = 2;
+                    b[4] = 1;
                     b
                 }),
-                "hello version 2",
+                "hello version 1, this build 2",
             ),
             (
                 {
@@ -785,6 +795,10 @@ mod tests {
                 "engine MTU differs: 8192 here, 4096 at the peer",
             ),
             (with(|h| h.crc = false), "CRC differs"),
+            (
+                with(|h| h.ring.slot_size = 1 << 20),
+                "ring slot size differs: 8192 here, 1048576 at the peer",
+            ),
             (
                 resealed({
                     let mut b = hello().encode().to_vec();

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use barlink_transport::crc::Crc32c;
 use barlink_transport::window::{Window, WindowError};
 
 use crate::error::RdmaError;
@@ -894,9 +895,12 @@ impl RemoteRegion {
     /// the region's length (so that a bad offset fails here, not as a
     /// remote access error that kills the QP).
     pub fn at(&self, offset: u64, len: usize) -> Result<RemoteAddr, RdmaError> {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= self.len => Ok(RemoteAddr {
-                addr: self.addr + offset,
+        // The fields are the peer's: the address may be anything, so its
+        // sum with the offset is checked too (no overflow panic or wrap).
+        let addr = self.addr.checked_add(offset);
+        match (offset.checked_add(len as u64), addr) {
+            (Some(end), Some(addr)) if end <= self.len => Ok(RemoteAddr {
+                addr,
                 rkey: self.rkey,
             }),
             _ => Err(RdmaError::InvalidArgument {
@@ -1115,9 +1119,25 @@ impl RegisteredMemory {
         self.mr.remote()
     }
 
+    fn access(&self) -> Accessor<'_> {
+        self.map.accessor(self.len)
+    }
+}
+
+/// The accessors of a mapping's first `len` bytes: copies and 64-bit
+/// atomics through raw pointers, every range checked. No `&[u8]` into the
+/// mapping is ever formed (the device writes it at any time).
+struct Accessor<'a> {
+    map: &'a AnonMap,
+    len: usize,
+}
+
+impl Accessor<'_> {
+    /// A pointer to `offset`, with `offset..offset + len` checked to lie
+    /// within the window.
     fn at(&self, offset: usize, len: usize) -> Result<*mut u8, WindowError> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => {
+            Some(end) if end <= self.len && self.len <= self.map.mapped_len => {
                 // SAFETY: `offset <= self.len <= mapped_len`, so the pointer
                 // stays within (or one past) the live mapping.
                 Ok(unsafe { self.map.base.as_ptr().add(offset) })
@@ -1139,15 +1159,10 @@ impl RegisteredMemory {
             });
         }
         // SAFETY: in bounds and 8-byte aligned (checked above), live as long
-        // as `self`; every access this type makes to a word is atomic, and
-        // the device writing it concurrently is what `AtomicU64` permits.
+        // as the mapping (borrowed for the accessor's lifetime); every access
+        // this type makes to a word is atomic, and the device writing it
+        // concurrently is what `AtomicU64` permits.
         Ok(unsafe { AtomicU64::from_ptr(p) })
-    }
-}
-
-impl Window for RegisteredMemory {
-    fn len(&self) -> usize {
-        self.len
     }
 
     fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
@@ -1169,6 +1184,60 @@ impl Window for RegisteredMemory {
         Ok(())
     }
 
+    fn write_crc(&self, offset: usize, src: &[u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+        let dst = self.at(offset, src.len())?;
+        // SAFETY: `Crc32c::copy_into`'s contract: the destination lies
+        // within the live mapping (checked by `at`) and stays mapped for
+        // the call (borrowed); it cannot overlap `src`, a separate Rust
+        // slice; no reference into the mapping exists (none is ever formed).
+        unsafe { crc.copy_into(src, dst) };
+        Ok(())
+    }
+
+    fn read_crc(&self, offset: usize, dst: &mut [u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+        let src = self.at(offset, dst.len())?;
+        // SAFETY: `Crc32c::copy_from`'s contract: the source lies within the
+        // live mapping (checked by `at`) and stays mapped for the call; it
+        // cannot overlap `dst`, an exclusive Rust slice; no `&mut` into the
+        // mapping exists. The device may write the source meanwhile: the
+        // CRC is of the bytes as they landed in `dst`.
+        unsafe { crc.copy_from(src, dst) };
+        Ok(())
+    }
+}
+
+impl AnonMap {
+    fn accessor(&self, len: usize) -> Accessor<'_> {
+        Accessor { map: self, len }
+    }
+}
+
+impl Window for RegisteredMemory {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
+        self.access().write(offset, src)
+    }
+
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
+        self.access().read(offset, dst)
+    }
+
+    /// One pass: each piece of `src` is loaded once, stored into the
+    /// registered memory and folded into the CRC (the transport's fused
+    /// kernel, as its own windows use).
+    fn write_crc(&self, offset: usize, src: &[u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+        self.access().write_crc(offset, src, crc)
+    }
+
+    /// One pass, and the CRC is of the bytes as they landed in `dst` even
+    /// if the device writes the source meanwhile.
+    fn read_crc(&self, offset: usize, dst: &mut [u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+        self.access().read_crc(offset, dst, crc)
+    }
+
     fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
         if matches!(order, Ordering::Release | Ordering::AcqRel) {
             return Err(WindowError::InvalidOrdering {
@@ -1176,7 +1245,7 @@ impl Window for RegisteredMemory {
                 ordering: order,
             });
         }
-        Ok(self.word(offset)?.load(order))
+        Ok(self.access().word(offset)?.load(order))
     }
 
     fn store_u64(&self, offset: usize, value: u64, order: Ordering) -> Result<(), WindowError> {
@@ -1186,7 +1255,7 @@ impl Window for RegisteredMemory {
                 ordering: order,
             });
         }
-        self.word(offset)?.store(value, order);
+        self.access().word(offset)?.store(value, order);
         Ok(())
     }
 
@@ -1196,7 +1265,7 @@ impl Window for RegisteredMemory {
         value: u64,
         order: Ordering,
     ) -> Result<u64, WindowError> {
-        Ok(self.word(offset)?.fetch_add(value, order))
+        Ok(self.access().word(offset)?.fetch_add(value, order))
     }
 }
 
@@ -1500,10 +1569,14 @@ impl CompletionQueue {
             // SAFETY: the CQ is live; `raw` has room for `want` entries of
             // the layout the provider writes.
             let n = unsafe { poll_cq(self.inner.raw.as_ptr(), want as c_int, raw.as_mut_ptr()) };
-            if n < 0 {
-                return Err(RdmaError::verbs("ibv_poll_cq", -n));
-            }
-            let n = n as usize;
+            // A negative return is a provider error code, not an errno
+            // (mlx5 returns -2 for any failure): report EIO, not "ENOENT".
+            let Ok(n) = usize::try_from(n) else {
+                return Err(RdmaError::verbs("ibv_poll_cq", libc::EIO));
+            };
+            // The provider wrote at most `want` entries; a larger count
+            // (a broken provider) must not index beyond them.
+            let n = n.min(want);
             for (dst, wc) in out[filled..].iter_mut().zip(&raw[..n]) {
                 *dst = WorkCompletion::from_raw(wc);
             }
@@ -2171,6 +2244,46 @@ mod tests {
         );
     }
 
+    /// The accessors behind `RegisteredMemory`'s `Window` (no device
+    /// needed: the same code over the same kind of mapping).
+    #[test]
+    fn registered_memory_accessors_check_ranges_and_crc_in_one_pass() {
+        use barlink_transport::crc::crc32c;
+        let map = AnonMap::new(10_000, false).unwrap();
+        assert!(map.mapped_len >= 10_000);
+        let w = map.accessor(10_000);
+        let data: Vec<u8> = (0..9_000u32).map(|i| (i * 31 + i / 7) as u8).collect();
+        // One-pass copy + CRC, both ways, at an odd offset.
+        let mut crc = Crc32c::new();
+        w.write_crc(123, &data, &mut crc).unwrap();
+        assert_eq!(crc.finish(), crc32c(&data));
+        let mut back = vec![0u8; data.len()];
+        let mut crc = Crc32c::new();
+        w.read_crc(123, &mut back, &mut crc).unwrap();
+        assert_eq!(back, data);
+        assert_eq!(crc.finish(), crc32c(&data));
+        // Ranges: the logical length bounds, not the (larger) mapping.
+        let mut crc = Crc32c::new();
+        assert!(matches!(
+            w.write_crc(1_001, &data, &mut crc),
+            Err(WindowError::OutOfBounds { .. })
+        ));
+        assert!(w.read(9_999, &mut [0u8; 2]).is_err());
+        assert!(w.read(usize::MAX, &mut [0u8; 1]).is_err());
+        assert!(w.write(10_000, &[]).is_ok());
+        assert!(w.write(10_001, &[]).is_err());
+        // Words: aligned and in range.
+        assert!(matches!(w.word(4), Err(WindowError::Misaligned { .. })));
+        assert!(w.word(9_992).is_ok());
+        assert!(w.word(9_996).is_err());
+        w.word(8)
+            .unwrap()
+            .store(0x0102_0304_0506_0708, Ordering::Release);
+        let mut bytes = [0u8; 8];
+        w.read(8, &mut bytes).unwrap();
+        assert_eq!(u64::from_le_bytes(bytes), 0x0102_0304_0506_0708);
+    }
+
     #[test]
     fn remote_region_checks_bounds() {
         let r = RemoteRegion {
@@ -2187,5 +2300,13 @@ mod tests {
         );
         assert!(r.at(10, 91).is_err());
         assert!(r.at(u64::MAX, 1).is_err());
+        // A peer's region whose address would wrap: an error, not a panic.
+        let high = RemoteRegion {
+            addr: u64::MAX - 10,
+            rkey: 5,
+            len: 100,
+        };
+        assert!(high.at(5, 1).is_ok());
+        assert!(high.at(20, 1).is_err());
     }
 }

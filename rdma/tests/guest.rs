@@ -235,7 +235,10 @@ fn guest_rc_loopback_write_with_imm_sizes() {
         let data = pattern(len, i as u8);
         // A different offset each time, so stale bytes cannot pass.
         let off = (i * 7) % 4096;
-        src.write(off, &data).unwrap();
+        // Staged with the one-pass copy + CRC (as the link stages packets).
+        let mut crc_out = barlink_transport::crc::Crc32c::new();
+        src.write_crc(off, &data, &mut crc_out).unwrap();
+        assert_eq!(crc_out.finish(), barlink_transport::crc::crc32c(&data));
         p.b.post_recv(1000 + i as u64, None).unwrap();
         let imm = 0xC0DE_0000 | i as u32;
         p.a.post_write_imm(
@@ -259,6 +262,12 @@ fn guest_rc_loopback_write_with_imm_sizes() {
         let mut back = vec![0u8; len];
         dst.read(off, &mut back).unwrap();
         assert!(back == data, "{len} bytes at {off}: the data differs");
+        // And read back out of what the adapter placed, CRC in the same pass.
+        let mut again = vec![0u8; len];
+        let mut crc_in = barlink_transport::crc::Crc32c::new();
+        dst.read_crc(off, &mut again, &mut crc_in).unwrap();
+        assert!(again == data, "{len} bytes at {off}: read_crc differs");
+        assert_eq!(crc_in.finish(), crc_out.finish(), "{len} bytes: CRC");
     }
 }
 

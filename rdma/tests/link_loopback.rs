@@ -469,3 +469,87 @@ fn setup_refuses_what_cannot_work() {
         }
     ));
 }
+
+/// The credit word is placed by the peer's adapter, which may land its 8
+/// bytes in pieces: a read that races it sees some bytes old, some new.
+/// Such a word is recognised (its halves differ), counted and skipped —
+/// the last credit stands — instead of ending the link (or, worse, being
+/// taken as a larger credit than the peer gave). A whole word that claims
+/// more than was sent, or less than before, still ends it.
+#[test]
+fn torn_credit_words_are_skipped_and_bogus_ones_refused() {
+    use barlink_rdma::link::{CREDIT_OFFSET, decode_credit, encode_credit};
+    use barlink_transport::window::Window;
+    use std::sync::atomic::Ordering;
+
+    let config = config();
+    let (mut a, mut b) = pair_of_links(&config);
+    let deliver = |a: &mut RdmaLink<LoopbackQueue>, b: &mut RdmaLink<LoopbackQueue>, n: u64| {
+        for i in 0..n {
+            a.send(message(5, i, 4096)).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = 0;
+        while got < n {
+            a.progress().unwrap();
+            if let Some(data) = b.try_recv().unwrap() {
+                assert_eq!(data, message(5, got, 4096));
+                got += 1;
+            }
+            assert!(Instant::now() < deadline, "got {got} of {n}");
+        }
+        // Until the credit of everything has come back.
+        while a
+            .medium()
+            .queue()
+            .receive_region()
+            .load_u64(CREDIT_OFFSET, Ordering::Acquire)
+            != Ok(encode_credit(a.medium().stats().writes_posted))
+        {
+            a.progress().unwrap();
+            b.progress().unwrap();
+            assert!(Instant::now() < deadline, "credit never came back");
+        }
+        // ... and `a` has read it.
+        a.progress().unwrap();
+    };
+    deliver(&mut a, &mut b, 40);
+    let credit_word = |a: &RdmaLink<LoopbackQueue>| {
+        a.medium()
+            .queue()
+            .receive_region()
+            .load_u64(CREDIT_OFFSET, Ordering::Acquire)
+            .unwrap()
+    };
+    let whole = credit_word(&a);
+    let count = decode_credit(whole).expect("the peer writes whole words");
+    assert!(count > 0);
+
+    // Torn between `count` and `count + 1`, the low half landed first.
+    let torn = u64::from(count + 1) | (u64::from(count) << 32);
+    assert_eq!(decode_credit(torn), None);
+    let store = |a: &RdmaLink<LoopbackQueue>, word: u64| {
+        a.medium()
+            .queue()
+            .receive_region()
+            .store_u64(CREDIT_OFFSET, word, Ordering::Release)
+            .unwrap();
+    };
+    store(&a, torn);
+    a.progress().expect("a torn credit word is not fatal");
+    assert!(a.medium().stats().torn_credit_reads >= 1);
+    // The link goes on: the peer's next credit write is whole again.
+    deliver(&mut a, &mut b, 200);
+
+    // Whole words that break the protocol end the link.
+    let beyond: fn(u32) -> u32 = |c| c.wrapping_add(1000);
+    let backwards: fn(u32) -> u32 = |c| c.wrapping_sub(1);
+    for (what, bogus) in [("beyond what was sent", beyond), ("backwards", backwards)] {
+        let (mut a, mut b) = pair_of_links(&config);
+        deliver(&mut a, &mut b, 10);
+        let count = decode_credit(credit_word(&a)).unwrap();
+        store(&a, encode_credit(u64::from(bogus(count))));
+        let error = a.progress().expect_err(what).to_string();
+        assert!(error.contains("broke the ring protocol"), "{what}: {error}");
+    }
+}

@@ -63,10 +63,26 @@ impl Crc32c {
     /// the checksum — in one pass where the CPU allows (each vector loaded
     /// once, stored, folded), else a copy and then the CRC of `src`.
     ///
+    /// This is the kernel behind the transport's own windows'
+    /// [`Window::write_crc`](crate::window::Window::write_crc); it is public
+    /// so that windows in other crates (RDMA registered memory, BARs) can
+    /// copy and checksum in one pass too.
+    ///
     /// # Safety
-    /// `dst` must be writable for `src.len()` bytes and not overlap `src`.
+    /// - `dst` must be valid for writes of `src.len()` bytes for the whole
+    ///   call (mapped, writable, and not freed or unmapped meanwhile);
+    /// - `dst..dst + src.len()` must not overlap `src`;
+    /// - no Rust reference (`&`/`&mut`) to any byte of the destination may
+    ///   be live during the call. A device or another process reading the
+    ///   destination meanwhile is allowed: it may see some bytes old and
+    ///   some new, as with any copy.
+    ///
+    /// The bytes are written with ordinary (non-volatile, possibly vector)
+    /// stores in unspecified order and size; no ordering against later
+    /// stores is implied (publish with a fence and a `Release` store, as
+    /// [`Window`](crate::window::Window) describes).
     #[allow(unsafe_code)]
-    pub(crate) unsafe fn copy_into(&mut self, src: &[u8], dst: *mut u8) {
+    pub unsafe fn copy_into(&mut self, src: &[u8], dst: *mut u8) {
         #[cfg(target_arch = "x86_64")]
         if x86::available() && !crc_fast_is_wider() {
             // SAFETY: features checked just above; `src` is a live slice,
@@ -83,10 +99,21 @@ impl Crc32c {
     /// as they landed in `dst` into the checksum, in one pass where the CPU
     /// allows.
     ///
+    /// The checksum is always that of `dst` after the call, even when the
+    /// source changes during it (each piece is loaded once, and the loaded
+    /// value is both stored and folded): a packet torn by a concurrent
+    /// writer fails its CRC instead of passing on bytes it was not taken
+    /// over. Public for the same reason as [`Crc32c::copy_into`].
+    ///
     /// # Safety
-    /// `src` must be readable for `dst.len()` bytes and not overlap `dst`.
+    /// - `src` must be valid for reads of `dst.len()` bytes for the whole
+    ///   call (mapped and not unmapped meanwhile);
+    /// - `src..src + dst.len()` must not overlap `dst`;
+    /// - no `&mut` reference to any byte of the source may be live during
+    ///   the call. A device or another process writing the source
+    ///   meanwhile is allowed (see above).
     #[allow(unsafe_code)]
-    pub(crate) unsafe fn copy_from(&mut self, src: *const u8, dst: &mut [u8]) {
+    pub unsafe fn copy_from(&mut self, src: *const u8, dst: &mut [u8]) {
         #[cfg(target_arch = "x86_64")]
         if x86::available() && !crc_fast_is_wider() {
             // SAFETY: features checked just above; `dst` is a live
