@@ -580,7 +580,7 @@ pub(crate) fn parse_write_bw(output: &str, size: usize) -> Option<f64> {
         let Some(scale) = scale else { continue };
         let fields: Vec<&str> = line.split_whitespace().collect();
         if fields.len() >= 4 && fields[0].parse::<usize>() == Ok(size) {
-            let average: f64 = fields[3].parse().ok()?;
+            let average: f64 = fields[3].parse().ok().filter(|v: &f64| v.is_finite())?;
             return Some(average * scale);
         }
     }
@@ -600,7 +600,13 @@ pub(crate) fn parse_write_lat(output: &str, size: usize) -> Option<(f64, f64)> {
         let Some(typical) = typical else { continue };
         let fields: Vec<&str> = line.split_whitespace().collect();
         if fields.len() >= 3 && fields[0].parse::<usize>() == Ok(size) {
-            let number = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+            // perftest prints "nan" where its cycle counter failed it
+            let number = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|f| f.parse::<f64>().ok())
+                    .filter(|v| v.is_finite())
+            };
             return if typical {
                 Some((number(4)?, number(7).or(number(3))?))
             } else {
@@ -1399,6 +1405,10 @@ mod tests {
         let average =
             " #bytes        #iterations       t_avg[usec]    tps average\n 64  100  12.5  80000\n";
         assert_eq!(parse_write_lat(average, 64), Some((12.5, 12.5)));
+        let nan = WRITE_LAT
+            .replace("402.12", "nan")
+            .replace("1900.00", "-nan");
+        assert_eq!(parse_write_lat(&nan, 4096), None);
     }
 
     #[test]
