@@ -20,6 +20,7 @@ barlink-vfio  guest
 barlink-rdma  guest
 barlink-rdma  guest_link
 barlink       rdma_guest
+barlink       connect_guest
 "
 # The second phase: two guests wired by a QEMU socket netdev (server
 # 10.0.2.15, client 10.0.2.16). Each of these targets runs in both as
@@ -465,7 +466,7 @@ boot_guest() {
         -machine q35,kernel-irqchip=split -device intel-iommu,intremap=on
         -nodefaults -display none -monitor none -serial stdio -no-reboot -nic none
         -kernel "$KERNEL" -initrd "$INITRD"
-        -append "console=ttyS0 intel_iommu=on loglevel=4 panic=-1 random.trust_cpu=on vmtest.tmo=$TEST_TIMEOUT vmtest.rdma=$RDMA"
+        -append "console=ttyS0 intel_iommu=on loglevel=4 panic=-1 random.trust_cpu=on cryptomgr.notests vmtest.tmo=$TEST_TIMEOUT vmtest.rdma=$RDMA"
         -fsdev "local,id=bins,path=$RUN/share,security_model=none,readonly=on"
         -device virtio-9p-pci,fsdev=bins,mount_tag=vmbins,addr=0x08
         -fsdev "local,id=out,path=$RUN/out,security_model=none"
