@@ -749,3 +749,29 @@ fn a_held_acknowledgement_goes_out_by_the_ack_deadline() {
         Some(Event::SendComplete { .. })
     ));
 }
+
+/// A path whose round trip (60 ms) is longer than the first retransmission
+/// timeout (20 ms): the timer fires, backs off and stays backed off until a
+/// packet sent once is acknowledged, so after a few spurious
+/// retransmissions the timeout sits above the round trip. Without the
+/// backoff every packet would be sent twice: Karn's rule takes no samples
+/// from retransmitted packets, so the timeout would never learn.
+#[test]
+fn a_round_trip_longer_than_the_first_timeout_stops_causing_retransmissions() {
+    let faults = Faults {
+        latency: Duration::from_millis(30),
+        ..Faults::none()
+    };
+    let mut pair = pair(faults, 7);
+    let message = vec![0x42u8; 100];
+    for _ in 0..40 {
+        pair.transfer(&message, 1, |data| assert_eq!(data, &message[..]))
+            .unwrap();
+    }
+    let stats = pair.a.stats().clone();
+    assert!(
+        stats.retransmits_timeout <= 4,
+        "timer retransmissions did not stop: {stats:?}"
+    );
+    assert_eq!(pair.b.stats().messages_delivered, 40);
+}

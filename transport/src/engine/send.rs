@@ -94,6 +94,15 @@ impl RttEstimator {
         self.rto = rto.clamp(config.min_rto, config.max_rto);
     }
 
+    /// A retransmission timer fired: the timeout doubles until a packet
+    /// sent once is acknowledged and gives a fresh sample (RFC 6298 5.5).
+    /// Without it, a timeout set below the path's round trip would fire
+    /// for every packet, and Karn's rule (no samples from retransmitted
+    /// packets) would keep it there.
+    fn back_off(&mut self, config: &EngineConfig) {
+        self.rto = self.rto.saturating_mul(2).min(config.max_rto);
+    }
+
     /// The timeout for a packet's `transmissions`-th transmission: doubled
     /// for each earlier one, up to `max_rto`.
     fn backed_off(&self, transmissions: u32, config: &EngineConfig) -> Duration {
@@ -449,6 +458,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
     /// Queues packets whose acknowledgement is overdue. Fails when one has
     /// been sent `max_transmissions` times without getting through.
     pub(super) fn on_timeout(&mut self, now: Time, config: &EngineConfig) -> Result<(), LinkError> {
+        let mut fired = false;
         while let Some(&Reverse((deadline, seq, xmit))) = self.timers.peek() {
             if deadline > now {
                 break;
@@ -479,6 +489,11 @@ impl<B: AsRef<[u8]>> Sender<B> {
             );
             self.retransmit_queue
                 .push_back((seq, RetransmitCause::Timeout));
+            fired = true;
+        }
+        if fired {
+            // Once per expiry, however many packets it covered.
+            self.rtt.back_off(config);
         }
         Ok(())
     }
