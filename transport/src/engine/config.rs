@@ -65,11 +65,14 @@ impl Default for EngineConfig {
             recv_window: 256,
             send_queue_limit: 4096,
             // Round trips on a ring are microseconds, but a process can be
-            // descheduled for milliseconds: a floor of 5 ms keeps such stalls
-            // from looking like loss. Corruption is resent on NAK, at once,
-            // whatever the timer.
+            // descheduled for milliseconds (a time slice on a busy core is
+            // several): a floor of 20 ms keeps such stalls from looking like
+            // loss — with 5 ms, 16 MiB messages between two busy processes
+            // saw whole windows resent. Corruption is resent on NAK, at once,
+            // whatever the timer; the timer is the last resort for a packet
+            // that vanished.
             initial_rto: Duration::from_millis(20),
-            min_rto: Duration::from_millis(5),
+            min_rto: Duration::from_millis(20),
             max_rto: Duration::from_secs(1),
             max_transmissions: 32,
             ack_every: 32,

@@ -563,8 +563,14 @@ impl Receiver {
         let useful = buf.capacity() as u64 <= config.max_message_len.max(1 << 20);
         let window_bytes = config.recv_window as usize * config.mtu;
         let spare_bytes: usize = self.spare_buffers.iter().map(Vec::capacity).sum();
-        let room = spare_bytes + buf.capacity() <= SPARE_WINDOWS * window_bytes
-            && self.spare_buffers.len() < SPARE_WINDOWS * config.recv_window as usize;
+        // One spare is kept whatever its size (a message that large just
+        // arrived, so its memory was spent anyway): a caller moving
+        // messages larger than the window would otherwise get a freshly
+        // allocated buffer for each, and the page faults of 16 MiB stall
+        // the receiver for longer than the sender's retransmission timer.
+        let room = self.spare_buffers.is_empty()
+            || (spare_bytes + buf.capacity() <= SPARE_WINDOWS * window_bytes
+                && self.spare_buffers.len() < SPARE_WINDOWS * config.recv_window as usize);
         if useful && room {
             // Its bytes stay as initialized room (see `Assembly::data`).
             self.spare_buffers.push(buf);
