@@ -292,14 +292,14 @@ pub fn choose_path(peer: &Peer, options: &ConnectOptions) -> Result<PathDecision
                     Some((device, port)) => PathDecision {
                         path: PathKind::Rdma,
                         reason: format!(
-                            "the peer ({addr}) is on another node; RDMA device {} port {} is active ({:?})",
+                            "the peer is on another node (setup over TCP at {addr}); RDMA device {} port {} is active ({:?})",
                             device.name, port.port, port.link_layer
                         ),
                     },
                     None => {
                         return Err(ConnectError::NoPath {
                             reason: format!(
-                                "the peer ({addr}) is on another node and no RDMA port is active{} \
+                                "the peer is on another node (setup at {addr}) and no RDMA port is active{} \
                                  (devices: {}; check `ibv_devinfo`)",
                                 wanted.map(|w| format!(" on {w}")).unwrap_or_default(),
                                 devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
@@ -310,7 +310,9 @@ pub fn choose_path(peer: &Peer, options: &ConnectOptions) -> Result<PathDecision
             }
             Err(error) => {
                 return Err(ConnectError::NoPath {
-                    reason: format!("the peer ({addr}) is on another node, which needs RDMA: {error}"),
+                    reason: format!(
+                        "the peer is on another node (setup at {addr}), which needs RDMA: {error}"
+                    ),
                 });
             }
         },
