@@ -340,17 +340,19 @@ pub fn choose_path(peer: &Peer, options: &ConnectOptions) -> Result<PathDecision
 /// The link under a [`Connection`], by path.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum AnyLink {
-    HostBounce(RingLink<ShmWindow>),
-    BarP2p(RingLink<BarWindow>),
+pub enum AnyLink<B: AsRef<[u8]> = Vec<u8>> {
+    HostBounce(RingLink<ShmWindow, B>),
+    BarP2p(RingLink<BarWindow, B>),
     /// Boxed: a verbs queue carries its completion buffers inline.
-    Rdma(Box<RdmaLink<VerbsQueue>>),
+    Rdma(Box<RdmaLink<VerbsQueue, B>>),
 }
 
-/// A link to the peer over the path [`connect`] picked.
+/// A link to the peer over the path [`connect`] picked. `B` is the type of
+/// the messages handed to [`Connection::send`] (`Arc<[u8]>` sends the same
+/// bytes many times without copying them first).
 #[derive(Debug)]
-pub struct Connection {
-    pub link: AnyLink,
+pub struct Connection<B: AsRef<[u8]> = Vec<u8>> {
+    pub link: AnyLink<B>,
     pub decision: PathDecision,
 }
 
@@ -364,9 +366,9 @@ macro_rules! each_link {
     };
 }
 
-impl Connection {
+impl<B: AsRef<[u8]>> Connection<B> {
     /// Queues a message, waiting at most `timeout` for room.
-    pub fn send(&mut self, data: Vec<u8>, timeout: Duration) -> Result<(), IoError> {
+    pub fn send(&mut self, data: B, timeout: Duration) -> Result<(), IoError> {
         each_link!(self, link => link.send_blocking(data, timeout).map(|_| ()))
     }
 
@@ -415,11 +417,11 @@ fn open_bar(bar: &BarRef, root: &Path) -> Result<BarWindow, String> {
 
 /// Picks the path to `peer` ([`choose_path`]), sets up the link over it and
 /// returns it with the decision.
-pub fn connect(
+pub fn connect<B: AsRef<[u8]>>(
     peer: &Peer,
     role: Role,
     options: &ConnectOptions,
-) -> Result<Connection, ConnectError> {
+) -> Result<Connection<B>, ConnectError> {
     let decision = choose_path(peer, options)?;
     tracing::info!(path = %decision.path, reason = %decision.reason, ?role, "path chosen");
     let failed = |detail: String| ConnectError::Setup {

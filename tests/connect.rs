@@ -147,7 +147,7 @@ fn a_remote_peer_without_rdma_is_no_path_with_the_reason() {
         text.contains("another node") && text.contains("RDMA"),
         "{text}"
     );
-    let error = connect(&peer, Role::Connect, &ConnectOptions::default()).unwrap_err();
+    let error = connect::<Vec<u8>>(&peer, Role::Connect, &ConnectOptions::default()).unwrap_err();
     assert!(matches!(error, ConnectError::NoPath { .. }), "{error}");
 }
 

@@ -309,13 +309,13 @@ pub type RdmaLink<Q, B = Vec<u8>> = Link<RdmaMedium<Q>, B>;
 /// ring, `remote` the peer's (from its hello), `epoch` this side's session
 /// (+1 per restart). For message buffers other than `Vec<u8>`, bind an
 /// [`RdmaMedium`] with [`Link::with_medium`].
-pub fn rdma_link<Q: PacketQueue>(
+pub fn rdma_link<Q: PacketQueue, B: AsRef<[u8]>>(
     queue: Q,
     local: RingShape,
     remote: RingShape,
     config: EngineConfig,
     epoch: u32,
-) -> Result<RdmaLink<Q>, LinkSetupError> {
+) -> Result<RdmaLink<Q, B>, LinkSetupError> {
     let medium = RdmaMedium::new(queue, local, remote, config.mtu)?;
     Ok(Link::with_medium(medium, config, epoch)?)
 }

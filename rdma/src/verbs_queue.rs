@@ -263,21 +263,21 @@ fn rdma(step: &'static str) -> impl Fn(RdmaError) -> ConnectError {
 
 /// The server side: waits at most `timeout` for a client on `listener`,
 /// then sets up the link.
-pub fn accept(
+pub fn accept<B: AsRef<[u8]>>(
     listener: &OobListener,
     timeout: Duration,
     options: &RdmaLinkOptions,
-) -> Result<RdmaLink<VerbsQueue>, ConnectError> {
+) -> Result<RdmaLink<VerbsQueue, B>, ConnectError> {
     let stream = listener.accept(timeout, &options.oob)?;
     establish(stream, options)
 }
 
 /// The client side: connects to a server at `addr` (retrying as
 /// `options.oob` says), then sets up the link.
-pub fn connect(
+pub fn connect<B: AsRef<[u8]>>(
     addr: impl ToSocketAddrs,
     options: &RdmaLinkOptions,
-) -> Result<RdmaLink<VerbsQueue>, ConnectError> {
+) -> Result<RdmaLink<VerbsQueue, B>, ConnectError> {
     let stream = oob::connect(addr, &options.oob)?;
     establish(stream, options)
 }
@@ -300,10 +300,10 @@ fn mtu_of_bytes(bytes: usize) -> Option<Mtu> {
 /// Sets up the queue pair and the rings over a connected setup channel:
 /// hello both ways, INIT, receives posted, RTR, RTS, then the ready byte
 /// both ways, so that neither side writes before the other can take it.
-fn establish(
+fn establish<B: AsRef<[u8]>>(
     mut stream: OobStream,
     options: &RdmaLinkOptions,
-) -> Result<RdmaLink<VerbsQueue>, ConnectError> {
+) -> Result<RdmaLink<VerbsQueue, B>, ConnectError> {
     let config = &options.engine;
     config.validate().map_err(|error| ConnectError::Options {
         detail: error.to_string(),

@@ -36,8 +36,8 @@ fn shape(config: &EngineConfig) -> RingShape {
 fn pair_of_links(config: &EngineConfig) -> (RdmaLink<LoopbackQueue>, RdmaLink<LoopbackQueue>) {
     let ring = shape(config);
     let (a, b) = loopback::pair(ring, ring, SQ_DEPTH).unwrap();
-    let a = rdma_link(a, ring, ring, config.clone(), 1).unwrap();
-    let b = rdma_link(b, ring, ring, config.clone(), 1).unwrap();
+    let a = rdma_link::<_, Vec<u8>>(a, ring, ring, config.clone(), 1).unwrap();
+    let b = rdma_link::<_, Vec<u8>>(b, ring, ring, config.clone(), 1).unwrap();
     (a, b)
 }
 
@@ -163,8 +163,8 @@ fn corrupted_and_lost_writes_are_retransmitted() {
         corrupt: 0.02,
         lose: 0.01,
     });
-    let a = rdma_link(qa, ring, ring, config.clone(), 1).unwrap();
-    let b = rdma_link(qb, ring, ring, config.clone(), 1).unwrap();
+    let a = rdma_link::<_, Vec<u8>>(qa, ring, ring, config.clone(), 1).unwrap();
+    let b = rdma_link::<_, Vec<u8>>(qb, ring, ring, config.clone(), 1).unwrap();
     let (a, b) = run_both_ways(a, b, 2_000, 64 << 10);
     let (ia, ib) = (ca.injected(), cb.injected());
     assert!(ia.corrupted > 0 && ib.corrupted > 0 && ia.lost > 0 && ib.lost > 0);
@@ -211,8 +211,8 @@ fn silently_dead_peer_is_lost_within_the_peer_timeout() {
     let ring = shape(&config);
     let (qa, qb) = loopback::pair(ring, ring, SQ_DEPTH).unwrap();
     let cb = qb.control();
-    let mut a = rdma_link(qa, ring, ring, config.clone(), 1).unwrap();
-    let mut b = rdma_link(qb, ring, ring, config.clone(), 1).unwrap();
+    let mut a = rdma_link::<_, Vec<u8>>(qa, ring, ring, config.clone(), 1).unwrap();
+    let mut b = rdma_link::<_, Vec<u8>>(qb, ring, ring, config.clone(), 1).unwrap();
     warm_up(&mut a, &mut b);
     // b dies: nothing reaches it, nothing comes from it, no completion
     // says so (as when the peer process is killed and the adapter is
@@ -242,8 +242,8 @@ fn retry_exceeded_is_a_medium_error_that_names_it() {
     let ring = shape(&config);
     let (qa, qb) = loopback::pair(ring, ring, SQ_DEPTH).unwrap();
     let cb = qb.control();
-    let mut a = rdma_link(qa, ring, ring, config.clone(), 1).unwrap();
-    let mut b = rdma_link(qb, ring, ring, config.clone(), 1).unwrap();
+    let mut a = rdma_link::<_, Vec<u8>>(qa, ring, ring, config.clone(), 1).unwrap();
+    let mut b = rdma_link::<_, Vec<u8>>(qb, ring, ring, config.clone(), 1).unwrap();
     warm_up(&mut a, &mut b);
     cb.kill(Death::RetryExceeded);
     a.send(vec![5; 1000]).unwrap();
@@ -268,7 +268,7 @@ fn writes_beyond_the_peers_ring_are_remote_access_errors() {
     };
     // Without a staging area for that ring, setup refuses.
     let (qa, _qb) = loopback::pair(ring, ring, SQ_DEPTH).unwrap();
-    let error = rdma_link(qa, ring, more, config.clone(), 1).unwrap_err();
+    let error = rdma_link::<_, Vec<u8>>(qa, ring, more, config.clone(), 1).unwrap_err();
     assert!(matches!(
         error,
         LinkSetupError::RegionTooSmall {
@@ -281,8 +281,8 @@ fn writes_beyond_the_peers_ring_are_remote_access_errors() {
     let (qa, qb) =
         loopback::pair_with_staging(ring, ring, more.slots_len(), ring.slots_len(), SQ_DEPTH)
             .unwrap();
-    let mut a = rdma_link(qa, ring, more, config.clone(), 1).unwrap();
-    let mut b = rdma_link(qb, ring, ring, config.clone(), 1).unwrap();
+    let mut a = rdma_link::<_, Vec<u8>>(qa, ring, more, config.clone(), 1).unwrap();
+    let mut b = rdma_link::<_, Vec<u8>>(qb, ring, ring, config.clone(), 1).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     let error = loop {
         let _ = a.send(vec![1; 4000]);
@@ -352,8 +352,9 @@ fn tampered_error(edit: fn(&mut Completion)) -> String {
     let config = config();
     let ring = shape(&config);
     let (qa, qb) = loopback::pair(ring, ring, SQ_DEPTH).unwrap();
-    let mut a = rdma_link(qa, ring, ring, config.clone(), 1).unwrap();
-    let mut b = rdma_link(Tamper { inner: qb, edit }, ring, ring, config.clone(), 1).unwrap();
+    let mut a = rdma_link::<_, Vec<u8>>(qa, ring, ring, config.clone(), 1).unwrap();
+    let mut b =
+        rdma_link::<_, Vec<u8>>(Tamper { inner: qb, edit }, ring, ring, config.clone(), 1).unwrap();
     a.send(vec![3; 100]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -390,8 +391,8 @@ fn short_and_garbled_writes_are_counted_not_fatal() {
     let config = config();
     let ring = shape(&config);
     let (qa, qb) = loopback::pair(ring, ring, SQ_DEPTH).unwrap();
-    let mut a = rdma_link(qa, ring, ring, config.clone(), 1).unwrap();
-    let mut b = rdma_link(
+    let mut a = rdma_link::<_, Vec<u8>>(qa, ring, ring, config.clone(), 1).unwrap();
+    let mut b = rdma_link::<_, Vec<u8>>(
         Tamper {
             inner: qb,
             edit: shorten,
@@ -426,7 +427,7 @@ fn setup_refuses_what_cannot_work() {
     let ring = shape(&config);
     let small = RingShape::for_mtu(SLOTS, 1024).unwrap();
     let (qa, _qb) = loopback::pair(ring, small, SQ_DEPTH).unwrap();
-    let error = rdma_link(qa, ring, small, config.clone(), 1).unwrap_err();
+    let error = rdma_link::<_, Vec<u8>>(qa, ring, small, config.clone(), 1).unwrap_err();
     assert!(
         matches!(
             error,
@@ -460,7 +461,7 @@ fn setup_refuses_what_cannot_work() {
         slots: SLOTS * 2,
         slot_size: ring.slot_size,
     };
-    let error = rdma_link(qa, larger, ring, config.clone(), 1).unwrap_err();
+    let error = rdma_link::<_, Vec<u8>>(qa, larger, ring, config.clone(), 1).unwrap_err();
     assert!(matches!(
         error,
         LinkSetupError::RegionTooSmall {
