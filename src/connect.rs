@@ -24,9 +24,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use barlink_rdma::RdmaLink;
 use barlink_rdma::oob::OobListener;
 use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
-use barlink_rdma::{RdmaError, RdmaLink};
 use barlink_transport::link::{IoError, LinkConfig, Listener, RingLink, SetupError, pair_windows};
 use barlink_transport::window::ShmWindow;
 use barlink_transport::{EngineConfig, Stats};
@@ -491,9 +491,4 @@ pub fn connect<B: AsRef<[u8]>>(
         }
     };
     Ok(Connection { link, decision })
-}
-
-/// Whether RDMA is usable here at all, for reports (`Ok(device names)`).
-pub fn rdma_devices() -> Result<Vec<String>, RdmaError> {
-    barlink_rdma::device::devices().map(|d| d.into_iter().map(|d| d.name).collect())
 }

@@ -20,12 +20,13 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// `Some(devices)` when this host has RDMA devices (then the no-RDMA
-/// checks do not apply).
+/// Whether this host has RDMA devices (then the no-RDMA checks do not
+/// apply, and the test says SKIPPED).
 fn rdma_here(test: &str) -> bool {
-    match barlink::connect::rdma_devices() {
+    match barlink::rdma::device::devices() {
         Ok(devices) if !devices.is_empty() => {
-            eprintln!("SKIPPED {test}: this host has RDMA devices ({devices:?})");
+            let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+            eprintln!("SKIPPED {test}: this host has RDMA devices ({names:?})");
             true
         }
         _ => false,

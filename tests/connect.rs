@@ -120,7 +120,7 @@ fn acs_an_iommu_or_a_small_bar_sends_the_pair_through_host_memory() {
 }
 
 #[test]
-fn unknown_devices_or_an_unreadable_topology_never_risk_p2p() {
+fn a_device_that_cannot_be_found_never_risks_p2p() {
     let options = ConnectOptions {
         bars: Some(bars("0000:7f:00.0", "0000:02:00.0")),
         sysfs_root: fixture("desktop-2x4090"),
@@ -135,7 +135,7 @@ fn unknown_devices_or_an_unreadable_topology_never_risk_p2p() {
 /// path, and the error says RDMA is what is missing.
 #[test]
 fn a_remote_peer_without_rdma_is_no_path_with_the_reason() {
-    if barlink::connect::rdma_devices().is_ok() {
+    if barlink::rdma::device::devices().is_ok() {
         eprintln!("SKIPPED: this host has an RDMA device; the guest tests cover RDMA");
         return;
     }

@@ -19,31 +19,16 @@ use std::time::{Duration, Instant};
 
 use barlink::{BarEnds, BarRef, ConnectOptions, PathKind, Peer, Role, connect};
 
+#[path = "support/guest.rs"]
+mod guest_support;
+
+use guest_support::{in_guest, ivshmem_addresses as ivshmem};
+
 const REGION: usize = 0xC0_0000;
 const REGION_LEN: usize = (2 << 20) + 256;
 const MESSAGES: u64 = 2_000;
 const TIMEOUT: Duration = Duration::from_secs(60);
 const CHILD_SPEC: &str = "BARLINK_CONNECT_GUEST_CHILD";
-
-fn in_guest(test: &str) -> bool {
-    if std::env::var_os("BARLINK_VM_GUEST").is_some() {
-        return true;
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {test}: needs the QEMU guest (tests/vm/run.sh)"
-    );
-    false
-}
-
-fn ivshmem() -> [String; 4] {
-    let list = std::env::var("BARLINK_VM_IVSHMEM")
-        .unwrap_or_else(|_| "0000:00:10.0,0000:00:11.0,0000:00:12.0,0000:00:13.0".into());
-    let devices: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
-    devices
-        .try_into()
-        .expect("BARLINK_VM_IVSHMEM: four addresses")
-}
 
 /// Memory decoding on, for a mapping through sysfs: a device that vfio-pci
 /// held (the VFIO tests run first) is left bound and disabled, and its BAR

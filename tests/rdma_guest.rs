@@ -19,8 +19,8 @@
 //! the ratio to `ib_write_bw` is printed and saved (in `BARLINK_VM_OUT`,
 //! the results share), never asserted.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Output, Stdio};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -29,8 +29,7 @@ use barlink::rdma::RdmaLink;
 use barlink::rdma::oob::OobOptions;
 use barlink::rdma::verbs_queue::{RdmaLinkOptions, VerbsQueue};
 use barlink::transport::link::IoError;
-use barlink::transport::sim::SplitMix64;
-use barlink::{ConnectOptions, EngineConfig, LinkError, PathKind, Peer, Role, SendError};
+use barlink::{ConnectOptions, EngineConfig, LinkError, PathKind, Peer, Role};
 use serde_json::Value;
 
 /// Small settings: rxe under TCG is slow, and the guest's time is CI's.
@@ -48,6 +47,14 @@ const BENCH_SETTINGS: &[&str] = &[
     "--qp-timeout",
     "18",
 ];
+#[path = "support/guest.rs"]
+mod guest_support;
+#[path = "../rdma/tests/support/link_exchange.rs"]
+mod link_exchange;
+
+use guest_support::{say, skipped, wait_or_kill};
+use link_exchange::{CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env};
+
 const MESSAGES: u64 = 10_000;
 const CHILD_SPEC: &str = "BARLINK_RDMA_GUEST_CHILD";
 /// The TCP ports of the two-guest tests (perftest takes the bench's + 1).
@@ -56,39 +63,6 @@ const PORT_LINK: u16 = 18650;
 const PORT_KILLED: u16 = 18660;
 /// The one-guest bench.
 const PORT_BENCH_ONE: u16 = 18620;
-
-fn say(text: &str) {
-    // Past libtest's capture, so the harness's log shows it.
-    let _ = writeln!(std::io::stderr(), "{text}");
-}
-
-fn skipped(test: &str, why: &str) {
-    say(&format!("SKIPPED {test}: {why}"));
-}
-
-struct Rdma {
-    dev: String,
-    ip: String,
-    gid: Option<u8>,
-}
-
-fn rdma_env(test: &str) -> Option<Rdma> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    match (var("BARLINK_VM_RDMA_DEV"), var("BARLINK_VM_RDMA_IP")) {
-        (Some(dev), Some(ip)) => Some(Rdma {
-            dev,
-            ip,
-            gid: var("BARLINK_VM_RDMA_GID").and_then(|g| g.trim().parse().ok()),
-        }),
-        _ => {
-            skipped(
-                test,
-                "needs soft-RoCE in the QEMU guest (tests/vm/run.sh sets BARLINK_VM_RDMA_DEV and BARLINK_VM_RDMA_IP)",
-            );
-            None
-        }
-    }
-}
 
 fn cli(test: &str) -> Option<String> {
     let path = std::env::var("BARLINK_VM_BARLINK")
@@ -140,7 +114,10 @@ fn run_with_deadline(mut command: Command, limit: Duration) -> Output {
         .expect("starting the command");
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
-    let status = wait_or_kill(&mut child, limit);
+    let (status, killed) = wait_or_kill(&mut child, limit);
+    if killed {
+        say(&format!("killed after {limit:?}"));
+    }
     Output {
         status,
         stdout: out.join().unwrap_or_default(),
@@ -156,22 +133,6 @@ fn drain(stream: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<
         }
         bytes
     })
-}
-
-fn wait_or_kill(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("waiting") {
-            return status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let status = child.wait().expect("waiting after kill");
-            say(&format!("killed after {limit:?}"));
-            return status;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -308,7 +269,10 @@ fn guest_bench_rdma_server_and_client() {
         Duration::from_secs(150),
     );
     let took = started.elapsed();
-    let server_status = wait_or_kill(&mut server, Duration::from_secs(30));
+    let (server_status, killed) = wait_or_kill(&mut server, Duration::from_secs(30));
+    if killed {
+        say("the server was killed after 30 s");
+    }
     let (server_out, server_err) = (
         text(&server_out.join().unwrap_or_default()),
         text(&server_err.join().unwrap_or_default()),
@@ -462,70 +426,6 @@ fn link_to_peer(side: Side, peer: &str, port: u16, rdma: &Rdma) -> RdmaLink<Verb
         AnyLink::Rdma(link) => *link,
         _ => panic!("not an RDMA link"),
     }
-}
-
-const SERVER_STREAM: u64 = 0x5E4E_0001;
-const CLIENT_STREAM: u64 = 0xC11E_0002;
-
-/// Message `index` of `stream`: 1 B .. 64 KiB, mostly small, the same on
-/// both sides (rxe under emulation moves 10-30 MB/s).
-fn message(stream: u64, index: u64) -> Vec<u8> {
-    let mut rng = SplitMix64::new(stream ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let top = match rng.below(100) {
-        0 => 64 << 10,
-        1..=9 => 16 << 10,
-        10..=39 => 2 << 10,
-        _ => 256,
-    };
-    let len = 1 + rng.below(top) as usize;
-    let mut data = vec![0u8; len];
-    rng.fill(&mut data);
-    data
-}
-
-/// Sends `count` messages of `send`, receives `count` of `recv`, checks
-/// each byte for byte, then an empty "done" message each way.
-fn exchange(link: &mut RdmaLink<VerbsQueue>, send: u64, recv: u64, count: u64, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    let (mut sent, mut received) = (0u64, 0u64);
-    let mut next: Option<Vec<u8>> = None;
-    while received <= count || sent <= count {
-        assert!(
-            Instant::now() < deadline,
-            "stuck after {limit:?}: sent {sent}, received {received}; engine {:?}",
-            link.engine().stats(),
-        );
-        if sent < count || (sent == count && received >= count) {
-            let data = next.take().unwrap_or_else(|| {
-                if sent < count {
-                    message(send, sent)
-                } else {
-                    Vec::new()
-                }
-            });
-            match link.send(data) {
-                Ok(_) => sent += 1,
-                Err(SendError::QueueFull(back)) => next = Some(back),
-                Err(other) => panic!("send {sent}: {other}"),
-            }
-        }
-        match link.try_recv() {
-            Ok(Some(data)) => {
-                if received < count {
-                    let expected = message(recv, received);
-                    assert_eq!(data.len(), expected.len(), "message {received}: length");
-                    assert!(data == expected, "message {received}: bytes differ");
-                } else {
-                    assert!(data.is_empty(), "the done message");
-                }
-                received += 1;
-                link.recycle(data);
-            }
-            Ok(None) => {}
-            Err(error) => panic!("receiving message {received}: {error}"),
-        }
-    }
-    link.flush(limit).expect("flush");
 }
 
 #[test]

@@ -222,6 +222,23 @@ impl LoopbackQueue {
     fn peer_death(&self) -> Option<Death> {
         lock(&self.peer).death
     }
+
+    /// Whether a write posted now reaches nobody: this side is dead (it
+    /// posts nothing), or the peer is — silently (nothing completes), or
+    /// with the adapter giving up ("retry exceeded" completes the request).
+    fn write_goes_nowhere(&self, wr_id: u64, signaled: bool) -> bool {
+        if self.dead() {
+            return true;
+        }
+        match self.peer_death() {
+            Some(Death::Silent) => true,
+            Some(Death::RetryExceeded) => {
+                self.complete_send(wr_id, WcStatus::RetryExcErr, signaled);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl PacketQueue for LoopbackQueue {
@@ -248,16 +265,8 @@ impl PacketQueue for LoopbackQueue {
         imm: u32,
         signaled: bool,
     ) -> Result<(), QueueError> {
-        if self.dead() {
+        if self.write_goes_nowhere(wr_id, signaled) {
             return Ok(());
-        }
-        match self.peer_death() {
-            Some(Death::Silent) => return Ok(()),
-            Some(Death::RetryExceeded) => {
-                self.complete_send(wr_id, WcStatus::RetryExcErr, signaled);
-                return Ok(());
-            }
-            None => {}
         }
         // The local read: a length beyond the staging area is a local
         // protection error, as an adapter would report it.
@@ -312,16 +321,8 @@ impl PacketQueue for LoopbackQueue {
     }
 
     fn post_credit(&mut self, wr_id: u64, value: u64, signaled: bool) -> Result<(), QueueError> {
-        if self.dead() {
+        if self.write_goes_nowhere(wr_id, signaled) {
             return Ok(());
-        }
-        match self.peer_death() {
-            Some(Death::Silent) => return Ok(()),
-            Some(Death::RetryExceeded) => {
-                self.complete_send(wr_id, WcStatus::RetryExcErr, signaled);
-                return Ok(());
-            }
-            None => {}
         }
         self.peer_receive
             .store_u64(CREDIT_OFFSET, value, Ordering::Release)?;

@@ -25,11 +25,11 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use barlink_transport::crc::Crc32c;
-use barlink_transport::window::{Window, WindowError};
+use barlink_transport::window::{RawWindow, Window, WindowError};
 
 use crate::error::RdmaError;
 use crate::sys::{self, Verbs};
@@ -1028,7 +1028,12 @@ fn page_size() -> usize {
 pub struct RegisteredMemory {
     // Field order matters: the registration is dropped before the memory.
     mr: MemoryRegion,
-    map: AnonMap,
+    /// The transport's checked accessors over the first `len` bytes of
+    /// `map` (copies, the fused copy+CRC, 64-bit atomics); it owns nothing.
+    view: RawWindow,
+    /// Owns the pages `view` reaches: read by nothing, unmapped on drop,
+    /// after the registration.
+    _map: AnonMap,
     len: usize,
     huge: bool,
 }
@@ -1081,7 +1086,18 @@ impl RegisteredMemory {
         // kept alive by the returned value until after the registration
         // (field order), and never referenced as a Rust slice.
         let mr = unsafe { pd.register_raw(map.base.as_ptr(), len, options.access)? };
-        Ok(RegisteredMemory { mr, map, len, huge })
+        // SAFETY: the first `len` bytes of `map` stay mapped while `view`
+        // lives (both are fields of the returned value, and `map` is
+        // dropped last), and no Rust reference into them is ever formed:
+        // all access goes through the window's accessors.
+        let view = unsafe { RawWindow::new(map.base, len) };
+        Ok(RegisteredMemory {
+            mr,
+            view,
+            _map: map,
+            len,
+            huge,
+        })
     }
 
     /// The registration (keys, address).
@@ -1118,98 +1134,6 @@ impl RegisteredMemory {
     pub fn remote(&self) -> RemoteRegion {
         self.mr.remote()
     }
-
-    fn access(&self) -> Accessor<'_> {
-        self.map.accessor(self.len)
-    }
-}
-
-/// The accessors of a mapping's first `len` bytes: copies and 64-bit
-/// atomics through raw pointers, every range checked. No `&[u8]` into the
-/// mapping is ever formed (the device writes it at any time).
-struct Accessor<'a> {
-    map: &'a AnonMap,
-    len: usize,
-}
-
-impl Accessor<'_> {
-    /// A pointer to `offset`, with `offset..offset + len` checked to lie
-    /// within the window.
-    fn at(&self, offset: usize, len: usize) -> Result<*mut u8, WindowError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len && self.len <= self.map.mapped_len => {
-                // SAFETY: `offset <= self.len <= mapped_len`, so the pointer
-                // stays within (or one past) the live mapping.
-                Ok(unsafe { self.map.base.as_ptr().add(offset) })
-            }
-            _ => Err(WindowError::OutOfBounds {
-                offset,
-                len,
-                window_len: self.len,
-            }),
-        }
-    }
-
-    fn word(&self, offset: usize) -> Result<&AtomicU64, WindowError> {
-        let p = self.at(offset, 8)?.cast::<u64>();
-        if !p.is_aligned() {
-            return Err(WindowError::Misaligned {
-                offset,
-                align: align_of::<AtomicU64>(),
-            });
-        }
-        // SAFETY: in bounds and 8-byte aligned (checked above), live as long
-        // as the mapping (borrowed for the accessor's lifetime); every access
-        // this type makes to a word is atomic, and the device writing it
-        // concurrently is what `AtomicU64` permits.
-        Ok(unsafe { AtomicU64::from_ptr(p) })
-    }
-
-    fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
-        let dst = self.at(offset, src.len())?;
-        // SAFETY: the destination range lies within the live mapping
-        // (checked by `at`); `src` is a separate Rust slice, so they cannot
-        // overlap. No reference into the mapping is formed.
-        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        Ok(())
-    }
-
-    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
-        let src = self.at(offset, dst.len())?;
-        // SAFETY: the source range lies within the live mapping (checked);
-        // `dst` is an exclusive Rust slice, so they cannot overlap. Bytes the
-        // device writes meanwhile may be seen half old, half new (the
-        // packet CRC is there for that).
-        unsafe { ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
-    }
-
-    fn write_crc(&self, offset: usize, src: &[u8], crc: &mut Crc32c) -> Result<(), WindowError> {
-        let dst = self.at(offset, src.len())?;
-        // SAFETY: `Crc32c::copy_into`'s contract: the destination lies
-        // within the live mapping (checked by `at`) and stays mapped for
-        // the call (borrowed); it cannot overlap `src`, a separate Rust
-        // slice; no reference into the mapping exists (none is ever formed).
-        unsafe { crc.copy_into(src, dst) };
-        Ok(())
-    }
-
-    fn read_crc(&self, offset: usize, dst: &mut [u8], crc: &mut Crc32c) -> Result<(), WindowError> {
-        let src = self.at(offset, dst.len())?;
-        // SAFETY: `Crc32c::copy_from`'s contract: the source lies within the
-        // live mapping (checked by `at`) and stays mapped for the call; it
-        // cannot overlap `dst`, an exclusive Rust slice; no `&mut` into the
-        // mapping exists. The device may write the source meanwhile: the
-        // CRC is of the bytes as they landed in `dst`.
-        unsafe { crc.copy_from(src, dst) };
-        Ok(())
-    }
-}
-
-impl AnonMap {
-    fn accessor(&self, len: usize) -> Accessor<'_> {
-        Accessor { map: self, len }
-    }
 }
 
 impl Window for RegisteredMemory {
@@ -1218,45 +1142,32 @@ impl Window for RegisteredMemory {
     }
 
     fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
-        self.access().write(offset, src)
+        self.view.write(offset, src)
     }
 
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
-        self.access().read(offset, dst)
+        self.view.read(offset, dst)
     }
 
     /// One pass: each piece of `src` is loaded once, stored into the
     /// registered memory and folded into the CRC (the transport's fused
     /// kernel, as its own windows use).
     fn write_crc(&self, offset: usize, src: &[u8], crc: &mut Crc32c) -> Result<(), WindowError> {
-        self.access().write_crc(offset, src, crc)
+        self.view.write_crc(offset, src, crc)
     }
 
     /// One pass, and the CRC is of the bytes as they landed in `dst` even
     /// if the device writes the source meanwhile.
     fn read_crc(&self, offset: usize, dst: &mut [u8], crc: &mut Crc32c) -> Result<(), WindowError> {
-        self.access().read_crc(offset, dst, crc)
+        self.view.read_crc(offset, dst, crc)
     }
 
     fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
-        if matches!(order, Ordering::Release | Ordering::AcqRel) {
-            return Err(WindowError::InvalidOrdering {
-                operation: "load",
-                ordering: order,
-            });
-        }
-        Ok(self.access().word(offset)?.load(order))
+        self.view.load_u64(offset, order)
     }
 
     fn store_u64(&self, offset: usize, value: u64, order: Ordering) -> Result<(), WindowError> {
-        if matches!(order, Ordering::Acquire | Ordering::AcqRel) {
-            return Err(WindowError::InvalidOrdering {
-                operation: "store",
-                ordering: order,
-            });
-        }
-        self.access().word(offset)?.store(value, order);
-        Ok(())
+        self.view.store_u64(offset, value, order)
     }
 
     fn fetch_add_u64(
@@ -1265,7 +1176,7 @@ impl Window for RegisteredMemory {
         value: u64,
         order: Ordering,
     ) -> Result<u64, WindowError> {
-        Ok(self.access().word(offset)?.fetch_add(value, order))
+        self.view.fetch_add_u64(offset, value, order)
     }
 }
 
@@ -2251,7 +2162,9 @@ mod tests {
         use barlink_transport::crc::crc32c;
         let map = AnonMap::new(10_000, false).unwrap();
         assert!(map.mapped_len >= 10_000);
-        let w = map.accessor(10_000);
+        // SAFETY: `map` outlives `w` (both locals, `w` dropped first) and
+        // nothing references its bytes.
+        let w = unsafe { RawWindow::new(map.base, 10_000) };
         let data: Vec<u8> = (0..9_000u32).map(|i| (i * 31 + i / 7) as u8).collect();
         // One-pass copy + CRC, both ways, at an odd offset.
         let mut crc = Crc32c::new();
@@ -2273,12 +2186,14 @@ mod tests {
         assert!(w.write(10_000, &[]).is_ok());
         assert!(w.write(10_001, &[]).is_err());
         // Words: aligned and in range.
-        assert!(matches!(w.word(4), Err(WindowError::Misaligned { .. })));
-        assert!(w.word(9_992).is_ok());
-        assert!(w.word(9_996).is_err());
-        w.word(8)
-            .unwrap()
-            .store(0x0102_0304_0506_0708, Ordering::Release);
+        assert!(matches!(
+            w.load_u64(4, Ordering::Acquire),
+            Err(WindowError::Misaligned { .. })
+        ));
+        assert!(w.load_u64(9_992, Ordering::Acquire).is_ok());
+        assert!(w.load_u64(9_996, Ordering::Acquire).is_err());
+        w.store_u64(8, 0x0102_0304_0506_0708, Ordering::Release)
+            .unwrap();
         let mut bytes = [0u8; 8];
         w.read(8, &mut bytes).unwrap();
         assert_eq!(u64::from_le_bytes(bytes), 0x0102_0304_0506_0708);

@@ -18,43 +18,21 @@ use barlink_rdma::oob::{OobListener, OobOptions};
 use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
 use barlink_rdma::{PacketQueue, RdmaLink};
 use barlink_transport::link::IoError;
-use barlink_transport::sim::SplitMix64;
 use barlink_transport::window::Window;
-use barlink_transport::{EngineConfig, LinkError, SendError};
+use barlink_transport::{EngineConfig, LinkError};
+
+#[path = "../../tests/support/guest.rs"]
+mod guest_support;
+#[path = "support/link_exchange.rs"]
+mod link_exchange;
+
+use guest_support::wait_with_deadline;
+use link_exchange::{CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env};
 
 const CHILD_SPEC: &str = "BARLINK_RDMA_GUEST_CHILD";
 const MESSAGES: u64 = 10_000;
 /// Longest a child may run before the test kills it and fails.
 const CHILD_LIMIT: Duration = Duration::from_secs(150);
-/// Streams: what the server (parent) sends, what the client (child) sends.
-const SERVER_STREAM: u64 = 0x5E4E_0001;
-const CLIENT_STREAM: u64 = 0xC11E_0002;
-
-struct Rdma {
-    dev: String,
-    ip: String,
-    gid: Option<u8>,
-}
-
-fn rdma_env(test: &str) -> Option<Rdma> {
-    match std::env::var("BARLINK_VM_RDMA_DEV") {
-        Ok(dev) if !dev.is_empty() => Some(Rdma {
-            dev,
-            ip: std::env::var("BARLINK_VM_RDMA_IP").unwrap_or_else(|_| "10.0.2.15".into()),
-            gid: std::env::var("BARLINK_VM_RDMA_GID")
-                .ok()
-                .and_then(|g| g.trim().parse().ok()),
-        }),
-        _ => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED {test}: needs soft-RoCE in the QEMU guest (tests/vm/run.sh sets BARLINK_VM_RDMA_DEV)"
-            );
-            None
-        }
-    }
-}
-
 fn options(rdma: &Rdma) -> RdmaLinkOptions {
     RdmaLinkOptions {
         device: Some(rdma.dev.clone()),
@@ -86,70 +64,6 @@ fn options(rdma: &Rdma) -> RdmaLinkOptions {
     }
 }
 
-/// Message `index` of `stream`: modest sizes (rxe under emulation moves
-/// 10-30 MB/s), the same on both sides.
-fn message(stream: u64, index: u64) -> Vec<u8> {
-    let mut rng = SplitMix64::new(stream ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let top = match (stream, rng.below(100)) {
-        (CLIENT_STREAM, _) => 256,
-        (_, 0) => 64 << 10,
-        (_, 1..=9) => 16 << 10,
-        _ => 2 << 10,
-    };
-    let len = 1 + rng.below(top) as usize;
-    let mut data = vec![0u8; len];
-    rng.fill(&mut data);
-    data
-}
-
-/// Sends `count` messages of `send` and receives `count` of `recv`,
-/// checking each, then a last empty message each way, so that each side
-/// knows the other received everything before it closes.
-fn exchange(link: &mut RdmaLink<VerbsQueue>, send: u64, recv: u64, count: u64, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    let (mut sent, mut received) = (0u64, 0u64);
-    let mut next: Option<Vec<u8>> = None;
-    // Message `count` is the empty "done" message.
-    while received <= count || sent <= count {
-        assert!(
-            Instant::now() < deadline,
-            "stuck after {limit:?}: sent {sent}, received {received}; engine {:?}; medium {:?}",
-            link.engine().stats(),
-            link.medium().stats()
-        );
-        if sent < count || (sent == count && received >= count) {
-            let data = next.take().unwrap_or_else(|| {
-                if sent < count {
-                    message(send, sent)
-                } else {
-                    Vec::new()
-                }
-            });
-            match link.send(data) {
-                Ok(_) => sent += 1,
-                Err(SendError::QueueFull(back)) => next = Some(back),
-                Err(other) => panic!("send {sent}: {other}"),
-            }
-        }
-        match link.try_recv() {
-            Ok(Some(data)) => {
-                if received < count {
-                    let expected = message(recv, received);
-                    assert_eq!(data.len(), expected.len(), "message {received}: length");
-                    assert!(data == expected, "message {received}: bytes differ");
-                } else {
-                    assert!(data.is_empty(), "the done message");
-                }
-                received += 1;
-                link.recycle(data);
-            }
-            Ok(None) => {}
-            Err(error) => panic!("receiving message {received}: {error}"),
-        }
-    }
-    link.flush(limit).expect("flush");
-}
-
 fn spawn_child(spec: &str) -> (Child, std::thread::JoinHandle<String>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -171,21 +85,6 @@ fn spawn_child(spec: &str) -> (Child, std::thread::JoinHandle<String>) {
         text
     });
     (child, reader)
-}
-
-fn wait_with_deadline(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the child ran past {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn child_output(reader: std::thread::JoinHandle<String>) -> String {
@@ -236,7 +135,7 @@ fn guest_rdma_link_moves_10000_messages_each_way() {
     );
     let moved = started.elapsed();
     let _ = link.close(Duration::from_secs(10));
-    let status = wait_with_deadline(&mut child, CHILD_LIMIT);
+    let status = wait_with_deadline(&mut child, CHILD_LIMIT, "the child");
     let text = child_output(reader);
     eprint!("{text}");
     assert!(status.success(), "the child failed ({status}):\n{text}");

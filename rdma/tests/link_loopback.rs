@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use barlink_rdma::link::{
     Completion, LinkSetupError, PacketQueue, QueueError, RdmaLink, RingShape, rdma_link,
 };
-use barlink_rdma::loopback::{self, Death, LoopbackFaults, LoopbackQueue};
+use barlink_rdma::loopback::{self, Death, LoopbackControl, LoopbackFaults, LoopbackQueue};
 use barlink_transport::link::IoError;
 use barlink_transport::sim::SplitMix64;
 use barlink_transport::{EngineConfig, LinkError, SendError};
@@ -34,11 +34,25 @@ fn shape(config: &EngineConfig) -> RingShape {
 }
 
 fn pair_of_links(config: &EngineConfig) -> (RdmaLink<LoopbackQueue>, RdmaLink<LoopbackQueue>) {
+    let (a, b, _) = pair_with_controls(config);
+    (a, b)
+}
+
+/// Two links over a loopback pair, with the controls (faults, death) of
+/// each side's queue.
+fn pair_with_controls(
+    config: &EngineConfig,
+) -> (
+    RdmaLink<LoopbackQueue>,
+    RdmaLink<LoopbackQueue>,
+    [LoopbackControl; 2],
+) {
     let ring = shape(config);
     let (a, b) = loopback::pair(ring, ring, SQ_DEPTH).unwrap();
+    let controls = [a.control(), b.control()];
     let a = rdma_link::<_, Vec<u8>>(a, ring, ring, config.clone(), 1).unwrap();
     let b = rdma_link::<_, Vec<u8>>(b, ring, ring, config.clone(), 1).unwrap();
-    (a, b)
+    (a, b, controls)
 }
 
 /// Message `index` of the stream seeded `seed`: its length (mostly small,
@@ -150,9 +164,7 @@ fn ten_thousand_mixed_messages_both_ways() {
 #[test]
 fn corrupted_and_lost_writes_are_retransmitted() {
     let config = config();
-    let ring = shape(&config);
-    let (qa, qb) = loopback::pair(ring, ring, SQ_DEPTH).unwrap();
-    let (ca, cb) = (qa.control(), qb.control());
+    let (a, b, [ca, cb]) = pair_with_controls(&config);
     ca.set_faults(LoopbackFaults {
         seed: 7,
         corrupt: 0.02,
@@ -163,8 +175,6 @@ fn corrupted_and_lost_writes_are_retransmitted() {
         corrupt: 0.02,
         lose: 0.01,
     });
-    let a = rdma_link::<_, Vec<u8>>(qa, ring, ring, config.clone(), 1).unwrap();
-    let b = rdma_link::<_, Vec<u8>>(qb, ring, ring, config.clone(), 1).unwrap();
     let (a, b) = run_both_ways(a, b, 2_000, 64 << 10);
     let (ia, ib) = (ca.injected(), cb.injected());
     assert!(ia.corrupted > 0 && ib.corrupted > 0 && ia.lost > 0 && ib.lost > 0);
@@ -208,11 +218,7 @@ fn warm_up(a: &mut RdmaLink<LoopbackQueue>, b: &mut RdmaLink<LoopbackQueue>) {
 #[test]
 fn silently_dead_peer_is_lost_within_the_peer_timeout() {
     let config = config();
-    let ring = shape(&config);
-    let (qa, qb) = loopback::pair(ring, ring, SQ_DEPTH).unwrap();
-    let cb = qb.control();
-    let mut a = rdma_link::<_, Vec<u8>>(qa, ring, ring, config.clone(), 1).unwrap();
-    let mut b = rdma_link::<_, Vec<u8>>(qb, ring, ring, config.clone(), 1).unwrap();
+    let (mut a, mut b, [_, cb]) = pair_with_controls(&config);
     warm_up(&mut a, &mut b);
     // b dies: nothing reaches it, nothing comes from it, no completion
     // says so (as when the peer process is killed and the adapter is
@@ -239,11 +245,7 @@ fn silently_dead_peer_is_lost_within_the_peer_timeout() {
 #[test]
 fn retry_exceeded_is_a_medium_error_that_names_it() {
     let config = config();
-    let ring = shape(&config);
-    let (qa, qb) = loopback::pair(ring, ring, SQ_DEPTH).unwrap();
-    let cb = qb.control();
-    let mut a = rdma_link::<_, Vec<u8>>(qa, ring, ring, config.clone(), 1).unwrap();
-    let mut b = rdma_link::<_, Vec<u8>>(qb, ring, ring, config.clone(), 1).unwrap();
+    let (mut a, mut b, [_, cb]) = pair_with_controls(&config);
     warm_up(&mut a, &mut b);
     cb.kill(Death::RetryExceeded);
     a.send(vec![5; 1000]).unwrap();

@@ -190,10 +190,7 @@ impl<W: Window> Pipe for LinkPipe<W> {
     }
     fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
         let data = self.0.recv(STEP_TIMEOUT).map_err(|e| e.to_string())?;
-        let len = data.len();
-        // Hand the buffer back to the engine: the next message reuses it.
-        self.0.recycle(std::mem::replace(buf, data));
-        Ok(len)
+        Ok(swap_in(buf, data, |old| self.0.recycle(old)))
     }
     fn flush(&mut self) -> Result<(), String> {
         self.0.flush(STEP_TIMEOUT).map_err(|e| e.to_string())
@@ -202,9 +199,21 @@ impl<W: Window> Pipe for LinkPipe<W> {
         self.0.push(STEP_TIMEOUT).map_err(|e| e.to_string())
     }
     fn counters(&self) -> (u64, u64) {
-        let stats = self.0.engine().stats();
-        (stats.retransmits(), stats.crc_failures + stats.malformed)
+        counters(self.0.engine().stats())
     }
+}
+
+/// Puts a received message in `buf` and hands the buffer it replaces back
+/// to the engine (the next message reuses it); the message's length.
+fn swap_in(buf: &mut Vec<u8>, data: Vec<u8>, recycle: impl FnOnce(Vec<u8>)) -> usize {
+    let len = data.len();
+    recycle(std::mem::replace(buf, data));
+    len
+}
+
+/// Retransmissions and rejected packets, as the "done" message carries them.
+fn counters(stats: &barlink_transport::Stats) -> (u64, u64) {
+    (stats.retransmits(), stats.crc_failures + stats.malformed)
 }
 
 /// A link driven by a background progress thread (`--progress thread`).
@@ -219,16 +228,13 @@ impl<M: Medium + Send + 'static> Pipe for ThreadPipe<M> {
     }
     fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
         let data = self.0.recv(STEP_TIMEOUT).map_err(|e| e.to_string())?;
-        let len = data.len();
-        self.0.recycle(std::mem::replace(buf, data));
-        Ok(len)
+        Ok(swap_in(buf, data, |old| self.0.recycle(old)))
     }
     fn flush(&mut self) -> Result<(), String> {
         self.0.flush(STEP_TIMEOUT).map_err(|e| e.to_string())
     }
     fn counters(&self) -> (u64, u64) {
-        let stats = self.0.stats();
-        (stats.retransmits(), stats.crc_failures + stats.malformed)
+        counters(&self.0.stats())
     }
 }
 

@@ -83,10 +83,7 @@ fn stream<W: Window + 'static>(
             receiver.recycle(got);
         }
         // Stay up until the sender has its acknowledgements.
-        let until = Instant::now() + Duration::from_millis(500);
-        while Instant::now() < until {
-            receiver.progress().unwrap();
-        }
+        answer_for(&mut receiver, Duration::from_millis(500));
         receiver
     });
     for index in 0..count {
@@ -269,6 +266,33 @@ fn child_process_role() {
     }
 }
 
+/// Keeps `link` acknowledging until `child` exits (at most `TIMEOUT`);
+/// the child must succeed.
+fn drive_until_exit<W: Window>(
+    link: &mut RingLink<W>,
+    child: &mut std::process::Child,
+    what: &str,
+) {
+    let until = Instant::now() + TIMEOUT;
+    loop {
+        link.progress().unwrap();
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{what} failed: {status}");
+            return;
+        }
+        assert!(Instant::now() < until, "{what} did not finish");
+    }
+}
+
+/// Keeps `link` answering for `linger` (the peer gets its last
+/// acknowledgements).
+fn answer_for<W: Window>(link: &mut RingLink<W>, how_long: Duration) {
+    let until = Instant::now() + how_long;
+    while Instant::now() < until {
+        link.progress().unwrap();
+    }
+}
+
 fn spawn_child(name: &str, count: u64, linger: bool) -> std::process::Child {
     spawn_child_with(name, count, linger, 3)
 }
@@ -307,16 +331,7 @@ fn ten_thousand_messages_between_processes_by_name() {
         assert!(got == message(3, index, 200_000), "message {index} differs");
         link.recycle(got);
     }
-    // Keep acknowledging until the child is done.
-    let until = Instant::now() + TIMEOUT;
-    loop {
-        link.progress().unwrap();
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "child failed: {status}");
-            break;
-        }
-        assert!(Instant::now() < until, "child did not finish");
-    }
+    drive_until_exit(&mut link, &mut child, "child");
     assert_eq!(link.engine().stats().messages_delivered, 10_000);
 }
 
@@ -445,15 +460,7 @@ fn a_restarted_peer_reconnects_and_no_old_data_reaches_the_new_session() {
             "new session, message {index} is not the new peer's"
         );
     }
-    let until = Instant::now() + TIMEOUT;
-    loop {
-        new.progress().unwrap();
-        if let Some(status) = second.try_wait().unwrap() {
-            assert!(status.success(), "second child failed: {status}");
-            break;
-        }
-        assert!(Instant::now() < until, "second child did not finish");
-    }
+    drive_until_exit(&mut new, &mut second, "second child");
     assert_eq!(new.engine().stats().messages_delivered, 1_000);
 }
 
@@ -586,10 +593,7 @@ fn a_link_over_named_ring_files_needs_no_socket() {
                     "message {index} differs"
                 );
             }
-            let until = Instant::now() + Duration::from_millis(300);
-            while Instant::now() < until {
-                link.progress().unwrap();
-            }
+            answer_for(&mut link, Duration::from_millis(300));
         })
     };
     let mut first: RingLink<_> = connect_named("pair", Side::First, &options).unwrap();
@@ -705,10 +709,7 @@ fn paired_windows_need_both_sides_fresh() {
                     "message {index} differs"
                 );
             }
-            let until = Instant::now() + Duration::from_millis(300);
-            while Instant::now() < until {
-                link.progress().unwrap();
-            }
+            answer_for(&mut link, Duration::from_millis(300));
         });
         let mut link: RingLink<_> = pair_windows(
             window_a.clone(),

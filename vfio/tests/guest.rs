@@ -75,6 +75,11 @@ use barlink_vfio::{
 
 // ------------------------------------------------------------------ layout
 
+#[path = "../../tests/support/guest.rs"]
+mod guest_support;
+
+use guest_support::{in_guest, wait_with_deadline};
+
 const PATTERN_OFFSET: usize = 0;
 const PATTERN_LEN: usize = 64 << 10;
 const PATTERN_SEED_A: u64 = 0xA11C_E5EE_D000_000A;
@@ -108,26 +113,8 @@ const EDU_BUFFER: u64 = 0x4_0000;
 
 // ------------------------------------------------------------------ helpers
 
-/// Whether this runs in the guest; if not, says so (past the capture).
-fn in_guest(test: &str) -> bool {
-    if std::env::var_os("BARLINK_VM_GUEST").is_some() {
-        return true;
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {test}: needs the QEMU guest (tests/vm/run.sh)"
-    );
-    false
-}
-
 fn ivshmem() -> [Bdf; 4] {
-    let list = std::env::var("BARLINK_VM_IVSHMEM")
-        .unwrap_or_else(|_| "0000:00:10.0,0000:00:11.0,0000:00:12.0,0000:00:13.0".into());
-    let bdfs: Vec<Bdf> = list
-        .split(',')
-        .map(|s| s.trim().parse().expect("BARLINK_VM_IVSHMEM: addresses"))
-        .collect();
-    bdfs.try_into().expect("BARLINK_VM_IVSHMEM: four addresses")
+    guest_support::ivshmem_addresses().map(|s| s.parse().expect("BARLINK_VM_IVSHMEM: addresses"))
 }
 
 fn edu() -> Bdf {
@@ -243,26 +230,6 @@ fn expect_child_success(
 /// Longest a child role may run (the harness's own limit is longer, so a
 /// hung child is named here rather than killing the whole binary).
 const CHILD_LIMIT: Duration = Duration::from_secs(150);
-
-/// Waits for `child` at most `limit`, killing it and failing past that.
-fn wait_with_deadline(
-    child: &mut std::process::Child,
-    limit: Duration,
-    what: &str,
-) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} ran past {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// The environment variable that carries a child role's instructions.
 const CHILD_SPEC: &str = "BARLINK_VFIO_GUEST_CHILD";

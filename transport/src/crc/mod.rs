@@ -64,9 +64,9 @@ impl Crc32c {
     /// once, stored, folded), else a copy and then the CRC of `src`.
     ///
     /// This is the kernel behind the transport's own windows'
-    /// [`Window::write_crc`](crate::window::Window::write_crc); it is public
-    /// so that windows in other crates (RDMA registered memory, BARs) can
-    /// copy and checksum in one pass too.
+    /// [`Window::write_crc`](crate::window::Window::write_crc); windows in
+    /// other crates over ordinary memory (RDMA registered buffers) get it
+    /// through [`RawWindow`](crate::window::RawWindow).
     ///
     /// # Safety
     /// - `dst` must be valid for writes of `src.len()` bytes for the whole
@@ -82,7 +82,7 @@ impl Crc32c {
     /// stores is implied (publish with a fence and a `Release` store, as
     /// [`Window`](crate::window::Window) describes).
     #[allow(unsafe_code)]
-    pub unsafe fn copy_into(&mut self, src: &[u8], dst: *mut u8) {
+    pub(crate) unsafe fn copy_into(&mut self, src: &[u8], dst: *mut u8) {
         #[cfg(target_arch = "x86_64")]
         if x86::available() && !crc_fast_is_wider() {
             // SAFETY: features checked just above; `src` is a live slice,
@@ -113,7 +113,7 @@ impl Crc32c {
     ///   the call. A device or another process writing the source
     ///   meanwhile is allowed (see above).
     #[allow(unsafe_code)]
-    pub unsafe fn copy_from(&mut self, src: *const u8, dst: &mut [u8]) {
+    pub(crate) unsafe fn copy_from(&mut self, src: *const u8, dst: &mut [u8]) {
         #[cfg(target_arch = "x86_64")]
         if x86::available() && !crc_fast_is_wider() {
             // SAFETY: features checked just above; `dst` is a live

@@ -44,6 +44,8 @@ enum Release {
     Unmap { mapped_len: usize },
     /// Return the allocation to the global allocator.
     Dealloc { layout: Layout },
+    /// Nothing: the memory belongs to someone else ([`RawWindow`]).
+    Borrowed,
 }
 
 /// A region of memory, owned, reachable only through checked accessors.
@@ -55,8 +57,10 @@ pub(crate) struct Mapping {
 }
 
 // SAFETY: `Mapping` owns its region exclusively (it is unmapped or freed only
-// in `drop`); all access goes through raw-pointer copies and atomics that are
-// valid from any thread, and no reference to the region is ever handed out.
+// in `drop`), or, for a `RawWindow`, its creator vouched that the region
+// outlives it; all access goes through raw-pointer copies and atomics that
+// are valid from any thread, and no reference to the region is ever handed
+// out.
 unsafe impl Send for Mapping {}
 // SAFETY: as above; shared access from several threads is exactly what the
 // accessors are for (atomics for indices, copies for data the ring protocol
@@ -247,6 +251,37 @@ impl Mapping {
     }
 }
 
+/// A window over memory that something else owns and keeps mapped: the
+/// checked accessors of the transport's own windows (copies with a fused
+/// CRC, 64-bit atomics) for a region another crate mapped its own way — an
+/// RDMA-registered buffer, for one. Dropping it releases nothing.
+#[derive(Debug)]
+pub struct RawWindow {
+    mapping: Mapping,
+}
+
+impl RawWindow {
+    /// A window over the `len` bytes at `base`.
+    ///
+    /// # Safety
+    /// `base..base + len` must be readable and writable memory that stays
+    /// mapped for as long as the returned window lives, and nothing may
+    /// form a Rust reference (`&[u8]`, `&mut [u8]`) into it meanwhile;
+    /// others (threads, processes, devices) may write it at any time, which
+    /// the accessors allow for.
+    pub unsafe fn new(base: NonNull<u8>, len: usize) -> RawWindow {
+        RawWindow {
+            mapping: Mapping {
+                base,
+                len,
+                release: Release::Borrowed,
+            },
+        }
+    }
+}
+
+super::window_over_mapping!(RawWindow);
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         match self.release {
@@ -264,6 +299,7 @@ impl Drop for Mapping {
                 // `zeroed_heap` and is freed only here.
                 unsafe { alloc::dealloc(self.base.as_ptr(), layout) };
             }
+            Release::Borrowed => {}
         }
     }
 }
