@@ -330,7 +330,10 @@ impl Pipe for RawRingPipe {
     }
 
     fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
-        buf.clear();
+        // `buf` keeps its length from the last message, so fragments are
+        // copied over old bytes rather than over freshly zeroed ones: no
+        // pass over the buffer but the copy itself.
+        let mut filled = 0;
         loop {
             let (own, consumer) = (&self.own, &mut self.consumer);
             let slot = Self::spin_until(|| {
@@ -349,17 +352,20 @@ impl Pipe for RawRingPipe {
                 .map_err(|e| e.to_string())?;
             let len = (u64::from_le_bytes(header[..8].try_into().expect("8 bytes")) as usize)
                 .min(self.slot_payload);
-            let start = buf.len();
-            buf.resize(start + len, 0);
+            if buf.len() < filled + len {
+                buf.resize(filled + len, 0);
+            }
             self.own
-                .read(slot + RAW_SLOT_HEADER, &mut buf[start..])
+                .read(slot + RAW_SLOT_HEADER, &mut buf[filled..filled + len])
                 .map_err(|e| e.to_string())?;
+            filled += len;
             let consumed = self.consumer.release();
             self.peer
                 .store_u64(ring::offset::CONSUMED, consumed, Ordering::Release)
                 .map_err(|e| e.to_string())?;
             if header[8] == 1 {
-                return Ok(buf.len());
+                buf.truncate(filled);
+                return Ok(filled);
             }
         }
     }

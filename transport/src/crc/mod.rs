@@ -87,7 +87,15 @@ impl Crc32c {
         if x86::available() && !crc_fast_is_wider() {
             // SAFETY: features checked just above; `src` is a live slice,
             // `dst` is writable and disjoint (this function's contract).
-            self.state = unsafe { x86::copy_update(self.state, src.as_ptr(), dst, src.len()) };
+            self.state = unsafe {
+                x86::copy_update(
+                    self.state,
+                    src.as_ptr(),
+                    dst,
+                    src.len(),
+                    x86::Stable::Source,
+                )
+            };
             return;
         }
         // SAFETY: as above: `dst` writable for `src.len()`, disjoint.
@@ -118,7 +126,15 @@ impl Crc32c {
         if x86::available() && !crc_fast_is_wider() {
             // SAFETY: features checked just above; `dst` is a live
             // exclusive slice, `src` readable and disjoint (contract).
-            self.state = unsafe { x86::copy_update(self.state, src, dst.as_mut_ptr(), dst.len()) };
+            self.state = unsafe {
+                x86::copy_update(
+                    self.state,
+                    src,
+                    dst.as_mut_ptr(),
+                    dst.len(),
+                    x86::Stable::Destination,
+                )
+            };
             return;
         }
         // SAFETY: as above: `src` readable for `dst.len()`, disjoint.

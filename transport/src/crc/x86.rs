@@ -11,6 +11,16 @@
 //! constants are computed below by `const fn` from the polynomial, not
 //! copied from a table.
 //!
+//! Long inputs also keep the integer units busy. On Zen 3 the carry-less
+//! multiplier retires one YMM multiply per cycle (about 24 GB/s of folding
+//! at 3 GHz, however many lanes), and the `crc32` instruction one 8-byte
+//! word per cycle on a different port. So a long input is cut into four
+//! regions: the vector lanes fold the first, three `crc32` streams the other
+//! three, all in one loop, and the four registers are joined at the end by
+//! multiplying each by x^(8·length) modulo the polynomial ([`shift`]). That
+//! took the fused copy+CRC from about 22 to about 29 GB/s on this CPU (see
+//! docs/ARCHITECTURE.md, design change 17).
+//!
 //! This module holds the crate's only `unsafe` outside `window::mapping`:
 //! the intrinsics are `unsafe` to call without the CPU feature, and the
 //! loads take raw pointers. Each block says why it is sound. Results are
@@ -18,10 +28,10 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    __m128i, __m256i, _mm_clmulepi64_si128, _mm_crc32_u8, _mm_crc32_u64, _mm_cvtsi128_si64,
-    _mm_extract_epi64, _mm_loadu_si128, _mm_set_epi64x, _mm_storeu_si128, _mm_xor_si128,
-    _mm256_castsi256_si128, _mm256_clmulepi64_epi128, _mm256_extracti128_si256, _mm256_loadu_si256,
-    _mm256_set_epi64x, _mm256_storeu_si256, _mm256_xor_si256,
+    __m128i, __m256i, _mm_clmulepi64_si128, _mm_crc32_u8, _mm_crc32_u64, _mm_cvtsi32_si128,
+    _mm_cvtsi128_si64, _mm_extract_epi64, _mm_loadu_si128, _mm_set_epi64x, _mm_storeu_si128,
+    _mm_xor_si128, _mm256_castsi256_si128, _mm256_clmulepi64_epi128, _mm256_extracti128_si256,
+    _mm256_loadu_si256, _mm256_set_epi64x, _mm256_storeu_si256, _mm256_xor_si256,
 };
 use std::sync::OnceLock;
 
@@ -65,6 +75,113 @@ const FOLD_16: (i64, i64) = fold_by(16);
 /// instruction alone is used.
 pub(super) const MIN_LEN: usize = 2 * STEP;
 
+/// The hybrid loop's round: 128 bytes folded by the vector lanes and 32
+/// bytes by each of the three `crc32` streams (measured best of 1-5 vector
+/// steps against 1-3 stream blocks per round: the multiplier and the
+/// `crc32` unit are then both near their one-per-cycle limit).
+const VECTOR_ROUND: usize = STEP;
+const STREAM_ROUND: usize = 32;
+const HYBRID_ROUND: usize = VECTOR_ROUND + 3 * STREAM_ROUND;
+
+/// Below this many rounds the join at the end (three multiplies, one
+/// constant of a few multiplies more) does not pay for itself.
+const HYBRID_MIN_ROUNDS: usize = 8;
+
+/// Multiplies two bit-reflected 32-bit polynomials `a`, `b` and reduces:
+/// `a·b·x^33 mod P`. The carry-less product of two reflected words comes
+/// out as a 64-bit reflected value one degree low (a factor x), and the
+/// `crc32` instruction over 8 bytes from a zero register multiplies its
+/// operand by x^32 and reduces.
+#[inline]
+#[target_feature(enable = "pclmulqdq,sse4.2")]
+fn multiply_x33(a: u32, b: u32) -> u32 {
+    let product =
+        _mm_clmulepi64_si128::<0x00>(_mm_cvtsi32_si128(a as i32), _mm_cvtsi32_si128(b as i32));
+    _mm_crc32_u64(0, _mm_cvtsi128_si64(product) as u64) as u32
+}
+
+/// x^d · y mod P, with bit d the coefficient of x^d (not reflected).
+const fn multiply_mod(a: u32, b: u32) -> u32 {
+    let mut product: u64 = 0;
+    let mut bit = 0;
+    while bit < 32 {
+        if (b >> bit) & 1 == 1 {
+            product ^= (a as u64) << bit;
+        }
+        bit += 1;
+    }
+    let mut degree = 63;
+    while degree >= 32 {
+        if (product >> degree) & 1 == 1 {
+            product ^= ((1 << 32) | POLY) << (degree - 32);
+        }
+        degree -= 1;
+    }
+    product as u32
+}
+
+/// `POWERS[k]` is x^(2^k - 33) mod P, bit-reflected, for k >= 6 (entries
+/// below 6 are unused): under [`multiply_x33`] these multiply as
+/// x^(m - 33) · x^(n - 33) · x^33 = x^(m + n - 33), so the constant for
+/// any multiple of 64 bits is a product of table entries.
+const POWERS: [u32; 48] = {
+    let mut table = [0u32; 48];
+    let x33 = x_pow_mod(33) as u32;
+    // x^(2^6 - 33) = x^31.
+    let mut power: u32 = 1 << 31;
+    let mut k = 6;
+    while k < 48 {
+        table[k] = power.reverse_bits();
+        // x^(2^(k+1) - 33) = (x^(2^k - 33))^2 · x^33.
+        power = multiply_mod(multiply_mod(power, power), x33);
+        k += 1;
+    }
+    table
+};
+
+/// The constant that [`multiply_x33`] turns into x^(8·bytes):
+/// x^(8·bytes - 33) mod P, reflected. `bytes` is a non-zero multiple of 8.
+#[target_feature(enable = "pclmulqdq,sse4.2")]
+fn shift_constant(bytes: usize) -> u32 {
+    debug_assert!(bytes > 0 && bytes.is_multiple_of(8));
+    let mut words = (bytes / 8) as u64; // 64-bit units: bit j is 2^(j+6) bits
+    let mut k = 6;
+    let mut constant: Option<u32> = None;
+    while words != 0 {
+        if words & 1 == 1 {
+            constant = Some(match constant {
+                None => POWERS[k],
+                Some(c) => multiply_x33(c, POWERS[k]),
+            });
+        }
+        words >>= 1;
+        k += 1;
+    }
+    constant.expect("bytes > 0")
+}
+
+/// The raw register `crc` advanced over `bytes` zero bytes' worth of
+/// position: what a register that was `crc` before a block of `bytes`
+/// bytes contributes after it. `constant` is [`shift_constant`]`(bytes)`.
+#[inline]
+#[target_feature(enable = "pclmulqdq,sse4.2")]
+fn shift(crc: u32, constant: u32) -> u32 {
+    multiply_x33(crc, constant)
+}
+
+/// Which copy of the bytes the `crc32` streams read when copying: the
+/// vector lanes fold the very register they store, but the streams read
+/// memory, and must read memory that cannot change under them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stable {
+    /// The source is the caller's own memory (sending: the destination may
+    /// be a BAR, which must never be read).
+    Source,
+    /// The destination is (receiving: the source is shared memory a peer
+    /// may still be writing; the checksum must be of what landed).
+    Destination,
+}
+
 /// Whether this CPU can run [`update`] (checked once).
 pub(super) fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
@@ -91,30 +208,197 @@ pub(super) fn update(state: u32, bytes: &[u8]) -> u32 {
     // SAFETY: the CPU has every feature `fold` is compiled for (asserted
     // just above, from CPUID); `bytes` is readable for its length, and
     // without a destination nothing is written.
-    unsafe { fold(state, bytes.as_ptr(), None, bytes.len()) }
+    unsafe { fold(state, bytes.as_ptr(), None, bytes.len(), Stable::Source) }
 }
 
 /// Copies `len` bytes from `src` to `dst` and advances the raw register
-/// over them in the same pass: every 32-byte vector is loaded once, stored,
-/// and folded — so the CRC is of exactly the bytes that were stored.
+/// over them in the same pass. The checksum is of the bytes as they are in
+/// the `stable` copy: with [`Stable::Destination`], exactly the bytes that
+/// were stored, even if `src` changes meanwhile.
 ///
 /// # Safety
 /// [`available`] must be true; `src` must be readable and `dst` writable
-/// for `len` bytes, and the two ranges must not overlap.
-pub(super) unsafe fn copy_update(state: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
+/// for `len` bytes, and the two ranges must not overlap. With
+/// [`Stable::Destination`], `dst` must also be readable (ordinary memory);
+/// with [`Stable::Source`], `src` must not change during the call.
+pub(super) unsafe fn copy_update(
+    state: u32,
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+    stable: Stable,
+) -> u32 {
     // SAFETY: the caller guarantees the CPU features and both ranges.
-    unsafe { fold(state, src, Some(dst), len) }
+    unsafe { fold(state, src, Some(dst), len, stable) }
 }
 
-/// The one kernel behind [`update`] and [`copy_update`]: folds the `len`
-/// bytes at `src` into the register and, when `dst` is given, stores each
-/// vector there right after loading it.
+/// The kernel behind [`update`] and [`copy_update`]: long inputs go through
+/// [`fold_hybrid`], the rest through [`fold_vector`].
+///
+/// # Safety
+/// As [`copy_update`] (without `dst`: `src` readable for `len` bytes).
+#[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
+unsafe fn fold(
+    state: u32,
+    src: *const u8,
+    dst: Option<*mut u8>,
+    len: usize,
+    stable: Stable,
+) -> u32 {
+    let rounds = len / HYBRID_ROUND;
+    if rounds < HYBRID_MIN_ROUNDS {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { fold_vector(state, src, dst, len) };
+    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { fold_hybrid(state, src, dst, len, rounds, stable) }
+}
+
+/// The vector lanes and three `crc32` streams over four consecutive
+/// regions (`rounds` rounds of [`HYBRID_ROUND`] bytes), then the tail.
+///
+/// # Safety
+/// As [`copy_update`]; `rounds * HYBRID_ROUND <= len`, `rounds >= 1`.
+#[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
+unsafe fn fold_hybrid(
+    state: u32,
+    src: *const u8,
+    dst: Option<*mut u8>,
+    len: usize,
+    rounds: usize,
+    stable: Stable,
+) -> u32 {
+    let vector_len = rounds * VECTOR_ROUND;
+    let stream_len = rounds * STREAM_ROUND;
+    let load32 = |at: usize| -> __m256i {
+        // SAFETY: callers pass `at + 32 <= vector_len <= len`: in range for
+        // both pointers (the caller's contract); unaligned accesses.
+        unsafe {
+            let v = _mm256_loadu_si256(src.add(at).cast());
+            if let Some(dst) = dst {
+                _mm256_storeu_si256(dst.add(at).cast(), v);
+            }
+            v
+        }
+    };
+    // Stream `s` (0..3) covers `vector_len + s * stream_len ..` for
+    // `stream_len` bytes; `block` copies and checksums its 32 bytes at
+    // `at` (relative to the stream) into `crc`.
+    let stream_start = |s: usize| vector_len + s * stream_len;
+    let block = |crc: u64, start: usize, at: usize| -> u64 {
+        let at = start + at;
+        // SAFETY: `at + 32 <= vector_len + 3 * stream_len <= len` (the
+        // loop below never passes `stream_len`): in range for both
+        // pointers. What the words are read from: the destination just
+        // written (ordinary memory, by the contract of
+        // `Stable::Destination`), or the source, which does not change.
+        unsafe {
+            let words = match dst {
+                Some(dst) => {
+                    let v = _mm256_loadu_si256(src.add(at).cast());
+                    _mm256_storeu_si256(dst.add(at).cast(), v);
+                    match stable {
+                        Stable::Destination => dst.add(at).cast_const(),
+                        Stable::Source => src.add(at),
+                    }
+                }
+                None => src.add(at),
+            };
+            let mut crc = crc;
+            for word in 0..4 {
+                crc = _mm_crc32_u64(crc, words.add(8 * word).cast::<u64>().read_unaligned());
+            }
+            crc
+        }
+    };
+    let mut lanes = [load32(0), load32(32), load32(64), load32(96)];
+    lanes[0] = _mm256_xor_si256(lanes[0], _mm256_set_epi64x(0, 0, 0, i64::from(state)));
+    let k128 = _mm256_set_epi64x(FOLD_128.1, FOLD_128.0, FOLD_128.1, FOLD_128.0);
+    let starts = [stream_start(0), stream_start(1), stream_start(2)];
+    let mut streams = [0u64; 3];
+    for round in 0..rounds {
+        if round > 0 {
+            let base = round * VECTOR_ROUND;
+            let next = [
+                load32(base),
+                load32(base + 32),
+                load32(base + 64),
+                load32(base + 96),
+            ];
+            lanes = advance_lanes(lanes, k128, next);
+        }
+        let at = round * STREAM_ROUND;
+        for (crc, &start) in streams.iter_mut().zip(&starts) {
+            *crc = block(*crc, start, at);
+        }
+    }
+    // Each stream started from a zero register over its own region; the
+    // register before a region, shifted over it, plus the region's own
+    // register, is the register after it.
+    let constant = shift_constant(stream_len);
+    let mut crc = merge_lanes(lanes);
+    for stream in streams {
+        crc = shift(crc, constant) ^ stream as u32;
+    }
+    let done = vector_len + 3 * stream_len;
+    // SAFETY: the rest of both ranges, from `done <= len`.
+    unsafe { fold_vector(crc, src.add(done), dst.map(|d| d.add(done)), len - done) }
+}
+
+/// The four YMM lanes advanced by one 128-byte step, `next` added.
+#[inline]
+#[target_feature(enable = "avx2,vpclmulqdq")]
+fn advance_lanes(lanes: [__m256i; 4], k128: __m256i, next: [__m256i; 4]) -> [__m256i; 4] {
+    let mut lanes = lanes;
+    for (lane, next) in lanes.iter_mut().zip(next) {
+        let low = _mm256_clmulepi64_epi128::<0x00>(*lane, k128);
+        let high = _mm256_clmulepi64_epi128::<0x11>(*lane, k128);
+        *lane = _mm256_xor_si256(_mm256_xor_si256(low, high), next);
+    }
+    lanes
+}
+
+/// The eight 16-byte lanes folded into one, oldest first, 16 bytes apart.
+#[inline]
+#[target_feature(enable = "avx2,pclmulqdq")]
+fn merge_to_one_lane(lanes: [__m256i; 4]) -> __m128i {
+    let k16 = _mm_set_epi64x(FOLD_16.1, FOLD_16.0);
+    let mut halves = [_mm_set_epi64x(0, 0); 8];
+    for (pair, lane) in lanes.iter().enumerate() {
+        halves[2 * pair] = _mm256_castsi256_si128(*lane);
+        halves[2 * pair + 1] = _mm256_extracti128_si256::<1>(*lane);
+    }
+    let mut folded = halves[0];
+    for &half in &halves[1..] {
+        folded = fold_lane(folded, k16, half);
+    }
+    folded
+}
+
+/// The raw register after everything the lanes hold: the folded 16 bytes
+/// are congruent to it, and their CRC from a zero register is the answer.
+#[inline]
+#[target_feature(enable = "avx2,pclmulqdq,sse4.2")]
+fn merge_lanes(lanes: [__m256i; 4]) -> u32 {
+    finish_lane(merge_to_one_lane(lanes))
+}
+
+#[inline]
+#[target_feature(enable = "sse4.2")]
+fn finish_lane(folded: __m128i) -> u32 {
+    let crc = _mm_crc32_u64(0, _mm_cvtsi128_si64(folded) as u64);
+    _mm_crc32_u64(crc, _mm_extract_epi64::<1>(folded) as u64) as u32
+}
+
+/// The vector lanes alone: folds the `len` bytes at `src` into the
+/// register and, when `dst` is given, stores each vector there right after
+/// loading it (so the CRC is of exactly the bytes stored).
 ///
 /// # Safety
 /// The CPU features; `src` readable for `len` bytes; `dst`, if given,
 /// writable for `len` bytes and not overlapping `src`.
 #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
-unsafe fn fold(state: u32, src: *const u8, dst: Option<*mut u8>, len: usize) -> u32 {
+unsafe fn fold_vector(state: u32, src: *const u8, dst: Option<*mut u8>, len: usize) -> u32 {
     // Short inputs and the last < 16 bytes go through a local buffer: its
     // bytes are both what is stored and what the `crc32` instruction reads.
     let finish = |crc: u32, at: usize| -> u32 {
@@ -146,9 +430,9 @@ unsafe fn fold(state: u32, src: *const u8, dst: Option<*mut u8>, len: usize) -> 
         }
     };
     let steps = len / STEP;
-    let mut acc = [load32(0), load32(32), load32(64), load32(96)];
+    let mut lanes = [load32(0), load32(32), load32(64), load32(96)];
     // The register's state is added into the first four message bytes.
-    acc[0] = _mm256_xor_si256(acc[0], _mm256_set_epi64x(0, 0, 0, i64::from(state)));
+    lanes[0] = _mm256_xor_si256(lanes[0], _mm256_set_epi64x(0, 0, 0, i64::from(state)));
     let k128 = _mm256_set_epi64x(FOLD_128.1, FOLD_128.0, FOLD_128.1, FOLD_128.0);
     for step in 1..steps {
         let base = step * STEP;
@@ -158,23 +442,10 @@ unsafe fn fold(state: u32, src: *const u8, dst: Option<*mut u8>, len: usize) -> 
             load32(base + 64),
             load32(base + 96),
         ];
-        for (acc, next) in acc.iter_mut().zip(next) {
-            let low = _mm256_clmulepi64_epi128::<0x00>(*acc, k128);
-            let high = _mm256_clmulepi64_epi128::<0x11>(*acc, k128);
-            *acc = _mm256_xor_si256(_mm256_xor_si256(low, high), next);
-        }
+        lanes = advance_lanes(lanes, k128, next);
     }
-    // Merge the eight lanes, oldest first, 16 bytes apart.
     let k16 = _mm_set_epi64x(FOLD_16.1, FOLD_16.0);
-    let mut lanes = [_mm_set_epi64x(0, 0); 8];
-    for (pair, acc) in acc.iter().enumerate() {
-        lanes[2 * pair] = _mm256_castsi256_si128(*acc);
-        lanes[2 * pair + 1] = _mm256_extracti128_si256::<1>(*acc);
-    }
-    let mut folded = lanes[0];
-    for &lane in &lanes[1..] {
-        folded = fold_lane(folded, k16, lane);
-    }
+    let mut folded = merge_to_one_lane(lanes);
     // Whole 16-byte blocks of the tail fold in the same way.
     let mut at = steps * STEP;
     while at + 16 <= len {
@@ -189,11 +460,8 @@ unsafe fn fold(state: u32, src: *const u8, dst: Option<*mut u8>, len: usize) -> 
         folded = fold_lane(folded, k16, next);
         at += 16;
     }
-    // The folded 16 bytes are congruent to everything so far: their CRC
-    // from a zero register is the message's; the rest goes byte-wise.
-    let mut crc = _mm_crc32_u64(0, _mm_cvtsi128_si64(folded) as u64);
-    crc = _mm_crc32_u64(crc, _mm_extract_epi64::<1>(folded) as u64);
-    finish(crc as u32, at)
+    // The rest goes byte-wise.
+    finish(finish_lane(folded), at)
 }
 
 /// One 128-bit lane advanced by `constants` (see [`fold_by`]) and `next`
@@ -246,21 +514,30 @@ mod tests {
             eprintln!("SKIPPED crc::x86: this CPU lacks AVX2/VPCLMULQDQ/SSE4.2");
             return;
         }
-        let data: Vec<u8> = (0..5000u32)
+        let data: Vec<u8> = (0..8000u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
             .collect();
-        for len in (0..600).chain([1023, 1024, 1025, 4096, 4960]) {
+        let hybrid_edges = (1..4).flat_map(|rounds| {
+            let at = rounds * HYBRID_MIN_ROUNDS * HYBRID_ROUND;
+            [at - 1, at, at + 1, at + HYBRID_ROUND - 1, at + 200]
+        });
+        let lengths = (0..600).chain([1023, 1024, 1025, 4096]).chain(hybrid_edges);
+        for (len, stable) in lengths
+            .flat_map(|len| [Stable::Source, Stable::Destination].map(|stable| (len, stable)))
+        {
             for (src_off, dst_off) in [(0, 0), (1, 3), (7, 0), (31, 17)] {
                 let mut out = vec![0xEEu8; len + 64];
                 let state = 0x0BAD_F00D;
                 // SAFETY: the ranges are within `data` and `out`, which do
-                // not overlap; the CPU has the features (checked above).
+                // not overlap and are ordinary memory; the CPU has the
+                // features (checked above).
                 let got = unsafe {
                     copy_update(
                         state,
                         data[src_off..].as_ptr(),
                         out[dst_off..].as_mut_ptr(),
                         len,
+                        stable,
                     )
                 };
                 assert_eq!(
@@ -285,6 +562,19 @@ mod tests {
     }
 
     #[test]
+    fn shift_constants_match_powers_of_x_computed_bit_by_bit() {
+        if !available() {
+            eprintln!("SKIPPED crc::x86: this CPU lacks AVX2/VPCLMULQDQ/SSE4.2");
+            return;
+        }
+        for bytes in [8usize, 16, 24, 64, 96, 256, 1000, 4096, 8192, 65_504] {
+            let expected = (x_pow_mod(8 * bytes as u32 - 33) as u32).reverse_bits();
+            // SAFETY: the CPU has PCLMULQDQ and SSE4.2 (checked above).
+            assert_eq!(unsafe { shift_constant(bytes) }, expected, "{bytes} bytes");
+        }
+    }
+
+    #[test]
     fn matches_the_bitwise_definition_for_every_length_and_offset() {
         if !available() {
             eprintln!("SKIPPED crc::x86: this CPU lacks AVX2/VPCLMULQDQ/SSE4.2");
@@ -293,7 +583,7 @@ mod tests {
         let data: Vec<u8> = (0..5000u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
             .collect();
-        for len in (0..700).chain([1023, 1024, 1025, 4096, 4960]) {
+        for len in (0..700).chain([1023, 1024, 1025, 1791, 1792, 1793, 4096, 4960]) {
             for offset in [0, 1, 7, 31] {
                 let piece = &data[offset..offset + len];
                 for state in [0, !0, 0x1234_5678] {
