@@ -1,6 +1,7 @@
 //! Criterion benchmark: two engines over the in-memory medium at 4 KiB and
 //! 64 KiB MTU, CRC on and off (the difference is the CRC's share), plus the
-//! CRC alone at each packet size, and the CPU cost of a small message's
+//! CRC alone at each packet size, a packet's payload copied into and out of
+//! a window with its CRC against the plain copy, and the CPU cost of a small message's
 //! round trip over two ring links in one thread (no cross-core traffic: the
 //! protocol's own cost, which the one-way latency of `barlink bench` adds
 //! to the raw ring's).
@@ -66,34 +67,41 @@ fn crc_alone(c: &mut Criterion) {
         group.bench_function(format!("{size}B"), |b| b.iter(|| crc32c(black_box(&data))));
     }
     group.finish();
-    // What the links do: copy a 64 KiB payload piece by piece, taking the
-    // CRC of each piece right after it is copied (still in L1/L2). The piece
-    // size trades the CRC's per-call cost against cache residency.
-    let mut group = c.benchmark_group("copy+crc32c 64KiB");
-    let src = vec![0x3Cu8; 65536];
-    // 64 bytes in, so that the two buffers never sit 1-31 bytes apart
-    // modulo 4 KiB, where `rep movsb` on some AMD CPUs is ~15x slower
-    // (docs/ARCHITECTURE.md).
-    let mut dst_buffer = vec![0u8; 65536 + 4096];
-    let skew = (dst_buffer.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize) % 4096;
-    let start = (64 + 4096 - skew) % 4096;
-    let dst = &mut dst_buffer[start..start + 65536];
-    group.throughput(Throughput::Bytes(src.len() as u64));
-    group.bench_function("copy only", |b| {
-        b.iter(|| dst.copy_from_slice(black_box(&src)));
+    // What the ring links do with a packet's payload, on cache-hot memory:
+    // the sender copies it into the peer's slot and takes its CRC in the
+    // same pass (write_crc), the receiver copies it out of its slot and
+    // checks it in the same pass (read_crc); the plain copy (write) is
+    // the raw ring's whole work, and so the yardstick.
+    let mut group = c.benchmark_group("window 64KiB payload");
+    let payload = 65536 - HEADER_LEN;
+    let window = HeapWindow::new(1 << 20).unwrap();
+    let message = vec![0x3Cu8; payload];
+    let mut landed = vec![0u8; payload];
+    // 64 bytes past a 4 KiB boundary, as a slot's payload sits (behind the
+    // header): no placement cliff either way.
+    let slot = 4096 + HEADER_LEN;
+    group.throughput(Throughput::Bytes(payload as u64));
+    group.bench_function("write (copy only)", |b| {
+        b.iter(|| window.write(slot, black_box(&message)).unwrap());
     });
-    for piece in [4096usize, 16384, 32768, 65536] {
-        group.bench_function(format!("piece {piece}B"), |b| {
-            b.iter(|| {
-                let mut crc = barlink_transport::crc::Crc32c::new();
-                for (d, s) in dst.chunks_mut(piece).zip(black_box(&src).chunks(piece)) {
-                    d.copy_from_slice(s);
-                    crc.update(d);
-                }
-                crc.finish()
-            })
+    group.bench_function("write_crc (send)", |b| {
+        b.iter(|| {
+            let mut crc = barlink::transport::crc::Crc32c::new();
+            window
+                .write_crc(slot, black_box(&message), &mut crc)
+                .unwrap();
+            crc.finish()
         });
-    }
+    });
+    group.bench_function("read_crc (receive)", |b| {
+        b.iter(|| {
+            let mut crc = barlink::transport::crc::Crc32c::new();
+            window
+                .read_crc(slot, black_box(&mut landed), &mut crc)
+                .unwrap();
+            crc.finish()
+        });
+    });
     group.finish();
 }
 

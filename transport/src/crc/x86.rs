@@ -33,6 +33,7 @@ use std::arch::x86_64::{
     _mm_xor_si128, _mm256_castsi256_si128, _mm256_clmulepi64_epi128, _mm256_extracti128_si256,
     _mm256_loadu_si256, _mm256_set_epi64x, _mm256_storeu_si256, _mm256_xor_si256,
 };
+use std::ptr;
 use std::sync::OnceLock;
 
 /// CRC-32C (Castagnoli), normal form without the x^32 term.
@@ -250,23 +251,35 @@ unsafe fn fold(
         // SAFETY: the caller's contract, passed on.
         return unsafe { fold_vector(state, src, dst, len) };
     }
-    // SAFETY: the caller's contract, passed on.
-    unsafe { fold_hybrid(state, src, dst, len, rounds, stable) }
+    // One copy of the loop per mode, so that none of them tests the mode
+    // inside it. SAFETY: the caller's contract, passed on; a null `dst` is
+    // never used without COPY.
+    unsafe {
+        match (dst, stable) {
+            (None, _) => fold_hybrid::<false, false>(state, src, ptr::null_mut(), len, rounds),
+            (Some(dst), Stable::Source) => fold_hybrid::<true, false>(state, src, dst, len, rounds),
+            (Some(dst), Stable::Destination) => {
+                fold_hybrid::<true, true>(state, src, dst, len, rounds)
+            }
+        }
+    }
 }
 
 /// The vector lanes and three `crc32` streams over four consecutive
 /// regions (`rounds` rounds of [`HYBRID_ROUND`] bytes), then the tail.
+/// With `COPY`, every byte is also stored to `dst`; with `FROM_DST`, the
+/// streams checksum the stored bytes ([`Stable::Destination`]).
 ///
 /// # Safety
-/// As [`copy_update`]; `rounds * HYBRID_ROUND <= len`, `rounds >= 1`.
+/// As [`copy_update`] (`dst` is ignored without `COPY`);
+/// `rounds * HYBRID_ROUND <= len`, `rounds >= 1`.
 #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
-unsafe fn fold_hybrid(
+unsafe fn fold_hybrid<const COPY: bool, const FROM_DST: bool>(
     state: u32,
     src: *const u8,
-    dst: Option<*mut u8>,
+    dst: *mut u8,
     len: usize,
     rounds: usize,
-    stable: Stable,
 ) -> u32 {
     let vector_len = rounds * VECTOR_ROUND;
     let stream_len = rounds * STREAM_ROUND;
@@ -275,7 +288,7 @@ unsafe fn fold_hybrid(
         // both pointers (the caller's contract); unaligned accesses.
         unsafe {
             let v = _mm256_loadu_si256(src.add(at).cast());
-            if let Some(dst) = dst {
+            if COPY {
                 _mm256_storeu_si256(dst.add(at).cast(), v);
             }
             v
@@ -293,16 +306,14 @@ unsafe fn fold_hybrid(
         // written (ordinary memory, by the contract of
         // `Stable::Destination`), or the source, which does not change.
         unsafe {
-            let words = match dst {
-                Some(dst) => {
-                    let v = _mm256_loadu_si256(src.add(at).cast());
-                    _mm256_storeu_si256(dst.add(at).cast(), v);
-                    match stable {
-                        Stable::Destination => dst.add(at).cast_const(),
-                        Stable::Source => src.add(at),
-                    }
-                }
-                None => src.add(at),
+            if COPY {
+                let v = _mm256_loadu_si256(src.add(at).cast());
+                _mm256_storeu_si256(dst.add(at).cast(), v);
+            }
+            let words = if FROM_DST {
+                dst.add(at).cast_const()
+            } else {
+                src.add(at)
             };
             let mut crc = crc;
             for word in 0..4 {
@@ -341,8 +352,12 @@ unsafe fn fold_hybrid(
         crc = shift(crc, constant) ^ stream as u32;
     }
     let done = vector_len + 3 * stream_len;
+    let rest_dst = COPY.then(|| {
+        // SAFETY: `done <= len`: still inside (or at the end of) `dst`.
+        unsafe { dst.add(done) }
+    });
     // SAFETY: the rest of both ranges, from `done <= len`.
-    unsafe { fold_vector(crc, src.add(done), dst.map(|d| d.add(done)), len - done) }
+    unsafe { fold_vector(crc, src.add(done), rest_dst, len - done) }
 }
 
 /// The four YMM lanes advanced by one 128-byte step, `next` added.
