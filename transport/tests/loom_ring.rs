@@ -241,10 +241,14 @@ struct Protocol {
     consumer_batch: u64,
 }
 
-/// The protocol as `ring` specifies it and `RingLink::progress` runs it:
-/// the producer fills every free slot and then publishes `head` once; the
-/// consumer reads every ready slot and then publishes `consumed` once.
-/// With two slots this moves packets in lockstep pairs.
+/// The protocol as `ring` specifies it and `RingLink::progress` runs it
+/// for small packets: the producer fills every free slot and then
+/// publishes `head` once; the consumer reads every ready slot and then
+/// publishes `consumed` once. With two slots this moves packets in
+/// lockstep pairs. (The link publishes mid-batch every 16 KiB of packets,
+/// which the one-step and batching variants below cover, and may hold
+/// `consumed` back until its next transmission: a later publication of
+/// the same value, which can only keep the producer waiting longer.)
 const LINK: Protocol = Protocol {
     head_store: Ordering::Release,
     head_load: Ordering::Acquire,

@@ -414,20 +414,34 @@ fn finish_lane(folded: __m128i) -> u32 {
 /// writable for `len` bytes and not overlapping `src`.
 #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
 unsafe fn fold_vector(state: u32, src: *const u8, dst: Option<*mut u8>, len: usize) -> u32 {
-    // Short inputs and the last < 16 bytes go through a local buffer: its
-    // bytes are both what is stored and what the `crc32` instruction reads.
-    let finish = |crc: u32, at: usize| -> u32 {
-        let rest = len - at;
-        let mut bounce = [0u8; MIN_LEN];
-        // SAFETY: `rest` (< MIN_LEN) bytes remain at `at` in both ranges
-        // (the caller's contract); `bounce` is local.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.add(at), bounce.as_mut_ptr(), rest);
+    // Short inputs and the last < 16 bytes: word by word, each word loaded
+    // once, stored, and fed to the `crc32` instruction, so that what is
+    // stored and what is checksummed are the same bytes.
+    let finish = |crc: u32, mut at: usize| -> u32 {
+        let mut crc = u64::from(crc);
+        while at + 8 <= len {
+            // SAFETY: `at + 8 <= len`: in both ranges (the caller's
+            // contract); unaligned accesses.
+            let word = unsafe { src.add(at).cast::<u64>().read_unaligned() };
             if let Some(dst) = dst {
-                std::ptr::copy_nonoverlapping(bounce.as_ptr(), dst.add(at), rest);
+                // SAFETY: as above.
+                unsafe { dst.add(at).cast::<u64>().write_unaligned(word) };
             }
+            crc = _mm_crc32_u64(crc, word);
+            at += 8;
         }
-        update_crc32_instruction(crc, &bounce[..rest])
+        let mut crc = crc as u32;
+        while at < len {
+            // SAFETY: `at < len`: in both ranges.
+            let byte = unsafe { src.add(at).read() };
+            if let Some(dst) = dst {
+                // SAFETY: as above.
+                unsafe { dst.add(at).write(byte) };
+            }
+            crc = _mm_crc32_u8(crc, byte);
+            at += 1;
+        }
+        crc
     };
     if len < MIN_LEN {
         return finish(state, 0);

@@ -429,6 +429,11 @@ impl<W: Window> Window for FaultWindow<W> {
         let _state = self.begin_call();
         self.inner.store_fence();
     }
+
+    fn prefetch(&self, offset: usize, len: usize) {
+        // A hint: it moves no data, so there is nothing to fault.
+        self.inner.prefetch(offset, len);
+    }
 }
 
 #[cfg(test)]

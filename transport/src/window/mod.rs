@@ -161,6 +161,16 @@ pub trait Window: Send + Sync {
     fn store_fence(&self) {
         mapping::store_fence();
     }
+
+    /// A hint that `len` bytes at `offset` will be read soon: windows over
+    /// host memory start fetching their cache lines, so that a small
+    /// packet's header and payload lines arrive together instead of one
+    /// after the other. Out-of-range parts are ignored; the default does
+    /// nothing (and must stay so for device memory, where a read is a slow
+    /// PCIe round trip of its own).
+    fn prefetch(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
+    }
 }
 
 /// Bytes copied between CRC updates by the default [`Window::write_crc`]
@@ -232,6 +242,9 @@ macro_rules! forward_window {
             fn store_fence(&self) {
                 (**self).store_fence()
             }
+            fn prefetch(&self, offset: usize, len: usize) {
+                (**self).prefetch(offset, len)
+            }
         }
     )*};
 }
@@ -290,6 +303,9 @@ macro_rules! window_over_mapping {
                 order: std::sync::atomic::Ordering,
             ) -> Result<u64, WindowError> {
                 self.mapping.fetch_add_u64(offset, value, order)
+            }
+            fn prefetch(&self, offset: usize, len: usize) {
+                self.mapping.prefetch(offset, len)
             }
         }
     };
