@@ -59,39 +59,61 @@ pub(super) struct DataPacket {
     pub(super) ack_requested: bool,
 }
 
+/// `duration` in nanoseconds, saturating.
+fn duration_ns(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// RFC 6298 round-trip estimation, with Karn's rule applied by the caller
 /// (only packets sent once are sampled).
+///
+/// The averages are kept in nanoseconds as integers: `Duration`'s
+/// multiplications and divisions normalize seconds and nanoseconds with
+/// divisions of their own, and this runs for every acknowledgement.
 #[derive(Debug, Clone)]
 struct RttEstimator {
-    smoothed: Option<Duration>,
-    variation: Duration,
+    /// Smoothed round trip and its variation, in nanoseconds.
+    smoothed_ns: Option<u64>,
+    variation_ns: u64,
     rto: Duration,
 }
 
 impl RttEstimator {
     fn new(initial_rto: Duration) -> Self {
         RttEstimator {
-            smoothed: None,
-            variation: Duration::ZERO,
+            smoothed_ns: None,
+            variation_ns: 0,
             rto: initial_rto,
         }
     }
 
     fn sample(&mut self, rtt: Duration, config: &EngineConfig) {
-        let smoothed = match self.smoothed {
+        // Round trips past 2^64 ns (584 years) are clamped; the sums below
+        // stay far from overflow for anything up to `max_rto`'s scale.
+        let rtt = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX / 16);
+        let smoothed = match self.smoothed_ns {
             None => {
-                self.variation = rtt / 2;
+                self.variation_ns = rtt / 2;
                 rtt
             }
             Some(srtt) => {
                 let deviation = srtt.abs_diff(rtt);
-                self.variation = (self.variation * 3 + deviation) / 4;
-                (srtt * 7 + rtt) / 8
+                self.variation_ns = self
+                    .variation_ns
+                    .saturating_mul(3)
+                    .saturating_add(deviation)
+                    / 4;
+                srtt.saturating_mul(7).saturating_add(rtt) / 8
             }
         };
-        self.smoothed = Some(smoothed);
-        let rto = smoothed + (self.variation * 4).max(Duration::from_micros(1));
-        self.rto = rto.clamp(config.min_rto, config.max_rto);
+        self.smoothed_ns = Some(smoothed);
+        let rto_ns = smoothed.saturating_add(self.variation_ns.saturating_mul(4).max(1_000));
+        let (min, max) = (config.min_rto, config.max_rto);
+        // Compare in nanoseconds; build a Duration only when it changes.
+        let rto_ns = rto_ns.clamp(duration_ns(min), duration_ns(max));
+        if rto_ns != duration_ns(self.rto) {
+            self.rto = Duration::from_nanos(rto_ns);
+        }
     }
 
     /// A retransmission timer fired: the timeout doubles until a packet
@@ -375,6 +397,11 @@ impl<B: AsRef<[u8]>> Sender<B> {
         }
         if let Some(rtt) = rtt_sample {
             self.rtt.sample(rtt, config);
+        }
+        if self.in_flight.is_empty() {
+            // Every timer is stale now: drop them in place (keeping the
+            // heap's memory) rather than let them pile up until a rebuild.
+            self.timers.clear();
         }
         let mut highest_sacked = ack;
         // Only the set bits: the common SACK is empty or nearly so.
