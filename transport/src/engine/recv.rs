@@ -402,14 +402,40 @@ impl Receiver {
             let mut filled_gap = false;
             while let Some(buffered) = self.ahead.remove(&self.next_seq) {
                 filled_gap = true;
-                let payload = match &buffered.held {
+                match buffered.held {
                     Held::Bytes(bytes) => {
                         self.ahead_bytes -= bytes.len();
-                        Payload::Bytes(bytes)
+                        if self.assembly.is_none() && buffered.fragment.index == 0 {
+                            // It starts the next message: its buffer becomes
+                            // that message's, with the fragment already at
+                            // the front (no second copy).
+                            let len = bytes.len();
+                            if let Some(unused) = self.staged.replace(bytes) {
+                                self.recycle(unused, config);
+                            }
+                            self.consume(
+                                self.next_seq,
+                                &buffered.fragment,
+                                Payload::Placed(len),
+                                &mut deliver,
+                            )?;
+                        } else {
+                            self.consume(
+                                self.next_seq,
+                                &buffered.fragment,
+                                Payload::Bytes(&bytes),
+                                &mut deliver,
+                            )?;
+                            self.recycle(bytes, config);
+                        }
                     }
-                    Held::InPlace(len) => Payload::Placed(*len),
-                };
-                self.consume(self.next_seq, &buffered.fragment, payload, &mut deliver)?;
+                    Held::InPlace(len) => self.consume(
+                        self.next_seq,
+                        &buffered.fragment,
+                        Payload::Placed(len),
+                        &mut deliver,
+                    )?,
+                }
             }
             if filled_gap {
                 self.ack_now = true;
@@ -419,7 +445,14 @@ impl Receiver {
             let held = match payload {
                 Payload::Bytes(bytes) => {
                     self.ahead_bytes += bytes.len();
-                    Held::Bytes(bytes.to_vec())
+                    // A given-back buffer if there is one: after a lost
+                    // packet, a ring's worth of packets comes in ahead of
+                    // its retransmission, and allocating for each of them
+                    // made a corrupt packet cost far more than its resend.
+                    let mut held = self.spare_buffers.pop().unwrap_or_default();
+                    held.clear();
+                    held.extend_from_slice(bytes);
+                    Held::Bytes(held)
                 }
                 // `place_ahead` put it where it belongs in the message.
                 Payload::Placed(len) => Held::InPlace(len),
