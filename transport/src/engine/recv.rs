@@ -62,6 +62,32 @@ struct Assembly {
     filled: usize,
 }
 
+/// A message after the one being assembled whose first fragment arrived
+/// ahead of a gap: its fragments are placed in it as they come, so that
+/// when the gap fills it is complete without another copy.
+#[derive(Debug)]
+struct Later {
+    /// Sequence number of its first fragment.
+    first_seq: u64,
+    assembly: Assembly,
+}
+
+impl Later {
+    /// Whether `fragment`, the first of its message, carried by `seq`, is
+    /// the one this was started with (or its retransmission).
+    fn started_by(&self, seq: u64, fragment: &Fragment, len: usize) -> bool {
+        self.first_seq == seq
+            && fragment.index == 0
+            && self.assembly.msg_len == fragment.msg_len
+            && self.assembly.count == fragment.count
+            && self.assembly.frag_size == len
+    }
+}
+
+/// Most messages assembled ahead of a gap at once; beyond, their fragments
+/// are held as copies.
+const MAX_LATER_MESSAGES: usize = 64;
+
 /// Where a data packet's payload is.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Payload<'a> {
@@ -95,6 +121,12 @@ pub(super) struct Receiver {
     ahead: BTreeMap<u64, Buffered>,
     ahead_bytes: usize,
     assembly: Option<Assembly>,
+    /// Messages after `assembly` begun ahead of a gap, by message id.
+    later: BTreeMap<u64, Later>,
+    /// The buffer [`Receiver::place`] put the first fragment of a later
+    /// message in, with that packet's sequence number, until the packet is
+    /// taken (or another takes its place).
+    ahead_staged: Option<(u64, Vec<u8>)>,
     /// The id the next message must carry (learned from the session's first).
     expected_msg_id: Option<u64>,
     /// Packets of delivered messages the caller has not taken yet; they
@@ -320,6 +352,11 @@ impl Receiver {
                 {
                     return None;
                 }
+                if self.later.contains_key(&fragment.msg_id) {
+                    // Its first fragment was taken ahead of a gap already:
+                    // this is a duplicate, and must not touch that buffer.
+                    return None;
+                }
                 let spare = &mut self.spare_buffers;
                 let data = self
                     .staged
@@ -345,12 +382,68 @@ impl Receiver {
         if self.ahead.contains_key(&seq) {
             return None;
         }
+        if self
+            .assembly
+            .as_ref()
+            .is_none_or(|assembly| assembly.msg_id != fragment.msg_id)
+        {
+            return self.place_later(seq, fragment, len, limit);
+        }
         let assembly = self.assembly.as_mut()?;
         let same_message = fragment.msg_id == assembly.msg_id
             && fragment.msg_len == assembly.msg_len
             && fragment.count == assembly.count;
         let index_matches = fragment.index > assembly.next_index
             && u64::from(fragment.index - assembly.next_index) == seq - self.next_seq;
+        let sized = len == assembly.frag_size || fragment.is_last();
+        if !(same_message && index_matches && sized) || assembly.frag_size == 0 {
+            return None;
+        }
+        let start = usize::try_from(fragment.index)
+            .ok()?
+            .checked_mul(assembly.frag_size)?;
+        let end = start.checked_add(len)?;
+        if end > limit || (fragment.is_last() && end != limit) {
+            return None;
+        }
+        make_room(&mut assembly.data, end, end, limit).ok()?;
+        Some(&mut assembly.data[start..end])
+    }
+
+    /// Room for a fragment of a message after the one being assembled,
+    /// ahead of a gap. A first fragment goes into a buffer of its own
+    /// (`ahead_staged`), which becomes a [`Later`] once the packet passed
+    /// its CRC ([`Receiver::on_data`]); memory for that fragment only,
+    /// growing as the rest arrives, so a peer cannot make us reserve more
+    /// than it sends. The others go where their index says in their
+    /// message's `Later`, as in [`Receiver::place_ahead`] — only into one
+    /// that an intact first fragment began.
+    fn place_later(
+        &mut self,
+        seq: u64,
+        fragment: &Fragment,
+        len: usize,
+        limit: usize,
+    ) -> Option<&mut [u8]> {
+        if fragment.index == 0 {
+            if len > limit
+                || (fragment.is_last() && len != limit)
+                || self.later.contains_key(&fragment.msg_id)
+            {
+                return None;
+            }
+            let mut data = match self.ahead_staged.take() {
+                Some((_, data)) => data,
+                None => self.spare_buffers.pop().unwrap_or_default(),
+            };
+            make_room(&mut data, len, len, limit).ok()?;
+            let (_, data) = self.ahead_staged.insert((seq, data));
+            return Some(&mut data[..len]);
+        }
+        let later = self.later.get_mut(&fragment.msg_id)?;
+        let assembly = &mut later.assembly;
+        let same_message = fragment.msg_len == assembly.msg_len && fragment.count == assembly.count;
+        let index_matches = seq.checked_sub(later.first_seq) == Some(u64::from(fragment.index));
         let sized = len == assembly.frag_size || fragment.is_last();
         if !(same_message && index_matches && sized) || assembly.frag_size == 0 {
             return None;
@@ -405,7 +498,10 @@ impl Receiver {
                 match buffered.held {
                     Held::Bytes(bytes) => {
                         self.ahead_bytes -= bytes.len();
-                        if self.assembly.is_none() && buffered.fragment.index == 0 {
+                        if self.assembly.is_none()
+                            && buffered.fragment.index == 0
+                            && !self.later.contains_key(&buffered.fragment.msg_id)
+                        {
                             // It starts the next message: its buffer becomes
                             // that message's, with the fragment already at
                             // the front (no second copy).
@@ -454,8 +550,52 @@ impl Receiver {
                     held.extend_from_slice(bytes);
                     Held::Bytes(held)
                 }
-                // `place_ahead` put it where it belongs in the message.
-                Payload::Placed(len) => Held::InPlace(len),
+                Payload::Placed(len) => match self.ahead_staged.take() {
+                    // `place` put the first fragment of a later message in
+                    // a buffer of its own: it begins that message. (Only a
+                    // first fragment goes there; the buffer may still hold
+                    // a corrupt packet that claimed this sequence number,
+                    // so the number alone does not say it is this one's.)
+                    Some((staged_seq, mut data))
+                        if staged_seq == seq
+                            && fragment.index == 0
+                            && self
+                                .assembly
+                                .as_ref()
+                                .is_none_or(|assembly| assembly.msg_id != fragment.msg_id) =>
+                    {
+                        if self.later.len() < MAX_LATER_MESSAGES
+                            && !self.later.contains_key(&fragment.msg_id)
+                        {
+                            self.later.insert(
+                                fragment.msg_id,
+                                Later {
+                                    first_seq: seq,
+                                    assembly: Assembly {
+                                        msg_id: fragment.msg_id,
+                                        msg_len: fragment.msg_len,
+                                        count: fragment.count,
+                                        next_index: 0,
+                                        frag_size: len,
+                                        data,
+                                        filled: 0,
+                                    },
+                                },
+                            );
+                            Held::InPlace(len)
+                        } else {
+                            data.truncate(len);
+                            self.ahead_bytes += len;
+                            Held::Bytes(data)
+                        }
+                    }
+                    other => {
+                        self.ahead_staged = other;
+                        // `place_ahead` put it where it belongs in its
+                        // message (the one being assembled or a later one).
+                        Held::InPlace(len)
+                    }
+                },
             };
             self.ahead.insert(seq, Buffered { fragment, held });
             // Tell the sender about the gap at once (selective ack).
@@ -502,11 +642,21 @@ impl Receiver {
                         found: fragment.msg_id,
                     });
                 }
-                // A placed first fragment is already at the start of the
+                // A message begun ahead of a gap has its fragments in place
+                // (its first one too, if placed: `place` put it there); a
+                // placed first fragment of any other is at the start of the
                 // staged buffer.
-                let data = match self.staged.take() {
-                    Some(data) => data,
-                    None => self.spare_buffers.pop().unwrap_or_default(),
+                let data = match self.later.remove(&fragment.msg_id) {
+                    Some(later) if later.started_by(seq, fragment, len) => later.assembly.data,
+                    stale => {
+                        // Begun by a packet that is not this one: nothing
+                        // of it counts (`place` did not use it either).
+                        drop(stale);
+                        match self.staged.take() {
+                            Some(data) => data,
+                            None => self.spare_buffers.pop().unwrap_or_default(),
+                        }
+                    }
                 };
                 self.assembly.insert(Assembly {
                     msg_id: fragment.msg_id,
@@ -563,7 +713,18 @@ impl Receiver {
                 assembly.data[assembly.filled..end].copy_from_slice(bytes);
             }
             // `place` copied it to exactly there.
-            Payload::Placed(_) => debug_assert!(assembly.data.len() >= end),
+            Payload::Placed(_) => {
+                if assembly.data.len() < end {
+                    // Cannot happen while `place` and `consume` agree; if it
+                    // ever did, fail the link rather than deliver a short
+                    // or stale message.
+                    return violation(Violation::FragmentLengthWrong {
+                        msg_id: assembly.msg_id,
+                        index: fragment.index,
+                        payload_len: len,
+                    });
+                }
+            }
         }
         assembly.filled = end;
         assembly.next_index += 1;
