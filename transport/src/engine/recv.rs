@@ -62,6 +62,31 @@ struct Assembly {
     filled: usize,
 }
 
+impl Assembly {
+    /// Where `fragment` (`len` bytes of a message of `limit` bytes) goes in
+    /// this message, made room for: at `index * frag_size`, if it belongs
+    /// to this message and is sized as its others. Whether its sequence
+    /// number fits its index is the caller's check.
+    fn room_for(&mut self, fragment: &Fragment, len: usize, limit: usize) -> Option<&mut [u8]> {
+        let same_message = fragment.msg_id == self.msg_id
+            && fragment.msg_len == self.msg_len
+            && fragment.count == self.count;
+        let sized = len == self.frag_size || fragment.is_last();
+        if !(same_message && sized) || self.frag_size == 0 {
+            return None;
+        }
+        let start = usize::try_from(fragment.index)
+            .ok()?
+            .checked_mul(self.frag_size)?;
+        let end = start.checked_add(len)?;
+        if end > limit || (fragment.is_last() && end != limit) {
+            return None;
+        }
+        make_room(&mut self.data, end, end, limit).ok()?;
+        Some(&mut self.data[start..end])
+    }
+}
+
 /// A message after the one being assembled whose first fragment arrived
 /// ahead of a gap: its fragments are placed in it as they come, so that
 /// when the gap fills it is complete without another copy.
@@ -389,25 +414,14 @@ impl Receiver {
         {
             return self.place_later(seq, fragment, len, limit);
         }
+        let next_seq = self.next_seq;
         let assembly = self.assembly.as_mut()?;
-        let same_message = fragment.msg_id == assembly.msg_id
-            && fragment.msg_len == assembly.msg_len
-            && fragment.count == assembly.count;
         let index_matches = fragment.index > assembly.next_index
-            && u64::from(fragment.index - assembly.next_index) == seq - self.next_seq;
-        let sized = len == assembly.frag_size || fragment.is_last();
-        if !(same_message && index_matches && sized) || assembly.frag_size == 0 {
+            && u64::from(fragment.index - assembly.next_index) == seq - next_seq;
+        if !index_matches {
             return None;
         }
-        let start = usize::try_from(fragment.index)
-            .ok()?
-            .checked_mul(assembly.frag_size)?;
-        let end = start.checked_add(len)?;
-        if end > limit || (fragment.is_last() && end != limit) {
-            return None;
-        }
-        make_room(&mut assembly.data, end, end, limit).ok()?;
-        Some(&mut assembly.data[start..end])
+        assembly.room_for(fragment, len, limit)
     }
 
     /// Room for a fragment of a message after the one being assembled,
@@ -441,22 +455,10 @@ impl Receiver {
             return Some(&mut data[..len]);
         }
         let later = self.later.get_mut(&fragment.msg_id)?;
-        let assembly = &mut later.assembly;
-        let same_message = fragment.msg_len == assembly.msg_len && fragment.count == assembly.count;
-        let index_matches = seq.checked_sub(later.first_seq) == Some(u64::from(fragment.index));
-        let sized = len == assembly.frag_size || fragment.is_last();
-        if !(same_message && index_matches && sized) || assembly.frag_size == 0 {
+        if seq.checked_sub(later.first_seq) != Some(u64::from(fragment.index)) {
             return None;
         }
-        let start = usize::try_from(fragment.index)
-            .ok()?
-            .checked_mul(assembly.frag_size)?;
-        let end = start.checked_add(len)?;
-        if end > limit || (fragment.is_last() && end != limit) {
-            return None;
-        }
-        make_room(&mut assembly.data, end, end, limit).ok()?;
-        Some(&mut assembly.data[start..end])
+        later.assembly.room_for(fragment, len, limit)
     }
 
     /// A data packet that passed the wire checks, from the current session.
