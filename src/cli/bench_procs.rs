@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use barlink_transport::link::{
-    LinkConfig, Listener, Medium, ProgressOptions, ProgressThread, RingLink, connect,
+    IoError, LinkConfig, Listener, Medium, ProgressOptions, ProgressThread, RingLink, connect,
     connect_windows,
 };
 use barlink_transport::ring::{self, Consumer, Producer};
@@ -127,18 +127,84 @@ trait Pipe {
     fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String>;
     /// Receives one message into `buf`; returns its length.
     fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String>;
+    /// As `recv`, but gives up after `within` (`None`) where the pipe can
+    /// wait that way (see [`recv_on`]).
+    fn recv_within(
+        &mut self,
+        buf: &mut Vec<u8>,
+        within: Duration,
+    ) -> Result<Option<usize>, String> {
+        let _ = within;
+        self.recv(buf).map(Some)
+    }
     /// Waits until everything sent is through (for the link: acknowledged).
     fn flush(&mut self) -> Result<(), String> {
         Ok(())
     }
-    /// Before the schedule turns to another path: everything sent is on
-    /// its way (a link only moves data while it is being called).
-    fn settle(&mut self) -> Result<(), String> {
+    /// As `flush`, for at most `within`: whether it is through.
+    fn flush_within(&mut self, within: Duration) -> Result<bool, String> {
+        let _ = within;
+        self.flush().map(|()| true)
+    }
+    /// One round of whatever keeps the pipe moving while its turn waits.
+    fn poke(&mut self) -> Result<(), String> {
         Ok(())
     }
     fn counters(&self) -> (u64, u64) {
         (0, 0)
     }
+}
+
+/// How long one wait on a pipe lasts before the other pipes get a round.
+const IDLE_SLICE: Duration = Duration::from_millis(1);
+
+/// Receives on `pipes[index]`, giving the other pipes a round of progress
+/// whenever the wait lasts longer than [`IDLE_SLICE`].
+///
+/// A link moves data only while it is called. The two processes take the
+/// paths in turn, so a packet that one side still owes on the path it left
+/// (a held acknowledgement, a retransmission of a last packet that arrived
+/// corrupt) would otherwise wait until the schedule came back to that path
+/// — while the other side waits for it there, never coming back: a
+/// deadlock that `--fault-rate` runs hit a few times in a hundred. A round
+/// on an idle link is two loads, so the timed windows do not feel it.
+fn recv_on(pipes: &mut [Box<dyn Pipe>], index: usize, buf: &mut Vec<u8>) -> Result<usize, String> {
+    let mut deadline = None;
+    loop {
+        if let Some(len) = pipes[index].recv_within(buf, IDLE_SLICE)? {
+            return Ok(len);
+        }
+        keep_others_moving(pipes, index, &mut deadline)?;
+    }
+}
+
+/// Flushes `pipes[index]` as [`recv_on`] receives: before the schedule
+/// turns to another path, everything sent on this one is acknowledged.
+fn flush_on(pipes: &mut [Box<dyn Pipe>], index: usize) -> Result<(), String> {
+    let mut deadline = None;
+    while !pipes[index].flush_within(IDLE_SLICE)? {
+        keep_others_moving(pipes, index, &mut deadline)?;
+    }
+    Ok(())
+}
+
+/// A round of progress on every pipe but `index`; an error once the wait
+/// on `index` has lasted [`STEP_TIMEOUT`].
+fn keep_others_moving(
+    pipes: &mut [Box<dyn Pipe>],
+    index: usize,
+    deadline: &mut Option<Instant>,
+) -> Result<(), String> {
+    let now = Instant::now();
+    if now > *deadline.get_or_insert(now + STEP_TIMEOUT) {
+        return Err(format!("timed out after {STEP_TIMEOUT:?}"));
+    }
+    for (other, pipe) in pipes.iter_mut().enumerate() {
+        if other != index {
+            pipe.poke()?;
+        }
+    }
+    Ok(())
 }
 
 fn link_config(plan: &PeerPlan) -> LinkConfig {
@@ -192,11 +258,29 @@ impl<W: Window> Pipe for LinkPipe<W> {
         let data = self.0.recv(STEP_TIMEOUT).map_err(|e| e.to_string())?;
         Ok(swap_in(buf, data, |old| self.0.recycle(old)))
     }
+    fn recv_within(
+        &mut self,
+        buf: &mut Vec<u8>,
+        within: Duration,
+    ) -> Result<Option<usize>, String> {
+        match self.0.recv(within) {
+            Ok(data) => Ok(Some(swap_in(buf, data, |old| self.0.recycle(old)))),
+            Err(IoError::Timeout { .. }) => Ok(None),
+            Err(error) => Err(error.to_string()),
+        }
+    }
     fn flush(&mut self) -> Result<(), String> {
         self.0.flush(STEP_TIMEOUT).map_err(|e| e.to_string())
     }
-    fn settle(&mut self) -> Result<(), String> {
-        self.0.push(STEP_TIMEOUT).map_err(|e| e.to_string())
+    fn flush_within(&mut self, within: Duration) -> Result<bool, String> {
+        match self.0.flush(within) {
+            Ok(()) => Ok(true),
+            Err(IoError::Timeout { .. }) => Ok(false),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+    fn poke(&mut self) -> Result<(), String> {
+        self.0.progress().map(|_| ()).map_err(|e| e.to_string())
     }
     fn counters(&self) -> (u64, u64) {
         counters(self.0.engine().stats())
@@ -551,17 +635,17 @@ fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>
             pipes.len()
         ];
         for window in 0..=plan.windows {
-            for (index, (pipe, measured)) in pipes.iter_mut().zip(&mut measured).enumerate() {
+            for (index, measured) in measured.iter_mut().enumerate() {
                 let start = Instant::now();
                 for _ in 0..count {
-                    pipe.send(&message)?;
+                    pipes[index].send(&message)?;
                 }
-                pipe.recv(&mut ack)?; // the child has them all
+                recv_on(&mut pipes, index, &mut ack)?; // the child has them all
                 let seconds = start.elapsed().as_secs_f64();
                 if let Some(counters) = child_counters(&ack) {
                     child_now[index] = counters;
                 }
-                pipe.settle()?;
+                flush_on(&mut pipes, index)?;
                 if window > 0 {
                     measured
                         .gbps_windows
@@ -570,11 +654,11 @@ fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>
             }
         }
         for turn in latency_turns(plan.lat_iters) {
-            for (pipe, measured) in pipes.iter_mut().zip(&mut measured) {
+            for (index, measured) in measured.iter_mut().enumerate() {
                 for _ in 0..turn {
                     let start = Instant::now();
-                    pipe.send(&message)?;
-                    let len = pipe.recv(&mut reply)?;
+                    pipes[index].send(&message)?;
+                    let len = recv_on(&mut pipes, index, &mut reply)?;
                     measured
                         .latencies_us
                         .push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
@@ -582,11 +666,12 @@ fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>
                         return Err(format!("echo of {size} bytes came back as {len}"));
                     }
                 }
-                pipe.settle()?;
+                flush_on(&mut pipes, index)?;
             }
         }
-        for (index, pipe) in pipes.iter_mut().enumerate() {
-            pipe.flush()?;
+        for index in 0..pipes.len() {
+            flush_on(&mut pipes, index)?;
+            let pipe = &pipes[index];
             // Both sides: each catches the corruption in what it receives
             // and retransmits what it sent.
             let (retransmits, crc_errors) = pipe.counters();
@@ -629,9 +714,9 @@ pub fn run_child(plan: &PeerPlan) -> Result<(), String> {
     for (&size, &count) in plan.sizes.iter().zip(&plan.counts) {
         let expected = message_of(size, size as u64);
         for _ in 0..=plan.windows {
-            for pipe in pipes.iter_mut() {
+            for path in 0..pipes.len() {
                 for index in 0..count {
-                    let len = pipe.recv(&mut buf)?;
+                    let len = recv_on(&mut pipes, path, &mut buf)?;
                     if len != size {
                         return Err(format!(
                             "message {index} of size {size} arrived with {len} bytes"
@@ -644,31 +729,31 @@ pub fn run_child(plan: &PeerPlan) -> Result<(), String> {
                     }
                 }
                 // "Got them all", with this side's counters so far.
-                let (retransmits, crc_errors) = pipe.counters();
+                let (retransmits, crc_errors) = pipes[path].counters();
                 done[1..9].copy_from_slice(&retransmits.to_le_bytes());
                 done[9..17].copy_from_slice(&crc_errors.to_le_bytes());
-                pipe.send(&Arc::from(&done[..]))?;
-                pipe.settle()?;
+                pipes[path].send(&Arc::from(&done[..]))?;
+                flush_on(&mut pipes, path)?;
             }
         }
         for turn in latency_turns(plan.lat_iters) {
-            for pipe in pipes.iter_mut() {
+            for path in 0..pipes.len() {
                 for _ in 0..turn {
-                    pipe.recv(&mut buf)?;
-                    pipe.send(&expected)?;
+                    recv_on(&mut pipes, path, &mut buf)?;
+                    pipes[path].send(&expected)?;
                 }
-                pipe.settle()?;
+                flush_on(&mut pipes, path)?;
             }
         }
-        for pipe in pipes.iter_mut() {
-            pipe.flush()?;
+        for path in 0..pipes.len() {
+            flush_on(&mut pipes, path)?;
         }
     }
     // Keep the links up briefly so the parent gets its last acknowledgements.
     let until = Instant::now() + Duration::from_millis(200);
     while Instant::now() < until {
         for pipe in pipes.iter_mut() {
-            let _ = pipe.flush();
+            let _ = pipe.flush_within(Duration::from_millis(1));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
