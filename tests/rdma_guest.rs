@@ -26,10 +26,9 @@ use std::time::{Duration, Instant};
 
 use barlink::connect::AnyLink;
 use barlink::rdma::RdmaLink;
-use barlink::rdma::oob::OobOptions;
-use barlink::rdma::verbs_queue::{RdmaLinkOptions, VerbsQueue};
+use barlink::rdma::verbs_queue::VerbsQueue;
 use barlink::transport::link::IoError;
-use barlink::{ConnectOptions, EngineConfig, LinkError, PathKind, Peer, Role};
+use barlink::{ConnectOptions, LinkError, PathKind, Peer, Role};
 use serde_json::Value;
 
 /// Small settings: rxe under TCG is slow, and the guest's time is CI's.
@@ -53,7 +52,9 @@ mod guest_support;
 mod link_exchange;
 
 use guest_support::{say, skipped, wait_or_kill};
-use link_exchange::{CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env};
+use link_exchange::{
+    CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env, soft_roce_options,
+};
 
 const MESSAGES: u64 = 10_000;
 const CHILD_SPEC: &str = "BARLINK_RDMA_GUEST_CHILD";
@@ -369,39 +370,12 @@ fn two_guests_bench_rdma() {
 // ------------------------------------------------------------ the link
 
 fn options(rdma: &Rdma) -> ConnectOptions {
-    let engine = EngineConfig {
-        mtu: 16 << 10,
-        max_message_len: 1 << 20,
-        initial_rto: Duration::from_millis(200),
-        min_rto: Duration::from_millis(50),
-        max_rto: Duration::from_secs(2),
-        heartbeat_interval: Duration::from_millis(200),
-        peer_timeout: Duration::from_secs(4),
-        ..EngineConfig::default()
-    };
+    let rdma = soft_roce_options(rdma, 120, Duration::from_millis(500));
     ConnectOptions {
-        engine: engine.clone(),
+        engine: rdma.engine.clone(),
         // The other guest may still be booting.
         setup_timeout: Duration::from_secs(120),
-        rdma: RdmaLinkOptions {
-            device: Some(rdma.dev.clone()),
-            gid_index: rdma.gid,
-            slots: 64,
-            send_queue_depth: 128,
-            // Soft-RoCE under emulation is slow (FINDINGS: timeout 18-20, 7 retries).
-            qp_timeout: 18,
-            retry_count: 7,
-            rnr_retry: 7,
-            oob: OobOptions {
-                connect_timeout: Duration::from_secs(5),
-                connect_retries: 120,
-                retry_interval: Duration::from_millis(500),
-                io_timeout: Duration::from_secs(60),
-            },
-            engine,
-            epoch: 1,
-            ..RdmaLinkOptions::default()
-        },
+        rdma,
         ..ConnectOptions::default()
     }
 }

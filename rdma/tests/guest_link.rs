@@ -14,12 +14,12 @@ use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use barlink_rdma::oob::{OobListener, OobOptions};
+use barlink_rdma::oob::OobListener;
 use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
 use barlink_rdma::{PacketQueue, RdmaLink};
+use barlink_transport::LinkError;
 use barlink_transport::link::IoError;
 use barlink_transport::window::Window;
-use barlink_transport::{EngineConfig, LinkError};
 
 #[path = "../../tests/support/guest.rs"]
 mod guest_support;
@@ -27,41 +27,16 @@ mod guest_support;
 mod link_exchange;
 
 use guest_support::wait_with_deadline;
-use link_exchange::{CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env};
+use link_exchange::{
+    CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env, soft_roce_options,
+};
 
 const CHILD_SPEC: &str = "BARLINK_RDMA_GUEST_CHILD";
 const MESSAGES: u64 = 10_000;
 /// Longest a child may run before the test kills it and fails.
 const CHILD_LIMIT: Duration = Duration::from_secs(150);
 fn options(rdma: &Rdma) -> RdmaLinkOptions {
-    RdmaLinkOptions {
-        device: Some(rdma.dev.clone()),
-        gid_index: rdma.gid,
-        slots: 64,
-        send_queue_depth: 128,
-        // Soft-RoCE under emulation is slow (FINDINGS: timeout 18-20, 7 retries).
-        qp_timeout: 18,
-        retry_count: 7,
-        rnr_retry: 7,
-        oob: OobOptions {
-            connect_timeout: Duration::from_secs(5),
-            connect_retries: 20,
-            retry_interval: Duration::from_millis(250),
-            io_timeout: Duration::from_secs(60),
-        },
-        engine: EngineConfig {
-            mtu: 16 << 10,
-            max_message_len: 1 << 20,
-            initial_rto: Duration::from_millis(200),
-            min_rto: Duration::from_millis(50),
-            max_rto: Duration::from_secs(2),
-            heartbeat_interval: Duration::from_millis(200),
-            peer_timeout: Duration::from_secs(4),
-            ..EngineConfig::default()
-        },
-        epoch: 1,
-        ..RdmaLinkOptions::default()
-    }
+    soft_roce_options(rdma, 20, Duration::from_millis(250))
 }
 
 fn spawn_child(spec: &str) -> (Child, std::thread::JoinHandle<String>) {

@@ -125,26 +125,16 @@ pub struct Measured {
 /// Moves messages one way and back.
 trait Pipe {
     fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String>;
-    /// Receives one message into `buf`; returns its length.
-    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String>;
-    /// As `recv`, but gives up after `within` (`None`) where the pipe can
-    /// wait that way (see [`recv_on`]).
-    fn recv_within(
-        &mut self,
-        buf: &mut Vec<u8>,
-        within: Duration,
-    ) -> Result<Option<usize>, String> {
-        let _ = within;
-        self.recv(buf).map(Some)
-    }
-    /// Waits until everything sent is through (for the link: acknowledged).
-    fn flush(&mut self) -> Result<(), String> {
-        Ok(())
-    }
-    /// As `flush`, for at most `within`: whether it is through.
+    /// Receives one message into `buf`: its length, or `None` if none came
+    /// within `within`. Pipes that move data without being called (the raw
+    /// ring, the socket) block instead, for at most [`STEP_TIMEOUT`].
+    fn recv_within(&mut self, buf: &mut Vec<u8>, within: Duration)
+    -> Result<Option<usize>, String>;
+    /// Whether everything sent is through (for a link: acknowledged), after
+    /// waiting at most `within`.
     fn flush_within(&mut self, within: Duration) -> Result<bool, String> {
         let _ = within;
-        self.flush().map(|()| true)
+        Ok(true)
     }
     /// One round of whatever keeps the pipe moving while its turn waits.
     fn poke(&mut self) -> Result<(), String> {
@@ -152,6 +142,16 @@ trait Pipe {
     }
     fn counters(&self) -> (u64, u64) {
         (0, 0)
+    }
+}
+
+/// A link call's result, with a timeout as `None` (the wait goes on in
+/// [`recv_on`] / [`flush_on`]).
+fn unless_timed_out<T>(result: Result<T, IoError>) -> Result<Option<T>, String> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(IoError::Timeout { .. }) => Ok(None),
+        Err(error) => Err(error.to_string()),
     }
 }
 
@@ -254,30 +254,16 @@ impl<W: Window> Pipe for LinkPipe<W> {
             .map(|_| ())
             .map_err(|e| e.to_string())
     }
-    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
-        let data = self.0.recv(STEP_TIMEOUT).map_err(|e| e.to_string())?;
-        Ok(swap_in(buf, data, |old| self.0.recycle(old)))
-    }
     fn recv_within(
         &mut self,
         buf: &mut Vec<u8>,
         within: Duration,
     ) -> Result<Option<usize>, String> {
-        match self.0.recv(within) {
-            Ok(data) => Ok(Some(swap_in(buf, data, |old| self.0.recycle(old)))),
-            Err(IoError::Timeout { .. }) => Ok(None),
-            Err(error) => Err(error.to_string()),
-        }
-    }
-    fn flush(&mut self) -> Result<(), String> {
-        self.0.flush(STEP_TIMEOUT).map_err(|e| e.to_string())
+        let data = unless_timed_out(self.0.recv(within))?;
+        Ok(data.map(|data| swap_in(buf, data, |old| self.0.recycle(old))))
     }
     fn flush_within(&mut self, within: Duration) -> Result<bool, String> {
-        match self.0.flush(within) {
-            Ok(()) => Ok(true),
-            Err(IoError::Timeout { .. }) => Ok(false),
-            Err(error) => Err(error.to_string()),
-        }
+        Ok(unless_timed_out(self.0.flush(within))?.is_some())
     }
     fn poke(&mut self) -> Result<(), String> {
         self.0.progress().map(|_| ()).map_err(|e| e.to_string())
@@ -310,12 +296,16 @@ impl<M: Medium + Send + 'static> Pipe for ThreadPipe<M> {
             .map(|_| ())
             .map_err(|e| e.to_string())
     }
-    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
-        let data = self.0.recv(STEP_TIMEOUT).map_err(|e| e.to_string())?;
-        Ok(swap_in(buf, data, |old| self.0.recycle(old)))
+    fn recv_within(
+        &mut self,
+        buf: &mut Vec<u8>,
+        within: Duration,
+    ) -> Result<Option<usize>, String> {
+        let data = unless_timed_out(self.0.recv(within))?;
+        Ok(data.map(|data| swap_in(buf, data, |old| self.0.recycle(old))))
     }
-    fn flush(&mut self) -> Result<(), String> {
-        self.0.flush(STEP_TIMEOUT).map_err(|e| e.to_string())
+    fn flush_within(&mut self, within: Duration) -> Result<bool, String> {
+        Ok(unless_timed_out(self.0.flush(within))?.is_some())
     }
     fn counters(&self) -> (u64, u64) {
         counters(&self.0.stats())
@@ -413,7 +403,7 @@ impl Pipe for RawRingPipe {
         Ok(())
     }
 
-    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
+    fn recv_within(&mut self, buf: &mut Vec<u8>, _: Duration) -> Result<Option<usize>, String> {
         // `buf` keeps its length from the last message, so fragments are
         // copied over old bytes rather than over freshly zeroed ones: no
         // pass over the buffer but the copy itself.
@@ -449,7 +439,7 @@ impl Pipe for RawRingPipe {
                 .map_err(|e| e.to_string())?;
             if header[8] == 1 {
                 buf.truncate(filled);
-                return Ok(filled);
+                return Ok(Some(filled));
             }
         }
     }
@@ -464,7 +454,7 @@ impl Pipe for SocketPipe {
             .and_then(|()| self.0.write_all(message))
             .map_err(|e| e.to_string())
     }
-    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<usize, String> {
+    fn recv_within(&mut self, buf: &mut Vec<u8>, _: Duration) -> Result<Option<usize>, String> {
         let mut len = [0u8; 8];
         self.0.read_exact(&mut len).map_err(|e| e.to_string())?;
         let len = u64::from_le_bytes(len) as usize;
@@ -473,7 +463,7 @@ impl Pipe for SocketPipe {
         }
         buf.resize(len, 0);
         self.0.read_exact(buf).map_err(|e| e.to_string())?;
-        Ok(len)
+        Ok(Some(len))
     }
 }
 

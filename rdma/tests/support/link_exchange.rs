@@ -7,9 +7,10 @@
 use std::time::{Duration, Instant};
 
 use barlink_rdma::RdmaLink;
-use barlink_rdma::verbs_queue::VerbsQueue;
-use barlink_transport::SendError;
+use barlink_rdma::oob::OobOptions;
+use barlink_rdma::verbs_queue::{RdmaLinkOptions, VerbsQueue};
 use barlink_transport::sim::SplitMix64;
+use barlink_transport::{EngineConfig, SendError};
 
 /// The seeds of the two directions.
 pub const SERVER_STREAM: u64 = 0x5E4E_0001;
@@ -20,6 +21,44 @@ pub struct Rdma {
     pub dev: String,
     pub ip: String,
     pub gid: Option<u8>,
+}
+
+/// Link options for `rdma` as soft-RoCE under emulation needs them: slow
+/// acknowledgements (FINDINGS: QP timeout 18-20, 7 retries), timers of
+/// hundreds of milliseconds, and a setup that tries `connect_retries`
+/// times, `retry_interval` apart (another guest may still be booting).
+pub fn soft_roce_options(
+    rdma: &Rdma,
+    connect_retries: u32,
+    retry_interval: Duration,
+) -> RdmaLinkOptions {
+    RdmaLinkOptions {
+        device: Some(rdma.dev.clone()),
+        gid_index: rdma.gid,
+        slots: 64,
+        send_queue_depth: 128,
+        qp_timeout: 18,
+        retry_count: 7,
+        rnr_retry: 7,
+        oob: OobOptions {
+            connect_timeout: Duration::from_secs(5),
+            connect_retries,
+            retry_interval,
+            io_timeout: Duration::from_secs(60),
+        },
+        engine: EngineConfig {
+            mtu: 16 << 10,
+            max_message_len: 1 << 20,
+            initial_rto: Duration::from_millis(200),
+            min_rto: Duration::from_millis(50),
+            max_rto: Duration::from_secs(2),
+            heartbeat_interval: Duration::from_millis(200),
+            peer_timeout: Duration::from_secs(4),
+            ..EngineConfig::default()
+        },
+        epoch: 1,
+        ..RdmaLinkOptions::default()
+    }
 }
 
 /// The device from `BARLINK_VM_RDMA_*`, or `None` after saying

@@ -63,6 +63,20 @@ struct Assembly {
 }
 
 impl Assembly {
+    /// A message whose first fragment (`len` bytes) is or will be at the
+    /// start of `data`, nothing of it consumed yet.
+    fn first(fragment: &Fragment, len: usize, data: Vec<u8>) -> Assembly {
+        Assembly {
+            msg_id: fragment.msg_id,
+            msg_len: fragment.msg_len,
+            count: fragment.count,
+            next_index: 0,
+            frag_size: len,
+            data,
+            filled: 0,
+        }
+    }
+
     /// Where `fragment` (`len` bytes of a message of `limit` bytes) goes in
     /// this message, made room for: at `index * frag_size`, if it belongs
     /// to this message and is sized as its others. Whether its sequence
@@ -407,11 +421,7 @@ impl Receiver {
         if self.ahead.contains_key(&seq) {
             return None;
         }
-        if self
-            .assembly
-            .as_ref()
-            .is_none_or(|assembly| assembly.msg_id != fragment.msg_id)
-        {
+        if !self.assembling(fragment.msg_id) {
             return self.place_later(seq, fragment, len, limit);
         }
         let next_seq = self.next_seq;
@@ -443,6 +453,7 @@ impl Receiver {
             if len > limit
                 || (fragment.is_last() && len != limit)
                 || self.later.contains_key(&fragment.msg_id)
+                || self.later.len() >= MAX_LATER_MESSAGES
             {
                 return None;
             }
@@ -459,6 +470,41 @@ impl Receiver {
             return None;
         }
         later.assembly.room_for(fragment, len, limit)
+    }
+
+    /// Whether `msg_id` is the message being assembled.
+    fn assembling(&self, msg_id: u64) -> bool {
+        self.assembly
+            .as_ref()
+            .is_some_and(|assembly| assembly.msg_id == msg_id)
+    }
+
+    /// The intact first fragment `seq` (`len` bytes, in `data`, where
+    /// `place` staged it) of a later message begins that message's
+    /// [`Later`]. `place` staged it only if there was room for one more
+    /// and none for this message yet; if that ever changed in between, the
+    /// fragment is held as a copy instead (never over an existing one).
+    fn begin_later(
+        &mut self,
+        seq: u64,
+        fragment: &Fragment,
+        len: usize,
+        mut data: Vec<u8>,
+    ) -> Held {
+        if self.later.len() >= MAX_LATER_MESSAGES || self.later.contains_key(&fragment.msg_id) {
+            data.truncate(len);
+            self.ahead_bytes += len;
+            return Held::Bytes(data);
+        }
+        let assembly = Assembly::first(fragment, len, data);
+        self.later.insert(
+            fragment.msg_id,
+            Later {
+                first_seq: seq,
+                assembly,
+            },
+        );
+        Held::InPlace(len)
     }
 
     /// A data packet that passed the wire checks, from the current session.
@@ -558,38 +604,12 @@ impl Receiver {
                     // first fragment goes there; the buffer may still hold
                     // a corrupt packet that claimed this sequence number,
                     // so the number alone does not say it is this one's.)
-                    Some((staged_seq, mut data))
+                    Some((staged_seq, data))
                         if staged_seq == seq
                             && fragment.index == 0
-                            && self
-                                .assembly
-                                .as_ref()
-                                .is_none_or(|assembly| assembly.msg_id != fragment.msg_id) =>
+                            && !self.assembling(fragment.msg_id) =>
                     {
-                        if self.later.len() < MAX_LATER_MESSAGES
-                            && !self.later.contains_key(&fragment.msg_id)
-                        {
-                            self.later.insert(
-                                fragment.msg_id,
-                                Later {
-                                    first_seq: seq,
-                                    assembly: Assembly {
-                                        msg_id: fragment.msg_id,
-                                        msg_len: fragment.msg_len,
-                                        count: fragment.count,
-                                        next_index: 0,
-                                        frag_size: len,
-                                        data,
-                                        filled: 0,
-                                    },
-                                },
-                            );
-                            Held::InPlace(len)
-                        } else {
-                            data.truncate(len);
-                            self.ahead_bytes += len;
-                            Held::Bytes(data)
-                        }
+                        self.begin_later(seq, &fragment, len, data)
                     }
                     other => {
                         self.ahead_staged = other;
@@ -660,15 +680,7 @@ impl Receiver {
                         }
                     }
                 };
-                self.assembly.insert(Assembly {
-                    msg_id: fragment.msg_id,
-                    msg_len: fragment.msg_len,
-                    count: fragment.count,
-                    next_index: 0,
-                    frag_size: len,
-                    data,
-                    filled: 0,
-                })
+                self.assembly.insert(Assembly::first(fragment, len, data))
             }
             Some(assembly) => {
                 if fragment.msg_id != assembly.msg_id

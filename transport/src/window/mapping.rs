@@ -18,9 +18,12 @@
 //! rest), which on write-combined PCIe memory the CPU combines into
 //! full-line bursts; a volatile byte loop would issue one PCIe write per
 //! byte. Not glibc's `memcpy` for long copies: on AMD CPUs its `rep movsb`
-//! runs about 15 times slower when the destination sits 1 to 63 bytes
-//! above the source modulo 4 KiB, which ring slots and message buffers hit
-//! or miss by chance of placement (design change 17). A bulk read that races a peer's write may see a mix of old and new
+//! runs about 15 times slower when the destination sits a few bytes above
+//! the source modulo 4 KiB (16 measured; 32 and 64 were fine), which ring
+//! slots and message buffers hit or miss by chance of placement
+//! (docs/ARCHITECTURE.md, design change 18).
+//!
+//! A bulk read that races a peer's write may see a mix of old and new
 //! bytes — which the packet CRC exists to catch. As in `vm-memory`, such a
 //! race with another process is outside what the compiler can observe; the
 //! window's users keep to the ring protocol (data, fence, release index;
