@@ -127,7 +127,7 @@ fn bench_table_is_for_people() {
 }
 
 #[test]
-fn bench_between_processes_reports_barlink_and_both_baselines() {
+fn bench_between_processes_reports_barlink_and_its_baselines() {
     let output = barlink(&[
         "bench",
         "--json",
@@ -148,9 +148,11 @@ fn bench_between_processes_reports_barlink_and_both_baselines() {
         [
             "barlink",
             "raw-ring",
+            "raw-ring-crc",
             "unix-socket",
             "barlink",
             "raw-ring",
+            "raw-ring-crc",
             "unix-socket"
         ]
     );
@@ -163,6 +165,7 @@ fn bench_between_processes_reports_barlink_and_both_baselines() {
             "retransmits",
             "crc_errors",
             "ratio_to_raw_ring",
+            "ratio_to_raw_ring_crc",
             "ratio_to_unix_socket",
         ] {
             assert!(row.get(field).is_some(), "{field} missing from {row}");

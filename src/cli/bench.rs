@@ -99,7 +99,7 @@ pub struct BenchArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "barlink,raw-ring,unix-socket",
+        default_value = "barlink,raw-ring,raw-ring-crc,unix-socket",
         env = "BARLINK_PATHS"
     )]
     paths: Vec<bench_procs::ProcPath>,
@@ -421,14 +421,16 @@ fn run_processes(
             plan.windows
         );
         println!(
-            "# baselines in the same run: raw-ring (same rings, no protocol: the limit), unix-socket"
+            "# baselines in the same run: raw-ring (same rings, no protocol: the limit), \
+             raw-ring-crc (the raw ring checking a CRC-32C per slot: the limit with checked data), unix-socket"
         );
         println!(
-            "# {:>8}  {:<14} {:>8} {:>12} {:>9} {:>11} {:>11} {:>8} {:>8}",
+            "# {:>8}  {:<14} {:>8} {:>12} {:>12} {:>9} {:>11} {:>11} {:>8} {:>8}",
             "size",
             "path",
             "GB/s",
             "vs raw-ring",
+            "vs raw+crc",
             "vs unix",
             "lat p50 us",
             "lat p99 us",
@@ -436,9 +438,11 @@ fn run_processes(
             "crc_err"
         );
     }
+    // The medians below are indexed in this order.
     let all = [
         bench_procs::ProcPath::Barlink,
         bench_procs::ProcPath::RawRing,
+        bench_procs::ProcPath::RawRingCrc,
         bench_procs::ProcPath::UnixSocket,
         bench_procs::ProcPath::BarlinkFaults,
     ];
@@ -484,7 +488,7 @@ fn run_processes(
         eprint!("\r{:40}\r", "");
     }
     for (index, &size) in plan.sizes.iter().enumerate() {
-        let mut medians = [0.0f64; 4];
+        let mut medians = [0.0f64; 5];
         for (which, path_results) in results.iter_mut().enumerate() {
             if let Some(measured) = path_results.get_mut(index) {
                 medians[which] = median(&mut measured.gbps_windows);
@@ -511,8 +515,9 @@ fn run_processes(
                 retransmits: m.retransmits,
                 crc_errors: m.crc_errors,
                 vs_raw_ring: ratio(medians[which], medians[1]),
-                vs_unix: ratio(medians[which], medians[2]),
-                vs_clean: (which == 3).then(|| ratio(medians[3], medians[0])),
+                vs_raw_ring_crc: ratio(medians[which], medians[2]),
+                vs_unix: ratio(medians[which], medians[3]),
+                vs_clean: (which == 4).then(|| ratio(medians[4], medians[0])),
             };
             print_proc_row(&row, args, config);
         }
@@ -521,7 +526,7 @@ fn run_processes(
                 "# {:>8}  goodput with a bit flipped in {} of packets: {:.2}x the clean barlink run",
                 human_size(size),
                 args.fault_rate,
-                ratio(medians[3], medians[0])
+                ratio(medians[4], medians[0])
             );
         }
     }
@@ -537,6 +542,7 @@ struct ProcRow {
     retransmits: u64,
     crc_errors: u64,
     vs_raw_ring: f64,
+    vs_raw_ring_crc: f64,
     vs_unix: f64,
     /// `barlink-faults`: goodput relative to the clean barlink run.
     vs_clean: Option<f64>,
@@ -554,6 +560,12 @@ fn print_proc_row(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) {
         // A ratio to a baseline this run did not measure is left out.
         if row.vs_raw_ring > 0.0 {
             value.insert("ratio_to_raw_ring".into(), json!(round(row.vs_raw_ring, 3)));
+        }
+        if row.vs_raw_ring_crc > 0.0 {
+            value.insert(
+                "ratio_to_raw_ring_crc".into(),
+                json!(round(row.vs_raw_ring_crc, 3)),
+            );
         }
         if row.vs_unix > 0.0 {
             value.insert("ratio_to_unix_socket".into(), json!(round(row.vs_unix, 3)));
@@ -576,11 +588,12 @@ fn print_proc_row(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) {
             }
         };
         println!(
-            "  {:>8}  {:<14} {:>8.2} {:>12} {:>9} {:>11.2} {:>11.2} {:>8} {:>8}",
+            "  {:>8}  {:<14} {:>8.2} {:>12} {:>12} {:>9} {:>11.2} {:>11.2} {:>8} {:>8}",
             human_size(row.size),
             row.path,
             row.gbps,
             ratio(row.vs_raw_ring),
+            ratio(row.vs_raw_ring_crc),
             ratio(row.vs_unix),
             row.lat_p50_us,
             row.lat_p99_us,

@@ -4,6 +4,10 @@
 //!   windows, as two GPUs would use their BAR1 windows;
 //! - `raw-ring`: the same rings in the same kind of windows with no
 //!   protocol: bytes copied into slots and out again (the physical limit);
+//! - `raw-ring-crc`: the raw ring with a CRC-32C of every slot taken in
+//!   the same pass as each copy and checked on arrival, through the same
+//!   kernels barlink uses: the limit for anything that checks its data on
+//!   this CPU (what barlink adds beyond it is its protocol);
 //! - `unix-socket`: a Unix stream socket.
 //!
 //! The parent sends; a child process (this binary, `bench-peer`) receives.
@@ -25,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use barlink_transport::crc::Crc32c;
 use barlink_transport::link::{
     IoError, LinkConfig, Listener, Medium, ProgressOptions, ProgressThread, RingLink, connect,
     connect_windows,
@@ -40,6 +45,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum ProcPath {
     Barlink,
     RawRing,
+    RawRingCrc,
     UnixSocket,
     /// barlink with a bit flipped in packets on the way (`--fault-rate`).
     BarlinkFaults,
@@ -50,6 +56,7 @@ impl ProcPath {
         match self {
             ProcPath::Barlink => "barlink",
             ProcPath::RawRing => "raw-ring",
+            ProcPath::RawRingCrc => "raw-ring-crc",
             ProcPath::UnixSocket => "unix-socket",
             ProcPath::BarlinkFaults => "barlink-faults",
         }
@@ -334,12 +341,18 @@ struct RawRingPipe {
     producer: Producer,
     consumer: Consumer,
     slot_payload: usize,
+    /// Take a CRC-32C of each slot's bytes while copying them, and check
+    /// it on arrival (`raw-ring-crc`).
+    crc: bool,
 }
 
+/// A raw slot's header: the piece's length (u64), whether it ends its
+/// message (u8), and with `crc` the piece's CRC-32C (u32 at 12).
 const RAW_SLOT_HEADER: usize = 16;
+const RAW_CRC_AT: usize = 12;
 
 impl RawRingPipe {
-    fn new(own: ShmWindow, peer: ShmWindow) -> Result<Self, String> {
+    fn new(own: ShmWindow, peer: ShmWindow, crc: bool) -> Result<Self, String> {
         let own_info = barlink_transport::link::read_ring_info(&own).map_err(|e| e.to_string())?;
         let peer_info =
             barlink_transport::link::read_ring_info(&peer).map_err(|e| e.to_string())?;
@@ -349,6 +362,7 @@ impl RawRingPipe {
             consumer: Consumer::new(own_info.geometry),
             own,
             peer,
+            crc,
         })
     }
 
@@ -390,10 +404,18 @@ impl Pipe for RawRingPipe {
             let mut header = [0u8; RAW_SLOT_HEADER];
             header[..8].copy_from_slice(&(piece.len() as u64).to_le_bytes());
             header[8] = u8::from(index + 1 == count);
+            if self.crc {
+                let mut crc = Crc32c::new();
+                self.peer
+                    .write_crc(slot + RAW_SLOT_HEADER, piece, &mut crc)
+                    .map_err(|e| e.to_string())?;
+                header[RAW_CRC_AT..].copy_from_slice(&crc.finish().to_le_bytes());
+            } else {
+                self.peer
+                    .write(slot + RAW_SLOT_HEADER, piece)
+                    .map_err(|e| e.to_string())?;
+            }
             self.peer.write(slot, &header).map_err(|e| e.to_string())?;
-            self.peer
-                .write(slot + RAW_SLOT_HEADER, piece)
-                .map_err(|e| e.to_string())?;
             let head = self.producer.commit();
             self.peer.store_fence();
             self.peer
@@ -429,9 +451,24 @@ impl Pipe for RawRingPipe {
             if buf.len() < filled + len {
                 buf.resize(filled + len, 0);
             }
-            self.own
-                .read(slot + RAW_SLOT_HEADER, &mut buf[filled..filled + len])
-                .map_err(|e| e.to_string())?;
+            let piece = &mut buf[filled..filled + len];
+            if self.crc {
+                let mut crc = Crc32c::new();
+                self.own
+                    .read_crc(slot + RAW_SLOT_HEADER, piece, &mut crc)
+                    .map_err(|e| e.to_string())?;
+                let carried = u32::from_le_bytes(header[RAW_CRC_AT..].try_into().expect("4 bytes"));
+                if crc.finish() != carried {
+                    return Err(format!(
+                        "raw ring: a slot's CRC-32C is {:#010x}, its header says {carried:#010x} (nothing corrupts this ring: check memory)",
+                        crc.finish()
+                    ));
+                }
+            } else {
+                self.own
+                    .read(slot + RAW_SLOT_HEADER, piece)
+                    .map_err(|e| e.to_string())?;
+            }
             filled += len;
             let consumed = self.consumer.release();
             self.peer
@@ -497,12 +534,12 @@ fn parent_pipe(
                 plan.progress,
             )?
         }
-        ProcPath::RawRing => {
+        ProcPath::RawRing | ProcPath::RawRingCrc => {
             let listener = Listener::bind(&name).map_err(|e| e.to_string())?;
             let (own, peer) = listener
                 .accept_windows(&config)
                 .map_err(|e| e.to_string())?;
-            Box::new(RawRingPipe::new(own, peer)?)
+            Box::new(RawRingPipe::new(own, peer, path == ProcPath::RawRingCrc)?)
         }
         ProcPath::UnixSocket => {
             let listener =
@@ -545,9 +582,9 @@ fn child_pipe(plan: &PeerPlan, path: ProcPath) -> Result<Box<dyn Pipe>, String> 
                 plan.progress,
             )?
         }
-        ProcPath::RawRing => {
+        ProcPath::RawRing | ProcPath::RawRingCrc => {
             let (own, peer) = connect_windows(&name, &config).map_err(|e| e.to_string())?;
-            Box::new(RawRingPipe::new(own, peer)?)
+            Box::new(RawRingPipe::new(own, peer, path == ProcPath::RawRingCrc)?)
         }
         ProcPath::UnixSocket => {
             let addr = socket_address(&name)?;
