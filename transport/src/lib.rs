@@ -11,14 +11,20 @@
 //!   reordering and delay, to drive two engines in tests and benchmarks;
 //! - [`ring`]: the packet ring inside a receive window — layout and the
 //!   head/consumed index protocol, with every peer-written index checked;
+//! - [`window`]: byte regions read and written only through volatile and
+//!   atomic accessors (shared memory, heap, fault injection);
+//! - [`link`]: an engine bound to a medium (rings in a pair of windows, or
+//!   another crate's), the blocking and polling message API, connect and
+//!   accept by name, a background progress thread;
 //! - [`crc`], [`time`]: the checksum and the engine's notion of time.
 //!
-//! Links that bind an engine to memory windows come later in this crate.
 //! Protocol code here contains no unsafe code: `unsafe` is denied crate-wide
-//! and allowed only on `window::mapping`, the one module that holds raw
-//! pointers into mapped memory.
+//! and allowed only where the system is touched: `window::mapping` (raw
+//! pointers into mapped memory), `crc::x86` (the vector CRC kernel) and
+//! `clock` (the CPU's time-stamp counter).
 #![deny(unsafe_code)]
 
+mod clock;
 pub mod crc;
 pub mod engine;
 pub mod link;

@@ -342,6 +342,7 @@ pub struct Transmit<'a> {
     header: [u8; HEADER_LEN],
     payload: &'a [u8],
     crc: bool,
+    ends_burst: bool,
 }
 
 impl Transmit<'_> {
@@ -363,6 +364,16 @@ impl Transmit<'_> {
     /// Whether this packet carries a CRC (both sides configured with one).
     pub fn has_crc(&self) -> bool {
         self.crc
+    }
+
+    /// Whether the engine expects to wait after this packet: a data packet
+    /// that asks for an acknowledgement because nothing more may go out
+    /// (nothing else queued, or the window full), or a control packet. A
+    /// medium that makes several packets visible at once should make this
+    /// one visible now rather than after asking for a next packet that
+    /// will not come: the peer may be waiting for exactly this one.
+    pub fn ends_burst(&self) -> bool {
+        self.ends_burst
     }
 
     /// A CRC already fed with the header's covered bytes; feed it the
@@ -1099,6 +1110,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
             header,
             payload,
             crc: self.config.crc,
+            ends_burst: kind != PacketKind::Data || packet_flags & flags::ACK_REQUESTED != 0,
         };
         Some(write(&transmit))
     }

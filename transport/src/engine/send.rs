@@ -75,7 +75,9 @@ struct RttEstimator {
     /// Smoothed round trip and its variation, in nanoseconds.
     smoothed_ns: Option<u64>,
     variation_ns: u64,
-    rto: Duration,
+    /// The retransmission timeout, in nanoseconds (every packet sent takes
+    /// its deadline from it).
+    rto_ns: u64,
 }
 
 impl RttEstimator {
@@ -83,7 +85,7 @@ impl RttEstimator {
         RttEstimator {
             smoothed_ns: None,
             variation_ns: 0,
-            rto: initial_rto,
+            rto_ns: duration_ns(initial_rto),
         }
     }
 
@@ -108,12 +110,8 @@ impl RttEstimator {
         };
         self.smoothed_ns = Some(smoothed);
         let rto_ns = smoothed.saturating_add(self.variation_ns.saturating_mul(4).max(1_000));
-        let (min, max) = (config.min_rto, config.max_rto);
-        // Compare in nanoseconds; build a Duration only when it changes.
-        let rto_ns = rto_ns.clamp(duration_ns(min), duration_ns(max));
-        if rto_ns != duration_ns(self.rto) {
-            self.rto = Duration::from_nanos(rto_ns);
-        }
+        // The config was validated: min_rto <= max_rto.
+        self.rto_ns = rto_ns.clamp(duration_ns(config.min_rto), duration_ns(config.max_rto));
     }
 
     /// A retransmission timer fired: the timeout doubles until a packet
@@ -122,14 +120,28 @@ impl RttEstimator {
     /// for every packet, and Karn's rule (no samples from retransmitted
     /// packets) would keep it there.
     fn back_off(&mut self, config: &EngineConfig) {
-        self.rto = self.rto.saturating_mul(2).min(config.max_rto);
+        self.rto_ns = self
+            .rto_ns
+            .saturating_mul(2)
+            .min(duration_ns(config.max_rto));
     }
 
     /// The timeout for a packet's `transmissions`-th transmission: doubled
     /// for each earlier one, up to `max_rto`.
-    fn backed_off(&self, transmissions: u32, config: &EngineConfig) -> Duration {
+    fn backed_off(&self, transmissions: u32, config: &EngineConfig) -> u64 {
         let doublings = transmissions.saturating_sub(1).min(20);
-        self.rto.saturating_mul(1 << doublings).min(config.max_rto)
+        self.rto_ns
+            .saturating_mul(1 << doublings)
+            .min(duration_ns(config.max_rto))
+    }
+
+    /// When a packet sent at `now` for the `transmissions`-th time times
+    /// out (in integer nanoseconds: this runs for every packet sent).
+    fn deadline(&self, now: Time, transmissions: u32, config: &EngineConfig) -> Time {
+        Time::from_nanos(
+            now.as_nanos()
+                .saturating_add(self.backed_off(transmissions, config)),
+        )
     }
 }
 
@@ -259,7 +271,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
             entry.last_xmit = xmit;
             entry.last_sent = now;
             entry.transmissions += 1;
-            entry.deadline = now + self.rtt.backed_off(entry.transmissions, config);
+            entry.deadline = self.rtt.deadline(now, entry.transmissions, config);
             let (msg_id, frag_index, deadline) = (entry.msg_id, entry.frag_index, entry.deadline);
             self.push_timer(deadline, seq, xmit);
             return Some(DataPacket {
@@ -282,7 +294,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let deadline = now + self.rtt.backed_off(1, config);
+        let deadline = self.rtt.deadline(now, 1, config);
         self.in_flight.push_back(InFlight {
             msg_id,
             frag_index,
@@ -511,7 +523,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
             tracing::debug!(
                 seq,
                 transmissions = entry.transmissions,
-                rto_us = self.rtt.rto.as_micros() as u64,
+                rto_us = self.rtt.rto_ns / 1000,
                 "retransmission timer fired"
             );
             self.retransmit_queue

@@ -29,10 +29,11 @@ pub use thread::{ProgressOptions, ProgressThread};
 
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use connect::{LinkConfig, Listener, connect, connect_windows};
 
+use crate::clock::Clock;
 use crate::engine::{ConfigError, Engine, EngineConfig, Event, LinkError, MessageId, SendError};
 use crate::ring::{self, Consumer, Geometry, Producer, RingError};
 use crate::time::Time;
@@ -48,6 +49,27 @@ struct Quiet {
     activity: [u64; 2],
     /// The engine's next timer.
     until: Option<Time>,
+}
+
+/// How much of a round of progress to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// Receive, send, timers, completions.
+    Full,
+    /// As `Full`, but stop once a message has been delivered if nothing
+    /// needs sending: a blocking receive's caller is waiting for it, and
+    /// the rest of the round (timers, counting completions) can wait for
+    /// the next call without harm.
+    UntilDelivery,
+}
+
+/// What a round of progress did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moved {
+    Nothing,
+    Some,
+    /// A `Round::UntilDelivery` stopped after delivering a message.
+    Delivered,
 }
 
 /// Idle rounds a blocking call spins (with a CPU pause hint) before it
@@ -449,27 +471,31 @@ impl<W: Window> Medium for RingMedium<W> {
                 if !transmit.has_crc() {
                     peer.write(payload_at, transmit.payload())?;
                     peer.write(slot, &transmit.header_with_crc(0))?;
-                    return Ok(packet_len);
+                    return Ok((packet_len, transmit.ends_burst()));
                 }
                 let mut crc = transmit.crc_of_header();
                 peer.write_crc(payload_at, transmit.payload(), &mut crc)?;
                 peer.write(slot, &transmit.header_with_crc(crc.finish()))?;
-                Ok::<_, WindowError>(packet_len)
+                Ok::<_, WindowError>((packet_len, transmit.ends_burst()))
             });
-            match written {
+            let ends_burst = match written {
                 None => break,
                 Some(result) => {
-                    let packet_len = result.map_err(MediumError::new)?;
+                    let (packet_len, ends_burst) = result.map_err(MediumError::new)?;
                     unpublished = Some(self.producer.commit());
                     unpublished_bytes += packet_len;
                     sent += 1;
+                    ends_burst
                 }
-            }
+            };
             // Publish as soon as a batch's worth of bytes is written, so
             // that the peer reads the first packets while we write the
             // next ones (publishing only at the end of a window's worth
-            // turned the two sides' copies into turns, not a pipeline).
-            if unpublished_bytes >= PUBLISH_BYTES {
+            // turned the two sides' copies into turns, not a pipeline);
+            // and right after the last packet of a burst, before asking
+            // the engine for one more (an answer to a request is what the
+            // peer waits for: the rest of the round is not).
+            if unpublished_bytes >= PUBLISH_BYTES || ends_burst {
                 if let Some(head) = unpublished.take() {
                     self.publish_head(head)?;
                 }
@@ -499,7 +525,7 @@ pub type RingLink<W, B = Vec<u8>> = Link<RingMedium<W>, B>;
 pub struct Link<M: Medium, B: AsRef<[u8]> = Vec<u8>> {
     engine: Engine<B>,
     medium: M,
-    origin: Instant,
+    clock: Clock,
     completed: u64,
     closed: Option<LinkError>,
     medium_error: Option<String>,
@@ -509,7 +535,7 @@ pub struct Link<M: Medium, B: AsRef<[u8]> = Vec<u8>> {
     /// does. See `progress_inner`.
     quiet: Option<Quiet>,
     /// The clock as last read by an idle round.
-    idle_clock: Option<Instant>,
+    idle_clock: Option<Time>,
 }
 
 impl<W: Window, B: AsRef<[u8]>> Link<RingMedium<W>, B> {
@@ -550,7 +576,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         Ok(Link {
             engine,
             medium,
-            origin: Instant::now(),
+            clock: Clock::start(),
             completed: 0,
             closed: None,
             medium_error: None,
@@ -561,12 +587,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     }
 
     fn now(&self) -> Time {
-        self.time_at(Instant::now())
-    }
-
-    fn time_at(&self, instant: Instant) -> Time {
-        let since = instant.saturating_duration_since(self.origin);
-        Time::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+        self.clock.now()
     }
 
     /// The engine (statistics, configuration, state).
@@ -587,17 +608,22 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     /// Moves packets both ways and processes timers once. Returns whether
     /// anything moved. Call it in a loop (or use the blocking calls).
     pub fn progress(&mut self) -> Result<bool, IoError> {
-        self.progress_at(Instant::now())
+        self.progress_at(self.now(), Round::Full)
     }
 
-    fn progress_at(&mut self, instant: Instant) -> Result<bool, IoError> {
+    fn progress_at(&mut self, now: Time, round: Round) -> Result<bool, IoError> {
         if let Some(detail) = &self.medium_error {
             return Err(IoError::Medium(detail.clone()));
         }
-        match self.progress_inner(self.time_at(instant)) {
-            Ok(moved) => {
+        match self.progress_inner(now, round) {
+            Ok(Moved::Delivered) => Ok(true),
+            Ok(Moved::Some) => {
                 self.take_events();
-                Ok(moved)
+                Ok(true)
+            }
+            Ok(Moved::Nothing) => {
+                self.take_events();
+                Ok(false)
             }
             Err(error) => {
                 let detail = error.detail().to_string();
@@ -608,7 +634,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         }
     }
 
-    fn progress_inner(&mut self, now: Time) -> Result<bool, MediumError> {
+    fn progress_inner(&mut self, now: Time, round: Round) -> Result<Moved, MediumError> {
         let activity = self.medium.activity()?;
         // Nothing arrived, no room was freed, no timer is due and the
         // caller has done nothing since a round that moved nothing: this
@@ -618,10 +644,22 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             && quiet.activity == activity
             && quiet.until.is_none_or(|until| now < until)
         {
-            return Ok(false);
+            return Ok(Moved::Nothing);
         }
         self.quiet = None;
         let mut moved = self.medium.receive(now, &mut self.engine)? > 0;
+        if round == Round::UntilDelivery
+            && self.engine.messages_ready() > 0
+            && !self.engine.wants_transmit(now)
+        {
+            // The caller waits for exactly this, and nothing needs to go
+            // out (an acknowledgement may wait for the caller's answer):
+            // hand it over now, and leave timers and completions to the
+            // next round. A due acknowledgement still goes out in this
+            // one, or a stream of messages received this way would never
+            // be acknowledged.
+            return Ok(Moved::Delivered);
+        }
         moved |= self.medium.transmit(now, &mut self.engine)? > 0;
         if self.engine.poll_timeout().is_some_and(|due| due <= now) {
             self.engine.handle_timeout(now);
@@ -632,8 +670,9 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
                 activity,
                 until: self.engine.poll_timeout(),
             });
+            return Ok(Moved::Nothing);
         }
-        Ok(moved)
+        Ok(Moved::Some)
     }
 
     /// Takes completions and state changes. Delivered messages stay in the
@@ -721,7 +760,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
                     ));
                 }
             }
-            self.wait_step(&mut deadline, timeout)?;
+            self.wait_step(&mut deadline, timeout, Round::Full)?;
         }
     }
 
@@ -735,7 +774,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
                 return Ok(data);
             }
             self.check_open()?;
-            self.wait_step(&mut deadline, timeout)?;
+            self.wait_step(&mut deadline, timeout, Round::UntilDelivery)?;
         }
     }
 
@@ -774,7 +813,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
                 return Ok(());
             }
             self.check_open()?;
-            self.wait_step(&mut deadline, timeout)?;
+            self.wait_step(&mut deadline, timeout, Round::Full)?;
         }
     }
 
@@ -790,7 +829,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
                 return Ok(());
             }
             self.check_open()?;
-            self.wait_step(&mut deadline, timeout)?;
+            self.wait_step(&mut deadline, timeout, Round::Full)?;
         }
     }
 
@@ -807,7 +846,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             if self.engine.is_closed() && !self.engine.wants_transmit(self.now()) {
                 return Ok(());
             }
-            self.wait_step(&mut deadline, timeout)?;
+            self.wait_step(&mut deadline, timeout, Round::Full)?;
         }
     }
 
@@ -815,8 +854,9 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     /// packets move and yields the CPU when idle.
     fn wait_step(
         &mut self,
-        deadline: &mut Option<Instant>,
+        deadline: &mut Option<Time>,
         timeout: Duration,
+        round: Round,
     ) -> Result<(), IoError> {
         // While idle, read the clock every few rounds only: a round is a few
         // hundred nanoseconds and the engine's timers are milliseconds.
@@ -829,10 +869,10 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             {
                 instant
             }
-            _ => Instant::now(),
+            _ => self.now(),
         };
         let deadline = *deadline.get_or_insert(instant + timeout);
-        let moved = self.progress_at(instant)?;
+        let moved = self.progress_at(instant, round)?;
         if instant >= deadline {
             return Err(IoError::Timeout { after: timeout });
         }

@@ -156,8 +156,10 @@ pub trait Window: Send + Sync {
     /// write-back memory. A BAR mapped write-combining buffers stores in
     /// the CPU's WC buffers and may let the index store reach the device
     /// before earlier payload bytes; `sfence` drains them first. Host
-    /// memory does not need it, but a link cannot know what its peer's
-    /// window is, and the fence costs little once per packet.
+    /// memory does not need it: the windows over a host mapping (shared
+    /// memory, heap, registered buffers) make this a compiler fence only,
+    /// and the default, for a window that may be device memory, is the
+    /// real fence.
     fn store_fence(&self) {
         mapping::store_fence();
     }
@@ -306,6 +308,10 @@ macro_rules! window_over_mapping {
             }
             fn prefetch(&self, offset: usize, len: usize) {
                 self.mapping.prefetch(offset, len)
+            }
+            fn store_fence(&self) {
+                // Host memory: the index's Release store orders the rest.
+                $crate::window::mapping::host_store_fence()
             }
         }
     };
