@@ -5,7 +5,9 @@
 //! window's copy at the placement where memcpy falls off a cliff, and the
 //! CPU cost of a small message's round trip over two ring links in one
 //! thread (no cross-core traffic: the protocol's own cost, which the
-//! one-way latency of `barlink bench` adds to the raw ring's).
+//! one-way latency of `barlink bench` adds to the raw ring's), and the same
+//! round trip between two threads (a ping-pong across cores, as `bench`
+//! measures between processes: half of it is the one-way latency).
 //!
 //! `cargo bench --bench engine`; throughput is in bytes (GB/s); packets/s is
 //! bytes/s divided by the payload per packet, which the group name gives,
@@ -13,6 +15,7 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
+use std::time::Duration;
 
 use barlink::EngineConfig;
 use barlink::transport::crc::crc32c;
@@ -169,9 +172,57 @@ fn ring_round_trip(c: &mut Criterion) {
     group.finish();
 }
 
+/// A 64-byte message there and back between two threads over two ring
+/// links, with the blocking calls `barlink bench` uses: the round trip
+/// across cores, every cache line the answer needs moved each way.
+fn ring_ping_pong(c: &mut Criterion) {
+    let config = EngineConfig {
+        mtu: 65536,
+        ..EngineConfig::default()
+    };
+    let window_a = Arc::new(HeapWindow::new(4 << 20).unwrap());
+    let window_b = Arc::new(HeapWindow::new(4 << 20).unwrap());
+    let geometry = Geometry::for_window(window_a.len(), config.mtu).unwrap();
+    init_ring(&*window_a, geometry, 1).unwrap();
+    init_ring(&*window_b, geometry, 1).unwrap();
+    let mut a: RingLink<Arc<HeapWindow>, Arc<[u8]>> =
+        RingLink::new(window_a.clone(), window_b.clone(), config.clone(), 1).unwrap();
+    let mut b: RingLink<Arc<HeapWindow>, Arc<[u8]>> =
+        RingLink::new(window_b, window_a, config, 1).unwrap();
+    let timeout = Duration::from_secs(10);
+    let message: Arc<[u8]> = vec![0x5Au8; 64].into();
+    let stop: Arc<[u8]> = Vec::new().into();
+    // Echoes until an empty message comes.
+    let echo = std::thread::spawn(move || {
+        let answer: Arc<[u8]> = vec![0xA5u8; 64].into();
+        loop {
+            let got = b.recv(timeout).unwrap();
+            let done = got.is_empty();
+            b.recycle(got);
+            if done {
+                b.flush(timeout).unwrap();
+                return;
+            }
+            b.send_blocking(answer.clone(), timeout).unwrap();
+        }
+    });
+    let mut group = c.benchmark_group("ring_link_round_trip");
+    group.bench_function("64B, two threads", |bencher| {
+        bencher.iter(|| {
+            a.send_blocking(message.clone(), timeout).unwrap();
+            let got = a.recv(timeout).unwrap();
+            a.recycle(got);
+        })
+    });
+    group.finish();
+    a.send_blocking(stop, timeout).unwrap();
+    a.flush(timeout).unwrap();
+    echo.join().unwrap();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20);
-    targets = engine_pair, crc_alone, ring_round_trip
+    targets = engine_pair, crc_alone, ring_round_trip, ring_ping_pong
 }
 criterion_main!(benches);
