@@ -131,8 +131,23 @@ impl Geometry {
 
     /// Byte offset of the slot that packet number `index` occupies.
     pub fn slot_offset(&self, index: u64) -> usize {
-        let slot = (index % u64::from(self.slot_count)) as usize;
-        offset::SLOTS + slot * self.slot_size as usize
+        self.offset_of_slot((index % u64::from(self.slot_count)) as u32)
+    }
+
+    /// Byte offset of slot `slot` (below `slot_count`).
+    fn offset_of_slot(&self, slot: u32) -> usize {
+        offset::SLOTS + slot as usize * self.slot_size as usize
+    }
+
+    /// The slot after `slot`, wrapping: what `slot_offset(index + 1)` needs
+    /// without a division (a 64-bit `div` is some 15 cycles, on every
+    /// small message's path twice).
+    fn next_slot(&self, slot: u32) -> u32 {
+        if slot + 1 == self.slot_count {
+            0
+        } else {
+            slot + 1
+        }
     }
 
     /// Total bytes the ring occupies.
@@ -147,6 +162,8 @@ pub struct Producer {
     geometry: Geometry,
     /// Packets written so far (the next one goes to slot `written % count`).
     written: u64,
+    /// `written % slot_count`, kept as it goes.
+    slot: u32,
     /// Packets the peer reported consumed.
     consumed: u64,
 }
@@ -157,6 +174,7 @@ impl Producer {
         Producer {
             geometry,
             written: 0,
+            slot: 0,
             consumed: 0,
         }
     }
@@ -168,7 +186,7 @@ impl Producer {
 
     /// Where the next packet goes, if a slot is free.
     pub fn next_slot_offset(&self) -> Option<usize> {
-        (self.free_slots() > 0).then(|| self.geometry.slot_offset(self.written))
+        (self.free_slots() > 0).then(|| self.geometry.offset_of_slot(self.slot))
     }
 
     /// Records that the next packet was written; returns the new head to
@@ -176,6 +194,7 @@ impl Producer {
     pub fn commit(&mut self) -> u64 {
         debug_assert!(self.free_slots() > 0, "commit without a free slot");
         self.written += 1;
+        self.slot = self.geometry.next_slot(self.slot);
         self.written
     }
 
@@ -200,6 +219,8 @@ pub struct Consumer {
     geometry: Geometry,
     /// Packets read so far.
     read: u64,
+    /// `read % slot_count`, kept as it goes.
+    slot: u32,
     /// The head last seen.
     head: u64,
 }
@@ -210,6 +231,7 @@ impl Consumer {
         Consumer {
             geometry,
             read: 0,
+            slot: 0,
             head: 0,
         }
     }
@@ -231,7 +253,7 @@ impl Consumer {
 
     /// Where the next ready packet is, if one is.
     pub fn next_slot_offset(&self) -> Option<usize> {
-        (self.read < self.head).then(|| self.geometry.slot_offset(self.read))
+        (self.read < self.head).then(|| self.geometry.offset_of_slot(self.slot))
     }
 
     /// Packets read and released so far: the consumed count to publish.
@@ -244,6 +266,7 @@ impl Consumer {
     pub fn release(&mut self) -> u64 {
         debug_assert!(self.read < self.head, "release without a ready packet");
         self.read += 1;
+        self.slot = self.geometry.next_slot(self.slot);
         self.read
     }
 }
@@ -387,6 +410,27 @@ mod tests {
         assert_eq!(GEOMETRY.slot_offset(3), CONTROL_LEN + 3 * 4096);
         assert_eq!(GEOMETRY.slot_offset(4), CONTROL_LEN);
         assert_eq!(GEOMETRY.slot_offset(u64::MAX), CONTROL_LEN + 3 * 4096);
+    }
+
+    /// Both ends keep their slot as they go, without a division: over
+    /// several laps it is always `slot_offset` of their count.
+    #[test]
+    fn both_ends_follow_the_slots_around_many_laps() {
+        let mut producer = Producer::new(GEOMETRY);
+        let mut consumer = Consumer::new(GEOMETRY);
+        for packet in 0..4 * u64::from(GEOMETRY.slot_count) + 3 {
+            assert_eq!(
+                producer.next_slot_offset(),
+                Some(GEOMETRY.slot_offset(packet))
+            );
+            let head = producer.commit();
+            consumer.on_head(head).unwrap();
+            assert_eq!(
+                consumer.next_slot_offset(),
+                Some(GEOMETRY.slot_offset(packet))
+            );
+            producer.on_consumed(consumer.release()).unwrap();
+        }
     }
 
     #[test]

@@ -189,7 +189,13 @@ impl<B: AsRef<[u8]>> Sender<B> {
     /// Queues a message; the caller has checked its length and the limits.
     pub(super) fn enqueue(&mut self, buf: B) -> u64 {
         let len = buf.as_ref().len() as u64;
-        let frag_count = len.div_ceil(u64::from(self.payload_size)).max(1);
+        let payload_size = u64::from(self.payload_size);
+        // Most messages are one packet: no division for them.
+        let frag_count = if len <= payload_size {
+            1
+        } else {
+            len.div_ceil(payload_size)
+        };
         let id = self.next_msg_id;
         self.next_msg_id += 1;
         self.outbox.push_back(OutMessage {
