@@ -57,9 +57,9 @@ enum Round {
     /// Receive, send, timers, completions.
     Full,
     /// As `Full`, but stop once a message has been delivered if nothing
-    /// needs sending: a blocking receive's caller is waiting for it, and
-    /// the rest of the round (timers, counting completions) can wait for
-    /// the next call without harm.
+    /// needs sending and no timer is due: a blocking receive's caller is
+    /// waiting for it, and the rest of the round (counting completions)
+    /// can wait for the next call without harm.
     UntilDelivery,
 }
 
@@ -651,13 +651,15 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         if round == Round::UntilDelivery
             && self.engine.messages_ready() > 0
             && !self.engine.wants_transmit(now)
+            && self.engine.poll_timeout().is_none_or(|due| due > now)
         {
-            // The caller waits for exactly this, and nothing needs to go
-            // out (an acknowledgement may wait for the caller's answer):
-            // hand it over now, and leave timers and completions to the
-            // next round. A due acknowledgement still goes out in this
-            // one, or a stream of messages received this way would never
-            // be acknowledged.
+            // The caller waits for exactly this, nothing needs to go out
+            // (an acknowledgement may wait for the caller's answer) and no
+            // timer is due: hand it over now, and leave completions to the
+            // next round. A due acknowledgement or timer still runs in
+            // this one, or a caller that only receives a steady stream,
+            // every round delivering, would never acknowledge it nor
+            // resend a packet of its own that was lost.
             return Ok(Moved::Delivered);
         }
         moved |= self.medium.transmit(now, &mut self.engine)? > 0;
