@@ -129,9 +129,10 @@ fn crc_alone(c: &mut Criterion) {
     group.finish();
 }
 
-/// A 64-byte message there and back over two ring links driven by one
-/// thread: everything both sides do per message, without the wait.
-fn ring_round_trip(c: &mut Criterion) {
+type HeapLink = RingLink<Arc<HeapWindow>, Arc<[u8]>>;
+
+/// Two ring links over a pair of 4 MiB heap windows, 64 KiB MTU.
+fn ring_link_pair() -> (HeapLink, HeapLink) {
     let config = EngineConfig {
         mtu: 65536,
         ..EngineConfig::default()
@@ -141,10 +142,15 @@ fn ring_round_trip(c: &mut Criterion) {
     let geometry = Geometry::for_window(window_a.len(), config.mtu).unwrap();
     init_ring(&*window_a, geometry, 1).unwrap();
     init_ring(&*window_b, geometry, 1).unwrap();
-    let mut a: RingLink<Arc<HeapWindow>, Arc<[u8]>> =
-        RingLink::new(window_a.clone(), window_b.clone(), config.clone(), 1).unwrap();
-    let mut b: RingLink<Arc<HeapWindow>, Arc<[u8]>> =
-        RingLink::new(window_b, window_a, config, 1).unwrap();
+    let a = RingLink::new(window_a.clone(), window_b.clone(), config.clone(), 1).unwrap();
+    let b = RingLink::new(window_b, window_a, config, 1).unwrap();
+    (a, b)
+}
+
+/// A 64-byte message there and back over two ring links driven by one
+/// thread: everything both sides do per message, without the wait.
+fn ring_round_trip(c: &mut Criterion) {
+    let (mut a, mut b) = ring_link_pair();
     let message: Arc<[u8]> = vec![0x5Au8; 64].into();
     let mut round_trip = move || {
         a.send(message.clone()).unwrap();
@@ -176,19 +182,7 @@ fn ring_round_trip(c: &mut Criterion) {
 /// links, with the blocking calls `barlink bench` uses: the round trip
 /// across cores, every cache line the answer needs moved each way.
 fn ring_ping_pong(c: &mut Criterion) {
-    let config = EngineConfig {
-        mtu: 65536,
-        ..EngineConfig::default()
-    };
-    let window_a = Arc::new(HeapWindow::new(4 << 20).unwrap());
-    let window_b = Arc::new(HeapWindow::new(4 << 20).unwrap());
-    let geometry = Geometry::for_window(window_a.len(), config.mtu).unwrap();
-    init_ring(&*window_a, geometry, 1).unwrap();
-    init_ring(&*window_b, geometry, 1).unwrap();
-    let mut a: RingLink<Arc<HeapWindow>, Arc<[u8]>> =
-        RingLink::new(window_a.clone(), window_b.clone(), config.clone(), 1).unwrap();
-    let mut b: RingLink<Arc<HeapWindow>, Arc<[u8]>> =
-        RingLink::new(window_b, window_a, config, 1).unwrap();
+    let (mut a, mut b) = ring_link_pair();
     let timeout = Duration::from_secs(10);
     let message: Arc<[u8]> = vec![0x5Au8; 64].into();
     let stop: Arc<[u8]> = Vec::new().into();
