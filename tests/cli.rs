@@ -167,10 +167,19 @@ fn bench_between_processes_reports_barlink_and_its_baselines() {
             "ratio_to_raw_ring",
             "ratio_to_raw_ring_crc",
             "ratio_to_unix_socket",
+            "gbps_min",
+            "gbps_max",
         ] {
             assert!(row.get(field).is_some(), "{field} missing from {row}");
         }
         assert!(row["gbps"].as_f64().unwrap() > 0.0, "{row}");
+        // The median window lies between the slowest and the fastest.
+        let (low, high) = (
+            row["gbps_min"].as_f64().unwrap(),
+            row["gbps_max"].as_f64().unwrap(),
+        );
+        let median = row["gbps"].as_f64().unwrap();
+        assert!(low <= median && median <= high, "{row}");
         assert_eq!(row["crc_errors"], 0, "{row}");
     }
 }

@@ -487,6 +487,8 @@ fn run_processes(
     if progress {
         eprint!("\r{:40}\r", "");
     }
+    // The widest spread of one path's windows, to warn about below.
+    let mut widest: Option<(f64, &'static str, usize, f64, f64)> = None;
     for (index, &size) in plan.sizes.iter().enumerate() {
         let mut medians = [0.0f64; 5];
         for (which, path_results) in results.iter_mut().enumerate() {
@@ -506,10 +508,15 @@ fn run_processes(
                 continue;
             };
             let path = path.name();
+            let (low, high) = extremes(&m.gbps_windows);
+            if low > 0.0 && widest.is_none_or(|(spread, ..)| high / low > spread) {
+                widest = Some((high / low, path, size, low, high));
+            }
             let row = ProcRow {
                 path,
                 size,
                 gbps: medians[which],
+                gbps_range: (low, high),
                 lat_p50_us: percentile(&mut m.latencies_us, 0.5),
                 lat_p99_us: percentile(&mut m.latencies_us, 0.99),
                 retransmits: m.retransmits,
@@ -530,13 +537,41 @@ fn run_processes(
             );
         }
     }
+    if let Some((spread, path, size, low, high)) = widest
+        && spread > UNSTEADY_SPREAD
+        && !args.json
+    {
+        println!(
+            "# note: the machine's load changed during this run: {path} at {} moved {low:.2}-{high:.2} GB/s \
+             between its windows; the paths take turns, so each ratio saw the same load, but one run \
+             is not a figure here: run it again (gbps_min/gbps_max in --json)",
+            human_size(size)
+        );
+    }
     Ok(Status::Ok)
+}
+
+/// A path whose fastest window beats its slowest by more than this saw the
+/// machine's load change (a shared VM: measured 2.6x between back-to-back
+/// runs of the same build), and the run says so.
+const UNSTEADY_SPREAD: f64 = 1.5;
+
+/// The slowest and fastest of a path's windows (zeros if none).
+fn extremes(windows: &[f64]) -> (f64, f64) {
+    if windows.is_empty() {
+        return (0.0, 0.0);
+    }
+    let low = windows.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = windows.iter().copied().fold(0.0, f64::max);
+    (low, high)
 }
 
 struct ProcRow {
     path: &'static str,
     size: usize,
     gbps: f64,
+    /// The slowest and fastest timed window.
+    gbps_range: (f64, f64),
     lat_p50_us: f64,
     lat_p99_us: f64,
     retransmits: u64,
@@ -557,6 +592,8 @@ fn print_proc_row(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) {
             [row.retransmits, row.crc_errors],
             config,
         );
+        value.insert("gbps_min".into(), json!(round(row.gbps_range.0, 3)));
+        value.insert("gbps_max".into(), json!(round(row.gbps_range.1, 3)));
         // A ratio to a baseline this run did not measure is left out.
         if row.vs_raw_ring > 0.0 {
             value.insert("ratio_to_raw_ring".into(), json!(round(row.vs_raw_ring, 3)));
@@ -755,6 +792,12 @@ mod tests {
         assert!(parse_sizes("64:8").is_err());
         assert!(parse_sizes("8:64:1").is_err());
         assert!(parse_sizes("0:64").is_err());
+    }
+
+    #[test]
+    fn extremes_are_the_slowest_and_fastest_window() {
+        assert_eq!(extremes(&[3.0, 1.5, 9.0, 2.0]), (1.5, 9.0));
+        assert_eq!(extremes(&[]), (0.0, 0.0));
     }
 
     #[test]
