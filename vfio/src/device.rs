@@ -62,6 +62,9 @@ pub struct RegionInfo {
     pub flags: u32,
     /// Areas that may be mmapped, when only parts may be.
     pub sparse_areas: Option<Vec<(u64, u64)>>,
+    /// Why the region's VFIO capability chain could not be read, if it
+    /// could not (then which parts may be mmapped is unknown).
+    pub caps_unreadable: Option<String>,
 }
 
 impl RegionInfo {
@@ -94,6 +97,13 @@ impl RegionInfo {
         if !self.readable() && !self.writable() {
             return Some("the region is neither readable nor writable".into());
         }
+        if let Some(reason) = &self.caps_unreadable {
+            return Some(format!(
+                "its VFIO capability chain could not be read ({reason}), so which parts of it \
+                 may be mmapped is unknown: check the kernel log (dmesg) for vfio-pci errors, \
+                 and the kernel and QEMU versions"
+            ));
+        }
         if let Some(areas) = &self.sparse_areas
             && !(areas.len() == 1 && areas[0] == (0, self.size))
         {
@@ -117,6 +127,7 @@ impl RegionInfo {
             offset: raw.offset,
             flags: raw.flags,
             sparse_areas: raw.sparse_areas,
+            caps_unreadable: raw.caps_unreadable,
         }
     }
 }

@@ -413,6 +413,7 @@ fn regions_are_mapped_only_as_their_flags_allow() {
                 size: 8192,
                 offset: region_offset(4),
                 sparse_areas: None,
+                caps_unreadable: None,
             },
         );
         state.regions.insert(
@@ -423,6 +424,19 @@ fn regions_are_mapped_only_as_their_flags_allow() {
                 size: 16384,
                 offset: region_offset(3),
                 sparse_areas: Some(vec![(0, 4096), (8192, 8192)]),
+                caps_unreadable: None,
+            },
+        );
+        // BAR 5: its capability chain could not be read.
+        state.regions.insert(
+            5,
+            RawRegionInfo {
+                flags: REGION_FLAG_READ | REGION_FLAG_WRITE | REGION_FLAG_MMAP,
+                index: 5,
+                size: 16384,
+                offset: region_offset(5),
+                sparse_areas: None,
+                caps_unreadable: Some("the capability chain points outside".into()),
             },
         );
     }
@@ -468,6 +482,14 @@ fn regions_are_mapped_only_as_their_flags_allow() {
     let error = device.map_region(3).unwrap_err();
     assert!(
         error.to_string().contains("0x0+0x1000, 0x2000+0x2000"),
+        "{error}"
+    );
+    // A capability chain that could not be read: not "all of it".
+    let error = device.map_region(5).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("capability chain could not be read (the capability chain points outside)"),
         "{error}"
     );
     // Read-only: mapped, reads work, writes are refused, not faulted.

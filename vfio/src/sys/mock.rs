@@ -90,6 +90,7 @@ impl MockSys {
                 size: 256,
                 offset: region_offset(region_index::BAR0),
                 sparse_areas: None,
+                caps_unreadable: None,
             },
         );
         regions.insert(
@@ -100,6 +101,7 @@ impl MockSys {
                 size: 16 << 20,
                 offset: region_offset(region_index::BAR2),
                 sparse_areas: None,
+                caps_unreadable: None,
             },
         );
         regions.insert(
@@ -110,6 +112,7 @@ impl MockSys {
                 size: 256,
                 offset: region_offset(region_index::CONFIG),
                 sparse_areas: None,
+                caps_unreadable: None,
             },
         );
         let mut config = [0u8; 256];

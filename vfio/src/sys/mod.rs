@@ -117,6 +117,9 @@ pub struct RawRegionInfo {
     /// `VFIO_REGION_INFO_CAP_SPARSE_MMAP` areas (offset, size) relative to
     /// the region, when only those parts may be mmapped.
     pub sparse_areas: Option<Vec<(u64, u64)>>,
+    /// Why the region's capability chain could not be read, when it could
+    /// not: then which parts may be mmapped is unknown.
+    pub caps_unreadable: Option<String>,
 }
 
 /// `VFIO_DEVICE_GET_INFO`.
@@ -486,6 +489,7 @@ impl VfioSys for LinuxSys {
             size: info.size,
             offset: info.offset,
             sparse_areas: None,
+            caps_unreadable: None,
         };
         let base = size_of::<VfioRegionInfo>();
         if info.flags & REGION_FLAG_CAPS != 0 && info.argsz as usize > base {
@@ -508,7 +512,15 @@ impl VfioSys for LinuxSys {
                 unsafe { libc::ioctl(device, VFIO_DEVICE_GET_REGION_INFO as _, buf.as_mut_ptr()) };
             if ret == 0 {
                 let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
-                raw.sparse_areas = parse_sparse_mmap(&bytes);
+                match parse_sparse_mmap(&bytes) {
+                    Ok(areas) => raw.sparse_areas = areas,
+                    Err(reason) => raw.caps_unreadable = Some(reason.to_string()),
+                }
+            } else {
+                raw.caps_unreadable = Some(format!(
+                    "VFIO_DEVICE_GET_REGION_INFO with room for the chain failed: {}",
+                    Errno::last()
+                ));
             }
         }
         Ok(raw)
@@ -581,30 +593,58 @@ impl VfioSys for LinuxSys {
 /// Finds `VFIO_REGION_INFO_CAP_SPARSE_MMAP` in a region info buffer
 /// (structure followed by the capability chain) and returns its areas.
 /// Every offset comes from the kernel but is still bounds-checked.
-fn parse_sparse_mmap(bytes: &[u8]) -> Option<Vec<(u64, u64)>> {
-    let u16_at = |at: usize| Some(u16::from_ne_bytes(bytes.get(at..at + 2)?.try_into().ok()?));
-    let u32_at = |at: usize| Some(u32::from_ne_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
-    let u64_at = |at: usize| Some(u64::from_ne_bytes(bytes.get(at..at + 8)?.try_into().ok()?));
+/// The sparse-mmap areas in a region's capability chain (`bytes`: the
+/// `vfio_region_info` the kernel filled, chain included): `Ok(None)` when
+/// the chain has no such capability (all of the region may be mmapped),
+/// `Err` when the chain cannot be followed — an offset outside the buffer,
+/// or more links than any kernel writes — since then nobody knows which
+/// parts may be mmapped, and treating the region as whole would map an
+/// MSI-X table the kernel meant to keep out.
+fn parse_sparse_mmap(bytes: &[u8]) -> Result<Option<Vec<(u64, u64)>>, &'static str> {
+    const OUTSIDE: &str = "the capability chain points outside what the kernel returned";
+    let u16_at = |at: usize| {
+        bytes
+            .get(at..at.checked_add(2)?)
+            .map(|b| u16::from_ne_bytes(b.try_into().expect("2 bytes")))
+    };
+    let u32_at = |at: usize| {
+        bytes
+            .get(at..at.checked_add(4)?)
+            .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+    };
+    let u64_at = |at: usize| {
+        bytes
+            .get(at..at.checked_add(8)?)
+            .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+    };
     // struct vfio_region_info: cap_offset at byte 12.
-    let mut next = u32_at(12)? as usize;
+    let mut next = u32_at(12).ok_or(OUTSIDE)? as usize;
     let mut hops = 0;
-    while next != 0 && hops < 64 {
+    while next != 0 {
         hops += 1;
+        if hops > 64 {
+            return Err("the capability chain has more than 64 links (a loop?)");
+        }
         // struct vfio_info_cap_header { u16 id; u16 version; u32 next; }
-        let id = u16_at(next)?;
+        let id = u16_at(next).ok_or(OUTSIDE)?;
         if id == REGION_CAP_SPARSE_MMAP {
             // { header; u32 nr_areas; u32 reserved; { u64 offset; u64 size; } areas[] }
-            let count = u32_at(next + 8)? as usize;
-            let mut areas = Vec::with_capacity(count.min(64));
-            for i in 0..count.min(64) {
-                let at = next + 16 + i * 16;
-                areas.push((u64_at(at)?, u64_at(at + 8)?));
+            let count = u32_at(next + 8).ok_or(OUTSIDE)? as usize;
+            if count > 64 {
+                return Err("the sparse-mmap capability lists more than 64 areas");
             }
-            return Some(areas);
+            let mut areas = Vec::with_capacity(count);
+            for i in 0..count {
+                let at = next + 16 + i * 16;
+                let offset = u64_at(at).ok_or(OUTSIDE)?;
+                let size = u64_at(at + 8).ok_or(OUTSIDE)?;
+                areas.push((offset, size));
+            }
+            return Ok(Some(areas));
         }
-        next = u32_at(next + 4)? as usize;
+        next = u32_at(next + 4).ok_or(OUTSIDE)? as usize;
     }
-    None
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -640,11 +680,26 @@ mod tests {
         buf[72..80].copy_from_slice(&0x1000u64.to_ne_bytes());
         assert_eq!(
             parse_sparse_mmap(&buf),
-            Some(vec![(0, 0x1000), (0x3000, 0x1000)])
+            Ok(Some(vec![(0, 0x1000), (0x3000, 0x1000)]))
         );
-        // A chain that points outside the buffer is ignored, not followed.
+        // An area list running past the buffer is not followed.
+        buf[40..44].copy_from_slice(&3u32.to_ne_bytes());
+        assert!(parse_sparse_mmap(&buf).is_err());
+        buf[40..44].copy_from_slice(&2u32.to_ne_bytes());
+        // A chain without the capability: all of the region may be mapped.
+        buf[32..34].copy_from_slice(&(REGION_CAP_SPARSE_MMAP + 1).to_ne_bytes());
+        assert_eq!(parse_sparse_mmap(&buf), Ok(None));
+        // A chain that points outside the buffer, or into itself, cannot be
+        // followed: which parts may be mapped is unknown (an error, not
+        // "all of it").
         buf[12..16].copy_from_slice(&4000u32.to_ne_bytes());
-        assert_eq!(parse_sparse_mmap(&buf), None);
+        assert!(parse_sparse_mmap(&buf).is_err());
+        buf[12..16].copy_from_slice(&32u32.to_ne_bytes());
+        buf[36..40].copy_from_slice(&32u32.to_ne_bytes()); // next: itself
+        assert!(parse_sparse_mmap(&buf).unwrap_err().contains("loop"));
+        // No chain at all.
+        buf[12..16].copy_from_slice(&0u32.to_ne_bytes());
+        assert_eq!(parse_sparse_mmap(&buf), Ok(None));
     }
 
     #[test]
