@@ -232,8 +232,6 @@ fn link_config(plan: &PeerPlan) -> LinkConfig {
     config
 }
 
-struct LinkPipe<W: Window>(RingLink<W, Arc<[u8]>>);
-
 /// A link whose writes into the peer's ring flip a bit with probability
 /// `rate` per packet. Each packet is two writes (payload, then header, each
 /// one fault decision), so each write is faulted with `rate / 2`. Both
@@ -254,11 +252,68 @@ fn faulty_link(
     RingLink::new(own, peer, config.engine.clone(), 1).map_err(|e| e.to_string())
 }
 
-impl<W: Window> Pipe for LinkPipe<W> {
+/// A barlink link as the pipes use it, whoever drives its progress: the
+/// caller's thread ([`RingLink`]) or a progress thread of its own.
+trait DrivenLink {
+    fn send_blocking(&mut self, data: Arc<[u8]>, timeout: Duration) -> Result<(), IoError>;
+    fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError>;
+    fn flush(&mut self, timeout: Duration) -> Result<(), IoError>;
+    fn recycle(&mut self, buf: Vec<u8>);
+    /// One round of progress, where the caller drives it.
+    fn poke(&mut self) -> Result<(), IoError>;
+    fn stats(&self) -> barlink_transport::Stats;
+}
+
+impl<W: Window> DrivenLink for RingLink<W, Arc<[u8]>> {
+    fn send_blocking(&mut self, data: Arc<[u8]>, timeout: Duration) -> Result<(), IoError> {
+        RingLink::send_blocking(self, data, timeout).map(drop)
+    }
+    fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError> {
+        RingLink::recv(self, timeout)
+    }
+    fn flush(&mut self, timeout: Duration) -> Result<(), IoError> {
+        RingLink::flush(self, timeout)
+    }
+    fn recycle(&mut self, buf: Vec<u8>) {
+        RingLink::recycle(self, buf)
+    }
+    fn poke(&mut self) -> Result<(), IoError> {
+        self.progress().map(drop)
+    }
+    fn stats(&self) -> barlink_transport::Stats {
+        self.engine().stats().clone()
+    }
+}
+
+impl<M: Medium + Send + 'static> DrivenLink for ProgressThread<M, Arc<[u8]>> {
+    fn send_blocking(&mut self, data: Arc<[u8]>, timeout: Duration) -> Result<(), IoError> {
+        ProgressThread::send_blocking(self, data, timeout).map(drop)
+    }
+    fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError> {
+        ProgressThread::recv(self, timeout)
+    }
+    fn flush(&mut self, timeout: Duration) -> Result<(), IoError> {
+        ProgressThread::flush(self, timeout)
+    }
+    fn recycle(&mut self, buf: Vec<u8>) {
+        ProgressThread::recycle(self, buf)
+    }
+    /// Its own thread drives it.
+    fn poke(&mut self) -> Result<(), IoError> {
+        Ok(())
+    }
+    fn stats(&self) -> barlink_transport::Stats {
+        ProgressThread::stats(self)
+    }
+}
+
+/// A barlink link as a pipe.
+struct LinkPipe<L: DrivenLink>(L);
+
+impl<L: DrivenLink> Pipe for LinkPipe<L> {
     fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String> {
         self.0
             .send_blocking(message.clone(), STEP_TIMEOUT)
-            .map(|_| ())
             .map_err(|e| e.to_string())
     }
     fn recv_within(
@@ -273,10 +328,10 @@ impl<W: Window> Pipe for LinkPipe<W> {
         Ok(unless_timed_out(self.0.flush(within))?.is_some())
     }
     fn poke(&mut self) -> Result<(), String> {
-        self.0.progress().map(|_| ()).map_err(|e| e.to_string())
+        self.0.poke().map_err(|e| e.to_string())
     }
     fn counters(&self) -> (u64, u64) {
-        counters(self.0.engine().stats())
+        counters(&self.0.stats())
     }
 }
 
@@ -293,32 +348,6 @@ fn counters(stats: &barlink_transport::Stats) -> (u64, u64) {
     (stats.retransmits(), stats.crc_failures + stats.malformed)
 }
 
-/// A link driven by a background progress thread (`--progress thread`).
-struct ThreadPipe<M: Medium + Send + 'static>(ProgressThread<M, Arc<[u8]>>);
-
-impl<M: Medium + Send + 'static> Pipe for ThreadPipe<M> {
-    fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String> {
-        self.0
-            .send_blocking(message.clone(), STEP_TIMEOUT)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-    fn recv_within(
-        &mut self,
-        buf: &mut Vec<u8>,
-        within: Duration,
-    ) -> Result<Option<usize>, String> {
-        let data = unless_timed_out(self.0.recv(within))?;
-        Ok(data.map(|data| swap_in(buf, data, |old| self.0.recycle(old))))
-    }
-    fn flush_within(&mut self, within: Duration) -> Result<bool, String> {
-        Ok(unless_timed_out(self.0.flush(within))?.is_some())
-    }
-    fn counters(&self) -> (u64, u64) {
-        counters(&self.0.stats())
-    }
-}
-
 /// The link as a pipe, driven as `mode` says.
 fn link_pipe<W: Window + Send + 'static>(
     link: RingLink<W, Arc<[u8]>>,
@@ -326,15 +355,16 @@ fn link_pipe<W: Window + Send + 'static>(
 ) -> Result<Box<dyn Pipe>, String> {
     Ok(match mode {
         ProgressMode::Poll => Box::new(LinkPipe(link)),
-        ProgressMode::Thread => Box::new(ThreadPipe(
+        ProgressMode::Thread => Box::new(LinkPipe(
             ProgressThread::spawn(link, ProgressOptions::default())
                 .map_err(|e| format!("starting the progress thread: {e}"))?,
         )),
     })
 }
 
-/// The raw-ring baseline: fragments copied into slots behind a 16-byte slot
-/// header (length, last-fragment flag), no CRC, no acknowledgement.
+/// The raw-ring baselines: fragments copied into slots behind a 16-byte
+/// slot header (length, last-fragment flag and, for `raw-ring-crc`, the
+/// slot's CRC-32C); no acknowledgement, retransmission or ordering.
 struct RawRingPipe {
     own: ShmWindow,
     peer: ShmWindow,
