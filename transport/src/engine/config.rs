@@ -40,7 +40,8 @@ pub struct EngineConfig {
     /// ([`LinkError::RetransmitLimit`](super::LinkError::RetransmitLimit)).
     pub max_transmissions: u32,
     /// Data packets received before an acknowledgement goes out regardless
-    /// of the ack delay.
+    /// of the ack delay (at most a quarter of `recv_window` is used: see
+    /// [`ack_threshold`](Self::ack_threshold)).
     pub ack_every: u32,
     /// Longest an acknowledgement is held back hoping to piggyback it.
     pub ack_delay: Duration,
@@ -89,6 +90,17 @@ impl EngineConfig {
     pub fn max_payload_len(&self) -> u32 {
         // validate() bounds mtu to MAX_MTU, which fits in u32.
         (self.mtu - HEADER_LEN) as u32
+    }
+
+    /// Data packets received before an acknowledgement goes out:
+    /// `ack_every`, but never more than a quarter of `recv_window`. The
+    /// acknowledgement is what refreshes the peer's credit; if it came only
+    /// when the whole window had arrived, the peer would stop at every
+    /// window's end and wait for it, and this side would then wait for the
+    /// peer to start again (with 32-packet windows and `ack_every` 32, a
+    /// stream did exactly that).
+    pub fn ack_threshold(&self) -> u32 {
+        self.ack_every.min(self.recv_window / 4).max(1)
     }
 
     /// The limits this side's parser applies to what a peer sends.
@@ -217,6 +229,22 @@ mod tests {
             };
             assert_eq!(config.validate(), Err(ConfigError::MtuOutOfRange { mtu }));
         }
+    }
+
+    #[test]
+    fn acks_go_out_by_a_quarter_of_the_receive_window_at_the_latest() {
+        let threshold = |ack_every, recv_window| {
+            EngineConfig {
+                ack_every,
+                recv_window,
+                ..EngineConfig::default()
+            }
+            .ack_threshold()
+        };
+        assert_eq!(threshold(32, 256), 32, "ack_every when the window is large");
+        assert_eq!(threshold(32, 32), 8, "a quarter of a 32-packet window");
+        assert_eq!(threshold(32, 2), 1, "never zero");
+        assert_eq!(threshold(4, 64), 4, "a smaller ack_every stands");
     }
 
     #[test]

@@ -239,6 +239,44 @@ fn make_room(data: &mut Vec<u8>, need: usize, want: usize, limit: usize) -> Resu
     Ok(())
 }
 
+/// A given-back buffer to assemble a message of `len` bytes in: the one
+/// given back last if it is large enough (the usual case: messages of one
+/// size), else the largest one kept. Growing a small buffer to a large
+/// message costs a reallocation, page faults and zeroing for every message
+/// (16 MiB messages after a run of 1 MiB ones went at half speed while the
+/// spares of the earlier size lasted).
+fn take_spare(spares: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
+    match spares.last() {
+        None => Vec::new(),
+        Some(last) if last.capacity() >= len => spares.pop().unwrap_or_default(),
+        Some(_) => {
+            let largest = (0..spares.len())
+                .max_by_key(|&i| spares[i].capacity())
+                .unwrap_or(0);
+            spares.swap_remove(largest)
+        }
+    }
+}
+
+/// Keeps `buf` (its bytes stay as initialized room, see `Assembly::data`)
+/// among at most `max_count` spares of at most `max_bytes` in all. Over
+/// the limits the oldest spares go and the newest stays, whatever its
+/// size: a message that large just arrived (its memory was spent anyway),
+/// and the next is likely its size, not that of the spares before it. A
+/// caller moving messages larger than the window would otherwise get a
+/// freshly allocated buffer for each, and the page faults of 16 MiB stall
+/// the receiver for longer than the sender's retransmission timer.
+fn keep_spare(spares: &mut Vec<Vec<u8>>, buf: Vec<u8>, max_bytes: usize, max_count: usize) {
+    spares.push(buf);
+    let mut bytes: usize = spares.iter().map(Vec::capacity).sum();
+    let mut evict = 0;
+    while evict + 1 < spares.len() && (bytes > max_bytes || spares.len() - evict > max_count) {
+        bytes -= spares[evict].capacity();
+        evict += 1;
+    }
+    spares.drain(..evict);
+}
+
 impl Receiver {
     /// An intact packet from the current peer arrived.
     pub(super) fn on_intact(&mut self, xmit: u32) {
@@ -309,7 +347,7 @@ impl Receiver {
 
     pub(super) fn wants_ack(&self, now: Time, config: &EngineConfig) -> bool {
         self.ack_now
-            || self.unacked_packets >= config.ack_every
+            || self.unacked_packets >= config.ack_threshold()
             || self.ack_deadline.is_some_and(|deadline| now >= deadline)
     }
 
@@ -318,11 +356,11 @@ impl Receiver {
     /// (which carries the acknowledgement, as every packet does) may be
     /// about to go out. The wait ends when the caller takes the message, at
     /// the ack deadline (`ack_delay` after the data arrived), or when
-    /// `ack_every` packets are unacknowledged — so a request/response pair
+    /// [`EngineConfig::ack_threshold`] packets are unacknowledged — so a request/response pair
     /// costs two packets, not four.
     pub(super) fn may_hold_ack(&self, now: Time, config: &EngineConfig) -> bool {
         self.undelivered_packets > 0
-            && self.unacked_packets < config.ack_every
+            && self.unacked_packets < config.ack_threshold()
             && self.naks.is_empty()
             && self.ack_deadline.is_some_and(|deadline| now < deadline)
     }
@@ -397,9 +435,7 @@ impl Receiver {
                     return None;
                 }
                 let spare = &mut self.spare_buffers;
-                let data = self
-                    .staged
-                    .get_or_insert_with(|| spare.pop().unwrap_or_default());
+                let data = self.staged.get_or_insert_with(|| take_spare(spare, limit));
                 make_room(data, len, first_reservation(limit, len), limit).ok()?;
                 Some(&mut data[..len])
             }
@@ -459,7 +495,7 @@ impl Receiver {
             }
             let mut data = match self.ahead_staged.take() {
                 Some((_, data)) => data,
-                None => self.spare_buffers.pop().unwrap_or_default(),
+                None => take_spare(&mut self.spare_buffers, limit),
             };
             make_room(&mut data, len, len, limit).ok()?;
             let (_, data) = self.ahead_staged.insert((seq, data));
@@ -593,7 +629,7 @@ impl Receiver {
                     // packet, a ring's worth of packets comes in ahead of
                     // its retransmission, and allocating for each of them
                     // made a corrupt packet cost far more than its resend.
-                    let mut held = self.spare_buffers.pop().unwrap_or_default();
+                    let mut held = take_spare(&mut self.spare_buffers, bytes.len());
                     held.clear();
                     held.extend_from_slice(bytes);
                     Held::Bytes(held)
@@ -676,7 +712,10 @@ impl Receiver {
                         drop(stale);
                         match self.staged.take() {
                             Some(data) => data,
-                            None => self.spare_buffers.pop().unwrap_or_default(),
+                            None => take_spare(
+                                &mut self.spare_buffers,
+                                usize::try_from(fragment.msg_len).unwrap_or(usize::MAX),
+                            ),
                         }
                     }
                 };
@@ -768,21 +807,15 @@ impl Receiver {
     /// Keeps a delivered message's buffer to assemble a later one in.
     pub(super) fn recycle(&mut self, buf: Vec<u8>, config: &EngineConfig) {
         // A buffer larger than any message is not worth holding.
-        let useful = buf.capacity() as u64 <= config.max_message_len.max(1 << 20);
-        let window_bytes = config.recv_window as usize * config.mtu;
-        let spare_bytes: usize = self.spare_buffers.iter().map(Vec::capacity).sum();
-        // One spare is kept whatever its size (a message that large just
-        // arrived, so its memory was spent anyway): a caller moving
-        // messages larger than the window would otherwise get a freshly
-        // allocated buffer for each, and the page faults of 16 MiB stall
-        // the receiver for longer than the sender's retransmission timer.
-        let room = self.spare_buffers.is_empty()
-            || (spare_bytes + buf.capacity() <= SPARE_WINDOWS * window_bytes
-                && self.spare_buffers.len() < SPARE_WINDOWS * config.recv_window as usize);
-        if useful && room {
-            // Its bytes stay as initialized room (see `Assembly::data`).
-            self.spare_buffers.push(buf);
+        if buf.capacity() as u64 > config.max_message_len.max(1 << 20) {
+            return;
         }
+        keep_spare(
+            &mut self.spare_buffers,
+            buf,
+            SPARE_WINDOWS * config.recv_window as usize * config.mtu,
+            SPARE_WINDOWS * config.recv_window as usize,
+        );
     }
 
     /// Ends the session: a partly assembled message and everything buffered
@@ -796,5 +829,61 @@ impl Receiver {
             staged: self.staged.take(),
             ..Receiver::default()
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{keep_spare, take_spare};
+
+    fn buffers(capacities: &[usize]) -> Vec<Vec<u8>> {
+        capacities.iter().map(|&c| Vec::with_capacity(c)).collect()
+    }
+
+    fn capacities(spares: &[Vec<u8>]) -> Vec<usize> {
+        spares.iter().map(Vec::capacity).collect()
+    }
+
+    #[test]
+    fn a_large_buffer_given_back_displaces_the_oldest_spares() {
+        let mut spares = buffers(&[100, 100, 100, 100]);
+        keep_spare(&mut spares, Vec::with_capacity(4 << 20), 1 << 20, 8);
+        assert_eq!(
+            capacities(&spares),
+            [4 << 20],
+            "larger than the limit alone"
+        );
+        let mut spares = buffers(&[300, 200, 100]);
+        keep_spare(&mut spares, Vec::with_capacity(500), 700, 8);
+        assert_eq!(capacities(&spares), [100, 500], "the oldest went first");
+        let mut spares = buffers(&[1, 2, 3]);
+        keep_spare(&mut spares, Vec::with_capacity(4), 1 << 20, 3);
+        assert_eq!(capacities(&spares), [2, 3, 4], "the count limit too");
+        let mut spares = buffers(&[1, 2]);
+        keep_spare(&mut spares, Vec::with_capacity(3), 1 << 20, 8);
+        assert_eq!(capacities(&spares), [1, 2, 3], "within limits all stay");
+    }
+
+    #[test]
+    fn a_message_takes_the_newest_spare_that_fits_else_the_largest() {
+        let mut spares = buffers(&[64, 4096, 1 << 20, 256]);
+        assert_eq!(
+            take_spare(&mut spares, 200).capacity(),
+            256,
+            "the newest fits"
+        );
+        assert_eq!(
+            take_spare(&mut spares, 1 << 19).capacity(),
+            1 << 20,
+            "the newest is too small: the largest"
+        );
+        assert_eq!(capacities(&spares), [64, 4096]);
+        assert_eq!(take_spare(&mut spares, 1 << 30).capacity(), 4096);
+        assert_eq!(take_spare(&mut spares, 0).capacity(), 64);
+        assert_eq!(
+            take_spare(&mut spares, 0).capacity(),
+            0,
+            "none left: a new one"
+        );
     }
 }
