@@ -416,13 +416,13 @@ impl RawRingPipe {
 
 impl Pipe for RawRingPipe {
     fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String> {
-        let pieces: Vec<&[u8]> = if message.is_empty() {
-            vec![&[]]
-        } else {
-            message.chunks(self.slot_payload).collect()
-        };
-        let count = pieces.len();
-        for (index, piece) in pieces.into_iter().enumerate() {
+        // One piece per slot, at least one (an empty message is one empty
+        // piece); no list of them, so that the baseline allocates nothing
+        // per message.
+        let count = message.len().div_ceil(self.slot_payload).max(1);
+        for index in 0..count {
+            let start = index * self.slot_payload;
+            let piece = &message[start..message.len().min(start + self.slot_payload)];
             let (own, producer) = (&self.own, &mut self.producer);
             let slot = Self::spin_until(|| {
                 let consumed = own

@@ -192,7 +192,7 @@ pub(super) struct Receiver {
     /// start counting against the credit.
     window_edge: u64,
     /// Delivered buffers the caller gave back, reused for assembly.
-    spare_buffers: Vec<Vec<u8>>,
+    spares: Spares,
     /// The buffer the next message starts in, once [`Receiver::place`] has
     /// copied its first fragment there.
     staged: Option<Vec<u8>>,
@@ -239,42 +239,60 @@ fn make_room(data: &mut Vec<u8>, need: usize, want: usize, limit: usize) -> Resu
     Ok(())
 }
 
-/// A given-back buffer to assemble a message of `len` bytes in: the one
-/// given back last if it is large enough (the usual case: messages of one
-/// size), else the largest one kept. Growing a small buffer to a large
-/// message costs a reallocation, page faults and zeroing for every message
-/// (16 MiB messages after a run of 1 MiB ones went at half speed while the
-/// spares of the earlier size lasted).
-fn take_spare(spares: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
-    match spares.last() {
-        None => Vec::new(),
-        Some(last) if last.capacity() >= len => spares.pop().unwrap_or_default(),
-        Some(_) => {
-            let largest = (0..spares.len())
-                .max_by_key(|&i| spares[i].capacity())
-                .unwrap_or(0);
-            spares.swap_remove(largest)
-        }
-    }
+/// Delivered buffers the caller gave back, kept to assemble later
+/// messages in, with their capacities' total (kept as they come and go:
+/// a buffer is given back for every message).
+#[derive(Debug, Default)]
+struct Spares {
+    /// Oldest first.
+    buffers: Vec<Vec<u8>>,
+    bytes: usize,
 }
 
-/// Keeps `buf` (its bytes stay as initialized room, see `Assembly::data`)
-/// among at most `max_count` spares of at most `max_bytes` in all. Over
-/// the limits the oldest spares go and the newest stays, whatever its
-/// size: a message that large just arrived (its memory was spent anyway),
-/// and the next is likely its size, not that of the spares before it. A
-/// caller moving messages larger than the window would otherwise get a
-/// freshly allocated buffer for each, and the page faults of 16 MiB stall
-/// the receiver for longer than the sender's retransmission timer.
-fn keep_spare(spares: &mut Vec<Vec<u8>>, buf: Vec<u8>, max_bytes: usize, max_count: usize) {
-    spares.push(buf);
-    let mut bytes: usize = spares.iter().map(Vec::capacity).sum();
-    let mut evict = 0;
-    while evict + 1 < spares.len() && (bytes > max_bytes || spares.len() - evict > max_count) {
-        bytes -= spares[evict].capacity();
-        evict += 1;
+impl Spares {
+    /// A buffer to assemble a message of `len` bytes in: the one given
+    /// back last if it is large enough (the usual case: messages of one
+    /// size), else the largest one kept, else a new one. Growing a small
+    /// buffer to a large message costs a reallocation, page faults and
+    /// zeroing for every message (16 MiB messages after a run of smaller
+    /// ones went at half speed while the spares of the earlier size
+    /// lasted).
+    fn take(&mut self, len: usize) -> Vec<u8> {
+        let newest_fits = self.buffers.last().is_some_and(|b| b.capacity() >= len);
+        let at = if newest_fits {
+            self.buffers.len().checked_sub(1)
+        } else {
+            (0..self.buffers.len()).max_by_key(|&i| self.buffers[i].capacity())
+        };
+        let Some(at) = at else {
+            return Vec::new();
+        };
+        let buf = self.buffers.swap_remove(at);
+        self.bytes -= buf.capacity();
+        buf
     }
-    spares.drain(..evict);
+
+    /// Keeps `buf` (its bytes stay as initialized room, see
+    /// `Assembly::data`) among at most `max_count` spares of at most
+    /// `max_bytes` in all. Over the limits the oldest spares go and the
+    /// newest stays, whatever its size: a message that large just arrived
+    /// (its memory was spent anyway), and the next is likely its size, not
+    /// that of the spares before it. A caller moving messages larger than
+    /// the window would otherwise get a freshly allocated buffer for each,
+    /// and the page faults of 16 MiB stall the receiver for longer than the
+    /// sender's retransmission timer.
+    fn keep(&mut self, buf: Vec<u8>, max_bytes: usize, max_count: usize) {
+        self.bytes += buf.capacity();
+        self.buffers.push(buf);
+        let mut evict = 0;
+        while evict + 1 < self.buffers.len()
+            && (self.bytes > max_bytes || self.buffers.len() - evict > max_count)
+        {
+            self.bytes -= self.buffers[evict].capacity();
+            evict += 1;
+        }
+        self.buffers.drain(..evict);
+    }
 }
 
 impl Receiver {
@@ -337,8 +355,7 @@ impl Receiver {
 
     /// Bytes held for the caller or ahead of a gap (memory accounting).
     pub(super) fn buffered_bytes(&self) -> usize {
-        let spare: usize = self.spare_buffers.iter().map(Vec::capacity).sum::<usize>()
-            + self.staged.as_ref().map_or(0, Vec::capacity);
+        let spare = self.spares.bytes + self.staged.as_ref().map_or(0, Vec::capacity);
         spare
             + self.ahead_bytes
             + self.undelivered_bytes
@@ -434,8 +451,8 @@ impl Receiver {
                     // this is a duplicate, and must not touch that buffer.
                     return None;
                 }
-                let spare = &mut self.spare_buffers;
-                let data = self.staged.get_or_insert_with(|| take_spare(spare, limit));
+                let spares = &mut self.spares;
+                let data = self.staged.get_or_insert_with(|| spares.take(limit));
                 make_room(data, len, first_reservation(limit, len), limit).ok()?;
                 Some(&mut data[..len])
             }
@@ -495,7 +512,7 @@ impl Receiver {
             }
             let mut data = match self.ahead_staged.take() {
                 Some((_, data)) => data,
-                None => take_spare(&mut self.spare_buffers, limit),
+                None => self.spares.take(limit),
             };
             make_room(&mut data, len, len, limit).ok()?;
             let (_, data) = self.ahead_staged.insert((seq, data));
@@ -629,7 +646,7 @@ impl Receiver {
                     // packet, a ring's worth of packets comes in ahead of
                     // its retransmission, and allocating for each of them
                     // made a corrupt packet cost far more than its resend.
-                    let mut held = take_spare(&mut self.spare_buffers, bytes.len());
+                    let mut held = self.spares.take(bytes.len());
                     held.clear();
                     held.extend_from_slice(bytes);
                     Held::Bytes(held)
@@ -712,10 +729,9 @@ impl Receiver {
                         drop(stale);
                         match self.staged.take() {
                             Some(data) => data,
-                            None => take_spare(
-                                &mut self.spare_buffers,
-                                usize::try_from(fragment.msg_len).unwrap_or(usize::MAX),
-                            ),
+                            None => self
+                                .spares
+                                .take(usize::try_from(fragment.msg_len).unwrap_or(usize::MAX)),
                         }
                     }
                 };
@@ -810,8 +826,7 @@ impl Receiver {
         if buf.capacity() as u64 > config.max_message_len.max(1 << 20) {
             return;
         }
-        keep_spare(
-            &mut self.spare_buffers,
+        self.spares.keep(
             buf,
             SPARE_WINDOWS * config.recv_window as usize * config.mtu,
             SPARE_WINDOWS * config.recv_window as usize,
@@ -825,7 +840,7 @@ impl Receiver {
         *self = Receiver {
             undelivered_packets: self.undelivered_packets,
             undelivered_bytes: self.undelivered_bytes,
-            spare_buffers: std::mem::take(&mut self.spare_buffers),
+            spares: std::mem::take(&mut self.spares),
             staged: self.staged.take(),
             ..Receiver::default()
         };
@@ -834,56 +849,56 @@ impl Receiver {
 
 #[cfg(test)]
 mod tests {
-    use super::{keep_spare, take_spare};
+    use super::Spares;
 
-    fn buffers(capacities: &[usize]) -> Vec<Vec<u8>> {
-        capacities.iter().map(|&c| Vec::with_capacity(c)).collect()
+    fn spares(capacities: &[usize]) -> Spares {
+        let mut spares = Spares::default();
+        for &capacity in capacities {
+            spares.keep(Vec::with_capacity(capacity), usize::MAX, usize::MAX);
+        }
+        spares
     }
 
-    fn capacities(spares: &[Vec<u8>]) -> Vec<usize> {
-        spares.iter().map(Vec::capacity).collect()
+    /// The capacities kept, oldest first, after checking the running total.
+    fn capacities(spares: &Spares) -> Vec<usize> {
+        let capacities: Vec<usize> = spares.buffers.iter().map(Vec::capacity).collect();
+        assert_eq!(
+            spares.bytes,
+            capacities.iter().sum::<usize>(),
+            "running total"
+        );
+        capacities
     }
 
     #[test]
     fn a_large_buffer_given_back_displaces_the_oldest_spares() {
-        let mut spares = buffers(&[100, 100, 100, 100]);
-        keep_spare(&mut spares, Vec::with_capacity(4 << 20), 1 << 20, 8);
-        assert_eq!(
-            capacities(&spares),
-            [4 << 20],
-            "larger than the limit alone"
-        );
-        let mut spares = buffers(&[300, 200, 100]);
-        keep_spare(&mut spares, Vec::with_capacity(500), 700, 8);
-        assert_eq!(capacities(&spares), [100, 500], "the oldest went first");
-        let mut spares = buffers(&[1, 2, 3]);
-        keep_spare(&mut spares, Vec::with_capacity(4), 1 << 20, 3);
-        assert_eq!(capacities(&spares), [2, 3, 4], "the count limit too");
-        let mut spares = buffers(&[1, 2]);
-        keep_spare(&mut spares, Vec::with_capacity(3), 1 << 20, 8);
-        assert_eq!(capacities(&spares), [1, 2, 3], "within limits all stay");
+        let mut kept = spares(&[100, 100, 100, 100]);
+        kept.keep(Vec::with_capacity(4 << 20), 1 << 20, 8);
+        assert_eq!(capacities(&kept), [4 << 20], "larger than the limit alone");
+        let mut kept = spares(&[300, 200, 100]);
+        kept.keep(Vec::with_capacity(500), 700, 8);
+        assert_eq!(capacities(&kept), [100, 500], "the oldest went first");
+        let mut kept = spares(&[1, 2, 3]);
+        kept.keep(Vec::with_capacity(4), 1 << 20, 3);
+        assert_eq!(capacities(&kept), [2, 3, 4], "the count limit too");
+        let mut kept = spares(&[1, 2]);
+        kept.keep(Vec::with_capacity(3), 1 << 20, 8);
+        assert_eq!(capacities(&kept), [1, 2, 3], "within limits all stay");
     }
 
     #[test]
     fn a_message_takes_the_newest_spare_that_fits_else_the_largest() {
-        let mut spares = buffers(&[64, 4096, 1 << 20, 256]);
+        let mut kept = spares(&[64, 4096, 1 << 20, 256]);
+        assert_eq!(kept.take(200).capacity(), 256, "the newest fits");
         assert_eq!(
-            take_spare(&mut spares, 200).capacity(),
-            256,
-            "the newest fits"
-        );
-        assert_eq!(
-            take_spare(&mut spares, 1 << 19).capacity(),
+            kept.take(1 << 19).capacity(),
             1 << 20,
             "the newest is too small: the largest"
         );
-        assert_eq!(capacities(&spares), [64, 4096]);
-        assert_eq!(take_spare(&mut spares, 1 << 30).capacity(), 4096);
-        assert_eq!(take_spare(&mut spares, 0).capacity(), 64);
-        assert_eq!(
-            take_spare(&mut spares, 0).capacity(),
-            0,
-            "none left: a new one"
-        );
+        assert_eq!(capacities(&kept), [64, 4096]);
+        assert_eq!(kept.take(1 << 30).capacity(), 4096);
+        assert_eq!(kept.take(0).capacity(), 64);
+        assert_eq!(kept.take(0).capacity(), 0, "none left: a new one");
+        assert_eq!(capacities(&kept), Vec::<usize>::new());
     }
 }

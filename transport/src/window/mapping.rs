@@ -282,7 +282,11 @@ pub struct RawWindow {
 }
 
 impl RawWindow {
-    /// A window over the `len` bytes at `base`.
+    /// A window over the `len` bytes at `base`, which must be ordinary
+    /// write-back memory: its [`store_fence`](super::Window::store_fence)
+    /// is a compiler fence only, which does not
+    /// drain write-combining buffers. A device BAR mapped write-combining
+    /// needs a window whose fence is `sfence` (the trait's default).
     ///
     /// # Safety
     /// `base..base + len` must be readable and writable memory that stays

@@ -590,35 +590,27 @@ impl VfioSys for LinuxSys {
     }
 }
 
-/// Finds `VFIO_REGION_INFO_CAP_SPARSE_MMAP` in a region info buffer
-/// (structure followed by the capability chain) and returns its areas.
-/// Every offset comes from the kernel but is still bounds-checked.
-/// The sparse-mmap areas in a region's capability chain (`bytes`: the
-/// `vfio_region_info` the kernel filled, chain included): `Ok(None)` when
-/// the chain has no such capability (all of the region may be mmapped),
-/// `Err` when the chain cannot be followed — an offset outside the buffer,
-/// or more links than any kernel writes — since then nobody knows which
-/// parts may be mmapped, and treating the region as whole would map an
-/// MSI-X table the kernel meant to keep out.
+/// The sparse-mmap areas (`VFIO_REGION_INFO_CAP_SPARSE_MMAP`) in a
+/// region's capability chain (`bytes`: the `vfio_region_info` the kernel
+/// filled, chain included). Every offset comes from the kernel but is still
+/// bounds-checked. `Ok(None)` when the chain has no such capability (all of
+/// the region may be mmapped), `Err` when the chain cannot be followed — an
+/// offset outside the buffer, or more links than any kernel writes — since
+/// then nobody knows which parts may be mmapped, and treating the region as
+/// whole would map an MSI-X table the kernel meant to keep out.
 fn parse_sparse_mmap(bytes: &[u8]) -> Result<Option<Vec<(u64, u64)>>, &'static str> {
     const OUTSIDE: &str = "the capability chain points outside what the kernel returned";
-    let u16_at = |at: usize| {
-        bytes
-            .get(at..at.checked_add(2)?)
-            .map(|b| u16::from_ne_bytes(b.try_into().expect("2 bytes")))
-    };
-    let u32_at = |at: usize| {
-        bytes
-            .get(at..at.checked_add(4)?)
-            .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
-    };
-    let u64_at = |at: usize| {
-        bytes
-            .get(at..at.checked_add(8)?)
-            .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
-    };
+    fn array_at<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], &'static str> {
+        at.checked_add(N)
+            .and_then(|end| bytes.get(at..end))
+            .and_then(|b| b.try_into().ok())
+            .ok_or(OUTSIDE)
+    }
+    let u16_at = |at| array_at(bytes, at).map(u16::from_ne_bytes);
+    let u32_at = |at| array_at(bytes, at).map(u32::from_ne_bytes);
+    let u64_at = |at| array_at(bytes, at).map(u64::from_ne_bytes);
     // struct vfio_region_info: cap_offset at byte 12.
-    let mut next = u32_at(12).ok_or(OUTSIDE)? as usize;
+    let mut next = u32_at(12)? as usize;
     let mut hops = 0;
     while next != 0 {
         hops += 1;
@@ -626,23 +618,23 @@ fn parse_sparse_mmap(bytes: &[u8]) -> Result<Option<Vec<(u64, u64)>>, &'static s
             return Err("the capability chain has more than 64 links (a loop?)");
         }
         // struct vfio_info_cap_header { u16 id; u16 version; u32 next; }
-        let id = u16_at(next).ok_or(OUTSIDE)?;
+        let id = u16_at(next)?;
         if id == REGION_CAP_SPARSE_MMAP {
             // { header; u32 nr_areas; u32 reserved; { u64 offset; u64 size; } areas[] }
-            let count = u32_at(next + 8).ok_or(OUTSIDE)? as usize;
+            let count = u32_at(next + 8)? as usize;
             if count > 64 {
                 return Err("the sparse-mmap capability lists more than 64 areas");
             }
             let mut areas = Vec::with_capacity(count);
             for i in 0..count {
                 let at = next + 16 + i * 16;
-                let offset = u64_at(at).ok_or(OUTSIDE)?;
-                let size = u64_at(at + 8).ok_or(OUTSIDE)?;
+                let offset = u64_at(at)?;
+                let size = u64_at(at + 8)?;
                 areas.push((offset, size));
             }
             return Ok(Some(areas));
         }
-        next = u32_at(next + 4).ok_or(OUTSIDE)? as usize;
+        next = u32_at(next + 4)? as usize;
     }
     Ok(None)
 }
