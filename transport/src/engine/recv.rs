@@ -9,7 +9,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{EngineConfig, PacketError, Stats, Violation};
+use super::config::EngineConfig;
+use super::error::{PacketError, Violation};
+use super::stats::Stats;
 use crate::time::Time;
 use crate::wire::{Fragment, Repr, flags};
 

@@ -9,7 +9,10 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
-use super::{EngineConfig, LinkError, PacketError, Stats, serial_lt};
+use super::config::EngineConfig;
+use super::error::{LinkError, PacketError};
+use super::serial::serial_lt;
+use super::stats::Stats;
 use crate::time::Time;
 use crate::wire::Fragment;
 
