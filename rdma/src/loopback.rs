@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use barlink_transport::sim::SplitMix64;
+use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::{HeapWindow, Window};
 
 use crate::link::{CREDIT_OFFSET, Completion, PacketQueue, QueueError, RingShape, WcStatus};

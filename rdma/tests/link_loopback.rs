@@ -14,7 +14,7 @@ use barlink_rdma::link::{
 };
 use barlink_rdma::loopback::{self, Death, LoopbackControl, LoopbackFaults, LoopbackQueue};
 use barlink_transport::link::IoError;
-use barlink_transport::sim::SplitMix64;
+use barlink_transport::rng::SplitMix64;
 use barlink_transport::{EngineConfig, LinkError, SendError};
 
 const SLOTS: u32 = 64;

@@ -11,12 +11,15 @@
 //!   reordering and delay, to drive two engines in tests and benchmarks;
 //! - [`ring`]: the packet ring inside a receive window — layout and the
 //!   head/consumed index protocol, with every peer-written index checked;
-//! - [`window`]: byte regions read and written only through volatile and
-//!   atomic accessors (shared memory, heap, fault injection);
+//! - [`window`]: byte regions read and written only through bounds-checked
+//!   copies and atomic accessors, never through references (shared memory,
+//!   heap, fault injection);
 //! - [`link`]: an engine bound to a medium (rings in a pair of windows, or
 //!   another crate's), the blocking and polling message API, connect and
 //!   accept by name, a background progress thread;
-//! - [`crc`], [`time`]: the checksum and the engine's notion of time.
+//! - [`crc`], [`time`]: the checksum and the engine's notion of time;
+//! - [`rng`]: the seeded generator behind fault injection, the simulator
+//!   and test data.
 //!
 //! Protocol code here contains no unsafe code: `unsafe` is denied crate-wide
 //! and allowed only where the system is touched: `window::mapping` (raw
@@ -29,6 +32,7 @@ pub mod crc;
 pub mod engine;
 pub mod link;
 pub mod ring;
+pub mod rng;
 pub mod sim;
 pub mod sync;
 pub mod time;

@@ -12,7 +12,7 @@ use barlink_transport::link::{
     SetupError, Side, connect, connect_named, create_named_ring, init_ring, pair_windows,
 };
 use barlink_transport::ring::Geometry;
-use barlink_transport::sim::SplitMix64;
+use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::ShmOptions;
 use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window};
 use barlink_transport::{EngineConfig, LinkError};

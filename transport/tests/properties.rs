@@ -11,7 +11,8 @@ mod common;
 
 use std::time::Duration;
 
-use barlink_transport::sim::{Faults, ReceivePath, Side, SimPair, SplitMix64, hand_over};
+use barlink_transport::rng::SplitMix64;
+use barlink_transport::sim::{Faults, ReceivePath, Side, SimPair, hand_over};
 use barlink_transport::wire::{self, Packet};
 use barlink_transport::{Engine, EngineConfig, Event, LinkError, Time};
 use common::{SideLog, assert_delivery_is_exact, drain_events, exchange, payloads};

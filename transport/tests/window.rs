@@ -19,7 +19,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use barlink_transport::crc::{Crc32c, crc32c};
-use barlink_transport::sim::SplitMix64;
+use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::{
     FaultConfig, FaultWindow, HeapWindow, HugePageReserve, HugePages, InjectedFaults, PageBacking,
     ShmOptions, ShmWindow, Window, WindowError, recv_fd, send_fd,

@@ -64,7 +64,7 @@ use barlink_transport::EngineConfig;
 use barlink_transport::SendError;
 use barlink_transport::link::{RingLink, init_ring};
 use barlink_transport::ring::Geometry;
-use barlink_transport::sim::SplitMix64;
+use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::{FaultConfig, FaultWindow, Window};
 use barlink_vfio::bind::{self, driver_of, iommu_group_of};
 use barlink_vfio::sys::mock::MockSys;

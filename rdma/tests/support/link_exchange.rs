@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use barlink_rdma::RdmaLink;
 use barlink_rdma::oob::OobOptions;
 use barlink_rdma::verbs_queue::{RdmaLinkOptions, VerbsQueue};
-use barlink_transport::sim::SplitMix64;
+use barlink_transport::rng::SplitMix64;
 use barlink_transport::{EngineConfig, SendError};
 
 /// The seeds of the two directions.

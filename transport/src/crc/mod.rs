@@ -203,7 +203,7 @@ mod tests {
 
     #[test]
     fn random_lengths_and_splits_agree_with_crc_fast() {
-        let mut rng = crate::sim::SplitMix64::new(0xC3C);
+        let mut rng = crate::rng::SplitMix64::new(0xC3C);
         let mut data = vec![0u8; 300_000];
         rng.fill(&mut data);
         for _ in 0..300 {

@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use super::mapping::check_store_ordering;
 use super::{Window, WindowError, check_range, chunks};
 use crate::crc::Crc32c;
-use crate::sim::SplitMix64;
+use crate::rng::SplitMix64;
 
 /// Fault probabilities of a [`FaultWindow`], each per write, each decided
 /// independently.

@@ -5,7 +5,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use barlink_transport::EngineConfig;
-use barlink_transport::sim::{Faults, SimPair, SplitMix64};
+use barlink_transport::rng::SplitMix64;
+use barlink_transport::sim::{Faults, SimPair};
 use barlink_transport::wire::Repr;
 use barlink_transport::{Event, LinkError, SendError, Time};
 
