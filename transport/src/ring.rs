@@ -28,13 +28,19 @@
 //! backwards or more than a ring ahead, or a consumed count beyond what was
 //! produced, is an error, never an out-of-bounds slot.
 //!
-//! This module holds the arithmetic and the checks; the links apply them to
-//! windows. The packets themselves carry their own length and CRC, so a
-//! torn slot is caught by the engine like any corrupt packet.
+//! This module holds the arithmetic, the checks, the control block's
+//! encoding and the index loads and stores with the orderings the protocol
+//! needs ([`load_head`], [`publish_head`], [`load_consumed`],
+//! [`publish_consumed`]); the links decide when to call them. The packets
+//! themselves carry their own length and CRC, so a torn slot is caught by
+//! the engine like any corrupt packet.
 // Protocol code: no unsafe, ever (the crate only denies it, for window::mapping).
 #![forbid(unsafe_code)]
 
 use std::fmt;
+
+use crate::sync::atomic::Ordering;
+use crate::window::{Window, WindowError};
 
 /// Bytes of the control block at the start of every ring window: a line the
 /// owner writes once (identity and geometry) and a line of indices that
@@ -71,6 +77,102 @@ pub mod offset {
     pub const CONSUMED: usize = 72;
     /// First slot.
     pub const SLOTS: usize = super::CONTROL_LEN;
+}
+
+/// Bytes of the control block's first line, which the owner writes.
+pub const IDENTITY_LEN: usize = offset::HEAD;
+
+/// The first line of a control block: what a ring is and who owns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// [`RING_MAGIC`] in a barlink ring.
+    pub magic: u64,
+    /// [`RING_VERSION`] in a ring of this layout.
+    pub version: u32,
+    /// Slots and their size, as the owner laid them out.
+    pub geometry: Geometry,
+    /// The owner's generation (+1 per attach).
+    pub generation: u64,
+    /// The owner's process id, for diagnostics.
+    pub owner_pid: u32,
+}
+
+impl Identity {
+    /// The line as it lies in the window, little-endian at the [`offset`]s.
+    pub fn encode(&self) -> [u8; IDENTITY_LEN] {
+        let mut line = [0u8; IDENTITY_LEN];
+        put(&mut line, offset::MAGIC, &self.magic.to_le_bytes());
+        put(&mut line, offset::VERSION, &self.version.to_le_bytes());
+        put(
+            &mut line,
+            offset::SLOT_SIZE,
+            &self.geometry.slot_size.to_le_bytes(),
+        );
+        put(
+            &mut line,
+            offset::SLOT_COUNT,
+            &self.geometry.slot_count.to_le_bytes(),
+        );
+        put(
+            &mut line,
+            offset::GENERATION,
+            &self.generation.to_le_bytes(),
+        );
+        put(&mut line, offset::OWNER_PID, &self.owner_pid.to_le_bytes());
+        line
+    }
+
+    /// Reads the fields back; nothing is checked here (see
+    /// [`Geometry::validate`] and the magic and version constants).
+    pub fn decode(line: &[u8; IDENTITY_LEN]) -> Identity {
+        Identity {
+            magic: u64::from_le_bytes(field(line, offset::MAGIC)),
+            version: u32::from_le_bytes(field(line, offset::VERSION)),
+            geometry: Geometry {
+                slot_size: u32::from_le_bytes(field(line, offset::SLOT_SIZE)),
+                slot_count: u32::from_le_bytes(field(line, offset::SLOT_COUNT)),
+            },
+            generation: u64::from_le_bytes(field(line, offset::GENERATION)),
+            owner_pid: u32::from_le_bytes(field(line, offset::OWNER_PID)),
+        }
+    }
+}
+
+fn put(line: &mut [u8; IDENTITY_LEN], at: usize, bytes: &[u8]) {
+    line[at..at + bytes.len()].copy_from_slice(bytes);
+}
+
+fn field<const N: usize>(line: &[u8; IDENTITY_LEN], at: usize) -> [u8; N] {
+    line[at..at + N]
+        .try_into()
+        .expect("fields lie inside the line")
+}
+
+/// The packets the peer has published into this side's window (`own`).
+/// Acquire: the slots below the head are then visible.
+pub fn load_head<W: Window + ?Sized>(own: &W) -> Result<u64, WindowError> {
+    own.load_u64(offset::HEAD, Ordering::Acquire)
+}
+
+/// Makes the packets below `head` visible to the peer. The store fence lets
+/// write-combined payload stores (a BAR) land first; the Release store is
+/// what orders them in the language's memory model.
+pub fn publish_head<W: Window + ?Sized>(peer: &W, head: u64) -> Result<(), WindowError> {
+    peer.store_fence();
+    peer.store_u64(offset::HEAD, head, Ordering::Release)
+}
+
+/// The packets the peer has read out of its own window, as it reported them
+/// into this side's window (`own`). Acquire: its reads of those slots are
+/// then done, and the slots may be written again.
+pub fn load_consumed<W: Window + ?Sized>(own: &W) -> Result<u64, WindowError> {
+    own.load_u64(offset::CONSUMED, Ordering::Acquire)
+}
+
+/// Gives the slots read so far back to the peer: `consumed` goes into the
+/// peer's window with Release, after this side's reads of them.
+pub fn publish_consumed<W: Window + ?Sized>(peer: &W, consumed: u64) -> Result<(), WindowError> {
+    peer.store_u64(offset::CONSUMED, consumed, Ordering::Release)
 }
 
 /// The shape of a ring: how many slots of what size.
@@ -333,6 +435,30 @@ mod tests {
         slot_size: 4096,
         slot_count: 4,
     };
+
+    #[test]
+    fn the_identity_line_lies_at_the_named_offsets() {
+        let identity = Identity {
+            magic: RING_MAGIC,
+            version: RING_VERSION,
+            geometry: GEOMETRY,
+            generation: 0x0102_0304_0506_0708,
+            owner_pid: 4242,
+        };
+        let line = identity.encode();
+        assert_eq!(&line[offset::MAGIC..offset::MAGIC + 8], b"BLRING\0\x01");
+        assert_eq!(line[offset::VERSION], RING_VERSION as u8);
+        assert_eq!(
+            line[offset::SLOT_COUNT..offset::SLOT_COUNT + 4],
+            GEOMETRY.slot_count.to_le_bytes()
+        );
+        assert_eq!(line[offset::GENERATION], 0x08);
+        assert_eq!(
+            line[offset::OWNER_PID..offset::OWNER_PID + 4],
+            4242u32.to_le_bytes()
+        );
+        assert_eq!(Identity::decode(&line), identity);
+    }
 
     #[test]
     fn geometry_fits_the_window() {

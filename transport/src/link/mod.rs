@@ -97,13 +97,16 @@ pub fn init_ring<W: Window + ?Sized>(
     // first and comes back last, so a reader that sees it (Acquire) sees
     // the geometry and the zeroed indices too.
     window.store_u64(ring::offset::MAGIC, 0, Ordering::Release)?;
-    let mut line = [0u8; 64];
-    line[8..12].copy_from_slice(&ring::RING_VERSION.to_le_bytes());
-    line[12..16].copy_from_slice(&geometry.slot_size.to_le_bytes());
-    line[16..20].copy_from_slice(&geometry.slot_count.to_le_bytes());
-    line[24..32].copy_from_slice(&generation.to_le_bytes());
-    line[32..36].copy_from_slice(&std::process::id().to_le_bytes());
-    window.write(8, &line[8..])?;
+    let line = ring::Identity {
+        magic: 0,
+        version: ring::RING_VERSION,
+        geometry,
+        generation,
+        owner_pid: std::process::id(),
+    }
+    .encode();
+    let after_magic = ring::offset::MAGIC + 8;
+    window.write(after_magic, &line[after_magic..])?;
     window.store_u64(ring::offset::HEAD, 0, Ordering::Relaxed)?;
     window.store_u64(ring::offset::CONSUMED, 0, Ordering::Relaxed)?;
     window.store_fence();
@@ -132,23 +135,19 @@ pub fn read_ring_info<W: Window + ?Sized>(window: &W) -> Result<RingInfo, SetupE
     if magic != ring::RING_MAGIC {
         return Err(SetupError::NotARing { found: magic });
     }
-    let mut line = [0u8; 64];
+    let mut line = [0u8; ring::IDENTITY_LEN];
     window.read(0, &mut line)?;
-    let u32_at = |at: usize| u32::from_le_bytes(line[at..at + 4].try_into().expect("4 bytes"));
-    let u64_at = |at: usize| u64::from_le_bytes(line[at..at + 8].try_into().expect("8 bytes"));
-    let version = u32_at(ring::offset::VERSION);
-    if version != ring::RING_VERSION {
-        return Err(SetupError::RingVersion { found: version });
+    let identity = ring::Identity::decode(&line);
+    if identity.version != ring::RING_VERSION {
+        return Err(SetupError::RingVersion {
+            found: identity.version,
+        });
     }
-    let geometry = Geometry {
-        slot_size: u32_at(ring::offset::SLOT_SIZE),
-        slot_count: u32_at(ring::offset::SLOT_COUNT),
-    };
-    geometry.validate(window.len())?;
+    identity.geometry.validate(window.len())?;
     Ok(RingInfo {
-        geometry,
-        generation: u64_at(ring::offset::GENERATION),
-        owner_pid: u32_at(ring::offset::OWNER_PID),
+        geometry: identity.geometry,
+        generation: identity.generation,
+        owner_pid: identity.owner_pid,
     })
 }
 
@@ -359,13 +358,7 @@ impl<W: Window> RingMedium<W> {
     fn publish_consumed(&mut self) -> Result<(), MediumError> {
         self.unpublished_packets = 0;
         self.unpublished_bytes = 0;
-        self.peer
-            .store_u64(
-                ring::offset::CONSUMED,
-                self.consumer.released(),
-                Ordering::Release,
-            )
-            .map_err(MediumError::new)
+        ring::publish_consumed(&self.peer, self.consumer.released()).map_err(MediumError::new)
     }
 
     /// Makes every packet up to `head` visible to the peer, and gives back
@@ -374,24 +367,14 @@ impl<W: Window> RingMedium<W> {
         if self.unpublished_packets > 0 {
             self.publish_consumed()?;
         }
-        // Payload stores (write-combined on a BAR) land before the index.
-        self.peer.store_fence();
-        self.peer
-            .store_u64(ring::offset::HEAD, head, Ordering::Release)
-            .map_err(MediumError::new)
+        ring::publish_head(&self.peer, head).map_err(MediumError::new)
     }
 }
 
 impl<W: Window> Medium for RingMedium<W> {
     fn activity(&mut self) -> Result<[u64; 2], MediumError> {
-        self.head = self
-            .own
-            .load_u64(ring::offset::HEAD, Ordering::Acquire)
-            .map_err(MediumError::new)?;
-        self.consumed = self
-            .own
-            .load_u64(ring::offset::CONSUMED, Ordering::Acquire)
-            .map_err(MediumError::new)?;
+        self.head = ring::load_head(&self.own).map_err(MediumError::new)?;
+        self.consumed = ring::load_consumed(&self.own).map_err(MediumError::new)?;
         Ok([self.head, self.consumed])
     }
 
