@@ -5,11 +5,14 @@
 //!
 //! What is real and what is modelled:
 //! - real: [`Producer`] and [`Consumer`] (every index decision and check),
-//!   [`Geometry::slot_offset`], the control-block offsets, and the
-//!   [`Window`] API that links use, called in the order `RingLink` calls it
-//!   (producer: load `consumed`, write the free slots, store fence, publish
-//!   `head`; consumer: load `head`, read the ready slots, publish
-//!   `consumed` into the peer's window);
+//!   [`Geometry::slot_offset`], the control-block offsets, and the index
+//!   loads and stores `RingMedium` makes through the same functions of
+//!   `ring` ([`ring::load_consumed`], [`ring::publish_head`] with its store
+//!   fence, [`ring::load_head`], [`ring::publish_consumed`]), with the
+//!   orderings written there, in the order the medium calls them
+//!   (producer: load `consumed`, write the free slots, publish `head`;
+//!   consumer: load `head`, read the ready slots, publish `consumed` into
+//!   the peer's window);
 //! - modelled: the memory behind the windows ([`ModelWindow`]): every 8-byte
 //!   word is a loom atomic (via `barlink_transport::sync`); data words are
 //!   stored and loaded `Relaxed`, so loom may hand a reader any value the
@@ -32,10 +35,12 @@
 //! (`LOOM_MAX_PREEMPTIONS` overrides it for all models; the other `LOOM_*`
 //! variables work as usual). The `*_is_caught` models break one ordering or
 //! one step of the protocol and must fail, with the message of the check
-//! that catches it: they show that the checks have teeth.
+//! that catches it: they show that the checks have teeth. A broken ordering
+//! is made by the model window, which weakens one of `ring`'s index accesses
+//! to `Relaxed` ([`IndexAccess`]), so the code under test stays the ring's.
 #![cfg(loom)]
 
-use barlink_transport::ring::{Consumer, Geometry, Producer, offset};
+use barlink_transport::ring::{self, Consumer, Geometry, Producer, offset};
 use barlink_transport::sync::atomic::{AtomicU64, Ordering};
 use barlink_transport::sync::{Arc, hint, thread};
 use barlink_transport::window::{Window, WindowError};
@@ -132,10 +137,11 @@ struct ModelWindow {
     words: Vec<AtomicU64>,
     slots: Vec<Shadow>,
     race_check: RaceCheck,
+    relaxed: Option<IndexAccess>,
 }
 
 impl ModelWindow {
-    fn new(race_check: RaceCheck) -> ModelWindow {
+    fn new(race_check: RaceCheck, relaxed: Option<IndexAccess>) -> ModelWindow {
         let len = GEOMETRY.ring_len();
         ModelWindow {
             words: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
@@ -143,6 +149,24 @@ impl ModelWindow {
                 .map(|_| Shadow(loom::cell::UnsafeCell::new(())))
                 .collect(),
             race_check,
+            relaxed,
+        }
+    }
+
+    /// The ordering an index access at `offset` gets: the one the ring asked
+    /// for, or `Relaxed` where a broken variant weakens it.
+    fn ordering(&self, offset: usize, store: bool, asked: Ordering) -> Ordering {
+        let access = match (offset, store) {
+            (offset::HEAD, true) => IndexAccess::HeadStore,
+            (offset::HEAD, false) => IndexAccess::HeadLoad,
+            (offset::CONSUMED, true) => IndexAccess::ConsumedStore,
+            (offset::CONSUMED, false) => IndexAccess::ConsumedLoad,
+            _ => return asked,
+        };
+        if self.relaxed == Some(access) {
+            Ordering::Relaxed
+        } else {
+            asked
         }
     }
 
@@ -198,10 +222,12 @@ impl Window for ModelWindow {
     }
 
     fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
+        let order = self.ordering(offset, false, order);
         Ok(self.span(offset, 8)?[0].load(order))
     }
 
     fn store_u64(&self, offset: usize, value: u64, order: Ordering) -> Result<(), WindowError> {
+        let order = self.ordering(offset, true, order);
         self.span(offset, 8)?[0].store(value, order);
         Ok(())
     }
@@ -224,15 +250,22 @@ impl Window for ModelWindow {
     fn store_fence(&self) {}
 }
 
+/// One of the ring's four index accesses, which a broken variant weakens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IndexAccess {
+    HeadStore,
+    HeadLoad,
+    ConsumedStore,
+    ConsumedLoad,
+}
+
 /// How the protocol is run: its orderings and steps as [`LINK`] runs them,
 /// or with one deliberate mistake; and how many packets each side handles
 /// between two index publications.
 #[derive(Debug, Clone, Copy)]
 struct Protocol {
-    head_store: Ordering,
-    head_load: Ordering,
-    consumed_store: Ordering,
-    consumed_load: Ordering,
+    /// One of the ring's index accesses weakened to `Relaxed`, if any.
+    relaxed: Option<IndexAccess>,
     /// The consumer publishes each packet's release before reading it.
     release_before_read: bool,
     /// Most packets the producer writes before publishing `head`.
@@ -250,10 +283,7 @@ struct Protocol {
 /// `consumed` back until its next transmission: a later publication of
 /// the same value, which can only keep the producer waiting longer.)
 const LINK: Protocol = Protocol {
-    head_store: Ordering::Release,
-    head_load: Ordering::Acquire,
-    consumed_store: Ordering::Release,
-    consumed_load: Ordering::Acquire,
+    relaxed: None,
     release_before_read: false,
     producer_batch: u64::MAX,
     consumer_batch: u64::MAX,
@@ -275,9 +305,7 @@ fn produce(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protoc
     let mut producer = Producer::new(GEOMETRY);
     let mut next = 0;
     while next < packets {
-        let consumed = own
-            .load_u64(offset::CONSUMED, protocol.consumed_load)
-            .expect("load consumed");
+        let consumed = ring::load_consumed(own).expect("load consumed");
         producer
             .on_consumed(consumed)
             .expect("the consumer's count is plausible");
@@ -292,9 +320,7 @@ fn produce(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protoc
         }
         match published {
             Some(head) => {
-                peer.store_fence();
-                peer.store_u64(offset::HEAD, head, protocol.head_store)
-                    .expect("publish head");
+                ring::publish_head(peer, head).expect("publish head");
             }
             // The ring is full: wait for the consumer.
             None => hint::spin_loop(),
@@ -308,9 +334,7 @@ fn consume(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protoc
     let mut consumer = Consumer::new(GEOMETRY);
     let mut received = 0;
     while received < packets {
-        let head = own
-            .load_u64(offset::HEAD, protocol.head_load)
-            .expect("load head");
+        let head = ring::load_head(own).expect("load head");
         let ready = consumer
             .on_head(head)
             .expect("the producer's head is plausible");
@@ -326,8 +350,7 @@ fn consume(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protoc
         {
             if protocol.release_before_read {
                 let early = consumer.release();
-                peer.store_u64(offset::CONSUMED, early, protocol.consumed_store)
-                    .expect("publish consumed");
+                ring::publish_consumed(peer, early).expect("publish consumed");
             }
             let mut bytes = [0; PACKET_LEN];
             own.read(slot, &mut bytes).expect("read a slot");
@@ -338,8 +361,7 @@ fn consume(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protoc
             }
         }
         if let Some(consumed) = consumed {
-            peer.store_u64(offset::CONSUMED, consumed, protocol.consumed_store)
-                .expect("publish consumed");
+            ring::publish_consumed(peer, consumed).expect("publish consumed");
         }
     }
 }
@@ -361,9 +383,9 @@ fn model(packets: u64, protocol: Protocol, race_check: RaceCheck, explore: Explo
     builder.check(move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // The consumer's receive window: the producer writes slots and head.
-        let ring = Arc::new(ModelWindow::new(race_check));
+        let ring = Arc::new(ModelWindow::new(race_check, protocol.relaxed));
         // The producer's own window: the consumer writes consumed there.
-        let credits = Arc::new(ModelWindow::new(race_check));
+        let credits = Arc::new(ModelWindow::new(race_check, protocol.relaxed));
         GEOMETRY.validate(ring.len()).expect("the model ring fits");
 
         let producer = thread::spawn({
@@ -444,7 +466,7 @@ fn a_relaxed_head_store_is_caught_by_the_packet_check() {
     model(
         3,
         Protocol {
-            head_store: Ordering::Relaxed,
+            relaxed: Some(IndexAccess::HeadStore),
             ..LINK
         },
         RaceCheck::Off,
@@ -460,7 +482,7 @@ fn a_relaxed_head_store_is_caught_as_a_race() {
     model(
         3,
         Protocol {
-            head_store: Ordering::Relaxed,
+            relaxed: Some(IndexAccess::HeadStore),
             ..LINK
         },
         RaceCheck::On,
@@ -475,7 +497,7 @@ fn a_relaxed_head_load_is_caught() {
     model(
         3,
         Protocol {
-            head_load: Ordering::Relaxed,
+            relaxed: Some(IndexAccess::HeadLoad),
             ..LINK
         },
         RaceCheck::Off,
@@ -495,7 +517,7 @@ fn a_relaxed_consumed_store_is_caught() {
     model(
         3,
         Protocol {
-            consumed_store: Ordering::Relaxed,
+            relaxed: Some(IndexAccess::ConsumedStore),
             ..LINK
         },
         RaceCheck::On,
@@ -512,7 +534,7 @@ fn a_relaxed_consumed_load_is_caught() {
     model(
         3,
         Protocol {
-            consumed_load: Ordering::Relaxed,
+            relaxed: Some(IndexAccess::ConsumedLoad),
             ..LINK
         },
         RaceCheck::On,
