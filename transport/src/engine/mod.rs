@@ -675,18 +675,13 @@ impl<B: AsRef<[u8]>> Engine<B> {
         if self.peer_epoch.is_some() && self.sender.wants_to_send(&self.config) {
             return Some(PacketKind::Data);
         }
-        if self.receiver.wants_ack(now, &self.config)
-            && !self.receiver.may_hold_ack(now, &self.config)
-        {
-            return Some(PacketKind::Ack);
-        }
-        let keepalive_due = self
-            .last_sent
-            .is_none_or(|sent| now >= sent + self.keepalive_interval());
-        if keepalive_due {
-            return Some(PacketKind::Heartbeat);
-        }
-        None
+        control_due(
+            &self.receiver,
+            &self.config,
+            now,
+            self.last_sent,
+            self.keepalive_interval(),
+        )
     }
 
     /// Produces the next packet to send, if any, and hands it to `write`
@@ -704,59 +699,53 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 reason: LinkError::LocalClose,
             });
         }
-        if self.peer_epoch.is_some() && self.state != State::Closed {
-            self.sender.note_if_blocked(&self.config, &mut self.stats);
-        }
-        let mut kind = self.next_kind(now)?;
         let xmit = self.next_xmit;
-        let mut data = None;
-        if kind == PacketKind::Data {
-            data = self
-                .sender
-                .next_packet(now, xmit, &self.config, &mut self.stats);
-            if data.is_none() {
-                // Everything queued for resending was acknowledged meanwhile.
-                kind = match self.next_kind(now) {
-                    Some(PacketKind::Data) | None => return None,
-                    Some(other) => other,
-                };
-            }
-        }
-        self.next_xmit = self.next_xmit.wrapping_add(1).max(1);
-        let credit = self.receiver.credit(&self.config);
+        let keepalive = self.keepalive_interval();
         let mut packet_flags = if self.config.crc { 0 } else { flags::NO_CRC };
         let mut seq = 0;
         let mut fragment = None;
-        let mut payload_len = 0;
-        match kind {
-            PacketKind::Data => {
-                let packet = data.expect("data chosen above");
-                seq = packet.seq;
-                fragment = Some(packet.fragment);
-                if packet.ack_requested {
-                    packet_flags |= flags::ACK_REQUESTED;
-                }
-                if packet.retransmission {
-                    packet_flags |= flags::RETRANSMISSION;
-                }
+        let mut payload: &[u8] = &[];
+        // Priority: the goodbye, a NAK (the peer's resend waits on it), data,
+        // then an ack or heartbeat. The sender is asked once: it picks the
+        // packet and lends its payload in the same step.
+        let kind = if self.state == State::Closed {
+            if !self.close_packet_pending {
+                return None;
             }
-            PacketKind::Nak => {
-                seq = u64::from(self.receiver.take_nak().expect("chosen because pending"));
-                self.stats.naks_sent += 1;
+            self.close_packet_pending = false;
+            PacketKind::Close
+        } else if let Some(nak) = self.receiver.take_nak() {
+            seq = u64::from(nak);
+            self.stats.naks_sent += 1;
+            PacketKind::Nak
+        } else if self.peer_epoch.is_some()
+            && let Some(data) =
+                self.sender
+                    .next_transmission(now, xmit, &self.config, &mut self.stats)
+        {
+            seq = data.packet.seq;
+            fragment = Some(data.packet.fragment);
+            if data.packet.ack_requested {
+                packet_flags |= flags::ACK_REQUESTED;
             }
-            PacketKind::Ack => self.stats.acks_sent += 1,
-            PacketKind::Heartbeat => self.stats.heartbeats_sent += 1,
-            PacketKind::Close => self.close_packet_pending = false,
-        }
-        let payload: &[u8] = match &fragment {
-            Some(fragment) => self.sender.payload(fragment),
-            None => &[],
-        };
-        if fragment.is_some() {
-            payload_len = payload.len() as u32;
+            if data.packet.retransmission {
+                packet_flags |= flags::RETRANSMISSION;
+            }
+            payload = data.payload;
             self.stats.data_packets_sent += 1;
-            self.stats.payload_bytes_sent += u64::from(payload_len);
-        }
+            self.stats.payload_bytes_sent += payload.len() as u64;
+            PacketKind::Data
+        } else {
+            let kind = control_due(&self.receiver, &self.config, now, self.last_sent, keepalive)?;
+            match kind {
+                PacketKind::Ack => self.stats.acks_sent += 1,
+                _ => self.stats.heartbeats_sent += 1,
+            }
+            kind
+        };
+        self.next_xmit = self.next_xmit.wrapping_add(1).max(1);
+        let credit = self.receiver.credit(&self.config);
+        let payload_len = payload.len() as u32;
         let repr = Repr {
             kind,
             flags: packet_flags,
@@ -842,4 +831,22 @@ impl<B: AsRef<[u8]>> Engine<B> {
         }
         queued.event
     }
+}
+
+/// The control packet due now when no data goes: an ack the receiver owes
+/// and may not hold back, else a heartbeat once `keepalive` has passed since
+/// the last packet of any kind. A free function so that it can run while
+/// the sender lends a payload.
+fn control_due(
+    receiver: &Receiver,
+    config: &EngineConfig,
+    now: Time,
+    last_sent: Option<Time>,
+    keepalive: Duration,
+) -> Option<PacketKind> {
+    if receiver.wants_ack(now, config) && !receiver.may_hold_ack(now, config) {
+        return Some(PacketKind::Ack);
+    }
+    let keepalive_due = last_sent.is_none_or(|sent| now >= sent + keepalive);
+    keepalive_due.then_some(PacketKind::Heartbeat)
 }

@@ -62,6 +62,12 @@ pub(super) struct DataPacket {
     pub(super) ack_requested: bool,
 }
 
+/// A data packet chosen to go now, with its payload.
+pub(super) struct DataTransmission<'a> {
+    pub(super) packet: DataPacket,
+    pub(super) payload: &'a [u8],
+}
+
 /// `duration` in nanoseconds, saturating.
 fn duration_ns(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
@@ -243,9 +249,25 @@ impl<B: AsRef<[u8]>> Sender<B> {
         !self.retransmit_queue.is_empty() || (self.has_new_data() && self.may_send_new(config))
     }
 
+    /// The next data packet to send and its payload, read from the caller's
+    /// buffer: the one step a transmission takes through the sender (stall
+    /// accounting, choice of packet, its timer, its bytes).
+    pub(super) fn next_transmission(
+        &mut self,
+        now: Time,
+        xmit: u32,
+        config: &EngineConfig,
+        stats: &mut Stats,
+    ) -> Option<DataTransmission<'_>> {
+        self.note_if_blocked(config, stats);
+        let packet = self.next_packet(now, xmit, config, stats)?;
+        let payload = self.payload(&packet.fragment);
+        Some(DataTransmission { packet, payload })
+    }
+
     /// Counts the start of a stall: data waiting, but the window is full or
     /// the peer's credit is spent.
-    pub(super) fn note_if_blocked(&mut self, config: &EngineConfig, stats: &mut Stats) {
+    fn note_if_blocked(&mut self, config: &EngineConfig, stats: &mut Stats) {
         if self.has_new_data() && !self.may_send_new(config) && !self.stalled {
             self.stalled = true;
             stats.credit_stalls += 1;
@@ -254,7 +276,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
 
     /// Picks the next data packet: a queued retransmission first, then the
     /// next new fragment if the window and the peer's credit allow.
-    pub(super) fn next_packet(
+    fn next_packet(
         &mut self,
         now: Time,
         xmit: u32,
@@ -363,7 +385,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
     }
 
     /// The bytes of one fragment, read from the caller's buffer.
-    pub(super) fn payload(&self, fragment: &Fragment) -> &[u8] {
+    fn payload(&self, fragment: &Fragment) -> &[u8] {
         let message = self.message(fragment.msg_id);
         let start = u64::from(fragment.index) * u64::from(self.payload_size);
         let end = (start + u64::from(self.payload_size)).min(message.len);
