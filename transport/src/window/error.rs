@@ -176,6 +176,34 @@ fn errno_text(errno: i32) -> io::Error {
 impl fmt::Display for WindowError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            WindowError::OutOfBounds { .. }
+            | WindowError::Misaligned { .. }
+            | WindowError::InvalidOrdering { .. }
+            | WindowError::InvalidLength { .. }
+            | WindowError::AllocationFailed { .. }
+            | WindowError::Unsupported { .. } => self.fmt_access(f),
+            WindowError::InvalidName { .. }
+            | WindowError::TooSmall { .. }
+            | WindowError::NameInUse { .. }
+            | WindowError::NotFound { .. }
+            | WindowError::PermissionDenied { .. }
+            | WindowError::NotPrivate { .. }
+            | WindowError::NotAWindow { .. }
+            | WindowError::HugePagesUnavailable { .. }
+            | WindowError::MapFailed { .. }
+            | WindowError::System { .. } => self.fmt_file(f),
+            WindowError::Socket { .. }
+            | WindowError::NoFdReceived { .. }
+            | WindowError::Timeout { .. }
+            | WindowError::PeerClosed { .. } => self.fmt_socket(f),
+        }
+    }
+}
+
+impl WindowError {
+    /// Errors of an access or of a window's creation.
+    fn fmt_access(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             WindowError::OutOfBounds {
                 offset,
                 len,
@@ -201,6 +229,19 @@ impl fmt::Display for WindowError {
             WindowError::InvalidLength { len, reason } => {
                 write!(f, "cannot create a window of {len} bytes: {reason}")
             }
+            WindowError::AllocationFailed { len } => {
+                write!(f, "could not allocate a heap window of {len} bytes")
+            }
+            WindowError::Unsupported { operation, reason } => {
+                write!(f, "this window does not support {operation}: {reason}")
+            }
+            _ => unreachable!("fmt dispatches only these variants here"),
+        }
+    }
+
+    /// Errors of a named shared-memory file or its mapping.
+    fn fmt_file(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             WindowError::InvalidName { name, reason } => write!(
                 f,
                 "invalid shared-memory name {name:?}: {reason} \
@@ -270,9 +311,13 @@ impl fmt::Display for WindowError {
                 path.display(),
                 errno_text(*errno)
             ),
-            WindowError::AllocationFailed { len } => {
-                write!(f, "could not allocate a heap window of {len} bytes")
-            }
+            _ => unreachable!("fmt dispatches only these variants here"),
+        }
+    }
+
+    /// Errors of the Unix socket that passes a window to the peer.
+    fn fmt_socket(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             WindowError::Socket { operation, errno } => write!(
                 f,
                 "could not {operation} over the Unix socket: {}",
@@ -288,14 +333,12 @@ impl fmt::Display for WindowError {
                 "timed out after {after:?} waiting to {operation} (is the peer process alive \
                  and connected to the same socket?)"
             ),
-            WindowError::Unsupported { operation, reason } => {
-                write!(f, "this window does not support {operation}: {reason}")
-            }
             WindowError::PeerClosed { operation } => write!(
                 f,
                 "the peer closed the Unix socket before we could {operation} \
                  (did the peer process exit? check its log)"
             ),
+            _ => unreachable!("fmt dispatches only these variants here"),
         }
     }
 }
