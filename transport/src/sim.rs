@@ -201,7 +201,7 @@ impl Channel {
 
 /// Which engine of a pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
+pub enum PairSide {
     /// The first engine.
     A,
     /// The second engine.
@@ -283,17 +283,17 @@ impl<B: AsRef<[u8]>> SimPair<B> {
     /// what is on the wire.
     pub fn restart(
         &mut self,
-        side: Side,
+        side: PairSide,
         config: EngineConfig,
         epoch: u32,
     ) -> Result<(), ConfigError> {
         let engine = Engine::new(config, epoch, self.now)?;
         match side {
-            Side::A => {
+            PairSide::A => {
                 self.a = engine;
                 self.a_alive = true;
             }
-            Side::B => {
+            PairSide::B => {
                 self.b = engine;
                 self.b_alive = true;
             }

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use barlink_transport::engine::{MAX_MTU, MIN_MTU};
-use barlink_transport::sim::{Faults, Side, SimPair};
+use barlink_transport::sim::{Faults, PairSide, SimPair};
 use barlink_transport::wire::{self, Packet, PacketKind, Repr};
 use barlink_transport::{Engine, EngineConfig, Event, LinkError, PacketError, SendError, Time};
 use common::{
@@ -290,7 +290,7 @@ fn a_sender_restart_mid_message_never_delivers_a_mixed_message() {
         drain_events(&mut pair.b, pair.now, &mut b_log);
     }
     assert!(b_log.delivered.is_empty());
-    pair.restart(Side::A, config, 5).unwrap();
+    pair.restart(PairSide::A, config, 5).unwrap();
     pair.a.send(new.clone()).unwrap();
     let mut a_log = SideLog::default();
     while a_log.completed.is_empty() && pair.now < Time::ZERO + LIMIT {
@@ -322,7 +322,7 @@ fn a_receiver_restart_fails_unconfirmed_sends_and_starts_clean() {
         drain_events(&mut pair.a, pair.now, &mut a_log);
         drain_events(&mut pair.b, pair.now, &mut b_log);
     }
-    pair.restart(Side::B, config(), 9).unwrap();
+    pair.restart(PairSide::B, config(), 9).unwrap();
     let mut new_b_log = SideLog::default();
     let fresh = payloads(&[7777], 13);
     let mut sent_fresh = false;

@@ -12,7 +12,7 @@ mod common;
 use std::time::Duration;
 
 use barlink_transport::rng::SplitMix64;
-use barlink_transport::sim::{Faults, ReceivePath, Side, SimPair, hand_over};
+use barlink_transport::sim::{Faults, PairSide, ReceivePath, SimPair, hand_over};
 use barlink_transport::wire::{self, Packet};
 use barlink_transport::{Engine, EngineConfig, Event, LinkError, Time};
 use common::{SideLog, assert_delivery_is_exact, drain_events, exchange, payloads};
@@ -166,7 +166,7 @@ proptest! {
             pair.step();
             drain_events(&mut pair.b, pair.now, &mut b_log);
         }
-        pair.restart(Side::A, config, 7).unwrap();
+        pair.restart(PairSide::A, config, 7).unwrap();
         for message in &new {
             pair.a.send(message.clone()).unwrap();
         }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use barlink_transport::sim::{Faults, Side, SimPair};
+use barlink_transport::sim::{Faults, PairSide, SimPair};
 use barlink_transport::wire::{Fragment, PacketKind, Repr};
 use barlink_transport::{EngineConfig, PacketError, Time};
 use common::{SideLog, connected_pair, drain_events, forged, payloads};
@@ -223,8 +223,8 @@ fn f4_fresh_engine_learns_a_stale_epoch_and_fails_its_first_sends() {
     }
     assert!(pair.b_to_a.in_flight() > 0, "B's packets are on the wire");
     pair.a_to_b.clear(); // nothing of A1 reaches B5
-    pair.restart(Side::A, config(), 3).unwrap();
-    pair.restart(Side::B, config(), 5).unwrap();
+    pair.restart(PairSide::A, config(), 3).unwrap();
+    pair.restart(PairSide::B, config(), 5).unwrap();
     pair.a.send(vec![7; 1000]).unwrap();
     let mut a_log = SideLog::default();
     while pair.now < Time::ZERO + Duration::from_secs(5) && a_log.resolved() == 0 {
