@@ -2,9 +2,10 @@
 //! constant rate, else `Instant`.
 //!
 //! A link reads the clock about once per message, and on a small message
-//! that read is on the latency path: `Instant::now()` costs ~29 ns on the
-//! development VM (the kernel's paravirtual clock through the vDSO, and a
-//! 128-bit conversion), `rdtsc` ~12 ns. The counter is scaled to
+//! that read is on the latency path: `Instant::now()` goes through the
+//! kernel's clock in the vDSO (paravirtual under a hypervisor) and a
+//! 128-bit conversion, at over twice the cost of `rdtsc` (design change
+//! 21). The counter is scaled to
 //! nanoseconds by a factor measured once per process against `Instant`
 //! (over 2 ms: an error of a few parts in 10^5, nothing to a timer of
 //! milliseconds). Where the CPU does not promise an invariant counter

@@ -1,7 +1,6 @@
 //! CRC-32C by carry-less multiplication on 256-bit vectors (AVX2 +
-//! VPCLMULQDQ), for x86-64 CPUs that have VPCLMULQDQ but not AVX-512 (AMD
-//! Zen 3, Intel Alder Lake and later client parts): there `crc-fast` takes
-//! its 128-bit path, and the CRC — which a link takes of every byte on both
+//! VPCLMULQDQ), for x86-64 CPUs that have VPCLMULQDQ but not AVX-512: there
+//! `crc-fast` takes its 128-bit path, and the CRC — which a link takes of every byte on both
 //! sides — runs at about half the speed of the copy it rides on.
 //!
 //! The method is the folding of Intel's "Fast CRC Computation for Generic
@@ -11,15 +10,14 @@
 //! constants are computed below by `const fn` from the polynomial, not
 //! copied from a table.
 //!
-//! Long inputs also keep the integer units busy. On Zen 3 the carry-less
-//! multiplier retires one YMM multiply per cycle (about 24 GB/s of folding
-//! at 3 GHz, however many lanes), and the `crc32` instruction one 8-byte
-//! word per cycle on a different port. So a long input is cut into four
+//! Long inputs also keep the integer units busy. Where the carry-less
+//! multiplier retires at most one YMM multiply per cycle however many lanes
+//! fold, the `crc32` instruction still retires one 8-byte word per cycle on
+//! a different port. So a long input is cut into four
 //! regions: the vector lanes fold the first, three `crc32` streams the other
 //! three, all in one loop, and the four registers are joined at the end by
-//! multiplying each by x^(8·length) modulo the polynomial ([`shift`]). That
-//! took the fused copy+CRC from about 22 to about 29 GB/s on this CPU (see
-//! docs/ARCHITECTURE.md, design change 17).
+//! multiplying each by x^(8·length) modulo the polynomial ([`shift`])
+//! (docs/ARCHITECTURE.md, design change 17).
 //!
 //! This module holds the crate's only `unsafe` outside `window::mapping`:
 //! the intrinsics are `unsafe` to call without the CPU feature, and the
@@ -77,9 +75,9 @@ const FOLD_16: (i64, i64) = fold_by(16);
 pub(super) const MIN_LEN: usize = 2 * STEP;
 
 /// The hybrid loop's round: 128 bytes folded by the vector lanes and 32
-/// bytes by each of the three `crc32` streams (measured best of 1-5 vector
-/// steps against 1-3 stream blocks per round: the multiplier and the
-/// `crc32` unit are then both near their one-per-cycle limit).
+/// bytes by each of the three `crc32` streams: the balance at which the
+/// multiplier and the `crc32` unit are both near their one-per-cycle limit
+/// (the best of the mixes tried, design change 17).
 const VECTOR_ROUND: usize = STEP;
 const STREAM_ROUND: usize = 32;
 const HYBRID_ROUND: usize = VECTOR_ROUND + 3 * STREAM_ROUND;

@@ -68,8 +68,7 @@ impl Default for EngineConfig {
             // Round trips on a ring are microseconds, but a process can be
             // descheduled for milliseconds (a time slice on a busy core is
             // several): a floor of 20 ms keeps such stalls from looking like
-            // loss — with 5 ms, 16 MiB messages between two busy processes
-            // saw whole windows resent. Corruption is resent on NAK, at once,
+            // loss (design change 15). Corruption is resent on NAK, at once,
             // whatever the timer; the timer is the last resort for a packet
             // that vanished.
             initial_rto: Duration::from_millis(20),

@@ -74,10 +74,10 @@ enum Moved {
 
 /// Idle rounds a blocking call spins (with a CPU pause hint) before it
 /// yields the CPU: a yield is a system call, and on a busy link the next
-/// packet is usually a few hundred nanoseconds away. 1024 idle rounds are
-/// some 20-50 µs; at 64 a waiting side yielded every 2 µs or so, about
-/// once per small-message round trip, and each yield that came as the
-/// answer arrived added its system call to the latency.
+/// packet is usually a few hundred nanoseconds away. With far fewer rounds
+/// a waiting side yielded about once per small-message round trip, and
+/// each yield that came as the answer arrived added its system call to the
+/// latency.
 const SPINS_BEFORE_YIELD: u32 = 1024;
 
 /// Idle rounds between clock reads in a blocking call.

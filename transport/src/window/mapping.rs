@@ -17,11 +17,10 @@
 //! AVX2 moves on x86-64 for copies of 512 bytes or more, `memcpy` for the
 //! rest), which on write-combined PCIe memory the CPU combines into
 //! full-line bursts; a volatile byte loop would issue one PCIe write per
-//! byte. Not glibc's `memcpy` for long copies: on AMD CPUs its `rep movsb`
-//! runs about 15 times slower when the destination sits a few bytes above
-//! the source modulo 4 KiB (16 measured; 32 and 64 were fine), which ring
-//! slots and message buffers hit or miss by chance of placement
-//! (docs/ARCHITECTURE.md, design change 18).
+//! byte. Not glibc's `memcpy` for long copies: on some CPUs its `rep movsb`
+//! runs many times slower when the destination sits a few bytes above the
+//! source modulo 4 KiB, which ring slots and message buffers hit or miss by
+//! chance of placement (docs/ARCHITECTURE.md, design change 18).
 //!
 //! A bulk read that races a peer's write may see a mix of old and new
 //! bytes — which the packet CRC exists to catch. As in `vm-memory`, such a
@@ -413,11 +412,9 @@ unsafe fn copy_avx2(src: *const u8, dst: *mut u8, len: usize) {
 /// store is ordered; elsewhere `Release` does it), so only the compiler
 /// must not move stores across this point.
 ///
-/// `sfence` here cost a small message ~10 ns of one-way latency on Zen 3
-/// (a throwaway two-thread ping-pong over ring links, like the criterion
-/// group `ring_link_round_trip/64B, two threads`: 366-370 ns against
-/// 356-360 ns without it, eight alternating runs each): it waits for the
-/// stores before it, whose cache lines the peer holds.
+/// An `sfence` here would add to every small message's latency (design
+/// change 21): it waits for the stores before it, whose cache lines the
+/// peer holds.
 #[inline]
 pub(crate) fn host_store_fence() {
     std::sync::atomic::compiler_fence(Ordering::SeqCst);
