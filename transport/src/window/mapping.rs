@@ -3,8 +3,10 @@
 //! `unsafe`.
 //!
 //! It owns a region — an `mmap` of a shared file or a page-aligned heap
-//! allocation — and offers checked accessors over it: bulk copies in and
-//! out, and 64-bit atomic loads, stores and adds. Every accessor checks its
+//! allocation — or borrows one that another crate mapped ([`RawWindow`]
+//! over host memory, [`DeviceMemory`] over a BAR or DMA memory), and offers
+//! checked accessors over it: bulk copies in and out, 64-bit atomic loads,
+//! stores and adds, and, for device memory, exact-width register accesses. Every accessor checks its
 //! range (and, for atomics, alignment and ordering) before it forms a
 //! pointer, so offsets that a peer wrote can be passed straight in.
 //!
@@ -306,6 +308,197 @@ impl RawWindow {
 
 super::window_over_mapping!(RawWindow);
 
+/// What a device region may be used for: the protection it was mapped with
+/// (a VFIO region's READ/WRITE flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAccess {
+    /// Loads and copies out are allowed.
+    pub read: bool,
+    /// Stores and copies in are allowed.
+    pub write: bool,
+}
+
+/// A window over device memory that something else mapped and keeps
+/// mapped: a PCI BAR (through VFIO or a sysfs `resourceN[_wc]` file, maybe
+/// write-combining or uncached), or memory a device reaches by DMA.
+///
+/// The same checked copies as every window, and what device memory needs
+/// on top: the store fence is a real `sfence` (write-combined stores must
+/// land before the index that publishes them); a `SeqCst` store is a
+/// `Release` store and a full fence, not a locked read-modify-write on
+/// uncached memory; `fetch_add` is refused (PCIe carries no
+/// read-modify-write a CPU can issue to a peer BAR); a region mapped
+/// without read or write access refuses those accesses instead of
+/// faulting; and device registers get exact-width volatile accesses.
+/// Dropping it releases nothing: its creator unmaps the memory afterwards.
+#[derive(Debug)]
+pub struct DeviceMemory {
+    mapping: Mapping,
+    access: DeviceAccess,
+}
+
+impl DeviceMemory {
+    /// Device memory of `len` bytes at `base`, mapped with `access`.
+    ///
+    /// # Safety
+    /// `base..base + len` must stay mapped, with at least the accesses
+    /// `access` allows, for as long as the returned value lives, and
+    /// nothing may form a Rust reference into it meanwhile; devices and
+    /// other processes may write it at any time, which the accessors allow
+    /// for.
+    pub unsafe fn new(base: NonNull<u8>, len: usize, access: DeviceAccess) -> DeviceMemory {
+        DeviceMemory {
+            mapping: Mapping {
+                base,
+                len,
+                release: Release::Borrowed,
+            },
+            access,
+        }
+    }
+
+    /// The accesses the region allows.
+    pub fn access(&self) -> DeviceAccess {
+        self.access
+    }
+
+    /// The virtual address of byte `offset` (`offset <= len`), for DMA
+    /// mapping; a number, never a reference.
+    pub fn address_of(&self, offset: usize) -> Result<u64, WindowError> {
+        check_range(offset, 0, self.mapping.len)?;
+        Ok(self.mapping.base.as_ptr() as u64 + offset as u64)
+    }
+
+    fn check_write(&self) -> Result<(), WindowError> {
+        if self.access.write {
+            Ok(())
+        } else {
+            Err(WindowError::Unsupported {
+                operation: "write",
+                reason: "the region is mapped read-only (its VFIO flags lack WRITE)",
+            })
+        }
+    }
+
+    fn check_read(&self) -> Result<(), WindowError> {
+        if self.access.read {
+            Ok(())
+        } else {
+            Err(WindowError::Unsupported {
+                operation: "read",
+                reason: "the region is mapped write-only (its VFIO flags lack READ)",
+            })
+        }
+    }
+
+    /// A pointer to the `size`-byte register at `offset`, checked for range
+    /// and alignment.
+    fn register(&self, offset: usize, size: usize) -> Result<*mut u8, WindowError> {
+        check_range(offset, size, self.mapping.len)?;
+        // SAFETY: `offset + size <= len` (checked above), so the pointer
+        // stays inside the live mapping.
+        let register = unsafe { self.mapping.base.as_ptr().add(offset) };
+        if !(register as usize).is_multiple_of(size) {
+            return Err(WindowError::Misaligned {
+                offset,
+                align: size,
+            });
+        }
+        Ok(register)
+    }
+
+    /// A volatile 32-bit read of the device register at `offset`.
+    pub fn read_u32(&self, offset: usize) -> Result<u32, WindowError> {
+        self.check_read()?;
+        let register = self.register(offset, 4)?.cast::<u32>();
+        // SAFETY: in bounds and 4-byte aligned (checked by `register`)
+        // inside the live mapping; a volatile access of exactly this width
+        // is what a device register needs.
+        Ok(unsafe { ptr::read_volatile(register) })
+    }
+
+    /// A volatile 32-bit write of the device register at `offset`.
+    pub fn write_u32(&self, offset: usize, value: u32) -> Result<(), WindowError> {
+        self.check_write()?;
+        let register = self.register(offset, 4)?.cast::<u32>();
+        // SAFETY: as in `read_u32`.
+        unsafe { ptr::write_volatile(register, value) };
+        Ok(())
+    }
+
+    /// A volatile 64-bit read of the device register at `offset`.
+    pub fn read_u64(&self, offset: usize) -> Result<u64, WindowError> {
+        self.check_read()?;
+        let register = self.register(offset, 8)?.cast::<u64>();
+        // SAFETY: in bounds and 8-byte aligned (checked by `register`).
+        Ok(unsafe { ptr::read_volatile(register) })
+    }
+
+    /// A volatile 64-bit write of the device register at `offset`.
+    pub fn write_u64(&self, offset: usize, value: u64) -> Result<(), WindowError> {
+        self.check_write()?;
+        let register = self.register(offset, 8)?.cast::<u64>();
+        // SAFETY: in bounds and 8-byte aligned (checked by `register`).
+        unsafe { ptr::write_volatile(register, value) };
+        Ok(())
+    }
+}
+
+impl super::Window for DeviceMemory {
+    fn len(&self) -> usize {
+        self.mapping.len()
+    }
+
+    fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
+        self.check_write()?;
+        self.mapping.write(offset, src)
+    }
+
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
+        self.check_read()?;
+        self.mapping.read(offset, dst)
+    }
+
+    fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
+        check_load_ordering(order)?;
+        self.check_read()?;
+        self.mapping.load_u64(offset, order)
+    }
+
+    fn store_u64(&self, offset: usize, value: u64, order: Ordering) -> Result<(), WindowError> {
+        check_store_ordering(order)?;
+        self.check_write()?;
+        // Not `xchg`, a locked read-modify-write on uncached memory: a
+        // Release store and a full fence order the same.
+        let (store_order, fence_after) = match order {
+            Ordering::SeqCst => (Ordering::Release, true),
+            other => (other, false),
+        };
+        self.mapping.store_u64(offset, value, store_order)?;
+        if fence_after {
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn fetch_add_u64(
+        &self,
+        _offset: usize,
+        _value: u64,
+        _order: Ordering,
+    ) -> Result<u64, WindowError> {
+        Err(WindowError::Unsupported {
+            operation: "fetch_add_u64",
+            reason: "PCIe carries no read-modify-write a CPU can issue to a BAR: keep each \
+                     index single-writer and use plain stores",
+        })
+    }
+
+    fn store_fence(&self) {
+        store_fence();
+    }
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         match self.release {
@@ -446,6 +639,93 @@ pub(crate) fn store_fence() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::window::Window;
+
+    /// Device memory over a heap region that `backing` keeps alive.
+    fn device_memory(backing: &Mapping, access: DeviceAccess) -> DeviceMemory {
+        // SAFETY: the caller keeps `backing` alive (and reference-free)
+        // for as long as the returned value is used.
+        unsafe { DeviceMemory::new(backing.base, backing.len, access) }
+    }
+
+    const READ_WRITE: DeviceAccess = DeviceAccess {
+        read: true,
+        write: true,
+    };
+
+    #[test]
+    fn device_memory_checks_range_alignment_and_ordering() {
+        let backing = Mapping::zeroed_heap(4096).unwrap();
+        let memory = device_memory(&backing, READ_WRITE);
+        memory.write(10, &[1, 2, 3]).unwrap();
+        let mut back = [0u8; 3];
+        memory.read(10, &mut back).unwrap();
+        assert_eq!(back, [1, 2, 3]);
+        assert!(matches!(
+            memory.write(4095, &[0, 0]),
+            Err(WindowError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            memory.read(usize::MAX, &mut back),
+            Err(WindowError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            memory.load_u64(4, Ordering::Acquire),
+            Err(WindowError::Misaligned { offset: 4, .. })
+        ));
+        assert!(matches!(
+            memory.store_u64(8, 1, Ordering::Acquire),
+            Err(WindowError::InvalidOrdering { .. })
+        ));
+        memory.store_u64(8, 7, Ordering::SeqCst).unwrap();
+        assert_eq!(memory.load_u64(8, Ordering::Acquire), Ok(7));
+        assert!(matches!(
+            memory.fetch_add_u64(8, 1, Ordering::AcqRel),
+            Err(WindowError::Unsupported { .. })
+        ));
+        memory.write_u32(16, 0xdead_beef).unwrap();
+        assert_eq!(memory.read_u32(16), Ok(0xdead_beef));
+        memory.write_u64(24, u64::MAX).unwrap();
+        assert_eq!(memory.read_u64(24), Ok(u64::MAX));
+        assert!(memory.read_u32(18).is_err());
+        assert!(memory.write_u64(4096, 0).is_err());
+        assert_eq!(
+            memory.address_of(4096),
+            Ok(backing.base.as_ptr() as u64 + 4096)
+        );
+        assert!(memory.address_of(4097).is_err());
+    }
+
+    #[test]
+    fn read_only_device_memory_refuses_writes() {
+        let backing = Mapping::zeroed_heap(4096).unwrap();
+        let memory = device_memory(
+            &backing,
+            DeviceAccess {
+                read: true,
+                write: false,
+            },
+        );
+        assert!(matches!(
+            memory.write(0, &[1]),
+            Err(WindowError::Unsupported { .. })
+        ));
+        assert!(memory.store_u64(0, 1, Ordering::Release).is_err());
+        assert!(memory.write_u32(0, 1).is_err());
+        let mut byte = [9u8];
+        memory.read(0, &mut byte).unwrap();
+        assert_eq!(byte, [0]);
+        let write_only = device_memory(
+            &backing,
+            DeviceAccess {
+                read: false,
+                write: true,
+            },
+        );
+        assert!(write_only.read(0, &mut byte).is_err());
+        assert!(write_only.load_u64(0, Ordering::Acquire).is_err());
+        assert!(write_only.read_u64(0).is_err());
+    }
 
     #[test]
     fn copies_are_exact_at_every_length_and_placement() {
