@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::verbs::WcStatus;
+use crate::wc_status::WcStatus;
 
 /// What went wrong in the RDMA layer, and what to check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,3 +157,22 @@ impl fmt::Display for RdmaError {
 }
 
 impl std::error::Error for RdmaError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_errors_name_the_status_and_what_to_check() {
+        let e = RdmaError::Completion {
+            status: WcStatus::RemAccessErr,
+            vendor_err: 0,
+            wr_id: 7,
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("IBV_WC_REM_ACCESS_ERR") && text.contains("rkey"),
+            "{text}"
+        );
+    }
+}

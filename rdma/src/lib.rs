@@ -15,6 +15,7 @@ pub mod error;
 pub mod mr_cache;
 mod sys;
 pub mod verbs;
+mod wc_status;
 pub use device::{DeviceInfo, DiscoveryOptions, GidEntry, GidType, PortInfo};
 pub use error::RdmaError;
 pub use mr_cache::{CacheStats, CachedRegion, MrCache};

@@ -42,7 +42,7 @@ use barlink_transport::time::Time;
 use barlink_transport::window::{Window, WindowError};
 use barlink_transport::wire::HEADER_LEN;
 
-pub use crate::verbs::WcStatus;
+pub use crate::wc_status::WcStatus;
 
 /// Bytes before the first slot of a receive region: the credit word (u64
 /// at offset 0, written by the peer) in a cache line of its own.
