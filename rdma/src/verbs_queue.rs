@@ -20,8 +20,8 @@ use crate::link::{
 };
 use crate::oob::{self, Hello, OobError, OobListener, OobOptions, OobStream};
 use crate::verbs::{
-    Access, CompletionQueue, ConnectOptions, Context, Gid, LinkLayer, Mtu, QpConfig, QpEndpoint,
-    QueuePair, RegisteredMemory, RemoteAddr, RemoteRegion, WorkCompletion,
+    Access, CompletionQueue, ConnectOptions, Context, Gid, LinkLayer, Mtu, ProtectionDomain,
+    QpConfig, QpEndpoint, QueuePair, RegisteredMemory, RemoteAddr, RemoteRegion, WorkCompletion,
 };
 
 /// Completions taken per poll call.
@@ -317,9 +317,64 @@ fn establish<B: AsRef<[u8]>>(
     let port = context
         .query_port(options.port)
         .map_err(rdma("querying the port"))?;
-    let gid_index = match options.gid_index {
-        Some(index) => index,
-        None if port.link_layer == LinkLayer::InfiniBand => 0,
+    let gid_index = gid_index(&context, port.link_layer, options)?;
+    let path_mtu = port.active_mtu.unwrap_or(Mtu::Mtu1024);
+    let side = LocalSide::create(&context, local, options)?;
+    let mut connect_options = ConnectOptions {
+        port: options.port,
+        sgid_index: gid_index,
+        path_mtu: Some(path_mtu),
+        timeout: options.qp_timeout,
+        retry_cnt: options.retry_count,
+        rnr_retry: options.rnr_retry,
+        access: Access::RDMA,
+        ..ConnectOptions::default()
+    };
+    let endpoint = side
+        .qp
+        .local_endpoint(&connect_options, random_psn())
+        .map_err(rdma("reading the port's address"))?;
+    let ours = hello(
+        options,
+        &endpoint,
+        gid_index,
+        path_mtu,
+        &side.receive,
+        local,
+    );
+    let peer = stream.exchange(&ours)?;
+    // The smaller of the two path MTUs.
+    let shared_mtu = usize::from(peer.path_mtu).min(path_mtu.bytes());
+    connect_options.path_mtu = mtu_of_bytes(shared_mtu);
+    let queue = side.into_queue(&peer, options)?;
+    // Posts a receive per slot (the QP is in INIT: receives may be posted).
+    let medium = RdmaMedium::new(queue, local, peer.ring, config.mtu)?;
+    let remote = QpEndpoint {
+        qp_num: peer.qpn,
+        psn: peer.psn,
+        gid: Gid(peer.gid),
+        lid: peer.lid,
+    };
+    let qp = medium.queue().qp();
+    qp.to_rtr(&remote, &connect_options).map_err(rdma(
+        "moving the queue pair to RTR (check the peer's GID, the GID index and the MTU)",
+    ))?;
+    qp.to_rts(endpoint.psn, &connect_options)
+        .map_err(rdma("moving the queue pair to RTS"))?;
+    stream.ready()?;
+    Ok(Link::with_medium(medium, config.clone(), options.epoch).map_err(LinkSetupError::from)?)
+}
+
+/// The GID index to send from: the one the options name, else 0 on
+/// InfiniBand, else the port's RoCE v2 entry (of an IPv4 address first).
+fn gid_index(
+    context: &Context,
+    link_layer: LinkLayer,
+    options: &RdmaLinkOptions,
+) -> Result<u8, ConnectError> {
+    match options.gid_index {
+        Some(index) => Ok(index),
+        None if link_layer == LinkLayer::InfiniBand => Ok(0),
         None => {
             let info = crate::device::device(context.name())
                 .map_err(rdma("reading the device's GID table"))?;
@@ -337,48 +392,126 @@ fn establish<B: AsRef<[u8]>>(
                 })?;
             u8::try_from(entry.index).map_err(|_| ConnectError::Options {
                 detail: format!("GID index {} does not fit in 8 bits", entry.index),
-            })?
+            })
         }
-    };
-    let path_mtu = port.active_mtu.unwrap_or(Mtu::Mtu1024);
-    let pd = context
-        .alloc_pd()
-        .map_err(rdma("allocating a protection domain"))?;
-    let sq_depth = options.send_queue_depth.max(8);
-    let send_cq = context
-        .create_cq(sq_depth)
-        .map_err(rdma("creating the send completion queue"))?;
-    let recv_cq = context
-        .create_cq(local.slots)
-        .map_err(rdma("creating the receive completion queue"))?;
-    let qp = pd
-        .create_rc_qp(
-            &send_cq,
-            &recv_cq,
-            &QpConfig {
-                max_send_wr: sq_depth,
-                max_recv_wr: local.slots,
-                max_inline_data: 64,
-                ..QpConfig::default()
+    }
+}
+
+/// This side's verbs objects, made before the peer is known: what its
+/// hello describes.
+struct LocalSide {
+    pd: ProtectionDomain,
+    sq_depth: u32,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    qp: QueuePair,
+    receive: RegisteredMemory,
+}
+
+impl LocalSide {
+    /// A protection domain, the two completion queues, the queue pair (in
+    /// RESET) and the registered receive ring of shape `local`.
+    fn create(
+        context: &Context,
+        local: RingShape,
+        options: &RdmaLinkOptions,
+    ) -> Result<LocalSide, ConnectError> {
+        let pd = context
+            .alloc_pd()
+            .map_err(rdma("allocating a protection domain"))?;
+        let sq_depth = options.send_queue_depth.max(8);
+        let send_cq = context
+            .create_cq(sq_depth)
+            .map_err(rdma("creating the send completion queue"))?;
+        let recv_cq = context
+            .create_cq(local.slots)
+            .map_err(rdma("creating the receive completion queue"))?;
+        let qp = pd
+            .create_rc_qp(
+                &send_cq,
+                &recv_cq,
+                &QpConfig {
+                    max_send_wr: sq_depth,
+                    max_recv_wr: local.slots,
+                    max_inline_data: 64,
+                    ..QpConfig::default()
+                },
+            )
+            .map_err(rdma("creating the queue pair"))?;
+        let receive = RegisteredMemory::new(&pd, local.region_len())
+            .map_err(rdma("registering the receive ring"))?;
+        Ok(LocalSide {
+            pd,
+            sq_depth,
+            send_cq,
+            recv_cq,
+            qp,
+            receive,
+        })
+    }
+
+    /// Once the peer's hello is in: the staging area for the peer's ring,
+    /// the credit source when the device cannot write 8 bytes inline, the
+    /// queue pair in INIT, and the queue over them all.
+    fn into_queue(
+        self,
+        peer: &Hello,
+        options: &RdmaLinkOptions,
+    ) -> Result<VerbsQueue, ConnectError> {
+        let LocalSide {
+            pd,
+            sq_depth,
+            send_cq,
+            recv_cq,
+            qp,
+            receive,
+        } = self;
+        let staging = RegisteredMemory::new(&pd, peer.ring.slots_len())
+            .map_err(rdma("registering the staging area"))?;
+        let credit_source = if qp.max_inline_data() >= 8 {
+            None
+        } else {
+            Some(
+                RegisteredMemory::new(&pd, sq_depth as usize * 8)
+                    .map_err(rdma("registering the credit source"))?,
+            )
+        };
+        qp.to_init(options.port, Access::RDMA)
+            .map_err(rdma("moving the queue pair to INIT"))?;
+        Ok(VerbsQueue {
+            sq_depth: (qp.max_send_wr().min(sq_depth)) as usize,
+            qp,
+            send_cq,
+            recv_cq,
+            receive,
+            staging,
+            remote_ring: RemoteRegion {
+                addr: peer.ring_addr,
+                rkey: peer.ring_rkey,
+                len: peer.ring.region_len() as u64,
             },
-        )
-        .map_err(rdma("creating the queue pair"))?;
-    let receive = RegisteredMemory::new(&pd, local.region_len())
-        .map_err(rdma("registering the receive ring"))?;
-    let mut connect_options = ConnectOptions {
-        port: options.port,
-        sgid_index: gid_index,
-        path_mtu: Some(path_mtu),
-        timeout: options.qp_timeout,
-        retry_cnt: options.retry_count,
-        rnr_retry: options.rnr_retry,
-        access: Access::RDMA,
-        ..ConnectOptions::default()
-    };
-    let endpoint = qp
-        .local_endpoint(&connect_options, random_psn())
-        .map_err(rdma("reading the port's address"))?;
-    let ours = Hello {
+            remote_credit: RemoteAddr {
+                addr: peer.credit_addr,
+                rkey: peer.credit_rkey,
+            },
+            credit_source,
+            wc: vec![WorkCompletion::default(); POLL_BATCH],
+        })
+    }
+}
+
+/// This side's hello: its queue pair's address, its receive ring and
+/// credit word, and the engine settings the peer must share.
+fn hello(
+    options: &RdmaLinkOptions,
+    endpoint: &QpEndpoint,
+    gid_index: u8,
+    path_mtu: Mtu,
+    receive: &RegisteredMemory,
+    ring: RingShape,
+) -> Hello {
+    let config = &options.engine;
+    Hello {
         epoch: options.epoch.max(1),
         qpn: endpoint.qp_num,
         psn: endpoint.psn,
@@ -388,62 +521,11 @@ fn establish<B: AsRef<[u8]>>(
         path_mtu: path_mtu.bytes() as u16,
         ring_addr: receive.addr(),
         ring_rkey: receive.rkey(),
-        ring: local,
+        ring,
         credit_addr: receive.addr() + CREDIT_OFFSET as u64,
         credit_rkey: receive.rkey(),
         engine_mtu: config.mtu as u32,
         max_message_len: config.max_message_len,
         crc: config.crc,
-    };
-    let peer = stream.exchange(&ours)?;
-    // The smaller of the two path MTUs.
-    let shared_mtu = usize::from(peer.path_mtu).min(path_mtu.bytes());
-    connect_options.path_mtu = mtu_of_bytes(shared_mtu);
-    let staging = RegisteredMemory::new(&pd, peer.ring.slots_len())
-        .map_err(rdma("registering the staging area"))?;
-    let credit_source = if qp.max_inline_data() >= 8 {
-        None
-    } else {
-        Some(
-            RegisteredMemory::new(&pd, sq_depth as usize * 8)
-                .map_err(rdma("registering the credit source"))?,
-        )
-    };
-    qp.to_init(options.port, Access::RDMA)
-        .map_err(rdma("moving the queue pair to INIT"))?;
-    let queue = VerbsQueue {
-        sq_depth: (qp.max_send_wr().min(sq_depth)) as usize,
-        qp,
-        send_cq,
-        recv_cq,
-        receive,
-        staging,
-        remote_ring: RemoteRegion {
-            addr: peer.ring_addr,
-            rkey: peer.ring_rkey,
-            len: peer.ring.region_len() as u64,
-        },
-        remote_credit: RemoteAddr {
-            addr: peer.credit_addr,
-            rkey: peer.credit_rkey,
-        },
-        credit_source,
-        wc: vec![WorkCompletion::default(); POLL_BATCH],
-    };
-    // Posts a receive per slot (the QP is in INIT: receives may be posted).
-    let medium = RdmaMedium::new(queue, local, peer.ring, config.mtu)?;
-    let remote = QpEndpoint {
-        qp_num: peer.qpn,
-        psn: peer.psn,
-        gid: Gid(peer.gid),
-        lid: peer.lid,
-    };
-    let qp = medium.queue().qp();
-    qp.to_rtr(&remote, &connect_options).map_err(rdma(
-        "moving the queue pair to RTR (check the peer's GID, the GID index and the MTU)",
-    ))?;
-    qp.to_rts(endpoint.psn, &connect_options)
-        .map_err(rdma("moving the queue pair to RTS"))?;
-    stream.ready()?;
-    Ok(Link::with_medium(medium, config.clone(), options.epoch).map_err(LinkSetupError::from)?)
+    }
 }
