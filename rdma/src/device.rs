@@ -29,7 +29,7 @@ pub enum GidType {
 /// One GID table entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GidEntry {
-    /// Its index (what [`ConnectOptions::sgid_index`](crate::verbs::ConnectOptions::sgid_index) takes).
+    /// Its index (what [`QpConnectOptions::sgid_index`](crate::verbs::QpConnectOptions::sgid_index) takes).
     pub index: u32,
     /// The GID.
     pub gid: Gid,

@@ -20,8 +20,8 @@ pub use device::{DeviceInfo, DiscoveryOptions, GidEntry, GidType, PortInfo};
 pub use error::RdmaError;
 pub use mr_cache::{CacheStats, CachedRegion, MrCache};
 pub use verbs::{
-    Access, CompletionQueue, ConnectOptions, Context, Gid, HugePolicy, LinkLayer, MemoryOptions,
-    MemoryRegion, Mtu, PortState, ProtectionDomain, QpConfig, QpEndpoint, QpState, QueuePair,
+    Access, CompletionQueue, Context, Gid, HugePolicy, LinkLayer, MemoryOptions, MemoryRegion, Mtu,
+    PortState, ProtectionDomain, QpConfig, QpConnectOptions, QpEndpoint, QpState, QueuePair,
     RegisteredMemory, RemoteAddr, RemoteRegion, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 

@@ -20,8 +20,9 @@ use crate::link::{
 };
 use crate::oob::{self, Hello, OobError, OobListener, OobOptions, OobStream};
 use crate::verbs::{
-    Access, CompletionQueue, ConnectOptions, Context, Gid, LinkLayer, Mtu, ProtectionDomain,
-    QpConfig, QpEndpoint, QueuePair, RegisteredMemory, RemoteAddr, RemoteRegion, WorkCompletion,
+    Access, CompletionQueue, Context, Gid, LinkLayer, Mtu, ProtectionDomain, QpConfig,
+    QpConnectOptions, QpEndpoint, QueuePair, RegisteredMemory, RemoteAddr, RemoteRegion,
+    WorkCompletion,
 };
 
 /// Completions taken per poll call.
@@ -320,7 +321,7 @@ fn establish<B: AsRef<[u8]>>(
     let gid_index = gid_index(&context, port.link_layer, options)?;
     let path_mtu = port.active_mtu.unwrap_or(Mtu::Mtu1024);
     let side = LocalSide::create(&context, local, options)?;
-    let mut connect_options = ConnectOptions {
+    let mut qp_options = QpConnectOptions {
         port: options.port,
         sgid_index: gid_index,
         path_mtu: Some(path_mtu),
@@ -328,11 +329,11 @@ fn establish<B: AsRef<[u8]>>(
         retry_cnt: options.retry_count,
         rnr_retry: options.rnr_retry,
         access: Access::RDMA,
-        ..ConnectOptions::default()
+        ..QpConnectOptions::default()
     };
     let endpoint = side
         .qp
-        .local_endpoint(&connect_options, random_psn())
+        .local_endpoint(&qp_options, random_psn())
         .map_err(rdma("reading the port's address"))?;
     let ours = hello(
         options,
@@ -345,7 +346,7 @@ fn establish<B: AsRef<[u8]>>(
     let peer = stream.exchange(&ours)?;
     // The smaller of the two path MTUs.
     let shared_mtu = usize::from(peer.path_mtu).min(path_mtu.bytes());
-    connect_options.path_mtu = mtu_of_bytes(shared_mtu);
+    qp_options.path_mtu = mtu_of_bytes(shared_mtu);
     let queue = side.into_queue(&peer, options)?;
     // Posts a receive per slot (the QP is in INIT: receives may be posted).
     let medium = RdmaMedium::new(queue, local, peer.ring, config.mtu)?;
@@ -356,10 +357,10 @@ fn establish<B: AsRef<[u8]>>(
         lid: peer.lid,
     };
     let qp = medium.queue().qp();
-    qp.to_rtr(&remote, &connect_options).map_err(rdma(
+    qp.to_rtr(&remote, &qp_options).map_err(rdma(
         "moving the queue pair to RTR (check the peer's GID, the GID index and the MTU)",
     ))?;
-    qp.to_rts(endpoint.psn, &connect_options)
+    qp.to_rts(endpoint.psn, &qp_options)
         .map_err(rdma("moving the queue pair to RTS"))?;
     stream.ready()?;
     Ok(Link::with_medium(medium, config.clone(), options.epoch).map_err(LinkSetupError::from)?)

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use barlink_rdma::device::{self, GidType};
 use barlink_rdma::{
-    Access, CompletionQueue, ConnectOptions, Context, HugePolicy, LinkLayer, MemoryOptions,
-    ProtectionDomain, QpConfig, QpState, QueuePair, RdmaError, RegisteredMemory, WcOpcode,
+    Access, CompletionQueue, Context, HugePolicy, LinkLayer, MemoryOptions, ProtectionDomain,
+    QpConfig, QpConnectOptions, QpState, QueuePair, RdmaError, RegisteredMemory, WcOpcode,
     WcStatus, WorkCompletion,
 };
 use barlink_transport::window::Window;
@@ -58,14 +58,14 @@ fn gid_index(dev: &str) -> u8 {
         .expect("no RoCE v2 GID")
 }
 
-fn options(dev: &str) -> ConnectOptions {
-    ConnectOptions {
+fn options(dev: &str) -> QpConnectOptions {
+    QpConnectOptions {
         sgid_index: gid_index(dev),
         // TCG: the emulated CPU is slow; give acknowledgements time.
         timeout: 18,
         retry_cnt: 7,
         rnr_retry: 7,
-        ..ConnectOptions::default()
+        ..QpConnectOptions::default()
     }
 }
 

@@ -48,7 +48,7 @@ pub use device_list::device_names;
 pub use mr::{MemoryRegion, RemoteAddr, RemoteRegion, Sge};
 pub use pd::ProtectionDomain;
 pub use qp::{MAX_SGE, QueuePair};
-pub use qp_params::{ConnectOptions, QpConfig, QpEndpoint, QpState};
+pub use qp_params::{QpConfig, QpConnectOptions, QpEndpoint, QpState};
 pub use registered_memory::{HugePolicy, MemoryOptions, RegisteredMemory};
 pub use values::{Access, DeviceAttr, Gid, LinkLayer, Mtu, PortAttr, PortState};
 pub use work_completion::{WcOpcode, WorkCompletion};

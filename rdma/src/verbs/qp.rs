@@ -13,7 +13,7 @@ use super::context::{Context, ContextInner};
 use super::cq::{CompletionQueue, CqInner};
 use super::mr::{RemoteAddr, Sge};
 use super::pd::{PdInner, ProtectionDomain};
-use super::qp_params::{ConnectOptions, QpConfig, QpEndpoint, QpState};
+use super::qp_params::{QpConfig, QpConnectOptions, QpEndpoint, QpState};
 use super::values::{Access, Mtu};
 use crate::error::RdmaError;
 use crate::sys;
@@ -138,7 +138,7 @@ impl QueuePair {
     /// `psn` (random in production, so that a stale peer's packets miss).
     pub fn local_endpoint(
         &self,
-        options: &ConnectOptions,
+        options: &QpConnectOptions,
         psn: u32,
     ) -> Result<QpEndpoint, RdmaError> {
         let ctx = Context {
@@ -188,7 +188,7 @@ impl QueuePair {
     }
 
     /// INIT → RTR (ready to receive) towards `remote`.
-    pub fn to_rtr(&self, remote: &QpEndpoint, options: &ConnectOptions) -> Result<(), RdmaError> {
+    pub fn to_rtr(&self, remote: &QpEndpoint, options: &QpConnectOptions) -> Result<(), RdmaError> {
         let mtu = match options.path_mtu {
             Some(m) => m,
             None => {
@@ -233,7 +233,7 @@ impl QueuePair {
 
     /// RTR → RTS (ready to send), sending from PSN `psn` (the one this side
     /// advertised in its [`QpEndpoint`]).
-    pub fn to_rts(&self, psn: u32, options: &ConnectOptions) -> Result<(), RdmaError> {
+    pub fn to_rts(&self, psn: u32, options: &QpConnectOptions) -> Result<(), RdmaError> {
         let mut a = Self::zeroed_attr();
         a.qp_state = sys::IBV_QPS_RTS;
         a.timeout = options.timeout;
@@ -261,7 +261,7 @@ impl QueuePair {
         &self,
         local: &QpEndpoint,
         remote: &QpEndpoint,
-        options: &ConnectOptions,
+        options: &QpConnectOptions,
     ) -> Result<(), RdmaError> {
         if self.state()? == QpState::Reset {
             self.to_init(options.port, options.access)?;

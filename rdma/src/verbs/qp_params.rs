@@ -1,6 +1,6 @@
 //! What a queue pair is created and connected with: its sizes
 //! ([`QpConfig`]), the endpoint each side tells the other
-//! ([`QpEndpoint`]), the connection parameters ([`ConnectOptions`]), and
+//! ([`QpEndpoint`]), the connection parameters ([`QpConnectOptions`]), and
 //! its states ([`QpState`]).
 #![forbid(unsafe_code)]
 
@@ -57,7 +57,7 @@ pub struct QpEndpoint {
 /// agree on MTU; the defaults suit a real fabric, and under slow software
 /// RoCE (rxe under emulation) a longer `timeout` (18–20) helps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectOptions {
+pub struct QpConnectOptions {
     /// Local port (from 1).
     pub port: u8,
     /// Local GID index to send from (RoCE v2: the entry of type "RoCE v2"
@@ -85,9 +85,9 @@ pub struct ConnectOptions {
     pub access: Access,
 }
 
-impl Default for ConnectOptions {
+impl Default for QpConnectOptions {
     fn default() -> Self {
-        ConnectOptions {
+        QpConnectOptions {
             port: 1,
             sgid_index: 0,
             hop_limit: 64,
