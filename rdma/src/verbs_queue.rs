@@ -219,7 +219,7 @@ impl Default for RdmaLinkOptions {
 /// Why an RDMA link could not be set up.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum ConnectError {
+pub enum RdmaConnectError {
     /// A verbs call failed.
     Rdma {
         step: &'static str,
@@ -233,33 +233,33 @@ pub enum ConnectError {
     Options { detail: String },
 }
 
-impl fmt::Display for ConnectError {
+impl fmt::Display for RdmaConnectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConnectError::Rdma { step, error } => write!(f, "{step}: {error}"),
-            ConnectError::Oob(error) => error.fmt(f),
-            ConnectError::Link(error) => error.fmt(f),
-            ConnectError::Options { detail } => write!(f, "RDMA link options: {detail}"),
+            RdmaConnectError::Rdma { step, error } => write!(f, "{step}: {error}"),
+            RdmaConnectError::Oob(error) => error.fmt(f),
+            RdmaConnectError::Link(error) => error.fmt(f),
+            RdmaConnectError::Options { detail } => write!(f, "RDMA link options: {detail}"),
         }
     }
 }
 
-impl std::error::Error for ConnectError {}
+impl std::error::Error for RdmaConnectError {}
 
-impl From<OobError> for ConnectError {
+impl From<OobError> for RdmaConnectError {
     fn from(error: OobError) -> Self {
-        ConnectError::Oob(error)
+        RdmaConnectError::Oob(error)
     }
 }
 
-impl From<LinkSetupError> for ConnectError {
+impl From<LinkSetupError> for RdmaConnectError {
     fn from(error: LinkSetupError) -> Self {
-        ConnectError::Link(error)
+        RdmaConnectError::Link(error)
     }
 }
 
-fn rdma(step: &'static str) -> impl Fn(RdmaError) -> ConnectError {
-    move |error| ConnectError::Rdma { step, error }
+fn rdma(step: &'static str) -> impl Fn(RdmaError) -> RdmaConnectError {
+    move |error| RdmaConnectError::Rdma { step, error }
 }
 
 /// The server side: waits at most `timeout` for a client on `listener`,
@@ -268,7 +268,7 @@ pub fn accept<B: AsRef<[u8]>>(
     listener: &OobListener,
     timeout: Duration,
     options: &RdmaLinkOptions,
-) -> Result<RdmaLink<VerbsQueue, B>, ConnectError> {
+) -> Result<RdmaLink<VerbsQueue, B>, RdmaConnectError> {
     let stream = listener.accept(timeout, &options.oob)?;
     establish(stream, options)
 }
@@ -278,7 +278,7 @@ pub fn accept<B: AsRef<[u8]>>(
 pub fn connect<B: AsRef<[u8]>>(
     addr: impl ToSocketAddrs,
     options: &RdmaLinkOptions,
-) -> Result<RdmaLink<VerbsQueue, B>, ConnectError> {
+) -> Result<RdmaLink<VerbsQueue, B>, RdmaConnectError> {
     let stream = oob::connect(addr, &options.oob)?;
     establish(stream, options)
 }
@@ -304,11 +304,13 @@ fn mtu_of_bytes(bytes: usize) -> Option<Mtu> {
 fn establish<B: AsRef<[u8]>>(
     mut stream: OobStream,
     options: &RdmaLinkOptions,
-) -> Result<RdmaLink<VerbsQueue, B>, ConnectError> {
+) -> Result<RdmaLink<VerbsQueue, B>, RdmaConnectError> {
     let config = &options.engine;
-    config.validate().map_err(|error| ConnectError::Options {
-        detail: error.to_string(),
-    })?;
+    config
+        .validate()
+        .map_err(|error| RdmaConnectError::Options {
+            detail: error.to_string(),
+        })?;
     let local = RingShape::for_mtu(options.slots, config.mtu)?;
     let context = match &options.device {
         Some(name) => Context::open(name),
@@ -372,7 +374,7 @@ fn gid_index(
     context: &Context,
     link_layer: LinkLayer,
     options: &RdmaLinkOptions,
-) -> Result<u8, ConnectError> {
+) -> Result<u8, RdmaConnectError> {
     match options.gid_index {
         Some(index) => Ok(index),
         None if link_layer == LinkLayer::InfiniBand => Ok(0),
@@ -384,14 +386,14 @@ fn gid_index(
                 .iter()
                 .find(|p| p.port == options.port)
                 .and_then(|p| p.roce_v2_gid())
-                .ok_or_else(|| ConnectError::Options {
+                .ok_or_else(|| RdmaConnectError::Options {
                     detail: format!(
                         "{} port {} has no RoCE v2 GID: give the interface an IP address, or set the GID index",
                         context.name(),
                         options.port
                     ),
                 })?;
-            u8::try_from(entry.index).map_err(|_| ConnectError::Options {
+            u8::try_from(entry.index).map_err(|_| RdmaConnectError::Options {
                 detail: format!("GID index {} does not fit in 8 bits", entry.index),
             })
         }
@@ -416,7 +418,7 @@ impl LocalSide {
         context: &Context,
         local: RingShape,
         options: &RdmaLinkOptions,
-    ) -> Result<LocalSide, ConnectError> {
+    ) -> Result<LocalSide, RdmaConnectError> {
         let pd = context
             .alloc_pd()
             .map_err(rdma("allocating a protection domain"))?;
@@ -458,7 +460,7 @@ impl LocalSide {
         self,
         peer: &Hello,
         options: &RdmaLinkOptions,
-    ) -> Result<VerbsQueue, ConnectError> {
+    ) -> Result<VerbsQueue, RdmaConnectError> {
         let LocalSide {
             pd,
             sq_depth,
