@@ -82,7 +82,7 @@ impl PortInfo {
 /// One RDMA device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct DeviceInfo {
+pub struct RdmaDeviceInfo {
     /// Kernel name (`mlx5_0`, `rxe0`).
     pub name: String,
     /// Node GUID (host byte order).
@@ -111,7 +111,7 @@ pub struct DeviceInfo {
     pub ports: Vec<PortInfo>,
 }
 
-impl DeviceInfo {
+impl RdmaDeviceInfo {
     /// The node GUID as `ibv_devices` prints it (`xxxx:xxxx:xxxx:xxxx`).
     pub fn node_guid_string(&self) -> String {
         let g = self.node_guid;
@@ -152,12 +152,12 @@ impl Default for DiscoveryOptions {
 ///
 /// [`RdmaError::NotAvailable`] without libibverbs, [`RdmaError::NoDevice`]
 /// when it finds none (the message says what to check).
-pub fn devices() -> Result<Vec<DeviceInfo>, RdmaError> {
+pub fn devices() -> Result<Vec<RdmaDeviceInfo>, RdmaError> {
     devices_with(&DiscoveryOptions::default())
 }
 
 /// [`devices`] with options.
-pub fn devices_with(options: &DiscoveryOptions) -> Result<Vec<DeviceInfo>, RdmaError> {
+pub fn devices_with(options: &DiscoveryOptions) -> Result<Vec<RdmaDeviceInfo>, RdmaError> {
     let names = device_names()?;
     if names.is_empty() {
         return Err(RdmaError::NoDevice {
@@ -169,12 +169,12 @@ pub fn devices_with(options: &DiscoveryOptions) -> Result<Vec<DeviceInfo>, RdmaE
 
 /// The device called `name`; [`RdmaError::DeviceNotFound`] lists the
 /// others when it is not there.
-pub fn device(name: &str) -> Result<DeviceInfo, RdmaError> {
+pub fn device(name: &str) -> Result<RdmaDeviceInfo, RdmaError> {
     device_with(name, &DiscoveryOptions::default())
 }
 
 /// [`device`] with options.
-pub fn device_with(name: &str, options: &DiscoveryOptions) -> Result<DeviceInfo, RdmaError> {
+pub fn device_with(name: &str, options: &DiscoveryOptions) -> Result<RdmaDeviceInfo, RdmaError> {
     let ctx = Context::open(name)?;
     let attr = ctx.query_device()?;
     let mut ports = Vec::new();
@@ -216,7 +216,7 @@ pub fn device_with(name: &str, options: &DiscoveryOptions) -> Result<DeviceInfo,
             gids,
         });
     }
-    Ok(DeviceInfo {
+    Ok(RdmaDeviceInfo {
         name: ctx.name().to_string(),
         node_guid: ctx.node_guid(),
         fw_ver: attr.fw_ver,

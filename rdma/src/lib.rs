@@ -16,7 +16,7 @@ pub mod mr_cache;
 mod sys;
 pub mod verbs;
 mod wc_status;
-pub use device::{DeviceInfo, DiscoveryOptions, GidEntry, GidType, PortInfo};
+pub use device::{DiscoveryOptions, GidEntry, GidType, PortInfo, RdmaDeviceInfo};
 pub use error::RdmaError;
 pub use mr_cache::{CacheStats, CachedRegion, MrCache};
 pub use verbs::{
