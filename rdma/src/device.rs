@@ -6,8 +6,7 @@
 //! v2) and network devices from sysfs
 //! (`/sys/class/infiniband/DEV/ports/N/gid_attrs/{types,ndevs}/I`), which
 //! the library reads too. Only the first [`DiscoveryOptions::max_gids`]
-//! entries are read: a table has up to 1024 and reading them all is slow
-//! (seconds under emulation).
+//! entries are read: a table has up to 1024 and reading them all is slow.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};

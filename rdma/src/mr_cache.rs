@@ -1,7 +1,7 @@
 //! [`MrCache`]: a registration cache keyed by address range, so that
 //! sending from the same (or part of the same) buffer again does not
 //! register it again — registration pins pages and costs a system call
-//! and device work (tens of µs to ms).
+//! and device work.
 //!
 //! - A lookup of a range inside a cached registration hits and returns it.
 //! - A range that is not inside one registers anew: the union of the range

@@ -24,7 +24,7 @@ pub struct Rdma {
 }
 
 /// Link options for `rdma` as soft-RoCE under emulation needs them: slow
-/// acknowledgements (FINDINGS: QP timeout 18-20, 7 retries), timers of
+/// acknowledgements (a long QP timeout, every retry), timers of
 /// hundreds of milliseconds, and a setup that tries `connect_retries`
 /// times, `retry_interval` apart (another guest may still be booting).
 pub fn soft_roce_options(
@@ -82,7 +82,7 @@ pub fn rdma_env(test: &str) -> Option<Rdma> {
 }
 
 /// Message `index` of `stream`: 1 B .. 64 KiB, mostly small (rxe under
-/// emulation moves 10-30 MB/s), the same on both sides.
+/// emulation is slow), the same on both sides.
 pub fn message(stream: u64, index: u64) -> Vec<u8> {
     let mut rng = SplitMix64::new(stream ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let top = match rng.below(100) {
