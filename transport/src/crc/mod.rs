@@ -5,14 +5,20 @@
 //! CRC can be taken chunk by chunk while data is copied (the link layer
 //! checksums each chunk while it is still hot in L1).
 //!
-//! On x86-64 CPUs with VPCLMULQDQ but without AVX-512 (where `crc-fast`
-//! takes its 128-bit path), large inputs go through `x86`, a 256-bit
-//! folding of our own that runs about twice as fast; everything else goes
-//! to `crc-fast`.
+//! Copies with a CRC ([`Crc32c::copy_into`], [`Crc32c::copy_from`], behind
+//! the windows' `write_crc`/`read_crc`) take one pass where the CPU allows:
+//! `avx512`, 512-bit folding fused with the copy, on CPUs with AVX-512
+//! VPCLMULQDQ; `x86`, 256-bit folding with `crc32` streams beside it, on
+//! CPUs with VPCLMULQDQ but not AVX-512; elsewhere a copy, then the CRC.
+//! A checksum alone goes to `avx512` on CPUs with AVX-512 VPCLMULQDQ (up
+//! to 256 KiB), to `x86` where `crc-fast` would take its 128-bit path, else
+//! to `crc-fast`; packet headers take the `crc32` instruction.
 #![deny(unsafe_code)]
 
 use crc_fast::{CrcAlgorithm, Digest};
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -43,14 +49,25 @@ impl Crc32c {
     }
 }
 
+/// From this many bytes on, a checksum alone goes to `crc-fast` even where
+/// our 512-bit kernel runs: its long-haul loop is faster there, ours below
+/// (design change 23).
+#[cfg(target_arch = "x86_64")]
+const CRC_FAST_FROM: usize = 256 << 10;
+
 /// Advances the raw CRC-32C register over `bytes`.
 #[inline]
 fn update_register(state: u32, bytes: &[u8]) -> u32 {
     // Short inputs (packet headers) take the `crc32` instruction directly:
     // no dispatch or setup costs on the latency path.
     #[cfg(target_arch = "x86_64")]
-    if x86::available() && (bytes.len() < x86::MIN_LEN || !crc_fast_is_wider()) {
-        return x86::update(state, bytes);
+    {
+        if avx512::available() && (avx512::MIN_LEN..CRC_FAST_FROM).contains(&bytes.len()) {
+            return avx512::update(state, bytes);
+        }
+        if x86::available() && (bytes.len() < x86::MIN_LEN || !crc_fast_is_wider()) {
+            return x86::update(state, bytes);
+        }
     }
     // crc-fast keeps the register the same way (reflected, not inverted).
     let mut digest = Digest::new_with_init_state(CrcAlgorithm::Crc32Iscsi, u64::from(state));
@@ -84,7 +101,14 @@ impl Crc32c {
     #[allow(unsafe_code)]
     pub(crate) unsafe fn copy_into(&mut self, src: &[u8], dst: *mut u8) {
         #[cfg(target_arch = "x86_64")]
-        if x86::available() && !crc_fast_is_wider() {
+        if avx512::available() {
+            // SAFETY: features checked just above; `src` is a live slice,
+            // `dst` is writable and disjoint (this function's contract).
+            self.state = unsafe { avx512::copy_update(self.state, src.as_ptr(), dst, src.len()) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
             // SAFETY: features checked just above; `src` is a live slice,
             // `dst` is writable and disjoint (this function's contract).
             self.state = unsafe {
@@ -111,7 +135,7 @@ impl Crc32c {
     /// source changes during it (each piece is loaded once, and the loaded
     /// value is both stored and folded): a packet torn by a concurrent
     /// writer fails its CRC instead of passing on bytes it was not taken
-    /// over. Public for the same reason as [`Crc32c::copy_into`].
+    /// over.
     ///
     /// # Safety
     /// - `src` must be valid for reads of `dst.len()` bytes for the whole
@@ -123,7 +147,15 @@ impl Crc32c {
     #[allow(unsafe_code)]
     pub(crate) unsafe fn copy_from(&mut self, src: *const u8, dst: &mut [u8]) {
         #[cfg(target_arch = "x86_64")]
-        if x86::available() && !crc_fast_is_wider() {
+        if avx512::available() {
+            // SAFETY: features checked just above; `dst` is a live
+            // exclusive slice, `src` readable and disjoint (contract).
+            self.state =
+                unsafe { avx512::copy_update(self.state, src, dst.as_mut_ptr(), dst.len()) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
             // SAFETY: features checked just above; `dst` is a live
             // exclusive slice, `src` readable and disjoint (contract).
             self.state = unsafe {
@@ -141,6 +173,34 @@ impl Crc32c {
         unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
         self.update(dst);
     }
+}
+
+/// The kernel behind a copy with its CRC on this CPU, for reports.
+pub fn copy_kernel() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx512::available() {
+            return "avx512-vpclmulqdq fused";
+        }
+        if x86::available() {
+            return "avx2-vpclmulqdq fused, 3 crc32 streams";
+        }
+    }
+    "copy, then crc-fast"
+}
+
+/// The kernel behind a checksum of a long buffer on this CPU, for reports.
+pub fn checksum_kernel() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx512::available() {
+            return "avx512-vpclmulqdq below 256 KiB, crc-fast above";
+        }
+        if x86::available() && !crc_fast_is_wider() {
+            return "avx2-vpclmulqdq, 3 crc32 streams";
+        }
+    }
+    "crc-fast"
 }
 
 /// Whether `crc-fast` has a 512-bit path here (AVX-512 VPCLMULQDQ), which

@@ -61,14 +61,14 @@ const fn fold_constant(n: u32) -> i64 {
 
 /// Constants to advance a lane by `bytes`: the low half of a reflected
 /// lane holds the high-degree coefficients (it moves 64 degrees further).
-const fn fold_by(bytes: u32) -> (i64, i64) {
+pub(super) const fn fold_by(bytes: u32) -> (i64, i64) {
     (fold_constant(8 * bytes + 64), fold_constant(8 * bytes))
 }
 
 /// Eight lanes of 16 bytes: one step covers 128 bytes.
 const STEP: usize = 128;
 const FOLD_128: (i64, i64) = fold_by(STEP as u32);
-const FOLD_16: (i64, i64) = fold_by(16);
+pub(super) const FOLD_16: (i64, i64) = fold_by(16);
 
 /// Below this many bytes the vector setup does not pay; the `crc32`
 /// instruction alone is used.
@@ -398,7 +398,7 @@ fn merge_lanes(lanes: [__m256i; 4]) -> u32 {
 
 #[inline]
 #[target_feature(enable = "sse4.2")]
-fn finish_lane(folded: __m128i) -> u32 {
+pub(super) fn finish_lane(folded: __m128i) -> u32 {
     let crc = _mm_crc32_u64(0, _mm_cvtsi128_si64(folded) as u64);
     _mm_crc32_u64(crc, _mm_extract_epi64::<1>(folded) as u64) as u32
 }
@@ -411,7 +411,12 @@ fn finish_lane(folded: __m128i) -> u32 {
 /// The CPU features; `src` readable for `len` bytes; `dst`, if given,
 /// writable for `len` bytes and not overlapping `src`.
 #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
-unsafe fn fold_vector(state: u32, src: *const u8, dst: Option<*mut u8>, len: usize) -> u32 {
+pub(super) unsafe fn fold_vector(
+    state: u32,
+    src: *const u8,
+    dst: Option<*mut u8>,
+    len: usize,
+) -> u32 {
     // Short inputs and the last < 16 bytes: word by word, each word loaded
     // once, stored, and fed to the `crc32` instruction, so that what is
     // stored and what is checksummed are the same bytes.
@@ -495,7 +500,7 @@ unsafe fn fold_vector(state: u32, src: *const u8, dst: Option<*mut u8>, len: usi
 /// added.
 #[inline]
 #[target_feature(enable = "pclmulqdq,sse2")]
-fn fold_lane(lane: __m128i, constants: __m128i, next: __m128i) -> __m128i {
+pub(super) fn fold_lane(lane: __m128i, constants: __m128i, next: __m128i) -> __m128i {
     let low = _mm_clmulepi64_si128::<0x00>(lane, constants);
     let high = _mm_clmulepi64_si128::<0x11>(lane, constants);
     _mm_xor_si128(_mm_xor_si128(low, high), next)
@@ -517,11 +522,11 @@ fn update_crc32_instruction(state: u32, bytes: &[u8]) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// The raw register after `bytes`, computed bit by bit.
-    fn reference(mut state: u32, bytes: &[u8]) -> u32 {
+    pub(in crate::crc) fn reference(mut state: u32, bytes: &[u8]) -> u32 {
         for &byte in bytes {
             state ^= u32::from(byte);
             for _ in 0..8 {
