@@ -15,14 +15,15 @@
 //! reference rules cannot describe; the only references formed here are
 //! short-lived `&AtomicU64`, which permit concurrent modification.
 //!
-//! Bulk copies use wide vector loads and stores ([`copy_bytes`]: 32-byte
-//! AVX2 moves on x86-64 for copies of 512 bytes or more, `memcpy` for the
-//! rest), which on write-combined PCIe memory the CPU combines into
-//! full-line bursts; a volatile byte loop would issue one PCIe write per
-//! byte. Not glibc's `memcpy` for long copies: on some CPUs its `rep movsb`
-//! runs many times slower when the destination sits a few bytes above the
-//! source modulo 4 KiB, which ring slots and message buffers hit or miss by
-//! chance of placement (docs/ARCHITECTURE.md, design change 18).
+//! Bulk copies use wide vector loads and stores ([`copy_bytes`]), which on
+//! write-combined PCIe memory the CPU combines into full-line bursts; a
+//! volatile byte loop would issue one PCIe write per byte. On AMD CPUs,
+//! copies of 512 bytes or more are 32-byte AVX2 moves, not glibc's
+//! `memcpy`: its `rep movsb` there runs many times slower when the
+//! destination sits a few bytes above the source modulo 4 KiB, which ring
+//! slots and message buffers hit or miss by chance of placement
+//! (docs/ARCHITECTURE.md, design change 18). Elsewhere `memcpy` is as fast
+//! or faster (design change 23).
 //!
 //! A bulk read that races a peer's write may see a mix of old and new
 //! bytes — which the packet CRC exists to catch. As in `vm-memory`, such a
@@ -544,6 +545,39 @@ pub(super) fn check_store_ordering(order: Ordering) -> Result<(), WindowError> {
     }
 }
 
+/// The kernel behind [`copy_bytes`] for long copies on this CPU, for
+/// reports.
+pub fn copy_kernel() -> &'static str {
+    if avx2_copies() {
+        "avx2 32-byte moves"
+    } else {
+        "memcpy"
+    }
+}
+
+/// Whether long copies take [`copy_avx2`] rather than `memcpy`: on AMD CPUs
+/// with AVX2, whose `rep movsb` falls off a cliff at some placements
+/// (design change 18). Elsewhere `memcpy` measured as fast or faster at
+/// every size and placement tried (design change 23). Checked once.
+#[inline]
+fn avx2_copies() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX2_COPIES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVX2_COPIES.get_or_init(|| {
+            // CPUID leaf 0: the vendor string in EBX, EDX, ECX.
+            let vendor = std::arch::x86_64::__cpuid(0);
+            let amd =
+                (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+            amd && std::arch::is_x86_feature_detected!("avx2")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Copies below this many bytes go to `memcpy`, whose small-size paths
 /// are as good as any and which has no placement cliff there.
 const VECTOR_COPY_MIN: usize = 512;
@@ -557,9 +591,9 @@ const VECTOR_COPY_MIN: usize = 512;
 #[inline]
 pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    if len >= VECTOR_COPY_MIN && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present (checked just above); the ranges are the
-        // caller's contract.
+    if len >= VECTOR_COPY_MIN && avx2_copies() {
+        // SAFETY: AVX2 is present (checked by `avx2_copies`); the ranges
+        // are the caller's contract.
         unsafe { copy_avx2(src, dst, len) };
         return;
     }

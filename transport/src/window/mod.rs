@@ -45,7 +45,7 @@ pub use error::WindowError;
 pub use fault::{FaultConfig, FaultWindow, InjectedFaults};
 pub use fd_passing::{recv_fd, send_fd};
 pub use heap::HeapWindow;
-pub use mapping::{DeviceAccess, DeviceMemory, RawWindow};
+pub use mapping::{DeviceAccess, DeviceMemory, RawWindow, copy_kernel};
 pub use shm::{HugePageReserve, HugePages, PageBacking, ShmOptions, ShmWindow};
 
 /// A mapped byte region shared with a peer, accessed only by copies and
