@@ -19,7 +19,9 @@
 //!   accept by name, a background progress thread;
 //! - [`crc`], [`time`]: the checksum and the engine's notion of time;
 //! - [`rng`]: the seeded generator behind fault injection, the simulator
-//!   and test data.
+//!   and test data;
+//! - [`cpu`]: the CPU and the copy and CRC kernels chosen on it, for
+//!   reports.
 //!
 //! Protocol code here contains no unsafe code: `unsafe` is denied crate-wide
 //! and allowed only where the system is touched: `window::mapping` (raw
@@ -28,6 +30,7 @@
 #![deny(unsafe_code)]
 
 mod clock;
+pub mod cpu;
 pub mod crc;
 pub mod engine;
 pub mod link;
