@@ -27,12 +27,11 @@ use std::time::Duration;
 use barlink_rdma::RdmaLink;
 use barlink_rdma::oob::OobListener;
 use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
+use barlink_topology::{Bdf, PathChoice, PathPolicy, Topology};
 use barlink_transport::link::{IoError, LinkConfig, Listener, RingLink, SetupError, pair_windows};
 use barlink_transport::window::ShmWindow;
 use barlink_transport::{EngineConfig, Stats};
-use barlink_vfio::{
-    BarWindow, Bdf, DeviceSpec, PathChoice, PathPolicy, SysfsBar, SysfsBarOptions, Topology,
-};
+use barlink_vfio::{BarWindow, DeviceSpec, SysfsBar, SysfsBarOptions};
 
 /// Where the peer is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,6 +8,8 @@
 //! - [`transport`]: wire format, the sans-IO reliability [`Engine`], the
 //!   simulated medium (and, later, links over memory windows);
 //! - [`topology`]: PCI discovery, P2P path choice and the platform doctor;
+//! - [`vfio`]: VFIO devices and BAR windows (VFIO regions, sysfs
+//!   `resourceN`), the windows BAR links run over;
 //! - [`rdma`]: ibverbs loaded at run time, RC queue pairs and RDMA links;
 //! - [`connect()`]: one call that picks BAR P2P, a host-memory bounce or
 //!   RDMA for a peer and says why.
@@ -16,11 +18,12 @@
 #![forbid(unsafe_code)]
 
 pub use barlink_rdma as rdma;
+pub use barlink_topology as topology;
 pub use barlink_transport as transport;
 pub use barlink_transport::{
     Engine, EngineConfig, Event, LinkError, MessageId, PacketError, SendError, Stats, Time,
 };
-pub use barlink_vfio as topology;
+pub use barlink_vfio as vfio;
 
 pub mod connect;
 pub use connect::{

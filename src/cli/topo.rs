@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use barlink_vfio::{Connection, PathPolicy, Topology, doctor, render};
+use barlink_topology::{Connection, PathPolicy, Topology, doctor, render};
 use clap::Args;
 
 use super::{CommandError, Status};

@@ -36,14 +36,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use barlink_topology::Bdf;
+use barlink_topology::pci::resource::{BarSpace, parse_resource};
 use barlink_transport::link::{RingLink, init_ring};
 use barlink_transport::ring::Geometry;
 use barlink_transport::sim::SplitMix64;
 use barlink_transport::window::{FaultConfig, FaultWindow, ShmOptions, ShmWindow, Window};
 use barlink_transport::{EngineConfig, SendError, Stats};
 use barlink_vfio::bind::{self, DeviceSpec};
-use barlink_vfio::pci::resource::{BarSpace, parse_resource};
-use barlink_vfio::{BarWindow, Bdf, Container, SysfsBar, SysfsBarOptions, VfioEnv, VfioError};
+use barlink_vfio::{BarWindow, Container, SysfsBar, SysfsBarOptions, VfioEnv, VfioError};
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 
@@ -591,7 +592,7 @@ fn sysfs_bar(root: &Path, bdf: Bdf, index: Option<u32>) -> Result<(u32, u64), Vf
         detail: e.to_string(),
     })?;
     let (bars, _) = parse_resource(&text);
-    let usable = |b: &&barlink_vfio::pci::resource::Bar| {
+    let usable = |b: &&barlink_topology::pci::resource::Bar| {
         b.space == BarSpace::Memory && b.size > 0 && !b.unassigned
     };
     match index {

@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use barlink_topology::pci::address::Bdf;
+use barlink_topology::pci::resource::{BarSpace, parse_resource};
 use barlink_transport::window::{Window, WindowError};
 
 use crate::bind;
@@ -28,8 +30,6 @@ use crate::bind::DeviceSpec;
 use crate::container::VfioEnv;
 use crate::error::VfioError;
 use crate::memory::{Owner, Region, check_range, store_fence};
-use crate::pci::address::Bdf;
-use crate::pci::resource::{BarSpace, parse_resource};
 use crate::sys::{Errno, Prot, VfioSys};
 
 /// Where a window's memory comes from.

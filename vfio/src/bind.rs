@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use barlink_topology::pci::PCI_DEVICES_DIR;
+use barlink_topology::pci::address::Bdf;
+
 use crate::error::{GroupMember, VfioError};
-use crate::pci::PCI_DEVICES_DIR;
-use crate::pci::address::Bdf;
 use crate::sys::Errno;
 
 /// The driver name vfio-pci registers.

@@ -23,12 +23,13 @@ use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
+use barlink_topology::pci::address::Bdf;
+
 use crate::bar::DmaTarget;
 use crate::bind::{self, VFIO_PCI};
 use crate::device::VfioDevice;
 use crate::error::VfioError;
 use crate::memory::Region;
-use crate::pci::address::Bdf;
 use crate::sys::{
     DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE, Errno, GROUP_FLAGS_VIABLE, LinuxSys, RawIommuInfo,
     VFIO_API_VERSION, VFIO_TYPE1_IOMMU, VFIO_TYPE1V2_IOMMU, VfioSys,

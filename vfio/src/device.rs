@@ -7,12 +7,13 @@ use std::fmt;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
+use barlink_topology::pci::address::Bdf;
+
 use crate::bar::{BarSource, BarWindow};
 use crate::bind::DeviceSpec;
 use crate::container::{Container, GroupInner, VfioEnv};
 use crate::error::VfioError;
 use crate::memory::{Owner, Region};
-use crate::pci::address::Bdf;
 use crate::sys::{
     DEVICE_FLAGS_PCI, DEVICE_FLAGS_RESET, Errno, Prot, REGION_FLAG_MMAP, REGION_FLAG_READ,
     REGION_FLAG_WRITE, RawDeviceInfo, RawRegionInfo, region_index,

@@ -5,7 +5,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::pci::address::Bdf;
+use barlink_topology::pci::address::Bdf;
+
 use crate::sys::Errno;
 
 /// A device in an IOMMU group and the driver it is bound to.

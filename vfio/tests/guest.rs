@@ -60,6 +60,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use barlink_topology::Bdf;
 use barlink_transport::EngineConfig;
 use barlink_transport::SendError;
 use barlink_transport::link::{RingLink, init_ring};
@@ -69,7 +70,7 @@ use barlink_transport::window::{FaultConfig, FaultWindow, Window};
 use barlink_vfio::bind::{self, driver_of, iommu_group_of};
 use barlink_vfio::sys::mock::MockSys;
 use barlink_vfio::{
-    BarSource, BarWindow, Bdf, BindOutcome, Container, DmaBuffer, SysfsBar, VfioDevice, VfioEnv,
+    BarSource, BarWindow, BindOutcome, Container, DmaBuffer, SysfsBar, VfioDevice, VfioEnv,
     VfioError, bind_to_vfio_pci,
 };
 

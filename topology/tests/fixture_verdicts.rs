@@ -5,9 +5,9 @@ mod support;
 
 use std::path::{Path, PathBuf};
 
-use barlink_vfio::aperture::ApertureVerdict;
-use barlink_vfio::topology::{PairIssue, PairKind};
-use barlink_vfio::{
+use barlink_topology::aperture::ApertureVerdict;
+use barlink_topology::topology::{PairIssue, PairKind};
+use barlink_topology::{
     Connection, DoctorReport, Pair, PathChoice, PathPolicy, Topology, Verdict, doctor, render,
 };
 use support::{GIB, MIB, TempDir, fixtures};

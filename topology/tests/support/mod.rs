@@ -36,7 +36,7 @@ impl TempDir {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let path =
-            std::env::temp_dir().join(format!("barlink-vfio-{tag}-{}-{n}", std::process::id()));
+            std::env::temp_dir().join(format!("barlink-topology-{tag}-{}-{n}", std::process::id()));
         let _ = fs::remove_dir_all(&path);
         fs::create_dir_all(&path).expect("create temp dir");
         TempDir { path }

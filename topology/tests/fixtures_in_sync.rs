@@ -3,7 +3,7 @@
 //! fixture and the bytes the tests read cannot drift apart.
 //!
 //! To regenerate after changing a fixture:
-//! `BARLINK_REGENERATE_FIXTURES=1 cargo test -p barlink-vfio --test fixtures_in_sync`
+//! `BARLINK_REGENERATE_FIXTURES=1 cargo test -p barlink-topology --test fixtures_in_sync`
 
 mod support;
 

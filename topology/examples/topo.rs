@@ -1,12 +1,12 @@
 //! Prints the topology report and the doctor report for a sysfs root, the
 //! way `barlink topo` and `barlink doctor` do, without building the CLI:
 //!
-//! `cargo run -p barlink-vfio --example topo -- [ROOT] [--json]`
+//! `cargo run -p barlink-topology --example topo -- [ROOT] [--json]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use barlink_vfio::{PathPolicy, Topology, doctor, render};
+use barlink_topology::{PathPolicy, Topology, doctor, render};
 
 fn main() -> ExitCode {
     let mut root = PathBuf::from("/");

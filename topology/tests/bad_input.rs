@@ -5,10 +5,10 @@ mod support;
 
 use std::path::{Path, PathBuf};
 
-use barlink_vfio::aperture::ApertureVerdict;
-use barlink_vfio::diag::{Problem, Subject};
-use barlink_vfio::topology::PairIssue;
-use barlink_vfio::{
+use barlink_topology::aperture::ApertureVerdict;
+use barlink_topology::diag::{Problem, Subject};
+use barlink_topology::topology::PairIssue;
+use barlink_topology::{
     Connection, DiscoveryError, PathChoice, PathPolicy, Topology, Verdict, doctor, render,
 };
 use support::{BarKind, Dev, GIB, MIB, TempDir, Tree, speed};
@@ -64,7 +64,7 @@ fn the_malformed_fixture_is_read_as_far_as_possible() {
     }
     assert!(platform.diagnostics.iter().any(|d| matches!(
         &d.problem,
-        Problem::Read(barlink_vfio::sysfs::ReadError::BadLink { .. })
+        Problem::Read(barlink_topology::sysfs::ReadError::BadLink { .. })
     )));
 
     // What could be read still counts.

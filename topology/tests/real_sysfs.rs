@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use barlink_vfio::{PathPolicy, Topology, Verdict, doctor, render};
+use barlink_topology::{PathPolicy, Topology, Verdict, doctor, render};
 
 #[test]
 fn discovery_on_this_machine_reports_what_it_sees() {
