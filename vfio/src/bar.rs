@@ -27,7 +27,9 @@ use barlink_transport::window::{Window, WindowError};
 
 use crate::bind;
 use crate::bind::DeviceSpec;
-use crate::container::VfioEnv;
+use crate::container::DmaTarget;
+use crate::container::sealed::Sealed;
+use crate::env::VfioEnv;
 use crate::error::VfioError;
 use crate::memory::{Owner, Region, check_range, store_fence};
 use crate::sys::{Errno, Prot, VfioSys};
@@ -468,20 +470,8 @@ impl Window for DmaBuffer {
     }
 }
 
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for super::BarWindow {}
-    impl Sealed for super::DmaBuffer {}
-}
-
-/// Memory a container can map for DMA: a [`DmaBuffer`] or a [`BarWindow`]
-/// (sealed: only this crate's mappings qualify, since the mapping must
-/// outlive the IOMMU entry, which [`DmaMapping`](crate::DmaMapping)
-/// guarantees by holding it).
-pub trait DmaTarget: sealed::Sealed {
-    #[doc(hidden)]
-    fn dma_range(&self) -> (&Arc<Region>, usize, usize);
-}
+impl Sealed for BarWindow {}
+impl Sealed for DmaBuffer {}
 
 impl DmaTarget for BarWindow {
     fn dma_range(&self) -> (&Arc<Region>, usize, usize) {

@@ -23,56 +23,14 @@ use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use barlink_topology::pci::address::Bdf;
-
-use crate::bar::DmaTarget;
-use crate::bind::{self, VFIO_PCI};
-use crate::device::VfioDevice;
+use crate::bind;
+use crate::env::VfioEnv;
 use crate::error::VfioError;
 use crate::memory::Region;
 use crate::sys::{
-    DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE, Errno, GROUP_FLAGS_VIABLE, LinuxSys, RawIommuInfo,
-    VFIO_API_VERSION, VFIO_TYPE1_IOMMU, VFIO_TYPE1V2_IOMMU, VfioSys,
+    DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE, Errno, GROUP_FLAGS_VIABLE, RawIommuInfo,
+    VFIO_API_VERSION, VFIO_TYPE1_IOMMU, VFIO_TYPE1V2_IOMMU,
 };
-
-/// Where VFIO lives: the system-call layer, the sysfs root and the
-/// directory of VFIO nodes. [`VfioEnv::default`] is the real system.
-#[derive(Debug, Clone)]
-pub struct VfioEnv {
-    /// The system calls ([`LinuxSys`], or a mock).
-    pub sys: Arc<dyn VfioSys>,
-    /// The root sysfs paths are taken under (`/`).
-    pub sysfs_root: PathBuf,
-    /// The directory with `vfio` and the group nodes (`/dev/vfio`).
-    pub dev_dir: PathBuf,
-}
-
-impl Default for VfioEnv {
-    fn default() -> Self {
-        VfioEnv {
-            sys: Arc::new(LinuxSys),
-            sysfs_root: PathBuf::from("/"),
-            dev_dir: PathBuf::from("/dev/vfio"),
-        }
-    }
-}
-
-impl VfioEnv {
-    /// The real system calls with other roots (fixtures).
-    pub fn with_roots(sysfs_root: impl Into<PathBuf>, dev_dir: impl Into<PathBuf>) -> VfioEnv {
-        VfioEnv {
-            sysfs_root: sysfs_root.into(),
-            dev_dir: dev_dir.into(),
-            ..VfioEnv::default()
-        }
-    }
-
-    /// These roots with another system-call layer.
-    pub fn with_sys(mut self, sys: Arc<dyn VfioSys>) -> VfioEnv {
-        self.sys = sys;
-        self
-    }
-}
 
 /// Which IOMMU backend a container uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,25 +192,8 @@ impl Container {
         self.inner.iommu_type
     }
 
-    /// Opens the device `bdf` in this container: checks that it is bound to
-    /// vfio-pci, opens its group (or reuses it, if already in this
-    /// container), checks the group is viable, joins it to the container,
-    /// selects the IOMMU for the first group, and gets the device.
-    pub fn open_device(&self, bdf: Bdf) -> Result<VfioDevice, VfioError> {
-        let env = &self.inner.env;
-        bind::existing_device_dir(&env.sysfs_root, bdf)?;
-        let driver = bind::driver_of(&env.sysfs_root, bdf);
-        if driver.as_deref() != Some(VFIO_PCI) {
-            return Err(VfioError::NotBoundToVfio { bdf, driver });
-        }
-        let group_id =
-            bind::iommu_group_of(&env.sysfs_root, bdf).ok_or(VfioError::NoIommuGroup { bdf })?;
-        let group = self.group(group_id)?;
-        VfioDevice::open_in_group(group, bdf)
-    }
-
     /// The group `id` in this container, opened and joined if need be.
-    fn group(&self, id: u32) -> Result<Arc<GroupInner>, VfioError> {
+    pub(crate) fn group(&self, id: u32) -> Result<Arc<GroupInner>, VfioError> {
         let mut state = self
             .inner
             .state
@@ -431,6 +372,20 @@ impl GroupInner {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+}
+
+pub(crate) mod sealed {
+    /// Implemented by the crate's own mappings only (see [`super::DmaTarget`]).
+    pub trait Sealed {}
+}
+
+/// Memory a container can map for DMA: a [`DmaBuffer`](crate::DmaBuffer)
+/// or a [`BarWindow`](crate::BarWindow) (sealed: only this crate's mappings
+/// qualify, since the mapping must outlive the IOMMU entry, which
+/// [`DmaMapping`] guarantees by holding it).
+pub trait DmaTarget: sealed::Sealed {
+    #[doc(hidden)]
+    fn dma_range(&self) -> (&Arc<Region>, usize, usize);
 }
 
 /// Memory mapped at an IOVA in a container's IOMMU; unmapped when dropped

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use barlink_topology::pci::address::Bdf;
 
 use crate::bar::{BarSource, BarWindow};
-use crate::bind::DeviceSpec;
-use crate::container::{Container, GroupInner, VfioEnv};
+use crate::bind::{self, DeviceSpec, VFIO_PCI};
+use crate::container::{Container, GroupInner};
+use crate::env::VfioEnv;
 use crate::error::VfioError;
 use crate::memory::{Owner, Region};
 use crate::sys::{
@@ -410,5 +411,27 @@ impl VfioDevice {
                 target: self.bdf().to_string(),
                 errno,
             })
+    }
+}
+
+// Opening a device is the device's business: the container only lends it
+// a group, so this part of `Container` lives here, and `container` needs
+// nothing of `device`.
+impl Container {
+    /// Opens the device `bdf` in this container: checks that it is bound to
+    /// vfio-pci, opens its group (or reuses it, if already in this
+    /// container), checks the group is viable, joins it to the container,
+    /// selects the IOMMU for the first group, and gets the device.
+    pub fn open_device(&self, bdf: Bdf) -> Result<VfioDevice, VfioError> {
+        let env = &self.inner.env;
+        bind::existing_device_dir(&env.sysfs_root, bdf)?;
+        let driver = bind::driver_of(&env.sysfs_root, bdf);
+        if driver.as_deref() != Some(VFIO_PCI) {
+            return Err(VfioError::NotBoundToVfio { bdf, driver });
+        }
+        let group_id =
+            bind::iommu_group_of(&env.sysfs_root, bdf).ok_or(VfioError::NoIommuGroup { bdf })?;
+        let group = self.group(group_id)?;
+        VfioDevice::open_in_group(group, bdf)
     }
 }

@@ -16,6 +16,8 @@
 //!   `resourceN` route for devices kept on their vendor driver),
 //!   [`DmaBuffer`].
 //! * [`bind`] — driver and group lookups, [`bind_to_vfio_pci`].
+//! * [`env`] — [`VfioEnv`]: the system calls and roots everything above
+//!   runs in (the real system, or fixtures and the mock).
 //! * [`error`] — [`VfioError`], whose messages say what to check or run.
 //!
 //! `unsafe` is denied crate-wide and allowed only in `sys` (the ioctls and
@@ -46,14 +48,17 @@ pub mod container;
 #[forbid(unsafe_code)]
 pub mod device;
 #[forbid(unsafe_code)]
+pub mod env;
+#[forbid(unsafe_code)]
 pub mod error;
 #[allow(unsafe_code)]
 mod memory;
 #[allow(unsafe_code)]
 pub mod sys;
 
-pub use bar::{BarSource, BarWindow, DmaBuffer, DmaTarget, SysfsBar, SysfsBarOptions};
+pub use bar::{BarSource, BarWindow, DmaBuffer, SysfsBar, SysfsBarOptions};
 pub use bind::{BindOutcome, DeviceSpec, bind_to_vfio_pci};
-pub use container::{Container, DmaMapping, IommuType, VfioEnv};
+pub use container::{Container, DmaMapping, DmaTarget, IommuType};
 pub use device::{DeviceInfo, RegionInfo, VfioDevice};
+pub use env::VfioEnv;
 pub use error::VfioError;
