@@ -6,15 +6,16 @@
 //!
 //! Layers, bottom up:
 //! * [`sysfs`] — reading files under a configurable root, with typed errors.
-//! * [`pci`] — the PCI tree: addresses, classes, BARs, links, config space
-//!   (ACS, Resizable BAR, port types).
+//! * [`pci`] — a PCI function and its parts: addresses, classes, BARs,
+//!   links, config space (ACS, Resizable BAR, port types).
+//! * [`diag`] — diagnostics: what could not be read and what that means.
+//! * [`tree`] — the PCI tree read from sysfs, with its diagnostics.
 //! * [`iommu`], [`platform`] — system state, and [`platform::discover`] which
 //!   reads everything into a [`Platform`].
 //! * [`aperture`] — whether a GPU's BAR1 can expose its memory.
 //! * [`topology`] — PIX/PXB/PHB/NODE/SYS classification and path choice.
 //! * [`render`], [`doctor`] — text and JSON for the `topo` and `doctor`
 //!   commands.
-//! * [`diag`] — diagnostics: what could not be read and what that means.
 //!
 //! Reading sysfs needs no privileges, but non-root readers see only the
 //! first 64 bytes of config space; reports say so.
@@ -41,6 +42,7 @@ pub mod platform;
 pub mod render;
 pub mod sysfs;
 pub mod topology;
+pub mod tree;
 
 pub use diag::Diagnostic;
 pub use doctor::{Check, DoctorReport, Verdict};

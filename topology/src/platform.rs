@@ -13,9 +13,10 @@ use serde::Serialize;
 
 use crate::diag::Diagnostic;
 use crate::iommu::IommuState;
+use crate::pci::PciDevice;
 use crate::pci::address::Bdf;
-use crate::pci::{self, PciDevice};
 use crate::sysfs::{self, ReadError};
+use crate::tree;
 
 /// The CPU vendor, from `proc/cpuinfo`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -109,7 +110,7 @@ impl Platform {
 /// Reads the platform under `root` (`/` for this machine: then
 /// `/sys/bus/pci/devices`, `/proc/cmdline`, …).
 pub fn discover(root: &Path) -> Result<Platform, DiscoveryError> {
-    let tree = pci::read_tree(root).map_err(|error| DiscoveryError::NoPciDirectory {
+    let tree = tree::read_tree(root).map_err(|error| DiscoveryError::NoPciDirectory {
         root: root.to_path_buf(),
         error,
     })?;
