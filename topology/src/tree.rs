@@ -118,10 +118,49 @@ fn read_device(
             (None, Vec::new())
         }
     };
+    let (class, vendor, device_id) = read_ids(bdf, dir, diagnostics);
+    let on_root_bus = host_bridge.is_some() && upstream_bridges.is_empty();
+    let role = class::role_of(class, vendor, on_root_bus);
+    let bars = read_bars(bdf, dir, diagnostics);
+    let numa_node = read_numa_node(bdf, dir, diagnostics);
+    let local_cpulist = sysfs::read_text(&dir.join("local_cpulist")).ok();
+    let config = read_config(bdf, dir, diagnostics);
+    let link = read_link(bdf, dir, &config, diagnostics);
+    let iommu_group = read_iommu_group(bdf, dir, diagnostics);
+    let driver = sysfs::read_link_name(&dir.join("driver")).ok();
+    let rdma_devices = sysfs::list_dir(&dir.join("infiniband")).unwrap_or_default();
+    let net_devices = sysfs::list_dir(&dir.join("net")).unwrap_or_default();
+
+    PciDevice {
+        bdf,
+        sysfs_path: relative.display().to_string(),
+        host_bridge,
+        upstream_bridges,
+        class,
+        vendor,
+        device_id,
+        role,
+        bars,
+        numa_node,
+        local_cpulist,
+        link,
+        iommu_group,
+        driver,
+        config,
+        rdma_devices,
+        net_devices,
+    }
+}
+
+/// The class code, vendor id and device id.
+fn read_ids(
+    bdf: Bdf,
+    dir: &Path,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> (Option<ClassCode>, Option<u16>, Option<u16>) {
     let mut note = |error: ReadError, consequence: &str| {
         diagnostics.push(Diagnostic::device_read(bdf, error, consequence));
     };
-
     let class = sysfs::read_parsed(&dir.join("class"), "a hex class code like 0x030000", |t| {
         sysfs::parse_hex_u32(t)
             .filter(|v| *v <= 0xff_ffff)
@@ -148,11 +187,13 @@ fn read_device(
     )
     .map_err(|e| note(e, "device id unknown: GPU memory size cannot be looked up"))
     .ok();
+    (class, vendor, device_id)
+}
 
-    let on_root_bus = host_bridge.is_some() && upstream_bridges.is_empty();
-    let role = class::role_of(class, vendor, on_root_bus);
-
-    let bars = match sysfs::read_text(&dir.join("resource")) {
+/// The BARs from the `resource` file; a line that cannot be decoded is
+/// left out with a diagnostic of its own.
+fn read_bars(bdf: Bdf, dir: &Path, diagnostics: &mut Vec<Diagnostic>) -> Vec<resource::Bar> {
+    match sysfs::read_text(&dir.join("resource")) {
         Ok(text) => {
             let (bars, bad_lines) = resource::parse_resource(&text);
             for bad in bad_lines {
@@ -175,29 +216,30 @@ fn read_device(
             ));
             Vec::new()
         }
-    };
+    }
+}
 
-    let numa_node =
-        match sysfs::read_parsed(&dir.join("numa_node"), "a NUMA node number or -1", |t| {
-            t.parse::<i64>().ok()
-        }) {
-            Ok(n) if n >= 0 => u32::try_from(n).ok(),
-            Ok(_) => None,
-            Err(e) => {
-                diagnostics.push(Diagnostic::device_read(
-                    bdf,
-                    e,
-                    "NUMA node unknown: socket placement is judged from host bridges alone",
-                ));
-                None
-            }
-        };
-    let local_cpulist = sysfs::read_text(&dir.join("local_cpulist")).ok();
+/// The NUMA node; `None` for the kernel's -1 (no affinity) too.
+fn read_numa_node(bdf: Bdf, dir: &Path, diagnostics: &mut Vec<Diagnostic>) -> Option<u32> {
+    match sysfs::read_parsed(&dir.join("numa_node"), "a NUMA node number or -1", |t| {
+        t.parse::<i64>().ok()
+    }) {
+        Ok(n) if n >= 0 => u32::try_from(n).ok(),
+        Ok(_) => None,
+        Err(e) => {
+            diagnostics.push(Diagnostic::device_read(
+                bdf,
+                e,
+                "NUMA node unknown: socket placement is judged from host bridges alone",
+            ));
+            None
+        }
+    }
+}
 
-    let config = read_config(bdf, dir, diagnostics);
-    let link = read_link(bdf, dir, &config, diagnostics);
-
-    let iommu_group = match sysfs::read_link_name(&dir.join("iommu_group")) {
+/// The IOMMU group the `iommu_group` link names.
+fn read_iommu_group(bdf: Bdf, dir: &Path, diagnostics: &mut Vec<Diagnostic>) -> Option<u32> {
+    match sysfs::read_link_name(&dir.join("iommu_group")) {
         Ok(name) => match name.parse::<u32>() {
             Ok(group) => Some(group),
             Err(_) => {
@@ -223,29 +265,6 @@ fn read_device(
             ));
             None
         }
-    };
-    let driver = sysfs::read_link_name(&dir.join("driver")).ok();
-    let rdma_devices = sysfs::list_dir(&dir.join("infiniband")).unwrap_or_default();
-    let net_devices = sysfs::list_dir(&dir.join("net")).unwrap_or_default();
-
-    PciDevice {
-        bdf,
-        sysfs_path: relative.display().to_string(),
-        host_bridge,
-        upstream_bridges,
-        class,
-        vendor,
-        device_id,
-        role,
-        bars,
-        numa_node,
-        local_cpulist,
-        link,
-        iommu_group,
-        driver,
-        config,
-        rdma_devices,
-        net_devices,
     }
 }
 
