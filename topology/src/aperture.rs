@@ -128,54 +128,87 @@ pub fn assess(gpu: &PciDevice) -> Aperture {
             ),
         )
     } else if let Some((model, memory)) = known {
-        if bytes >= memory {
-            (
-                ApertureVerdict::Sufficient,
-                format!(
-                    "{bar_name} is {}, covering the {} of a {model}",
-                    human_bytes(bytes),
-                    human_bytes(memory)
-                ),
-            )
-        } else {
-            (
-                ApertureVerdict::Insufficient,
-                format!(
-                    "{bar_name} is {} but a {model} has {}: peers can reach only part of its memory{rebar_hint}",
-                    human_bytes(bytes),
-                    human_bytes(memory)
-                ),
-            )
-        }
+        judge_by_memory(&bar_name, bytes, model, memory, &rebar_hint)
     } else if let Some(max) = rebar_max_bytes {
-        if bytes >= max {
-            (
-                ApertureVerdict::Sufficient,
-                format!(
-                    "{bar_name} is {}, the largest size the GPU advertises (assumed to cover its memory, whose size is not in sysfs)",
-                    human_bytes(bytes)
-                ),
-            )
-        } else if bytes < GIB {
-            (
-                ApertureVerdict::Insufficient,
-                format!(
-                    "{bar_name} is {}, below 1 GiB and below the {} the GPU advertises: Resizable BAR is off",
-                    human_bytes(bytes),
-                    human_bytes(max)
-                ),
-            )
-        } else {
-            (
-                ApertureVerdict::Doubtful,
-                format!(
-                    "{bar_name} is {}, below the {} the GPU advertises: it may not cover the GPU's memory (size not in sysfs)",
-                    human_bytes(bytes),
-                    human_bytes(max)
-                ),
-            )
-        }
+        judge_by_rebar(&bar_name, bytes, max)
+    } else {
+        judge_by_minimum(&bar_name, bytes)
+    };
+    Aperture {
+        bar_index: Some(bar.index),
+        bytes: Some(bytes),
+        memory_bytes,
+        rebar_max_bytes,
+        verdict,
+        explanation,
+    }
+}
+
+/// A GPU whose memory size is known: the BAR covers it or it does not.
+fn judge_by_memory(
+    bar_name: &str,
+    bytes: u64,
+    model: &str,
+    memory: u64,
+    rebar_hint: &str,
+) -> (ApertureVerdict, String) {
+    if bytes >= memory {
+        (
+            ApertureVerdict::Sufficient,
+            format!(
+                "{bar_name} is {}, covering the {} of a {model}",
+                human_bytes(bytes),
+                human_bytes(memory)
+            ),
+        )
+    } else {
+        (
+            ApertureVerdict::Insufficient,
+            format!(
+                "{bar_name} is {} but a {model} has {}: peers can reach only part of its memory{rebar_hint}",
+                human_bytes(bytes),
+                human_bytes(memory)
+            ),
+        )
+    }
+}
+
+/// Memory size unknown, but the Resizable BAR capability says how large
+/// the BAR may be: a BAR at that size is taken to cover the memory.
+fn judge_by_rebar(bar_name: &str, bytes: u64, max: u64) -> (ApertureVerdict, String) {
+    if bytes >= max {
+        (
+            ApertureVerdict::Sufficient,
+            format!(
+                "{bar_name} is {}, the largest size the GPU advertises (assumed to cover its memory, whose size is not in sysfs)",
+                human_bytes(bytes)
+            ),
+        )
     } else if bytes < GIB {
+        (
+            ApertureVerdict::Insufficient,
+            format!(
+                "{bar_name} is {}, below 1 GiB and below the {} the GPU advertises: Resizable BAR is off",
+                human_bytes(bytes),
+                human_bytes(max)
+            ),
+        )
+    } else {
+        (
+            ApertureVerdict::Doubtful,
+            format!(
+                "{bar_name} is {}, below the {} the GPU advertises: it may not cover the GPU's memory (size not in sysfs)",
+                human_bytes(bytes),
+                human_bytes(max)
+            ),
+        )
+    }
+}
+
+/// Nothing known but the BAR's size: no current discrete GPU has less than
+/// 1 GiB of memory, so a smaller BAR cannot expose it.
+fn judge_by_minimum(bar_name: &str, bytes: u64) -> (ApertureVerdict, String) {
+    if bytes < GIB {
         (
             ApertureVerdict::Insufficient,
             format!(
@@ -191,13 +224,5 @@ pub fn assess(gpu: &PciDevice) -> Aperture {
                 human_bytes(bytes)
             ),
         )
-    };
-    Aperture {
-        bar_index: Some(bar.index),
-        bytes: Some(bytes),
-        memory_bytes,
-        rebar_max_bytes,
-        verdict,
-        explanation,
     }
 }
