@@ -453,99 +453,17 @@ impl Topology {
         let platform = &self.platform;
         let (dev_a, dev_b) = (platform.device(a.1)?, platform.device(b.1)?);
         let (route, mut issues) = classify(platform, dev_a, dev_b);
-        let mut blocking: Vec<String> = Vec::new();
-        let mut notes: Vec<String> = Vec::new();
-
-        // Translation at either end.
-        let mut translating: Vec<String> = Vec::new();
-        for (name, device) in [(&a.0, dev_a), (&b.0, dev_b)] {
-            let translation = platform.iommu.translation_for(device.iommu_group);
-            match translation {
-                DeviceTranslation::Translating { .. } => {
-                    translating.push(format!("{name}: {translation}"));
-                    issues.push(PairIssue::IommuTranslates {
-                        device: device.bdf,
-                        translation,
-                    });
-                }
-                DeviceTranslation::Unknown => {
-                    notes.push(format!("IOMMU state of {name} unverified"));
-                    issues.push(PairIssue::IommuUnknown { device: device.bdf });
-                }
-                DeviceTranslation::Off | DeviceTranslation::Passthrough { .. } => {}
-            }
-        }
-        if !translating.is_empty() {
-            blocking.push(format!(
-                "the IOMMU translates DMA ({}): peer writes to a raw BAR address are looked up as IOVAs and fault or read zeros",
-                translating.join("; ")
-            ));
-        }
-        // ACS on the ports the traffic enters.
-        let redirecting: Vec<String> = issues
-            .iter()
-            .filter_map(|i| match i {
-                PairIssue::AcsRedirect { port, control, .. } => {
-                    Some(format!("{port} ({})", control.names().join("+")))
-                }
-                _ => None,
-            })
-            .collect();
-        if !redirecting.is_empty() {
-            blocking.push(format!(
-                "ACS on {} redirects peer requests up to the root complex instead of across the switch (slow, and it hangs or corrupts where the root complex does not route peer traffic)",
-                redirecting.join(", ")
-            ));
-        }
-        let unverified: Vec<String> = issues
-            .iter()
-            .filter_map(|i| match i {
-                PairIssue::AcsUnverified { port, .. } => Some(port.to_string()),
-                _ => None,
-            })
-            .collect();
-        if !unverified.is_empty() {
-            notes.push(format!(
-                "ACS on {} unverified (config space not fully readable)",
-                unverified.join(", ")
-            ));
-        }
-        // Apertures of the GPU ends. Two cards of one model give the same
-        // explanation; say it once.
-        let mut small: Vec<(&str, &str)> = Vec::new();
-        for gpu in self.gpus.iter().filter(|g| g.bdf == a.1 || g.bdf == b.1) {
-            match gpu.aperture.verdict {
-                ApertureVerdict::Insufficient => {
-                    small.push((&gpu.name, &gpu.aperture.explanation));
-                    issues.push(PairIssue::ApertureTooSmall {
-                        device: gpu.bdf,
-                        bytes: gpu.aperture.bytes,
-                    });
-                }
-                ApertureVerdict::Doubtful | ApertureVerdict::Unknown => {
-                    notes.push(format!("{}: {}", gpu.name, gpu.aperture.explanation));
-                }
-                ApertureVerdict::Sufficient => {}
-            }
-        }
-        match small.as_slice() {
-            [] => {}
-            [(x, why_x), (y, why_y)] if why_x == why_y => {
-                blocking.push(format!("{x} and {y}: {why_x}"));
-            }
-            many => {
-                for (name, why) in many {
-                    blocking.push(format!("{name}: {why}"));
-                }
-            }
-        }
+        let mut findings = Findings::default();
+        self.check_translation([(&a.0, dev_a), (&b.0, dev_b)], &mut issues, &mut findings);
+        check_acs(&issues, &mut findings);
+        self.check_apertures(a.1, b.1, &mut issues, &mut findings);
         if issues.contains(&PairIssue::NumaUnknown) {
-            notes.push(
+            findings.notes.push(
                 "NUMA nodes unknown on a multi-node machine: assumed different sockets".to_string(),
             );
         }
         if route.connection > self.p2p_limit {
-            blocking.push(format!(
+            findings.blocking.push(format!(
                 "{}; {} is beyond the P2P limit {} {}",
                 describe_route(&route),
                 route.connection,
@@ -555,7 +473,7 @@ impl Topology {
         }
         // Without RDMA a NIC cannot read or write GPU memory at all.
         if let Some(nic) = self.nics.iter().find(|n| n.bdf == b.1 && !n.rdma_capable) {
-            blocking.insert(
+            findings.blocking.insert(
                 0,
                 format!(
                     "{} ({}) has no RDMA, so GPUDirect is impossible and its traffic is staged in host memory",
@@ -563,22 +481,7 @@ impl Topology {
                 ),
             );
         }
-
-        let (path, reason) = if blocking.is_empty() {
-            let mut reason = describe_route(&route);
-            if !notes.is_empty() {
-                reason.push_str("; ");
-                reason.push_str(&notes.join("; "));
-            }
-            (PathChoice::P2p, reason)
-        } else {
-            let mut reason = blocking.remove(0);
-            if !blocking.is_empty() {
-                reason.push_str("; also: ");
-                reason.push_str(&blocking.join("; "));
-            }
-            (PathChoice::HostBounce, reason)
-        };
+        let (path, reason) = findings.path_and_reason(&route);
         Some(Pair {
             kind,
             a: a.0.clone(),
@@ -591,6 +494,82 @@ impl Topology {
             issues,
             route,
         })
+    }
+
+    /// Translation at either end: a translating IOMMU blocks BAR-address
+    /// P2P, an unknown one leaves it unverified.
+    fn check_translation(
+        &self,
+        ends: [(&String, &PciDevice); 2],
+        issues: &mut Vec<PairIssue>,
+        findings: &mut Findings,
+    ) {
+        let mut translating: Vec<String> = Vec::new();
+        for (name, device) in ends {
+            let translation = self.platform.iommu.translation_for(device.iommu_group);
+            match translation {
+                DeviceTranslation::Translating { .. } => {
+                    translating.push(format!("{name}: {translation}"));
+                    issues.push(PairIssue::IommuTranslates {
+                        device: device.bdf,
+                        translation,
+                    });
+                }
+                DeviceTranslation::Unknown => {
+                    findings
+                        .notes
+                        .push(format!("IOMMU state of {name} unverified"));
+                    issues.push(PairIssue::IommuUnknown { device: device.bdf });
+                }
+                DeviceTranslation::Off | DeviceTranslation::Passthrough { .. } => {}
+            }
+        }
+        if !translating.is_empty() {
+            findings.blocking.push(format!(
+                "the IOMMU translates DMA ({}): peer writes to a raw BAR address are looked up as IOVAs and fault or read zeros",
+                translating.join("; ")
+            ));
+        }
+    }
+
+    /// Apertures of the GPU ends. Two cards of one model give the same
+    /// explanation; say it once.
+    fn check_apertures(
+        &self,
+        a: Bdf,
+        b: Bdf,
+        issues: &mut Vec<PairIssue>,
+        findings: &mut Findings,
+    ) {
+        let mut small: Vec<(&str, &str)> = Vec::new();
+        for gpu in self.gpus.iter().filter(|g| g.bdf == a || g.bdf == b) {
+            match gpu.aperture.verdict {
+                ApertureVerdict::Insufficient => {
+                    small.push((&gpu.name, &gpu.aperture.explanation));
+                    issues.push(PairIssue::ApertureTooSmall {
+                        device: gpu.bdf,
+                        bytes: gpu.aperture.bytes,
+                    });
+                }
+                ApertureVerdict::Doubtful | ApertureVerdict::Unknown => {
+                    findings
+                        .notes
+                        .push(format!("{}: {}", gpu.name, gpu.aperture.explanation));
+                }
+                ApertureVerdict::Sufficient => {}
+            }
+        }
+        match small.as_slice() {
+            [] => {}
+            [(x, why_x), (y, why_y)] if why_x == why_y => {
+                findings.blocking.push(format!("{x} and {y}: {why_x}"));
+            }
+            many => {
+                for (name, why) in many {
+                    findings.blocking.push(format!("{name}: {why}"));
+                }
+            }
+        }
     }
 
     fn compute_nic_affinity(&self) -> Vec<NicAffinity> {
@@ -662,6 +641,69 @@ impl Topology {
             ));
         }
         warnings
+    }
+}
+
+/// What stands against P2P on a pair (`blocking`) and what is only left
+/// unverified (`notes`), in words for the pair's reason.
+#[derive(Default)]
+struct Findings {
+    blocking: Vec<String>,
+    notes: Vec<String>,
+}
+
+impl Findings {
+    /// P2P when nothing blocks it, with the route and any notes as the
+    /// reason; otherwise a host bounce, the first blocker first.
+    fn path_and_reason(mut self, route: &Route) -> (PathChoice, String) {
+        if self.blocking.is_empty() {
+            let mut reason = describe_route(route);
+            if !self.notes.is_empty() {
+                reason.push_str("; ");
+                reason.push_str(&self.notes.join("; "));
+            }
+            (PathChoice::P2p, reason)
+        } else {
+            let mut reason = self.blocking.remove(0);
+            if !self.blocking.is_empty() {
+                reason.push_str("; also: ");
+                reason.push_str(&self.blocking.join("; "));
+            }
+            (PathChoice::HostBounce, reason)
+        }
+    }
+}
+
+/// ACS on the ports the traffic enters, as [`classify`] found it:
+/// redirection blocks P2P, an unreadable port leaves it unverified.
+fn check_acs(issues: &[PairIssue], findings: &mut Findings) {
+    let redirecting: Vec<String> = issues
+        .iter()
+        .filter_map(|i| match i {
+            PairIssue::AcsRedirect { port, control, .. } => {
+                Some(format!("{port} ({})", control.names().join("+")))
+            }
+            _ => None,
+        })
+        .collect();
+    if !redirecting.is_empty() {
+        findings.blocking.push(format!(
+            "ACS on {} redirects peer requests up to the root complex instead of across the switch (slow, and it hangs or corrupts where the root complex does not route peer traffic)",
+            redirecting.join(", ")
+        ));
+    }
+    let unverified: Vec<String> = issues
+        .iter()
+        .filter_map(|i| match i {
+            PairIssue::AcsUnverified { port, .. } => Some(port.to_string()),
+            _ => None,
+        })
+        .collect();
+    if !unverified.is_empty() {
+        findings.notes.push(format!(
+            "ACS on {} unverified (config space not fully readable)",
+            unverified.join(", ")
+        ));
     }
 }
 
