@@ -3,7 +3,7 @@
 //! what to check or run.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use barlink_topology::pci::address::Bdf;
 
@@ -223,25 +223,7 @@ impl fmt::Display for VfioError {
                  `modprobe vfio_iommu_type1`, and enable the IOMMU on the kernel command line \
                  (intel_iommu=on or amd_iommu=on; check /sys/kernel/iommu_groups is not empty)"
             ),
-            VfioError::PermissionDenied { path, errno } => {
-                if path.starts_with("/sys") || path.to_string_lossy().contains("/sys/") {
-                    write!(
-                        f,
-                        "{}: {errno}. Run as root: sysfs PCI resource and driver files are \
-                         root-only (mode 0600 / 0200)",
-                        path.display()
-                    )
-                } else {
-                    write!(
-                        f,
-                        "{}: {errno}. Run as root, or give this user the node: \
-                         `chown $USER {}` (VFIO group nodes are root-only by default), and \
-                         for DMA raise the locked-memory limit (`ulimit -l`)",
-                        path.display(),
-                        path.display()
-                    )
-                }
-            }
+            VfioError::PermissionDenied { path, errno } => permission_denied(f, path, *errno),
             VfioError::DeviceNotFound { bdf, path } => write!(
                 f,
                 "no PCI device {bdf} ({} does not exist): check the address with `lspci -D`",
@@ -252,43 +234,14 @@ impl fmt::Display for VfioError {
                 device,
                 index,
                 found,
-            } => {
-                if found.is_empty() {
-                    write!(
-                        f,
-                        "no PCI device {vendor:04x}:{device:04x}: check with `lspci -nn -d {vendor:04x}:{device:04x}`"
-                    )
-                } else {
-                    let list: Vec<String> = found.iter().map(Bdf::to_string).collect();
-                    write!(
-                        f,
-                        "match #{index} of {vendor:04x}:{device:04x} asked for, but only {} exist ({})",
-                        found.len(),
-                        list.join(", ")
-                    )
-                }
-            }
+            } => no_matching_device(f, *vendor, *device, *index, found),
             VfioError::BadDeviceSpec { text } => write!(
                 f,
                 "{text:?} names no device: give an address (0000:01:00.0) or vendor:device \
                  (10de:2684, or 10de:2684#1 for the second match)"
             ),
             VfioError::NotBoundToVfio { bdf, driver } => {
-                let (now, unbind) = match driver {
-                    Some(driver) => (
-                        format!("is bound to {driver}"),
-                        format!("echo {bdf} > /sys/bus/pci/devices/{bdf}/driver/unbind; "),
-                    ),
-                    None => ("is bound to no driver".to_string(), String::new()),
-                };
-                write!(
-                    f,
-                    "{bdf} {now}, not vfio-pci. Bind it (as root, with vfio-pci loaded): \
-                     `echo vfio-pci > /sys/bus/pci/devices/{bdf}/driver_override; \
-                     {unbind}echo {bdf} > /sys/bus/pci/drivers_probe` \
-                     (barlink_vfio::bind_to_vfio_pci does this), or use the sysfs resource \
-                     route to keep the vendor driver"
-                )
+                not_bound_to_vfio(f, *bdf, driver.as_deref())
             }
             VfioError::NoIommuGroup { bdf } => write!(
                 f,
@@ -308,30 +261,7 @@ impl fmt::Display for VfioError {
                 path.display(),
                 path.display()
             ),
-            VfioError::GroupNotViable { group, blockers } => {
-                write!(
-                    f,
-                    "VFIO group {group} is not viable: every device in it must be bound to \
-                     vfio-pci (or to no driver)"
-                )?;
-                if blockers.is_empty() {
-                    write!(f, "; check /sys/kernel/iommu_groups/{group}/devices")
-                } else {
-                    let list: Vec<String> = blockers
-                        .iter()
-                        .map(|m| match &m.driver {
-                            Some(d) => format!("{} (bound to {d})", m.device),
-                            None => m.device.clone(),
-                        })
-                        .collect();
-                    write!(
-                        f,
-                        "; bind or unbind these too: {} (or move the device to a slot with its \
-                         own group / an ACS-capable switch)",
-                        list.join(", ")
-                    )
-                }
-            }
+            VfioError::GroupNotViable { group, blockers } => group_not_viable(f, *group, blockers),
             VfioError::NoSuchRegion { bdf, index, count } => write!(
                 f,
                 "{bdf} has no region {index}: it has {count} (0-5 are BARs, 6 the ROM, 7 config \
@@ -343,11 +273,7 @@ impl fmt::Display for VfioError {
                 flags,
                 size,
                 reason,
-            } => write!(
-                f,
-                "region {index} of {bdf} (size {size:#x}, flags {flags:#x}) cannot be mapped \
-                 as a window: {reason}"
-            ),
+            } => region_not_mappable(f, *bdf, *index, *flags, *size, reason),
             VfioError::IoSpaceBar { bdf, index } => write!(
                 f,
                 "BAR {index} of {bdf} decodes I/O ports, not memory: it cannot be mapped; use a \
@@ -363,36 +289,14 @@ impl fmt::Display for VfioError {
                 path,
                 size,
                 requested,
-            } => write!(
-                f,
-                "{} is {size:#x} bytes, but {requested:#x} were asked for: map less, or \
-                 resize the BAR (Resizable BAR)",
-                path.display()
-            ),
-            VfioError::MapFailed { what, len, errno } => {
-                write!(f, "mmap of {len:#x} bytes of {what} failed: {errno}")?;
-                if errno.0 == libc::EINVAL {
-                    write!(
-                        f,
-                        " (a sysfs BAR claimed by a driver cannot be mapped when the kernel \
-                         has CONFIG_IO_STRICT_DEVMEM: close the VFIO user or boot with \
-                         iomem=relaxed; also check the length and offset are page-aligned)"
-                    )?;
-                }
-                Ok(())
-            }
+            } => bar_too_small(f, path, *size, *requested),
+            VfioError::MapFailed { what, len, errno } => map_failed(f, what, *len, *errno),
             VfioError::DmaMapFailed {
                 iova,
                 size,
                 errno,
                 hint,
-            } => {
-                write!(f, "DMA mapping of {size:#x} bytes at IOVA {iova:#x} failed")?;
-                if let Some(errno) = errno {
-                    write!(f, ": {errno}")?;
-                }
-                write!(f, " ({hint})")
-            }
+            } => dma_map_failed(f, *iova, *size, *errno, hint),
             VfioError::ConfigAccess {
                 bdf,
                 offset,
@@ -416,6 +320,164 @@ impl fmt::Display for VfioError {
 }
 
 impl std::error::Error for VfioError {}
+
+/// Root for sysfs files; for VFIO nodes, root or the node's owner, and
+/// the locked-memory limit DMA needs.
+fn permission_denied(f: &mut fmt::Formatter<'_>, path: &Path, errno: Errno) -> fmt::Result {
+    if path.starts_with("/sys") || path.to_string_lossy().contains("/sys/") {
+        write!(
+            f,
+            "{}: {errno}. Run as root: sysfs PCI resource and driver files are \
+             root-only (mode 0600 / 0200)",
+            path.display()
+        )
+    } else {
+        write!(
+            f,
+            "{}: {errno}. Run as root, or give this user the node: \
+             `chown $USER {}` (VFIO group nodes are root-only by default), and \
+             for DMA raise the locked-memory limit (`ulimit -l`)",
+            path.display(),
+            path.display()
+        )
+    }
+}
+
+/// No such device at all, or fewer matches than the index asked for.
+fn no_matching_device(
+    f: &mut fmt::Formatter<'_>,
+    vendor: u16,
+    device: u16,
+    index: usize,
+    found: &[Bdf],
+) -> fmt::Result {
+    if found.is_empty() {
+        write!(
+            f,
+            "no PCI device {vendor:04x}:{device:04x}: check with `lspci -nn -d {vendor:04x}:{device:04x}`"
+        )
+    } else {
+        let list: Vec<String> = found.iter().map(Bdf::to_string).collect();
+        write!(
+            f,
+            "match #{index} of {vendor:04x}:{device:04x} asked for, but only {} exist ({})",
+            found.len(),
+            list.join(", ")
+        )
+    }
+}
+
+/// The commands that bind the device to vfio-pci, unbinding it from its
+/// driver first if it has one.
+fn not_bound_to_vfio(f: &mut fmt::Formatter<'_>, bdf: Bdf, driver: Option<&str>) -> fmt::Result {
+    let (now, unbind) = match driver {
+        Some(driver) => (
+            format!("is bound to {driver}"),
+            format!("echo {bdf} > /sys/bus/pci/devices/{bdf}/driver/unbind; "),
+        ),
+        None => ("is bound to no driver".to_string(), String::new()),
+    };
+    write!(
+        f,
+        "{bdf} {now}, not vfio-pci. Bind it (as root, with vfio-pci loaded): \
+         `echo vfio-pci > /sys/bus/pci/devices/{bdf}/driver_override; \
+         {unbind}echo {bdf} > /sys/bus/pci/drivers_probe` \
+         (barlink_vfio::bind_to_vfio_pci does this), or use the sysfs resource \
+         route to keep the vendor driver"
+    )
+}
+
+/// Names the devices that keep the group from being viable, when sysfs
+/// tells which.
+fn group_not_viable(
+    f: &mut fmt::Formatter<'_>,
+    group: u32,
+    blockers: &[GroupMember],
+) -> fmt::Result {
+    write!(
+        f,
+        "VFIO group {group} is not viable: every device in it must be bound to \
+         vfio-pci (or to no driver)"
+    )?;
+    if blockers.is_empty() {
+        write!(f, "; check /sys/kernel/iommu_groups/{group}/devices")
+    } else {
+        let list: Vec<String> = blockers
+            .iter()
+            .map(|m| match &m.driver {
+                Some(d) => format!("{} (bound to {d})", m.device),
+                None => m.device.clone(),
+            })
+            .collect();
+        write!(
+            f,
+            "; bind or unbind these too: {} (or move the device to a slot with its \
+             own group / an ACS-capable switch)",
+            list.join(", ")
+        )
+    }
+}
+
+/// The region and why it cannot be a window (with what to use instead).
+fn region_not_mappable(
+    f: &mut fmt::Formatter<'_>,
+    bdf: Bdf,
+    index: u32,
+    flags: u32,
+    size: u64,
+    reason: &str,
+) -> fmt::Result {
+    write!(
+        f,
+        "region {index} of {bdf} (size {size:#x}, flags {flags:#x}) cannot be mapped \
+         as a window: {reason}"
+    )
+}
+
+/// A mapping longer than the BAR: map less, or make the BAR larger.
+fn bar_too_small(
+    f: &mut fmt::Formatter<'_>,
+    path: &Path,
+    size: u64,
+    requested: u64,
+) -> fmt::Result {
+    write!(
+        f,
+        "{} is {size:#x} bytes, but {requested:#x} were asked for: map less, or \
+         resize the BAR (Resizable BAR)",
+        path.display()
+    )
+}
+
+/// EINVAL from mmap of a sysfs BAR usually means the kernel keeps a
+/// claimed BAR from being mapped twice.
+fn map_failed(f: &mut fmt::Formatter<'_>, what: &str, len: usize, errno: Errno) -> fmt::Result {
+    write!(f, "mmap of {len:#x} bytes of {what} failed: {errno}")?;
+    if errno.0 == libc::EINVAL {
+        write!(
+            f,
+            " (a sysfs BAR claimed by a driver cannot be mapped when the kernel \
+             has CONFIG_IO_STRICT_DEVMEM: close the VFIO user or boot with \
+             iomem=relaxed; also check the length and offset are page-aligned)"
+        )?;
+    }
+    Ok(())
+}
+
+/// The kernel's errno, when it refused, and what to check.
+fn dma_map_failed(
+    f: &mut fmt::Formatter<'_>,
+    iova: u64,
+    size: u64,
+    errno: Option<Errno>,
+    hint: &str,
+) -> fmt::Result {
+    write!(f, "DMA mapping of {size:#x} bytes at IOVA {iova:#x} failed")?;
+    if let Some(errno) = errno {
+        write!(f, ": {errno}")?;
+    }
+    write!(f, " ({hint})")
+}
 
 #[cfg(test)]
 mod tests {
