@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use barlink_topology::{Connection, PathPolicy, Topology, doctor, render};
+use barlink_topology::{PathClass, PathPolicy, Topology, doctor, render};
 use clap::Args;
 
 use super::{CommandError, Status};
@@ -31,7 +31,7 @@ pub struct TopoArgs {
 fn discover(args: &TopoArgs) -> Result<Topology, CommandError> {
     let max_p2p_connection = match &args.p2p_level {
         None => None,
-        Some(level) => Some(Connection::parse(level).ok_or_else(|| {
+        Some(level) => Some(PathClass::parse(level).ok_or_else(|| {
             CommandError::usage(format!(
                 "--p2p-level {level:?} is not one of PIX, PXB, PHB, NODE, SYS"
             ))

@@ -27,7 +27,7 @@ use crate::pci::address::Bdf;
 use crate::pci::config::{AcsBits, ConfigAccess};
 use crate::pci::link::LinkSpeed;
 use crate::pci::resource::human_bytes;
-use crate::topology::{self, Connection, PairIssue, PathChoice, Topology};
+use crate::topology::{self, PairIssue, PathChoice, PathClass, Topology};
 
 /// The outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -625,7 +625,7 @@ fn check_numa(topology: &Topology, checks: &mut Vec<Check>) {
     let cross: Vec<_> = topology
         .gpu_pairs
         .iter()
-        .filter(|p| p.link == Connection::Sys)
+        .filter(|p| p.link == PathClass::Sys)
         .collect();
     if cross.is_empty() {
         let where_ = match by_node.keys().next() {
@@ -809,7 +809,7 @@ fn check_paths(topology: &Topology, checks: &mut Vec<Check>) {
         checks.push(Check::new("paths", Verdict::Pass, message));
         return;
     }
-    let by_link: BTreeMap<Connection, usize> = bounced.iter().fold(BTreeMap::new(), |mut m, p| {
+    let by_link: BTreeMap<PathClass, usize> = bounced.iter().fold(BTreeMap::new(), |mut m, p| {
         *m.entry(p.link).or_default() += 1;
         m
     });
@@ -866,7 +866,7 @@ fn check_rdma_nic(topology: &Topology, checks: &mut Vec<Check>) {
             continue;
         };
         let text = format!("{}->{nic} ({link}, {path})", entry.gpu);
-        if link <= Connection::Pxb && path == PathChoice::P2p {
+        if link <= PathClass::Pxb && path == PathChoice::P2p {
             near.push(text);
         } else {
             far.push(text);

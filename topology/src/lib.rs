@@ -48,4 +48,4 @@ pub use diag::Diagnostic;
 pub use doctor::{Check, DoctorReport, Verdict};
 pub use pci::address::Bdf;
 pub use platform::{DiscoveryError, Platform, discover};
-pub use topology::{Connection, Pair, PathChoice, PathPolicy, Topology};
+pub use topology::{Pair, PathChoice, PathClass, PathPolicy, Topology};

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::pci::PciDevice;
 use crate::pci::link::LinkState;
 use crate::pci::resource::human_bytes;
-use crate::topology::{Connection, Pair, Topology};
+use crate::topology::{Pair, PathClass, Topology};
 
 /// Column width of the matrix cells.
 const CELL: usize = 8;
@@ -124,7 +124,7 @@ fn write_matrix(out: &mut String, topology: &Topology) {
         let _ = writeln!(out, "{affinity:<16}{numa}");
     }
     out.push_str("\nLegend:\n\n  X    = Self\n");
-    for connection in Connection::ALL.iter().rev() {
+    for connection in PathClass::ALL.iter().rev() {
         let _ = writeln!(
             out,
             "  {:<4} = {}",

@@ -39,9 +39,10 @@ use crate::pci::class::{DeviceRole, VENDOR_MELLANOX};
 use crate::pci::config::{AcsBits, ConfigAccess, PortType};
 use crate::platform::{self, CpuVendor, DiscoveryError, Platform};
 
-/// How two devices are connected, nearest first.
+/// The class of the PCIe path between two devices, nearest first: NCCL's
+/// path types and the connection types of `nvidia-smi topo -m`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Connection {
+pub enum PathClass {
     Pix,
     Pxb,
     Phb,
@@ -49,59 +50,59 @@ pub enum Connection {
     Sys,
 }
 
-impl Connection {
-    pub const ALL: [Connection; 5] = [
-        Connection::Pix,
-        Connection::Pxb,
-        Connection::Phb,
-        Connection::Node,
-        Connection::Sys,
+impl PathClass {
+    pub const ALL: [PathClass; 5] = [
+        PathClass::Pix,
+        PathClass::Pxb,
+        PathClass::Phb,
+        PathClass::Node,
+        PathClass::Sys,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Connection::Pix => "PIX",
-            Connection::Pxb => "PXB",
-            Connection::Phb => "PHB",
-            Connection::Node => "NODE",
-            Connection::Sys => "SYS",
+            PathClass::Pix => "PIX",
+            PathClass::Pxb => "PXB",
+            PathClass::Phb => "PHB",
+            PathClass::Node => "NODE",
+            PathClass::Sys => "SYS",
         }
     }
 
     /// The legend line for this class, in the words `nvidia-smi topo -m` uses.
     pub fn legend(self) -> &'static str {
         match self {
-            Connection::Pix => "Connection traversing at most a single PCIe switch",
-            Connection::Pxb => {
+            PathClass::Pix => "Connection traversing at most a single PCIe switch",
+            PathClass::Pxb => {
                 "Connection traversing multiple PCIe switches (without traversing the PCIe Host Bridge)"
             }
-            Connection::Phb => {
+            PathClass::Phb => {
                 "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)"
             }
-            Connection::Node => {
+            PathClass::Node => {
                 "Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node"
             }
-            Connection::Sys => {
+            PathClass::Sys => {
                 "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)"
             }
         }
     }
 
     /// Parses `PIX`, `pxb`, … (for a policy given on a command line).
-    pub fn parse(text: &str) -> Option<Connection> {
-        Connection::ALL
+    pub fn parse(text: &str) -> Option<PathClass> {
+        PathClass::ALL
             .into_iter()
             .find(|c| c.as_str().eq_ignore_ascii_case(text.trim()))
     }
 }
 
-impl fmt::Display for Connection {
+impl fmt::Display for PathClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-impl Serialize for Connection {
+impl Serialize for PathClass {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.as_str())
     }
@@ -138,13 +139,13 @@ impl fmt::Display for PathChoice {
 pub struct PathPolicy {
     /// The farthest connection over which P2P is used; `None` chooses by CPU
     /// vendor (NODE on AMD, PXB otherwise).
-    pub max_p2p_connection: Option<Connection>,
+    pub max_p2p_connection: Option<PathClass>,
 }
 
 impl PathPolicy {
     /// The effective limit, where it comes from (short, for pair reasons),
     /// and why (long, for reports).
-    pub fn effective(&self, cpu: &CpuVendor) -> (Connection, String, String) {
+    pub fn effective(&self, cpu: &CpuVendor) -> (PathClass, String, String) {
         if let Some(max) = self.max_p2p_connection {
             return (
                 max,
@@ -154,12 +155,12 @@ impl PathPolicy {
         }
         match cpu {
             CpuVendor::Amd => (
-                Connection::Node,
+                PathClass::Node,
                 "for AMD CPUs".to_string(),
                 "AMD root complexes forward peer-to-peer traffic between root ports and host bridges of one socket, so P2P is used up to NODE".to_string(),
             ),
             other => (
-                Connection::Pxb,
+                PathClass::Pxb,
                 format!("for {other} CPUs"),
                 format!(
                     "on {other} CPUs peer-to-peer through the root complex is slow or unsupported (NCCL also stops at PXB on Intel), so P2P is used up to PXB"
@@ -207,7 +208,7 @@ pub enum PairIssue {
 /// How a pair's traffic travels through the tree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Route {
-    pub connection: Connection,
+    pub connection: PathClass,
     /// The lowest bridge above both devices; `None` when they meet at a host
     /// bridge or beyond.
     pub meeting_bridge: Option<Bdf>,
@@ -229,7 +230,7 @@ pub struct Pair {
     pub b: String,
     pub a_bdf: Bdf,
     pub b_bdf: Bdf,
-    pub link: Connection,
+    pub link: PathClass,
     pub path: PathChoice,
     pub reason: String,
     pub issues: Vec<PairIssue>,
@@ -286,7 +287,7 @@ pub struct NicAffinity {
     pub nic: Option<String>,
     pub nic_bdf: Option<Bdf>,
     pub nic_label: Option<String>,
-    pub link: Option<Connection>,
+    pub link: Option<PathClass>,
     pub path: Option<PathChoice>,
 }
 
@@ -295,7 +296,7 @@ pub struct NicAffinity {
 pub struct Topology {
     pub platform: Platform,
     /// The farthest connection P2P is used over, and why.
-    pub p2p_limit: Connection,
+    pub p2p_limit: PathClass,
     /// Where the limit comes from, e.g. "for Intel CPUs".
     pub p2p_limit_source: String,
     pub p2p_limit_reason: String,
@@ -765,13 +766,13 @@ fn classify(platform: &Platform, a: &PciDevice, b: &PciDevice) -> (Route, Vec<Pa
     let same_host = a.host_bridge.is_some() && a.host_bridge == b.host_bridge;
     if !same_host {
         let connection = match (a.numa_node, b.numa_node) {
-            (Some(x), Some(y)) if x == y => Connection::Node,
-            (Some(_), Some(_)) => Connection::Sys,
+            (Some(x), Some(y)) if x == y => PathClass::Node,
+            (Some(_), Some(_)) => PathClass::Sys,
             // A single-node machine reports -1 everywhere: same node.
-            _ if platform.numa_nodes_online.unwrap_or(1) <= 1 => Connection::Node,
+            _ if platform.numa_nodes_online.unwrap_or(1) <= 1 => PathClass::Node,
             _ => {
                 issues.push(PairIssue::NumaUnknown);
-                Connection::Sys
+                PathClass::Sys
             }
         };
         let route = Route {
@@ -793,7 +794,7 @@ fn classify(platform: &Platform, a: &PciDevice, b: &PciDevice) -> (Route, Vec<Pa
         .count();
     if common == 0 {
         let route = Route {
-            connection: Connection::Phb,
+            connection: PathClass::Phb,
             meeting_bridge: None,
             switches: Vec::new(),
             ports_below_meeting: Vec::new(),
@@ -842,9 +843,9 @@ fn classify(platform: &Platform, a: &PciDevice, b: &PciDevice) -> (Route, Vec<Pa
         }
     }
     let connection = if switches.len() <= 1 {
-        Connection::Pix
+        PathClass::Pix
     } else {
-        Connection::Pxb
+        PathClass::Pxb
     };
     let route = Route {
         connection,
@@ -864,14 +865,14 @@ pub fn describe_route(route: &Route) -> String {
         h.map_or_else(|| "an unknown host bridge".to_string(), |h| h.to_string())
     };
     match route.connection {
-        Connection::Pix => match (route.switches.first(), route.meeting_bridge) {
+        PathClass::Pix => match (route.switches.first(), route.meeting_bridge) {
             (Some(switch), _) => format!(
                 "PIX: one PCIe switch (upstream port {switch}) between them, so peer traffic turns around inside the switch"
             ),
             (None, Some(port)) => format!("PIX: both below port {port}"),
             (None, None) => "PIX".to_string(),
         },
-        Connection::Pxb => format!(
+        PathClass::Pxb => format!(
             "PXB: {} PCIe switches ({}) between them, below {}; traffic stays under the root port",
             route.switches.len(),
             route
@@ -884,11 +885,11 @@ pub fn describe_route(route: &Route) -> String {
                 .meeting_bridge
                 .map_or_else(|| "one root port".to_string(), |b| b.to_string()),
         ),
-        Connection::Phb => format!(
+        PathClass::Phb => format!(
             "PHB: through host bridge {} (different root ports), so peer traffic crosses the CPU's root complex",
             host(route.host_bridges[0])
         ),
-        Connection::Node => format!(
+        PathClass::Node => format!(
             "NODE: across host bridges {} and {} {}, through the CPU's internal fabric",
             host(route.host_bridges[0]),
             host(route.host_bridges[1]),
@@ -897,7 +898,7 @@ pub fn describe_route(route: &Route) -> String {
                 None => "on a machine with one NUMA node".to_string(),
             }
         ),
-        Connection::Sys => format!(
+        PathClass::Sys => format!(
             "SYS: across NUMA nodes {} and {}, over the inter-socket link (UPI / Infinity Fabric)",
             node(route.numa_nodes[0]),
             node(route.numa_nodes[1])
@@ -910,12 +911,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn connections_order_and_parse() {
-        assert!(Connection::Pix < Connection::Pxb);
-        assert!(Connection::Node < Connection::Sys);
-        assert_eq!(Connection::parse("phb"), Some(Connection::Phb));
-        assert_eq!(Connection::parse("nv4"), None);
-        assert_eq!(serde_json::to_value(Connection::Sys).unwrap(), "SYS");
+    fn path_classes_order_and_parse() {
+        assert!(PathClass::Pix < PathClass::Pxb);
+        assert!(PathClass::Node < PathClass::Sys);
+        assert_eq!(PathClass::parse("phb"), Some(PathClass::Phb));
+        assert_eq!(PathClass::parse("nv4"), None);
+        assert_eq!(serde_json::to_value(PathClass::Sys).unwrap(), "SYS");
         assert_eq!(
             serde_json::to_value(PathChoice::HostBounce).unwrap(),
             "host-bounce"
@@ -925,13 +926,13 @@ mod tests {
     #[test]
     fn policy_defaults_follow_cpu_vendor() {
         let policy = PathPolicy::default();
-        assert_eq!(policy.effective(&CpuVendor::Amd).0, Connection::Node);
+        assert_eq!(policy.effective(&CpuVendor::Amd).0, PathClass::Node);
         assert_eq!(policy.effective(&CpuVendor::Intel).1, "for Intel CPUs");
-        assert_eq!(policy.effective(&CpuVendor::Intel).0, Connection::Pxb);
-        assert_eq!(policy.effective(&CpuVendor::Unknown).0, Connection::Pxb);
+        assert_eq!(policy.effective(&CpuVendor::Intel).0, PathClass::Pxb);
+        assert_eq!(policy.effective(&CpuVendor::Unknown).0, PathClass::Pxb);
         let forced = PathPolicy {
-            max_p2p_connection: Some(Connection::Sys),
+            max_p2p_connection: Some(PathClass::Sys),
         };
-        assert_eq!(forced.effective(&CpuVendor::Intel).0, Connection::Sys);
+        assert_eq!(forced.effective(&CpuVendor::Intel).0, PathClass::Sys);
     }
 }

@@ -9,7 +9,7 @@ use barlink_topology::aperture::ApertureVerdict;
 use barlink_topology::diag::{Problem, Subject};
 use barlink_topology::topology::PairIssue;
 use barlink_topology::{
-    Connection, DiscoveryError, PathChoice, PathPolicy, Topology, Verdict, doctor, render,
+    DiscoveryError, PathChoice, PathClass, PathPolicy, Topology, Verdict, doctor, render,
 };
 use support::{BarKind, Dev, GIB, MIB, TempDir, Tree, speed};
 
@@ -218,7 +218,7 @@ fn unknown_numa_nodes_on_a_two_socket_machine_count_as_apart() {
     }
     let topology = discover(dir.path());
     let gpus = topology.pair("GPU0", "GPU1").unwrap();
-    assert_eq!(gpus.link, Connection::Sys);
+    assert_eq!(gpus.link, PathClass::Sys);
     assert!(gpus.issues.contains(&PairIssue::NumaUnknown));
     assert_eq!(gpus.path, PathChoice::HostBounce);
 
@@ -226,7 +226,7 @@ fn unknown_numa_nodes_on_a_two_socket_machine_count_as_apart() {
     tree.numa_online("0");
     let topology = discover(dir.path());
     let gpus = topology.pair("GPU0", "GPU1").unwrap();
-    assert_eq!(gpus.link, Connection::Node);
+    assert_eq!(gpus.link, PathClass::Node);
     assert_eq!(gpus.path, PathChoice::P2p);
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use barlink_topology::aperture::ApertureVerdict;
 use barlink_topology::topology::{PairIssue, PairKind};
 use barlink_topology::{
-    Connection, DoctorReport, Pair, PathChoice, PathPolicy, Topology, Verdict, doctor, render,
+    DoctorReport, Pair, PathChoice, PathClass, PathPolicy, Topology, Verdict, doctor, render,
 };
 use support::{GIB, MIB, TempDir, fixtures};
 
@@ -47,7 +47,7 @@ fn desktop_two_gpus_on_cpu_root_ports_are_phb_and_use_p2p_on_amd() {
     );
 
     let gpus = pair(&topology, "GPU0", "GPU1");
-    assert_eq!(gpus.link, Connection::Phb);
+    assert_eq!(gpus.link, PathClass::Phb);
     assert_eq!(gpus.path, PathChoice::P2p);
     assert!(gpus.reason.contains("pci0000:00"), "{}", gpus.reason);
     assert!(gpus.issues.is_empty());
@@ -113,13 +113,13 @@ fn server_classifies_pix_node_sys_and_pairs_each_gpu_with_its_switch_nic() {
     );
 
     let same_switch = pair(&topology, "GPU0", "GPU1");
-    assert_eq!(same_switch.link, Connection::Pix);
+    assert_eq!(same_switch.link, PathClass::Pix);
     assert_eq!(same_switch.path, PathChoice::P2p);
     assert_eq!(same_switch.route.switches.len(), 1);
     assert_eq!(same_switch.route.switches[0].to_string(), "0000:18:00.0");
 
     let other_stack = pair(&topology, "GPU0", "GPU2");
-    assert_eq!(other_stack.link, Connection::Node);
+    assert_eq!(other_stack.link, PathClass::Node);
     assert_eq!(other_stack.path, PathChoice::HostBounce);
     assert!(
         other_stack
@@ -130,16 +130,16 @@ fn server_classifies_pix_node_sys_and_pairs_each_gpu_with_its_switch_nic() {
     );
 
     let other_socket = pair(&topology, "GPU3", "GPU4");
-    assert_eq!(other_socket.link, Connection::Sys);
+    assert_eq!(other_socket.link, PathClass::Sys);
     assert_eq!(other_socket.path, PathChoice::HostBounce);
-    assert_eq!(pair(&topology, "GPU6", "GPU7").link, Connection::Pix);
-    assert_eq!(pair(&topology, "GPU4", "GPU6").link, Connection::Node);
+    assert_eq!(pair(&topology, "GPU6", "GPU7").link, PathClass::Pix);
+    assert_eq!(pair(&topology, "GPU4", "GPU6").link, PathClass::Node);
 
     // NIC0 is the onboard I210, NIC1..4 the ConnectX-6s beside the GPUs.
     assert!(!topology.nics[0].rdma_capable);
-    assert_eq!(pair(&topology, "GPU0", "NIC1").link, Connection::Pix);
+    assert_eq!(pair(&topology, "GPU0", "NIC1").link, PathClass::Pix);
     assert_eq!(pair(&topology, "GPU0", "NIC1").path, PathChoice::P2p);
-    assert_eq!(pair(&topology, "GPU0", "NIC3").link, Connection::Sys);
+    assert_eq!(pair(&topology, "GPU0", "NIC3").link, PathClass::Sys);
     let nearest: Vec<(String, String)> = topology
         .nic_affinity
         .iter()
@@ -152,7 +152,7 @@ fn server_classifies_pix_node_sys_and_pairs_each_gpu_with_its_switch_nic() {
         topology
             .nic_affinity
             .iter()
-            .all(|a| a.link == Some(Connection::Pix))
+            .all(|a| a.link == Some(PathClass::Pix))
     );
 
     assert!(!report.has_failures(), "{}", report.render_text());
@@ -182,7 +182,7 @@ fn server_classifies_pix_node_sys_and_pairs_each_gpu_with_its_switch_nic() {
 #[test]
 fn a_raised_policy_limit_turns_far_pairs_to_p2p() {
     let policy = PathPolicy {
-        max_p2p_connection: Some(Connection::Sys),
+        max_p2p_connection: Some(PathClass::Sys),
     };
     let topology = Topology::discover(&fixture("server-8gpu-2socket"), policy).unwrap();
     assert!(topology.gpu_pairs.iter().all(|p| p.path == PathChoice::P2p));
@@ -193,7 +193,7 @@ fn a_raised_policy_limit_turns_far_pairs_to_p2p() {
 fn acs_on_switch_ports_fails_and_sends_every_pair_through_host_memory() {
     let (topology, report) = analyze(&fixture("acs-cascade-4gpu"));
     let near = pair(&topology, "GPU0", "GPU1");
-    assert_eq!(near.link, Connection::Pix);
+    assert_eq!(near.link, PathClass::Pix);
     assert_eq!(near.path, PathChoice::HostBounce);
     let redirecting: Vec<String> = near
         .issues
@@ -207,12 +207,12 @@ fn acs_on_switch_ports_fails_and_sends_every_pair_through_host_memory() {
     assert!(near.reason.contains("ACS"), "{}", near.reason);
 
     let far = pair(&topology, "GPU0", "GPU2");
-    assert_eq!(far.link, Connection::Pxb);
+    assert_eq!(far.link, PathClass::Pxb);
     assert_eq!(far.route.switches.len(), 3);
     assert_eq!(far.path, PathChoice::HostBounce);
     let to_nic = pair(&topology, "GPU3", "NIC0");
     assert_eq!(to_nic.kind, PairKind::GpuNic);
-    assert_eq!(to_nic.link, Connection::Pxb);
+    assert_eq!(to_nic.link, PathClass::Pxb);
     assert_eq!(to_nic.path, PathChoice::HostBounce);
 
     assert!(report.has_failures());
@@ -243,8 +243,8 @@ fn without_root_acs_is_unverified_but_the_tree_is_still_classified() {
     fixtures::acs_cascade_4gpu_with(dir.path(), 64);
     let (topology, report) = analyze(dir.path());
     // Port types come from position when config space is unreadable.
-    assert_eq!(pair(&topology, "GPU0", "GPU1").link, Connection::Pix);
-    assert_eq!(pair(&topology, "GPU0", "GPU2").link, Connection::Pxb);
+    assert_eq!(pair(&topology, "GPU0", "GPU1").link, PathClass::Pix);
+    assert_eq!(pair(&topology, "GPU0", "GPU2").link, PathClass::Pxb);
     assert_eq!(pair(&topology, "GPU0", "GPU2").route.switches.len(), 3);
     let near = pair(&topology, "GPU0", "GPU1");
     assert_eq!(near.path, PathChoice::P2p);
@@ -269,7 +269,7 @@ fn without_root_acs_is_unverified_but_the_tree_is_still_classified() {
 fn a_translating_iommu_fails_and_forces_host_bounce() {
     let (topology, report) = analyze(&fixture("iommu-translating"));
     let gpus = pair(&topology, "GPU0", "GPU1");
-    assert_eq!(gpus.link, Connection::Pix);
+    assert_eq!(gpus.link, PathClass::Pix);
     assert_eq!(gpus.path, PathChoice::HostBounce);
     assert!(gpus.reason.contains("DMA-FQ"), "{}", gpus.reason);
     assert_eq!(
@@ -301,7 +301,7 @@ fn a_256_mib_bar1_fails_with_the_resizable_bar_fix() {
     let gpus = pair(&topology, "GPU0", "GPU1");
     // Different root complexes of one Threadripper: NODE, within the AMD limit,
     // so only the BAR size sends it through host memory.
-    assert_eq!(gpus.link, Connection::Node);
+    assert_eq!(gpus.link, PathClass::Node);
     assert_eq!(gpus.path, PathChoice::HostBounce);
     assert!(gpus.reason.contains("256 MiB"), "{}", gpus.reason);
 
