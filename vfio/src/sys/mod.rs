@@ -277,16 +277,20 @@ const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
 /// `VFIO_REGION_INFO_CAP_SPARSE_MMAP`.
 const REGION_CAP_SPARSE_MMAP: u16 = 1;
 
+// The ioctl structures, each named as `<linux/vfio.h>` names it.
+
 #[repr(C)]
 #[derive(Default)]
-struct VfioGroupStatus {
+#[allow(non_camel_case_types)]
+struct vfio_group_status {
     argsz: u32,
     flags: u32,
 }
 
 #[repr(C)]
 #[derive(Default)]
-struct VfioDeviceInfo {
+#[allow(non_camel_case_types)]
+struct vfio_device_info {
     argsz: u32,
     flags: u32,
     num_regions: u32,
@@ -295,7 +299,8 @@ struct VfioDeviceInfo {
 
 #[repr(C)]
 #[derive(Default, Clone, Copy)]
-struct VfioRegionInfo {
+#[allow(non_camel_case_types)]
+struct vfio_region_info {
     argsz: u32,
     flags: u32,
     index: u32,
@@ -306,7 +311,8 @@ struct VfioRegionInfo {
 
 #[repr(C)]
 #[derive(Default)]
-struct VfioIommuType1Info {
+#[allow(non_camel_case_types)]
+struct vfio_iommu_type1_info {
     argsz: u32,
     flags: u32,
     iova_pgsizes: u64,
@@ -314,7 +320,8 @@ struct VfioIommuType1Info {
 
 #[repr(C)]
 #[derive(Default)]
-struct VfioIommuType1DmaMap {
+#[allow(non_camel_case_types)]
+struct vfio_iommu_type1_dma_map {
     argsz: u32,
     flags: u32,
     vaddr: u64,
@@ -324,7 +331,8 @@ struct VfioIommuType1DmaMap {
 
 #[repr(C)]
 #[derive(Default)]
-struct VfioIommuType1DmaUnmap {
+#[allow(non_camel_case_types)]
+struct vfio_iommu_type1_dma_unmap {
     argsz: u32,
     flags: u32,
     iova: u64,
@@ -397,8 +405,8 @@ impl VfioSys for LinuxSys {
     }
 
     fn iommu_get_info(&self, container: RawFd) -> SysResult<RawIommuInfo> {
-        let mut info = VfioIommuType1Info {
-            argsz: argsz::<VfioIommuType1Info>(),
+        let mut info = vfio_iommu_type1_info {
+            argsz: argsz::<vfio_iommu_type1_info>(),
             ..Default::default()
         };
         ioctl_ptr(container, VFIO_IOMMU_GET_INFO, &mut info)?;
@@ -416,8 +424,8 @@ impl VfioSys for LinuxSys {
         size: u64,
         flags: u32,
     ) -> SysResult<()> {
-        let mut map = VfioIommuType1DmaMap {
-            argsz: argsz::<VfioIommuType1DmaMap>(),
+        let mut map = vfio_iommu_type1_dma_map {
+            argsz: argsz::<vfio_iommu_type1_dma_map>(),
             flags,
             vaddr,
             iova,
@@ -428,8 +436,8 @@ impl VfioSys for LinuxSys {
     }
 
     fn unmap_dma(&self, container: RawFd, iova: u64, size: u64) -> SysResult<u64> {
-        let mut unmap = VfioIommuType1DmaUnmap {
-            argsz: argsz::<VfioIommuType1DmaUnmap>(),
+        let mut unmap = vfio_iommu_type1_dma_unmap {
+            argsz: argsz::<vfio_iommu_type1_dma_unmap>(),
             flags: 0,
             iova,
             size,
@@ -439,8 +447,8 @@ impl VfioSys for LinuxSys {
     }
 
     fn group_get_status(&self, group: RawFd) -> SysResult<u32> {
-        let mut status = VfioGroupStatus {
-            argsz: argsz::<VfioGroupStatus>(),
+        let mut status = vfio_group_status {
+            argsz: argsz::<vfio_group_status>(),
             flags: 0,
         };
         ioctl_ptr(group, VFIO_GROUP_GET_STATUS, &mut status)?;
@@ -464,8 +472,8 @@ impl VfioSys for LinuxSys {
     }
 
     fn device_get_info(&self, device: RawFd) -> SysResult<RawDeviceInfo> {
-        let mut info = VfioDeviceInfo {
-            argsz: argsz::<VfioDeviceInfo>(),
+        let mut info = vfio_device_info {
+            argsz: argsz::<vfio_device_info>(),
             ..Default::default()
         };
         ioctl_ptr(device, VFIO_DEVICE_GET_INFO, &mut info)?;
@@ -477,8 +485,8 @@ impl VfioSys for LinuxSys {
     }
 
     fn device_get_region_info(&self, device: RawFd, index: u32) -> SysResult<RawRegionInfo> {
-        let mut info = VfioRegionInfo {
-            argsz: argsz::<VfioRegionInfo>(),
+        let mut info = vfio_region_info {
+            argsz: argsz::<vfio_region_info>(),
             index,
             ..Default::default()
         };
@@ -491,20 +499,20 @@ impl VfioSys for LinuxSys {
             sparse_areas: None,
             caps_unreadable: None,
         };
-        let base = size_of::<VfioRegionInfo>();
+        let base = size_of::<vfio_region_info>();
         if info.flags & REGION_FLAG_CAPS != 0 && info.argsz as usize > base {
             // The capability chain follows the structure: ask again with
             // room for it (u64 words keep the buffer aligned).
             let words = (info.argsz as usize).div_ceil(8).min(1 << 16);
             let mut buf = vec![0u64; words];
-            let header = VfioRegionInfo {
+            let header = vfio_region_info {
                 argsz: (words * 8) as u32,
                 index,
                 ..Default::default()
             };
-            let head_ptr = buf.as_mut_ptr().cast::<VfioRegionInfo>();
+            let head_ptr = buf.as_mut_ptr().cast::<vfio_region_info>();
             // SAFETY: `buf` holds at least `base` bytes (argsz > base) and is
-            // 8-byte aligned, as `VfioRegionInfo` needs.
+            // 8-byte aligned, as `vfio_region_info` needs.
             unsafe { head_ptr.write(header) };
             // SAFETY: `buf` is `argsz` bytes long, live and exclusive for
             // the call; the kernel writes at most `argsz` bytes into it.
@@ -653,11 +661,11 @@ mod tests {
         assert_eq!(VFIO_DEVICE_RESET, 0x3b6f);
         assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
         assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
-        assert_eq!(size_of::<VfioRegionInfo>(), 32);
-        assert_eq!(size_of::<VfioIommuType1DmaMap>(), 32);
-        assert_eq!(size_of::<VfioIommuType1DmaUnmap>(), 24);
-        assert_eq!(size_of::<VfioDeviceInfo>(), 16);
-        assert_eq!(size_of::<VfioIommuType1Info>(), 16);
+        assert_eq!(size_of::<vfio_region_info>(), 32);
+        assert_eq!(size_of::<vfio_iommu_type1_dma_map>(), 32);
+        assert_eq!(size_of::<vfio_iommu_type1_dma_unmap>(), 24);
+        assert_eq!(size_of::<vfio_device_info>(), 16);
+        assert_eq!(size_of::<vfio_iommu_type1_info>(), 16);
     }
 
     #[test]
