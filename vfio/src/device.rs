@@ -136,7 +136,7 @@ impl RegionInfo {
 
 /// What `VFIO_DEVICE_GET_INFO` says about a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceInfo {
+pub struct VfioDeviceInfo {
     /// `VFIO_DEVICE_FLAGS_*`.
     pub flags: u32,
     /// Number of regions.
@@ -145,7 +145,7 @@ pub struct DeviceInfo {
     pub num_irqs: u32,
 }
 
-impl DeviceInfo {
+impl VfioDeviceInfo {
     /// A PCI device (vfio-pci).
     pub fn is_pci(&self) -> bool {
         self.flags & DEVICE_FLAGS_PCI != 0
@@ -231,8 +231,8 @@ impl VfioDevice {
     }
 
     /// Flags and counts.
-    pub fn info(&self) -> DeviceInfo {
-        DeviceInfo {
+    pub fn info(&self) -> VfioDeviceInfo {
+        VfioDeviceInfo {
             flags: self.inner.info.flags,
             num_regions: self.inner.info.num_regions,
             num_irqs: self.inner.info.num_irqs,

@@ -59,6 +59,6 @@ pub mod sys;
 pub use bar::{BarSource, BarWindow, DmaBuffer, SysfsBar, SysfsBarOptions};
 pub use bind::{BindOutcome, DeviceSpec, bind_to_vfio_pci};
 pub use container::{Container, DmaMapping, DmaTarget, IommuType};
-pub use device::{DeviceInfo, RegionInfo, VfioDevice};
+pub use device::{RegionInfo, VfioDevice, VfioDeviceInfo};
 pub use env::VfioEnv;
 pub use error::VfioError;
