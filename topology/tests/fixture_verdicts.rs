@@ -299,7 +299,7 @@ fn a_256_mib_bar1_fails_with_the_resizable_bar_fix() {
         assert_eq!(gpu.aperture.verdict, ApertureVerdict::Insufficient);
     }
     let gpus = pair(&topology, "GPU0", "GPU1");
-    // Different root complexes of one Threadripper: NODE, within the AMD limit,
+    // Different root complexes of one AMD socket: NODE, within the AMD limit,
     // so only the BAR size sends it through host memory.
     assert_eq!(gpus.link, PathClass::Node);
     assert_eq!(gpus.path, PathChoice::HostBounce);

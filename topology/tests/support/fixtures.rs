@@ -19,8 +19,8 @@ pub const ALL: &[(&str, BuildFixture)] = &[
     ("malformed", malformed),
 ];
 
-/// Two RTX 4090s on CPU root ports of an AM5 desktop (Ryzen 9 7950X, x16 slot
-/// bifurcated x8/x8), NVMe and a chipset 2.5GbE NIC; IOMMU off in firmware.
+/// Two RTX 4090s on CPU root ports of an AMD desktop (x16 slot bifurcated
+/// x8/x8), NVMe and a chipset 2.5GbE NIC; IOMMU off in firmware.
 pub fn desktop_2x4090(root: &Path) {
     desktop_2x4090_with(root, 4096);
 }
@@ -176,10 +176,11 @@ fn server_switch(t: &mut Tree, bus: u8, node: i32, cpus: &str, rdma: &str, net: 
     }
 }
 
-/// A dual-socket Xeon server with eight RTX 4090s: four PCIe switches, two
+/// A dual-socket Intel server with eight RTX 4090s: four PCIe switches, two
 /// per socket, each holding two GPUs and a ConnectX-6 InfiniBand NIC (the
-/// DGX-1 PCIe arrangement), enumerated as on Xeon Scalable (one root bus per
-/// PCIe stack), plus the BMC's VGA and an onboard I210 on the chipset.
+/// DGX-1 PCIe arrangement), enumerated with one root bus per PCIe stack as
+/// Intel's server CPUs do, plus the BMC's VGA and an onboard I210 on the
+/// chipset.
 pub fn server_8gpu_2socket(root: &Path) {
     let mut t = Tree::new(root);
     t.cmdline("BOOT_IMAGE=/boot/vmlinuz-5.15.0-126-generic root=/dev/mapper/vg0-root ro intel_iommu=on iommu=pt");
@@ -242,7 +243,7 @@ pub fn server_8gpu_2socket(root: &Path) {
     server_switch(&mut t, 0xae, 1, node1, "mlx5_3", "ibp179s0", 40);
 }
 
-/// A single-socket Xeon workstation whose root port feeds a Gen4 switch that
+/// A single-socket Intel workstation whose root port feeds a Gen4 switch that
 /// fans out to two more switches with two RTX 4090s each, and a ConnectX-6 Dx
 /// on the top switch. Linux left ACS (SV RR CR UF) on every downstream port,
 /// as it does whenever an IOMMU driver is loaded, even with iommu=pt.
@@ -398,7 +399,7 @@ pub fn iommu_translating(root: &Path) {
     }
 }
 
-/// A Threadripper 3970X (TRX40) with two RTX 3090s on different root
+/// A single-socket AMD workstation with two RTX 3090s on different root
 /// complexes and Resizable BAR off in firmware: each BAR1 is the legacy
 /// 256 MiB although the cards advertise up to 32 GiB. IOMMU in passthrough.
 pub fn small_bar1(root: &Path) {
