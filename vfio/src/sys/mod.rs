@@ -4,11 +4,11 @@
 //! [`mock::MockSys`] instead of the kernel (the shape rust-vmm's
 //! `vfio-ioctls` uses).
 //!
-//! [`LinuxSys`] is the real implementation over `libc`. It defines the few
-//! `#[repr(C)]` structures and ioctl numbers of `<linux/vfio.h>` that barlink
-//! needs itself, rather than depending on `vfio-bindings`: the uAPI is
-//! stable, the structures are small, and this keeps the crate buildable
-//! with nothing but Rust and a C compiler.
+//! [`LinuxSys`] is the real implementation over `libc`. The structures,
+//! flags and capability ids of `<linux/vfio.h>` come from `vfio-bindings`
+//! (rust-vmm's bindgen output, committed in that crate: no build step);
+//! the ioctl numbers, which bindgen cannot translate from the header's
+//! `_IO` macros, are computed here from its `VFIO_TYPE` and `VFIO_BASE`.
 //!
 //! File descriptors cross this layer as plain [`RawFd`] numbers, owned by the
 //! handles above (which close them through [`VfioSys::close`], so that a
@@ -20,10 +20,18 @@ pub mod mock;
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::io;
+use std::mem::offset_of;
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::ptr::NonNull;
+
+use vfio_bindings::bindings::vfio;
+use vfio_bindings::bindings::vfio::{
+    vfio_device_info, vfio_group_status, vfio_info_cap_header, vfio_iommu_type1_dma_map,
+    vfio_iommu_type1_dma_unmap, vfio_iommu_type1_info, vfio_region_info,
+    vfio_region_info_cap_sparse_mmap, vfio_region_sparse_mmap_area,
+};
 
 /// A failed system call's `errno`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,56 +59,58 @@ impl fmt::Display for Errno {
 pub type SysResult<T> = Result<T, Errno>;
 
 /// `VFIO_API_VERSION`: the only API version there has ever been.
-pub const VFIO_API_VERSION: i32 = 0;
+pub const VFIO_API_VERSION: i32 = vfio::VFIO_API_VERSION as i32;
 /// `VFIO_TYPE1_IOMMU`.
-pub const VFIO_TYPE1_IOMMU: u32 = 1;
+pub const VFIO_TYPE1_IOMMU: u32 = vfio::VFIO_TYPE1_IOMMU;
 /// `VFIO_TYPE1v2_IOMMU` (preferred: stricter unmap semantics).
-pub const VFIO_TYPE1V2_IOMMU: u32 = 3;
+pub const VFIO_TYPE1V2_IOMMU: u32 = vfio::VFIO_TYPE1v2_IOMMU;
 /// `VFIO_NOIOMMU_IOMMU` (unsafe no-IOMMU mode; barlink never selects it).
-pub const VFIO_NOIOMMU_IOMMU: u32 = 8;
+pub const VFIO_NOIOMMU_IOMMU: u32 = vfio::VFIO_NOIOMMU_IOMMU;
 
 /// `VFIO_GROUP_FLAGS_VIABLE`: every device of the group is bound to a VFIO
 /// driver (or to none).
-pub const GROUP_FLAGS_VIABLE: u32 = 1 << 0;
+pub const GROUP_FLAGS_VIABLE: u32 = vfio::VFIO_GROUP_FLAGS_VIABLE;
 /// `VFIO_GROUP_FLAGS_CONTAINER_SET`.
-pub const GROUP_FLAGS_CONTAINER_SET: u32 = 1 << 1;
+pub const GROUP_FLAGS_CONTAINER_SET: u32 = vfio::VFIO_GROUP_FLAGS_CONTAINER_SET;
 
 /// `VFIO_DEVICE_FLAGS_RESET`.
-pub const DEVICE_FLAGS_RESET: u32 = 1 << 0;
+pub const DEVICE_FLAGS_RESET: u32 = vfio::VFIO_DEVICE_FLAGS_RESET;
 /// `VFIO_DEVICE_FLAGS_PCI`.
-pub const DEVICE_FLAGS_PCI: u32 = 1 << 1;
+pub const DEVICE_FLAGS_PCI: u32 = vfio::VFIO_DEVICE_FLAGS_PCI;
 
 /// `VFIO_REGION_INFO_FLAG_READ`.
-pub const REGION_FLAG_READ: u32 = 1 << 0;
+pub const REGION_FLAG_READ: u32 = vfio::VFIO_REGION_INFO_FLAG_READ;
 /// `VFIO_REGION_INFO_FLAG_WRITE`.
-pub const REGION_FLAG_WRITE: u32 = 1 << 1;
+pub const REGION_FLAG_WRITE: u32 = vfio::VFIO_REGION_INFO_FLAG_WRITE;
 /// `VFIO_REGION_INFO_FLAG_MMAP`.
-pub const REGION_FLAG_MMAP: u32 = 1 << 2;
+pub const REGION_FLAG_MMAP: u32 = vfio::VFIO_REGION_INFO_FLAG_MMAP;
 /// `VFIO_REGION_INFO_FLAG_CAPS`.
-pub const REGION_FLAG_CAPS: u32 = 1 << 3;
+pub const REGION_FLAG_CAPS: u32 = vfio::VFIO_REGION_INFO_FLAG_CAPS;
 
 /// `VFIO_DMA_MAP_FLAG_READ`: the device may read the memory.
-pub const DMA_MAP_FLAG_READ: u32 = 1 << 0;
+pub const DMA_MAP_FLAG_READ: u32 = vfio::VFIO_DMA_MAP_FLAG_READ;
 /// `VFIO_DMA_MAP_FLAG_WRITE`: the device may write the memory.
-pub const DMA_MAP_FLAG_WRITE: u32 = 1 << 1;
+pub const DMA_MAP_FLAG_WRITE: u32 = vfio::VFIO_DMA_MAP_FLAG_WRITE;
 
 /// `VFIO_IOMMU_INFO_PGSIZES`: `iova_pgsizes` is valid.
-pub const IOMMU_INFO_PGSIZES: u32 = 1 << 0;
+pub const IOMMU_INFO_PGSIZES: u32 = vfio::VFIO_IOMMU_INFO_PGSIZES;
 
 /// Region indices of a vfio-pci device.
 pub mod region_index {
+    use vfio_bindings::bindings::vfio;
+
     /// BAR 0 (BARs 1–5 follow).
-    pub const BAR0: u32 = 0;
+    pub const BAR0: u32 = vfio::VFIO_PCI_BAR0_REGION_INDEX;
     /// BAR 2: the shared memory of an ivshmem device.
-    pub const BAR2: u32 = 2;
+    pub const BAR2: u32 = vfio::VFIO_PCI_BAR2_REGION_INDEX;
     /// BAR 5, the last.
-    pub const BAR5: u32 = 5;
+    pub const BAR5: u32 = vfio::VFIO_PCI_BAR5_REGION_INDEX;
     /// The expansion ROM.
-    pub const ROM: u32 = 6;
+    pub const ROM: u32 = vfio::VFIO_PCI_ROM_REGION_INDEX;
     /// PCI configuration space (read and written with pread/pwrite).
-    pub const CONFIG: u32 = 7;
+    pub const CONFIG: u32 = vfio::VFIO_PCI_CONFIG_REGION_INDEX;
     /// Legacy VGA ranges.
-    pub const VGA: u32 = 8;
+    pub const VGA: u32 = vfio::VFIO_PCI_VGA_REGION_INDEX;
 }
 
 /// A region's description, as `VFIO_DEVICE_GET_REGION_INFO` gives it.
@@ -254,11 +264,10 @@ pub fn page_size() -> usize {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LinuxSys;
 
-// ioctl numbers: _IO(VFIO_TYPE, VFIO_BASE + n) with VFIO_TYPE = ';' (0x3b)
-// and VFIO_BASE = 100; _IO has no direction or size bits, so the number is
-// (type << 8) | nr.
-const fn vfio_io(n: u64) -> u64 {
-    (0x3b << 8) | (100 + n)
+// ioctl numbers: _IO(VFIO_TYPE, VFIO_BASE + n). _IO has no direction or
+// size bits, so the number is (type << 8) | nr.
+const fn vfio_io(n: u32) -> u64 {
+    ((vfio::VFIO_TYPE as u64) << 8) | (vfio::VFIO_BASE + n) as u64
 }
 const VFIO_GET_API_VERSION: u64 = vfio_io(0);
 const VFIO_CHECK_EXTENSION: u64 = vfio_io(1);
@@ -274,75 +283,21 @@ const VFIO_IOMMU_GET_INFO: u64 = vfio_io(12);
 const VFIO_IOMMU_MAP_DMA: u64 = vfio_io(13);
 const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
 
-/// `VFIO_REGION_INFO_CAP_SPARSE_MMAP`.
-const REGION_CAP_SPARSE_MMAP: u16 = 1;
-
-// The ioctl structures, each named as `<linux/vfio.h>` names it.
-
-#[repr(C)]
-#[derive(Default)]
-#[allow(non_camel_case_types)]
-struct vfio_group_status {
-    argsz: u32,
-    flags: u32,
-}
-
-#[repr(C)]
-#[derive(Default)]
-#[allow(non_camel_case_types)]
-struct vfio_device_info {
-    argsz: u32,
-    flags: u32,
-    num_regions: u32,
-    num_irqs: u32,
-}
-
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-#[allow(non_camel_case_types)]
-struct vfio_region_info {
-    argsz: u32,
-    flags: u32,
-    index: u32,
-    cap_offset: u32,
-    size: u64,
-    offset: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-#[allow(non_camel_case_types)]
-struct vfio_iommu_type1_info {
-    argsz: u32,
-    flags: u32,
-    iova_pgsizes: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-#[allow(non_camel_case_types)]
-struct vfio_iommu_type1_dma_map {
-    argsz: u32,
-    flags: u32,
-    vaddr: u64,
-    iova: u64,
-    size: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-#[allow(non_camel_case_types)]
-struct vfio_iommu_type1_dma_unmap {
-    argsz: u32,
-    flags: u32,
-    iova: u64,
-    size: u64,
-}
+/// `VFIO_REGION_INFO_CAP_SPARSE_MMAP`, as the `u16` id of a capability
+/// header.
+const REGION_CAP_SPARSE_MMAP: u16 = vfio::VFIO_REGION_INFO_CAP_SPARSE_MMAP as u16;
 
 /// `argsz` of a structure (all are a few dozen bytes).
 fn argsz<T>() -> u32 {
     size_of::<T>() as u32
 }
+
+/// `argsz` for `VFIO_DEVICE_GET_INFO` and `VFIO_IOMMU_GET_INFO`: the
+/// structure up to `cap_offset`, the version without a capability chain,
+/// since barlink reads none of their capabilities (the kernel then writes
+/// no more than this).
+const DEVICE_INFO_ARGSZ: u32 = offset_of!(vfio_device_info, cap_offset) as u32;
+const IOMMU_INFO_ARGSZ: u32 = offset_of!(vfio_iommu_type1_info, cap_offset) as u32;
 
 /// An ioctl whose argument is an integer (or nothing).
 fn ioctl_value(fd: RawFd, request: u64, value: libc::c_ulong) -> SysResult<libc::c_int> {
@@ -406,7 +361,7 @@ impl VfioSys for LinuxSys {
 
     fn iommu_get_info(&self, container: RawFd) -> SysResult<RawIommuInfo> {
         let mut info = vfio_iommu_type1_info {
-            argsz: argsz::<vfio_iommu_type1_info>(),
+            argsz: IOMMU_INFO_ARGSZ,
             ..Default::default()
         };
         ioctl_ptr(container, VFIO_IOMMU_GET_INFO, &mut info)?;
@@ -441,6 +396,7 @@ impl VfioSys for LinuxSys {
             flags: 0,
             iova,
             size,
+            ..Default::default()
         };
         ioctl_ptr(container, VFIO_IOMMU_UNMAP_DMA, &mut unmap)?;
         Ok(unmap.size)
@@ -473,7 +429,7 @@ impl VfioSys for LinuxSys {
 
     fn device_get_info(&self, device: RawFd) -> SysResult<RawDeviceInfo> {
         let mut info = vfio_device_info {
-            argsz: argsz::<vfio_device_info>(),
+            argsz: DEVICE_INFO_ARGSZ,
             ..Default::default()
         };
         ioctl_ptr(device, VFIO_DEVICE_GET_INFO, &mut info)?;
@@ -617,32 +573,31 @@ fn parse_sparse_mmap(bytes: &[u8]) -> Result<Option<Vec<(u64, u64)>>, &'static s
     let u16_at = |at| array_at(bytes, at).map(u16::from_ne_bytes);
     let u32_at = |at| array_at(bytes, at).map(u32::from_ne_bytes);
     let u64_at = |at| array_at(bytes, at).map(u64::from_ne_bytes);
-    // struct vfio_region_info: cap_offset at byte 12.
-    let mut next = u32_at(12)? as usize;
+    let mut next = u32_at(offset_of!(vfio_region_info, cap_offset))? as usize;
     let mut hops = 0;
     while next != 0 {
         hops += 1;
         if hops > 64 {
             return Err("the capability chain has more than 64 links (a loop?)");
         }
-        // struct vfio_info_cap_header { u16 id; u16 version; u32 next; }
-        let id = u16_at(next)?;
+        let id = u16_at(next + offset_of!(vfio_info_cap_header, id))?;
         if id == REGION_CAP_SPARSE_MMAP {
-            // { header; u32 nr_areas; u32 reserved; { u64 offset; u64 size; } areas[] }
-            let count = u32_at(next + 8)? as usize;
+            let count = u32_at(next + offset_of!(vfio_region_info_cap_sparse_mmap, nr_areas))?;
+            let count = count as usize;
             if count > 64 {
                 return Err("the sparse-mmap capability lists more than 64 areas");
             }
             let mut areas = Vec::with_capacity(count);
+            let first = next + offset_of!(vfio_region_info_cap_sparse_mmap, areas);
             for i in 0..count {
-                let at = next + 16 + i * 16;
-                let offset = u64_at(at)?;
-                let size = u64_at(at + 8)?;
+                let at = first + i * size_of::<vfio_region_sparse_mmap_area>();
+                let offset = u64_at(at + offset_of!(vfio_region_sparse_mmap_area, offset))?;
+                let size = u64_at(at + offset_of!(vfio_region_sparse_mmap_area, size))?;
                 areas.push((offset, size));
             }
             return Ok(Some(areas));
         }
-        next = u32_at(next + 4)? as usize;
+        next = u32_at(next + offset_of!(vfio_info_cap_header, next))? as usize;
     }
     Ok(None)
 }
@@ -661,11 +616,26 @@ mod tests {
         assert_eq!(VFIO_DEVICE_RESET, 0x3b6f);
         assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
         assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
-        assert_eq!(size_of::<vfio_region_info>(), 32);
-        assert_eq!(size_of::<vfio_iommu_type1_dma_map>(), 32);
-        assert_eq!(size_of::<vfio_iommu_type1_dma_unmap>(), 24);
-        assert_eq!(size_of::<vfio_device_info>(), 16);
-        assert_eq!(size_of::<vfio_iommu_type1_info>(), 16);
+    }
+
+    #[test]
+    fn ioctl_structures_have_the_header_sizes() {
+        // What each ioctl is passed, and the size `<linux/vfio.h>` gives its
+        // structure (argsz tells the kernel which version of it we pass).
+        assert_eq!(size_of::<vfio_group_status>(), 8); // VFIO_GROUP_GET_STATUS
+        assert_eq!(size_of::<vfio_device_info>(), 24); // VFIO_DEVICE_GET_INFO
+        assert_eq!(size_of::<vfio_region_info>(), 32); // VFIO_DEVICE_GET_REGION_INFO
+        assert_eq!(size_of::<vfio_iommu_type1_info>(), 24); // VFIO_IOMMU_GET_INFO
+        assert_eq!(size_of::<vfio_iommu_type1_dma_map>(), 32); // VFIO_IOMMU_MAP_DMA
+        assert_eq!(size_of::<vfio_iommu_type1_dma_unmap>(), 24); // VFIO_IOMMU_UNMAP_DMA
+        assert_eq!(size_of::<RawFd>(), 4); // VFIO_GROUP_SET_CONTAINER: an int
+        // The sparse-mmap capability the chain is decoded with.
+        assert_eq!(size_of::<vfio_info_cap_header>(), 8);
+        assert_eq!(size_of::<vfio_region_info_cap_sparse_mmap>(), 16);
+        assert_eq!(size_of::<vfio_region_sparse_mmap_area>(), 16);
+        // The two info calls pass the version without a capability chain.
+        assert_eq!(DEVICE_INFO_ARGSZ, 16);
+        assert_eq!(IOMMU_INFO_ARGSZ, 16);
     }
 
     #[test]
