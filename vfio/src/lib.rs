@@ -5,7 +5,7 @@
 //!
 //! The modules (see `docs/VFIO.md`):
 //! * [`sys`] — the system-call trait [`sys::VfioSys`] (one method per VFIO
-//!   ioctl, mmap, pread...), [`sys::LinuxSys`] over libc and
+//!   ioctl, mmap, pread...), [`sys::LinuxSys`] over libc and rustix and
 //!   [`sys::mock::MockSys`] for tests.
 //! * [`container`] — [`Container`] (an IOMMU domain), groups, and
 //!   [`DmaMapping`]s of host memory or of a peer device's BAR.

@@ -4,11 +4,12 @@
 //! [`mock::MockSys`] instead of the kernel (the shape rust-vmm's
 //! `vfio-ioctls` uses).
 //!
-//! [`LinuxSys`] is the real implementation over `libc`. The structures,
-//! flags and capability ids of `<linux/vfio.h>` come from `vfio-bindings`
-//! (rust-vmm's bindgen output, committed in that crate: no build step);
-//! the ioctl numbers, which bindgen cannot translate from the header's
-//! `_IO` macros, are computed here from its `VFIO_TYPE` and `VFIO_BASE`.
+//! [`LinuxSys`] is the real implementation over `libc` (and `rustix::mm`
+//! for mmap, as the transport maps its windows). The structures, flags and
+//! capability ids of `<linux/vfio.h>` come from `vfio-bindings` (rust-vmm's
+//! bindgen output, committed in that crate: no build step); the ioctl
+//! numbers, which bindgen cannot translate from the header's `_IO` macros,
+//! are computed here from its `VFIO_TYPE` and `VFIO_BASE`.
 //!
 //! File descriptors cross this layer as plain [`RawFd`] numbers, owned by the
 //! handles above (which close them through [`VfioSys::close`], so that a
@@ -21,11 +22,12 @@ use std::ffi::{CStr, CString};
 use std::fmt;
 use std::io;
 use std::mem::offset_of;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::ptr::NonNull;
 
+use rustix::mm::{self, MapFlags, ProtFlags};
 use vfio_bindings::bindings::vfio;
 use vfio_bindings::bindings::vfio::{
     vfio_device_info, vfio_group_status, vfio_info_cap_header, vfio_iommu_type1_dma_map,
@@ -260,7 +262,7 @@ pub fn page_size() -> usize {
         .unwrap_or(4096)
 }
 
-/// The real system calls, over `libc`.
+/// The real system calls, over `libc` and `rustix::mm`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LinuxSys;
 
@@ -524,33 +526,50 @@ impl VfioSys for LinuxSys {
         if len == 0 {
             return Err(Errno(libc::EINVAL));
         }
-        let mut bits = libc::PROT_NONE;
+        let mut bits = ProtFlags::empty();
         if prot.read {
-            bits |= libc::PROT_READ;
+            bits |= ProtFlags::READ;
         }
         if prot.write {
-            bits |= libc::PROT_WRITE;
+            bits |= ProtFlags::WRITE;
         }
-        let (flags, fd) = match fd {
-            Some(fd) => (libc::MAP_SHARED, fd),
-            None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
-        };
-        let offset = libc::off_t::try_from(offset).map_err(|_| Errno(libc::EOVERFLOW))?;
-        // SAFETY: a null hint lets the kernel pick an address, so no
-        // existing mapping is replaced; the new mapping is owned by the
-        // caller, who unmaps it exactly once.
-        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, bits, flags, fd, offset) };
-        if addr == libc::MAP_FAILED {
-            return Err(Errno::last());
+        let addr = match fd {
+            Some(fd) => {
+                // The kernel's file offset (off_t) is signed.
+                if i64::try_from(offset).is_err() {
+                    return Err(Errno(libc::EOVERFLOW));
+                }
+                // SAFETY: the handles above keep `fd` open across this call
+                // (they own it and close it only after the mapping is gone).
+                let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+                // SAFETY: a null hint lets the kernel pick an address, so no
+                // existing mapping is replaced; the new mapping is owned by
+                // the caller, who unmaps it exactly once.
+                unsafe {
+                    mm::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        bits,
+                        MapFlags::SHARED,
+                        fd,
+                        offset,
+                    )
+                }
+            }
+            // SAFETY: as above, with no file behind the mapping.
+            None => unsafe {
+                mm::mmap_anonymous(std::ptr::null_mut(), len, bits, MapFlags::SHARED)
+            },
         }
+        .map_err(|errno| Errno(errno.raw_os_error()))?;
         NonNull::new(addr.cast::<u8>()).ok_or(Errno(libc::EFAULT))
     }
 
     unsafe fn munmap(&self, addr: NonNull<u8>, len: usize) -> SysResult<()> {
         // SAFETY: the caller guarantees `addr`/`len` is exactly one live
         // mapping from `mmap`, never accessed again.
-        let ret = unsafe { libc::munmap(addr.as_ptr().cast(), len) };
-        if ret < 0 { Err(Errno::last()) } else { Ok(()) }
+        unsafe { mm::munmap(addr.as_ptr().cast(), len) }
+            .map_err(|errno| Errno(errno.raw_os_error()))
     }
 }
 
