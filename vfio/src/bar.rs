@@ -31,7 +31,7 @@ use crate::container::DmaTarget;
 use crate::container::sealed::Sealed;
 use crate::env::VfioEnv;
 use crate::error::VfioError;
-use crate::memory::{Owner, Region, check_range, store_fence};
+use crate::sys::region::{Owner, Region};
 use crate::sys::{Errno, Prot, VfioSys};
 
 /// Where a window's memory comes from.
@@ -134,7 +134,7 @@ impl BarWindow {
     /// mapping). For rings, keep `offset` a multiple of 64 (atomics need 8,
     /// cache lines 64; DMA mapping needs pages).
     pub fn slice(&self, offset: usize, len: usize) -> Result<BarWindow, WindowError> {
-        check_range(offset, len, self.len)?;
+        let offset = self.at(offset, len)? - self.offset;
         if len == 0 {
             return Err(WindowError::InvalidLength {
                 len,
@@ -150,29 +150,35 @@ impl BarWindow {
     }
 
     fn at(&self, offset: usize, len: usize) -> Result<usize, WindowError> {
-        check_range(offset, len, self.len)?;
-        Ok(self.offset + offset)
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.offset + offset),
+            _ => Err(WindowError::OutOfBounds {
+                offset,
+                len,
+                window_len: self.len,
+            }),
+        }
     }
 
     /// Volatile 32-bit read of a register at `offset` (exact width, as
     /// device registers need).
     pub fn read_u32(&self, offset: usize) -> Result<u32, WindowError> {
-        self.region.read_u32(self.at(offset, 4)?)
+        self.region.memory().read_u32(self.at(offset, 4)?)
     }
 
     /// Volatile 32-bit write of a register.
     pub fn write_u32(&self, offset: usize, value: u32) -> Result<(), WindowError> {
-        self.region.write_u32(self.at(offset, 4)?, value)
+        self.region.memory().write_u32(self.at(offset, 4)?, value)
     }
 
     /// Volatile 64-bit read of a register.
     pub fn read_u64(&self, offset: usize) -> Result<u64, WindowError> {
-        self.region.read_u64(self.at(offset, 8)?)
+        self.region.memory().read_u64(self.at(offset, 8)?)
     }
 
     /// Volatile 64-bit write of a register.
     pub fn write_u64(&self, offset: usize, value: u64) -> Result<(), WindowError> {
-        self.region.write_u64(self.at(offset, 8)?, value)
+        self.region.memory().write_u64(self.at(offset, 8)?, value)
     }
 }
 
@@ -182,19 +188,21 @@ impl Window for BarWindow {
     }
 
     fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
-        self.region.write(self.at(offset, src.len())?, src)
+        self.region.memory().write(self.at(offset, src.len())?, src)
     }
 
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
-        self.region.read(self.at(offset, dst.len())?, dst)
+        self.region.memory().read(self.at(offset, dst.len())?, dst)
     }
 
     fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
-        self.region.load_u64(self.at(offset, 8)?, order)
+        self.region.memory().load_u64(self.at(offset, 8)?, order)
     }
 
     fn store_u64(&self, offset: usize, value: u64, order: Ordering) -> Result<(), WindowError> {
-        self.region.store_u64(self.at(offset, 8)?, value, order)
+        self.region
+            .memory()
+            .store_u64(self.at(offset, 8)?, value, order)
     }
 
     fn fetch_add_u64(
@@ -211,7 +219,7 @@ impl Window for BarWindow {
     }
 
     fn store_fence(&self) {
-        store_fence();
+        self.region.memory().store_fence();
     }
 }
 
@@ -437,19 +445,19 @@ impl Window for DmaBuffer {
     }
 
     fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
-        self.region.write(offset, src)
+        self.region.memory().write(offset, src)
     }
 
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
-        self.region.read(offset, dst)
+        self.region.memory().read(offset, dst)
     }
 
     fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
-        self.region.load_u64(offset, order)
+        self.region.memory().load_u64(offset, order)
     }
 
     fn store_u64(&self, offset: usize, value: u64, order: Ordering) -> Result<(), WindowError> {
-        self.region.store_u64(offset, value, order)
+        self.region.memory().store_u64(offset, value, order)
     }
 
     fn fetch_add_u64(
@@ -466,7 +474,7 @@ impl Window for DmaBuffer {
     }
 
     fn store_fence(&self) {
-        store_fence();
+        self.region.memory().store_fence();
     }
 }
 

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use crate::bind;
 use crate::env::VfioEnv;
 use crate::error::VfioError;
-use crate::memory::Region;
+use crate::sys::region::Region;
 use crate::sys::{
     DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE, Errno, GROUP_FLAGS_VIABLE, RawIommuInfo,
     VFIO_API_VERSION, VFIO_TYPE1_IOMMU, VFIO_TYPE1V2_IOMMU,

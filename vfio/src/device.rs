@@ -14,7 +14,7 @@ use crate::bind::{self, DeviceSpec, VFIO_PCI};
 use crate::container::{Container, GroupInner};
 use crate::env::VfioEnv;
 use crate::error::VfioError;
-use crate::memory::{Owner, Region};
+use crate::sys::region::{Owner, Region};
 use crate::sys::{
     DEVICE_FLAGS_PCI, DEVICE_FLAGS_RESET, Errno, Prot, REGION_FLAG_MMAP, REGION_FLAG_READ,
     REGION_FLAG_WRITE, RawDeviceInfo, RawRegionInfo, region_index,

@@ -20,10 +20,11 @@
 //!   runs in (the real system, or fixtures and the mock).
 //! * [`error`] — [`VfioError`], whose messages say what to check or run.
 //!
-//! `unsafe` is denied crate-wide and allowed only in `sys` (the ioctls and
-//! mmap) and `memory` (the one holder of raw pointers into mapped memory).
-//! No `&[u8]` into device memory ever exists: windows copy in and out, and
-//! use atomics for indices.
+//! `unsafe` is denied crate-wide and allowed only in `sys` (the ioctls,
+//! mmap and munmap, and `sys::region`, which hands a mapping's addresses to
+//! the kernel). Every access to mapped memory goes through the transport's
+//! `window::DeviceMemory`: no `&[u8]` into device memory ever exists;
+//! windows copy in and out, and use atomics for indices.
 //!
 //! ```no_run
 //! use barlink_transport::window::Window;
@@ -51,8 +52,6 @@ pub mod device;
 pub mod env;
 #[forbid(unsafe_code)]
 pub mod error;
-#[allow(unsafe_code)]
-mod memory;
 #[allow(unsafe_code)]
 pub mod sys;
 

@@ -17,6 +17,7 @@
 //! is `Copy + Eq` so errors built from it can be matched in tests.
 
 pub mod mock;
+pub mod region;
 
 use std::ffi::{CStr, CString};
 use std::fmt;
