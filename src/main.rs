@@ -34,7 +34,7 @@ enum Command {
     Validate(cli::validate::ValidateArgs),
     /// The receiving process of `barlink bench` (started by it).
     #[command(hide = true)]
-    BenchPeer(cli::bench_procs::PeerPlan),
+    BenchPeer(cli::bench::shm::PeerPlan),
 }
 
 /// Logs to stderr as `BARLINK_LOG` says: a level (`debug`), or targets
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
         Command::Topo(args) => cli::topo::run_topo(&args),
         Command::Doctor(args) => cli::topo::run_doctor(&args),
         Command::Validate(args) => cli::validate::run(&args),
-        Command::BenchPeer(plan) => cli::bench_procs::run_child(&plan)
+        Command::BenchPeer(plan) => cli::bench::shm::run_child(&plan)
             .map(|()| cli::Status::Ok)
             .map_err(|e| cli::CommandError::environment(format!("bench peer: {e}"))),
     };

@@ -2,7 +2,6 @@
 //! they share.
 
 pub mod bench;
-pub mod bench_procs;
 pub mod soak;
 pub mod topo;
 pub mod validate;

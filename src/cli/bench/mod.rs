@@ -23,11 +23,12 @@ use barlink_transport::sim::{Faults, SimPair, SplitMix64};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::{CommandError, Status, bench_procs, human_size, parse_size};
+use super::{CommandError, Status, human_size, parse_size};
 
-/// `--rdma`: between two machines, against perftest (src/cli/bench_rdma.rs).
-#[path = "bench_rdma.rs"]
+/// `--rdma`: between two machines, against perftest.
 mod rdma;
+/// The default path: two processes over shared memory.
+pub mod shm;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
@@ -95,7 +96,7 @@ pub struct BenchArgs {
     /// inside its calls (poll), or a background progress thread per link
     /// (thread: callers block, a CPU thread moves the packets).
     #[arg(long, value_enum, default_value = "poll", env = "BARLINK_PROGRESS")]
-    progress: bench_procs::ProgressMode,
+    progress: shm::ProgressMode,
     /// Which of the two-process paths to measure (ratios to a baseline that
     /// was not measured print as "-" and are left out of --json).
     #[arg(
@@ -105,7 +106,7 @@ pub struct BenchArgs {
         default_value = "barlink,raw-ring,raw-ring-crc,unix-socket",
         env = "BARLINK_PATHS"
     )]
-    paths: Vec<bench_procs::ProcPath>,
+    paths: Vec<shm::ProcPath>,
     #[command(flatten)]
     rdma: rdma::RdmaArgs,
 }
@@ -443,17 +444,17 @@ fn run_processes(
     }
     // The medians below are indexed in this order.
     let all = [
-        bench_procs::ProcPath::Barlink,
-        bench_procs::ProcPath::RawRing,
-        bench_procs::ProcPath::RawRingCrc,
-        bench_procs::ProcPath::UnixSocket,
-        bench_procs::ProcPath::BarlinkFaults,
+        shm::ProcPath::Barlink,
+        shm::ProcPath::RawRing,
+        shm::ProcPath::RawRingCrc,
+        shm::ProcPath::UnixSocket,
+        shm::ProcPath::BarlinkFaults,
     ];
     let faults = args.fault_rate > 0.0;
-    let paths: Vec<bench_procs::ProcPath> = all
+    let paths: Vec<shm::ProcPath> = all
         .into_iter()
         .filter(|&path| {
-            if path == bench_procs::ProcPath::BarlinkFaults {
+            if path == shm::ProcPath::BarlinkFaults {
                 faults
             } else {
                 args.paths.contains(&path)
@@ -463,7 +464,7 @@ fn run_processes(
     if progress {
         eprint!("\rbench: measuring ...");
     }
-    let peer_plan = bench_procs::PeerPlan {
+    let peer_plan = shm::PeerPlan {
         paths: paths.clone(),
         name: format!("bench-{}", std::process::id()),
         sizes: plan.sizes.clone(),
@@ -476,10 +477,10 @@ fn run_processes(
         seed: args.seed,
         progress: args.progress,
     };
-    let measured = bench_procs::run_parent(&peer_plan)
+    let measured = shm::run_parent(&peer_plan)
         .map_err(|e| CommandError::environment(format!("bench: {e}")))?;
     // One list per entry of `all`, empty where the path was not measured.
-    let mut results: Vec<Vec<bench_procs::Measured>> = vec![vec![]; all.len()];
+    let mut results: Vec<Vec<shm::Measured>> = vec![vec![]; all.len()];
     for (path, path_results) in paths.iter().zip(measured) {
         let slot = all
             .iter()
