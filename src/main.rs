@@ -28,7 +28,7 @@ enum Command {
     /// Show the PCI topology: GPU/NIC matrix, links, and the path per pair.
     Topo(cli::topo::TopoArgs),
     /// Check the platform for what breaks P2P (ACS, IOMMU, small BARs, ...).
-    Doctor(cli::topo::TopoArgs),
+    Doctor(cli::doctor::DoctorArgs),
     /// Test a P2P path for silent corruption: patterns written raw and through
     /// the link, read back and checked; PASS, WARN or FAIL.
     Validate(cli::validate::ValidateArgs),
@@ -70,8 +70,8 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Bench(args) => cli::bench::run(&args),
         Command::Soak(args) => cli::soak::run(&args),
-        Command::Topo(args) => cli::topo::run_topo(&args),
-        Command::Doctor(args) => cli::topo::run_doctor(&args),
+        Command::Topo(args) => cli::topo::run(&args),
+        Command::Doctor(args) => cli::doctor::run(&args),
         Command::Validate(args) => cli::validate::run(&args),
         Command::BenchPeer(plan) => cli::bench::shm::run_child(&plan)
             .map(|()| cli::Status::Ok)

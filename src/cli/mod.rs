@@ -1,7 +1,9 @@
 //! The subcommands, each in its own module, and the exit status convention
 //! they share.
 
+pub mod args;
 pub mod bench;
+pub mod doctor;
 pub mod soak;
 pub mod topo;
 pub mod validate;
@@ -59,6 +61,15 @@ impl fmt::Display for CommandError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
     }
+}
+
+/// Prints one JSON document (`--json` of the commands whose output is not
+/// rows).
+pub fn print_document(value: &serde_json::Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("JSON values always serialize")
+    );
 }
 
 /// Parses sizes like `8`, `4K`, `64KiB`, `1M`, `16MiB`, `1G` (binary units).

@@ -24,6 +24,7 @@ use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window};
 use clap::Args;
 use serde_json::json;
 
+use super::args::JsonArg;
 use super::{CommandError, Status, parse_size};
 
 #[derive(Debug, Args)]
@@ -50,9 +51,8 @@ pub struct SoakArgs {
     /// A short run (15 seconds).
     #[arg(long)]
     quick: bool,
-    /// JSON lines instead of text.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: JsonArg,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -278,7 +278,7 @@ fn report(
     let corrupted = verdicts.corrupted.load(Ordering::Relaxed);
     let duplicated = verdicts.duplicated.load(Ordering::Relaxed);
     let failed = verdicts.failed_with_error.load(Ordering::Relaxed);
-    if args.json {
+    if args.output.json {
         println!(
             "{}",
             json!({

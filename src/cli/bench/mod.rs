@@ -23,6 +23,7 @@ use barlink_transport::sim::{Faults, SimPair, SplitMix64};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
+use super::args::JsonArg;
 use super::{CommandError, Status, human_size, parse_size};
 
 /// `--rdma`: between two machines, against perftest.
@@ -86,9 +87,8 @@ pub struct BenchArgs {
     /// A short run (under 20 seconds).
     #[arg(long)]
     quick: bool,
-    /// One JSON object per line instead of a table.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: JsonArg,
     /// Seed for payloads and injected faults.
     #[arg(long, default_value_t = 1, env = "BARLINK_SEED")]
     seed: u64,
@@ -243,8 +243,8 @@ pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
         corrupt: args.fault_rate,
         ..Faults::none()
     };
-    let progress = !args.json && std::io::stderr().is_terminal();
-    if !args.json {
+    let progress = !args.output.json && std::io::stderr().is_terminal();
+    if !args.output.json {
         println!(
             "# barlink bench: two engines in one thread over an in-memory medium (the protocol's own cost)"
         );
@@ -413,8 +413,8 @@ fn run_processes(
         .iter()
         .map(|&size| messages_per_window(plan, size).min(100_000))
         .collect();
-    let progress = !args.json && std::io::stderr().is_terminal();
-    if !args.json {
+    let progress = !args.output.json && std::io::stderr().is_terminal();
+    if !args.output.json {
         println!("# barlink bench: two processes over shared memory (memfd windows, 4 MiB rings)");
         println!(
             "# MTU {}  window {}  CRC {}  progress {}  {} timed windows per size (medians); latency = round trip / 2",
@@ -532,7 +532,7 @@ fn run_processes(
             };
             print_proc_row(&row, args, config);
         }
-        if faults && !args.json {
+        if faults && !args.output.json {
             println!(
                 "# {:>8}  goodput with a bit flipped in {} of packets: {:.2}x the clean barlink run",
                 human_size(size),
@@ -543,7 +543,7 @@ fn run_processes(
     }
     if let Some((spread, path, size, low, high)) = widest
         && spread > UNSTEADY_SPREAD
-        && !args.json
+        && !args.output.json
     {
         println!(
             "# note: the machine's load changed during this run: {path} at {} moved {low:.2}-{high:.2} GB/s \
@@ -588,7 +588,7 @@ struct ProcRow {
 }
 
 fn print_proc_row(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) {
-    if args.json {
+    if args.output.json {
         let mut value = common_json(
             row.path,
             row.size,
@@ -712,7 +712,7 @@ fn micros(duration: Duration) -> f64 {
 }
 
 fn print_row(row: &Row, args: &BenchArgs, config: &EngineConfig) {
-    if args.json {
+    if args.output.json {
         let mut value = common_json(
             row.path,
             row.size,

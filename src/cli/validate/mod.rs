@@ -48,6 +48,7 @@ use barlink_vfio::{BarWindow, Container, SysfsBar, SysfsBarOptions, VfioEnv, Vfi
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 
+use super::args::{JsonArg, SysfsRootArg};
 use super::{CommandError, Status, human_size, parse_size};
 
 /// What `barlink validate --help` adds below the options.
@@ -177,21 +178,14 @@ pub struct ValidateArgs {
     /// Exit 1 on WARN too (the path corrupted packets that barlink repaired).
     #[arg(long)]
     strict: bool,
-    /// Look devices up under this directory instead of `/` (a fixture tree).
-    #[arg(
-        long,
-        value_name = "DIR",
-        default_value = "/",
-        env = "BARLINK_SYSFS_ROOT"
-    )]
-    sysfs_root: PathBuf,
+    #[command(flatten)]
+    sysfs: SysfsRootArg,
     /// A short run (under 20 seconds on shared memory): 4M per window, 16M
     /// through the link each way.
     #[arg(long)]
     quick: bool,
-    /// One JSON document instead of text.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: JsonArg,
 }
 
 // ------------------------------------------------------------------ patterns
@@ -389,7 +383,7 @@ fn device_target(args: &ValidateArgs) -> Result<Target, CommandError> {
             args.offset
         )));
     }
-    let root = args.sysfs_root.as_path();
+    let root = args.sysfs.sysfs_root.as_path();
     let dev_dir = if root == Path::new("/") {
         PathBuf::from("/dev/vfio")
     } else {
@@ -631,7 +625,7 @@ fn map_bar(device: &Device, args: &ValidateArgs, size: usize) -> Result<BarWindo
         Some(opened) => opened.map_region(device.index),
         None => {
             let options = SysfsBarOptions {
-                env: VfioEnv::with_roots(&args.sysfs_root, "/dev/vfio"),
+                env: VfioEnv::with_roots(&args.sysfs.sysfs_root, "/dev/vfio"),
                 prefer_write_combining: true,
                 len: Some(args.offset + size),
             };
@@ -1439,14 +1433,14 @@ pub fn run(args: &ValidateArgs) -> Result<Status, CommandError> {
         ]
     };
 
-    if !args.json {
+    if !args.output.json {
         print_header(&target, args, &config, &streams);
     }
     let raw_windows: Vec<Arc<dyn Window>> = target.raw.iter().map(|r| r.window.clone()).collect();
     let (raw_writers, raw_faulty) = writers(&raw_windows, rate(InjectInto::Raw), args.seed ^ 0x5A);
     let raw = raw_phase(&target, &raw_writers, args, &progress)?;
     let raw_injected = injected(&raw_faulty);
-    if !args.json {
+    if !args.output.json {
         print_raw(&raw, raw_injected, rate(InjectInto::Raw) > 0.0);
     }
 
@@ -1455,13 +1449,13 @@ pub fn run(args: &ValidateArgs) -> Result<Status, CommandError> {
     let peers: [Arc<dyn Window>; 2] = [link_writers[0].clone(), link_writers[1].clone()];
     let link = link_phase(&target, peers, args, &config, streams, &progress)?;
     let link_injected = injected(&link_faulty);
-    if !args.json {
+    if !args.output.json {
         print_link(&link, link_injected, rate(InjectInto::Link) > 0.0);
     }
 
     let (verdict, reason) = judge(&raw, &link, raw_injected + link_injected);
     let elapsed = started.elapsed().as_secs_f64();
-    if args.json {
+    if args.output.json {
         let doc = json!({
             "command": "validate",
             "target": target.kind,

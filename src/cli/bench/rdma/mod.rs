@@ -867,7 +867,7 @@ fn run_client(
         role: "client",
         decision,
         device,
-        json: args.json,
+        json: args.output.json,
     };
     let config = link.engine().config().clone();
     print_header(&ctx, &config, addr, plan.windows, &baseline);
@@ -1149,7 +1149,7 @@ fn run_server(args: &BenchArgs, device: Device) -> Result<Status, CommandError> 
             CommandError::usage(format!("--listen {listen:?}: not an address (ADDR:PORT)"))
         })?;
     let perf_port = port.checked_add(1).unwrap_or(port - 1);
-    if !args.json {
+    if !args.output.json {
         eprintln!(
             "barlink bench --rdma: server on {listen} (device {}), waiting up to {} s for a client",
             device.name, rdma.accept_timeout
@@ -1190,7 +1190,7 @@ fn run_server(args: &BenchArgs, device: Device) -> Result<Status, CommandError> 
         role: "server",
         decision,
         device,
-        json: args.json,
+        json: args.output.json,
     };
     let config = link.engine().config().clone();
     print_header(

@@ -1,0 +1,31 @@
+//! `barlink doctor`: a thin wrapper over the topology crate's platform
+//! checks. Exits 1 when a check fails.
+
+use barlink_vfio::doctor;
+use clap::Args;
+
+use super::args::{JsonArg, PlatformArgs};
+use super::{CommandError, Status, print_document};
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    platform: PlatformArgs,
+    #[command(flatten)]
+    output: JsonArg,
+}
+
+pub fn run(args: &DoctorArgs) -> Result<Status, CommandError> {
+    let topology = args.platform.discover()?;
+    let report = doctor::run(&topology);
+    if args.output.json {
+        print_document(&report.to_json());
+    } else {
+        print!("{}", report.render_text());
+    }
+    Ok(if report.has_failures() {
+        Status::CheckFailed
+    } else {
+        Status::Ok
+    })
+}
