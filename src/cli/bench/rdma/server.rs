@@ -1,0 +1,291 @@
+//! The server's side of `bench --rdma` (the side `ib_write_bw` without a
+//! host is on): it waits for a client, follows its plan — receiving and
+//! checking barlink's windows, echoing the round trips, starting its side
+//! of each perftest run when asked — and prints the rows the client sends.
+
+use std::net::ToSocketAddrs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use barlink::connect::Role;
+use barlink_rdma::RdmaLink;
+use barlink_rdma::verbs_queue::VerbsQueue;
+use serde_json::{Value, json};
+
+use super::control::{Schedule, done_message, recv_control, recv_control_gently, send_control};
+use super::perftest::{
+    Baseline, Tool, find_tool, last_lines, listening, perftest_args, tool_limit,
+};
+use super::report::{Context, note, print_header, print_row_value};
+use super::setup::{
+    DEFAULT_PORT, Device, STEP_TIMEOUT, counters, lat_iters_for, link_error, link_up, message_of,
+};
+use crate::cli::bench::args::BenchArgs;
+use crate::cli::{CommandError, Status};
+
+/// A run in progress, server side.
+struct Server {
+    link: RdmaLink<VerbsQueue>,
+    ctx: Context,
+    /// `ib_write_bw` and `ib_write_lat`, where installed (and wanted).
+    tools: [Option<PathBuf>; 2],
+    /// The TCP port our perftest listens on.
+    perf_port: u16,
+    qp_timeout: u8,
+    /// A message arrived wrong.
+    failed: bool,
+}
+
+pub fn run(args: &BenchArgs, device: Device) -> Result<Status, CommandError> {
+    let rdma = &args.rdma;
+    let listen = rdma
+        .listen
+        .clone()
+        .unwrap_or_else(|| format!("0.0.0.0:{DEFAULT_PORT}"));
+    let port = listen
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| a.port())
+        .ok_or_else(|| {
+            CommandError::usage(format!("--listen {listen:?}: not an address (ADDR:PORT)"))
+        })?;
+    let perf_port = port.checked_add(1).unwrap_or(port - 1);
+    if !args.output.json {
+        eprintln!(
+            "barlink bench --rdma: server on {listen} (device {}), waiting up to {} s for a client",
+            device.name, rdma.accept_timeout
+        );
+    }
+    let (mut link, decision) = link_up(args, &device, &listen, Role::Accept)?;
+    let plan = recv_control(&mut link, STEP_TIMEOUT, "the client's plan")?;
+    let schedule = match Schedule::from_json(&plan) {
+        Ok(schedule) => schedule,
+        Err(error) => {
+            send_control(&mut link, &json!({ "ok": false, "error": error }))?;
+            let _ = link.close(Duration::from_secs(5));
+            return Err(CommandError::usage(format!("bench --rdma: {error}")));
+        }
+    };
+    let tools = if rdma.no_baseline {
+        [None, None]
+    } else {
+        [find_tool("ib_write_bw"), find_tool("ib_write_lat")]
+    };
+    if schedule.bw && tools[0].is_none() && !rdma.no_baseline {
+        note(
+            "perftest's ib_write_bw is not installed here (Debian: apt install perftest): no baseline, no ratio",
+        );
+    }
+    send_control(
+        &mut link,
+        &json!({
+            "ok": true,
+            "device": device.name,
+            "gid_index": device.gid_index,
+            "perftest_port": perf_port,
+            "ib_write_bw": tools[0].is_some(),
+            "ib_write_lat": tools[1].is_some(),
+        }),
+    )?;
+    let ctx = Context {
+        role: "server",
+        decision,
+        device,
+        json: args.output.json,
+    };
+    let config = link.engine().config().clone();
+    print_header(
+        &ctx,
+        &config,
+        &format!("a client, listening on {listen}"),
+        schedule.windows,
+        "perftest ib_write_bw/ib_write_lat, run by the client (rows as it measured them)",
+    );
+    let mut server = Server {
+        link,
+        ctx,
+        tools,
+        perf_port,
+        qp_timeout: rdma.qp_timeout,
+        failed: false,
+    };
+    for (&size, &count) in schedule.sizes.iter().zip(&schedule.counts) {
+        server.receive_windows(size, count, schedule.windows)?;
+        server.echo(size, lat_iters_for(schedule.lat_iters, size))?;
+        server.serve_requests()?;
+    }
+    send_control(&mut server.link, &json!({ "bye": true }))?;
+    // The client closes after the goodbye; wait for that, briefly.
+    let _ = server.link.close(Duration::from_secs(5));
+    Ok(if server.failed {
+        Status::CheckFailed
+    } else {
+        Status::Ok
+    })
+}
+
+impl Server {
+    /// The warm-up and the timed windows: every message's length checked,
+    /// the first of each window and all of the warm-up byte for byte; each
+    /// window answered with "got them all".
+    fn receive_windows(
+        &mut self,
+        size: usize,
+        count: usize,
+        windows: usize,
+    ) -> Result<(), CommandError> {
+        let expected = message_of(size);
+        let mut received = 0u64;
+        for window in 0..=windows {
+            for index in 0..count {
+                let data = self
+                    .link
+                    .recv(STEP_TIMEOUT)
+                    .map_err(link_error(&format!("size {size}: receiving")))?;
+                let check_bytes = window == 0 || index == 0;
+                if data.len() != size || (check_bytes && data != expected) {
+                    self.failed = true;
+                    note(&format!(
+                        "size {size}: message {index} of window {window} arrived with {} bytes{}",
+                        data.len(),
+                        if data.len() == size {
+                            ", different ones"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+                received += 1;
+                self.link.recycle(data);
+            }
+            let (retransmits, crc_errors) = counters(&self.link);
+            self.link
+                .send_blocking(
+                    done_message(retransmits, crc_errors, received),
+                    STEP_TIMEOUT,
+                )
+                .map_err(link_error(&format!("size {size}: answering")))?;
+        }
+        Ok(())
+    }
+
+    /// Sends back each of the client's `iters` latency messages.
+    fn echo(&mut self, size: usize, iters: usize) -> Result<(), CommandError> {
+        for _ in 0..iters {
+            let data = self
+                .link
+                .recv(STEP_TIMEOUT)
+                .map_err(link_error(&format!("size {size}: latency")))?;
+            self.link
+                .send_blocking(data, STEP_TIMEOUT)
+                .map_err(link_error(&format!("size {size}: echo")))?;
+        }
+        Ok(())
+    }
+
+    /// The client's requests (perftest runs), until it sends the size's rows.
+    fn serve_requests(&mut self) -> Result<(), CommandError> {
+        loop {
+            let request = recv_control(&mut self.link, STEP_TIMEOUT, "the client's next step")?;
+            if let Some(rows) = request["rows"].as_array() {
+                for row in rows {
+                    print_row_value(row, self.ctx.json);
+                }
+                return Ok(());
+            }
+            match request["run"].as_str() {
+                Some(name) => {
+                    let which = if name == "ib_write_bw" {
+                        Baseline::Bw
+                    } else {
+                        Baseline::Lat
+                    };
+                    self.perftest(
+                        which,
+                        request["size"].as_u64().unwrap_or(0) as usize,
+                        request["iters"].as_u64().unwrap_or(5) as usize,
+                    )?;
+                }
+                None => {
+                    return Err(CommandError::environment(format!(
+                        "bench --rdma: an unknown request from the client: {request}"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// One perftest run, server side: start ours, say when it listens, wait
+    /// for the client's "finished", collect ours (killed if it overruns).
+    fn perftest(&mut self, which: Baseline, size: usize, iters: usize) -> Result<(), CommandError> {
+        let program = self.tools[usize::from(which == Baseline::Lat)].clone();
+        let Some(tool) = self.start_perftest(program.as_deref(), which, size, iters)? else {
+            return Ok(());
+        };
+        let link = &mut self.link;
+        let limit = tool_limit(size * iters);
+        let finished = recv_control_gently(link, limit + STEP_TIMEOUT, "the client's perftest")?;
+        if finished["finished"].as_str() != Some(which.tool()) {
+            return Err(CommandError::environment(format!(
+                "bench --rdma: expected the end of {}, got {finished}",
+                which.tool()
+            )));
+        }
+        let verdict = match tool.wait(Duration::from_secs(20), || {
+            let _ = link.progress();
+        }) {
+            Ok((status, _)) if status.success() => json!({ "ok": true }),
+            Ok((status, output)) => {
+                json!({ "ok": false, "error": format!("exited with {status}: {}", last_lines(&output, 3)) })
+            }
+            Err(error) => json!({ "ok": false, "error": error }),
+        };
+        send_control(link, &verdict)
+    }
+
+    /// Starts our perftest and waits until it listens, then tells the
+    /// client (or tells it why not): the running tool, if it runs.
+    fn start_perftest(
+        &mut self,
+        program: Option<&Path>,
+        which: Baseline,
+        size: usize,
+        iters: usize,
+    ) -> Result<Option<Tool>, CommandError> {
+        let port = self.perf_port;
+        let started = match program {
+            None => Err(format!("{} is not installed on the server", which.tool())),
+            Some(program) => {
+                let mut args = perftest_args(&self.ctx.device, size, iters, port, self.qp_timeout);
+                args.extend(which.extra().iter().map(|s| s.to_string()));
+                Tool::spawn(which.tool(), program, &args)
+            }
+        };
+        let answer: Value;
+        let tool = match started {
+            Ok(mut tool) => {
+                // Until it listens (or dies): then tell the client.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !listening(port) && tool.running() && Instant::now() < deadline {
+                    let _ = self.link.progress();
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if tool.running() {
+                    answer = json!({ "ready": true });
+                    Some(tool)
+                } else {
+                    let output = tool.output();
+                    answer = json!({ "ready": false, "error": format!("{} exited at once: {}", which.tool(), last_lines(&output, 3)) });
+                    None
+                }
+            }
+            Err(error) => {
+                answer = json!({ "ready": false, "error": error });
+                None
+            }
+        };
+        send_control(&mut self.link, &answer)?;
+        Ok(tool)
+    }
+}
