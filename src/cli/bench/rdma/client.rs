@@ -10,9 +10,12 @@ use barlink::connect::Role;
 use barlink_rdma::RdmaLink;
 use barlink_rdma::verbs_queue::VerbsQueue;
 use barlink_transport::EngineConfig;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::control::{Schedule, parse_done, recv_control, recv_control_gently, send_control};
+use super::control::{
+    Answer, Bye, Done, Ready, Request, Schedule, ServerInfo, parse_done, recv_control,
+    recv_control_gently, send_control,
+};
 use super::perftest::{
     Baseline, Tool, find_tool, last_lines, not_listening_yet, parse_write_bw, parse_write_lat,
     perftest_args, tool_limit,
@@ -76,16 +79,17 @@ pub fn run(
     };
     let (mut link, decision) = link_up(args, &device, addr, Role::Connect)?;
     send_control(&mut link, &schedule.to_json())?;
-    let reply = recv_control(&mut link, STEP_TIMEOUT, "the server's answer to the plan")?;
-    if reply["ok"].as_bool() != Some(true) {
-        return Err(CommandError::environment(format!(
+    let answer: Answer<ServerInfo> =
+        recv_control(&mut link, STEP_TIMEOUT, "the server's answer to the plan")?;
+    let server = answer.into_result().map_err(|error| {
+        CommandError::environment(format!(
             "bench --rdma: the server refused the plan: {}",
-            reply["error"].as_str().unwrap_or("(no reason)")
-        )));
-    }
-    let perf_port = reply["perftest_port"].as_u64().unwrap_or(0) as u16;
-    let run_bw = schedule.bw && reply["ib_write_bw"].as_bool() == Some(true);
-    let run_lat = schedule.lat && reply["ib_write_lat"].as_bool() == Some(true);
+            error.as_deref().unwrap_or("(no reason)")
+        ))
+    })?;
+    let perf_port = server.perftest_port;
+    let run_bw = schedule.bw && server.ib_write_bw;
+    let run_lat = schedule.lat && server.ib_write_lat;
     let baseline = if rdma.no_baseline {
         "none (--no-baseline): no ratio".to_string()
     } else if !run_bw {
@@ -100,7 +104,11 @@ pub fn run(
         note(&text);
         text
     } else {
-        baseline_text(&device, &reply["gid_index"].to_string(), perf_port, run_lat)
+        // As the server's JSON has it: a number, or null on InfiniBand.
+        let server_gid = server
+            .gid_index
+            .map_or_else(|| "null".to_string(), |g| g.to_string());
+        baseline_text(&device, &server_gid, perf_port, run_lat)
     };
     let ctx = Context {
         role: "client",
@@ -135,9 +143,10 @@ pub fn run(
             print_row_value(value, client.ctx.json);
         }
         let last = index + 1 == sizes.len();
-        send_control(&mut client.link, &json!({ "rows": values, "last": last }))?;
+        let rows = Request::Rows { rows: values, last };
+        send_control(&mut client.link, &rows)?;
     }
-    let _ = recv_control(&mut client.link, STEP_TIMEOUT, "the server's goodbye")?;
+    let _: Bye = recv_control(&mut client.link, STEP_TIMEOUT, "the server's goodbye")?;
     let _ = client.link.close(Duration::from_secs(5));
     Ok(if client.failed {
         Status::CheckFailed
@@ -366,19 +375,20 @@ impl Client<'_> {
     ) -> Result<String, String> {
         let link = &mut self.link;
         let control_error = |e: CommandError| e.to_string();
-        send_control(
-            link,
-            &json!({ "run": which.tool(), "size": size, "iters": iters }),
-        )
-        .map_err(control_error)?;
-        let ready = recv_control_gently(link, STEP_TIMEOUT, "the server's perftest")
+        let run = Request::Run {
+            run: which,
+            size,
+            iters,
+        };
+        send_control(link, &run).map_err(control_error)?;
+        let ready: Ready = recv_control_gently(link, STEP_TIMEOUT, "the server's perftest")
             .map_err(control_error)?;
-        if ready["ready"].as_bool() != Some(true) {
-            return Err(format!(
+        ready.into_result().map_err(|error| {
+            format!(
                 "the server could not start its side: {}",
-                ready["error"].as_str().unwrap_or("(no reason)")
-            ));
-        }
+                error.as_deref().unwrap_or("(no reason)")
+            )
+        })?;
         let mut args = perftest_args(
             &self.ctx.device,
             size,
@@ -392,15 +402,17 @@ impl Client<'_> {
         let outcome = run_with_retries(link, program, which, &args, limit);
         // Whatever happened here, the server collects its side before the
         // schedule goes on.
-        send_control(link, &json!({ "finished": which.tool() })).map_err(control_error)?;
-        let verdict =
+        send_control(link, &Request::Finished { finished: which }).map_err(control_error)?;
+        let verdict: Answer<Done> =
             recv_control_gently(link, limit + STEP_TIMEOUT, "the server's perftest result")
                 .map_err(control_error)?;
-        if outcome.is_ok() && verdict["ok"].as_bool() != Some(true) {
+        if outcome.is_ok()
+            && let Err(error) = verdict.into_result()
+        {
             note(&format!(
                 "{}: the server's side: {}",
                 which.tool(),
-                verdict["error"].as_str().unwrap_or("failed")
+                error.as_deref().unwrap_or("failed")
             ));
         }
         outcome

@@ -6,6 +6,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use super::setup::Device;
 
 /// An executable named `name` in `PATH`.
@@ -146,10 +148,13 @@ pub fn perftest_args(
     args
 }
 
-/// Which perftest tool, and its extra arguments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which perftest tool, and its extra arguments (named by the tool in
+/// control messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Baseline {
+    #[serde(rename = "ib_write_bw")]
     Bw,
+    #[serde(rename = "ib_write_lat")]
     Lat,
 }
 

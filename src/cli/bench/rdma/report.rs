@@ -6,6 +6,7 @@ use std::io::Write;
 
 use barlink::connect::PathDecision;
 use barlink_transport::EngineConfig;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::setup::Device;
@@ -103,28 +104,57 @@ pub fn print_header(
     );
 }
 
+/// What the table shows of a row (its JSON carries more).
+#[derive(Debug, Deserialize)]
+#[serde(default)]
+struct TableRow {
+    size_bytes: usize,
+    path: String,
+    gbps: Option<f64>,
+    ratio_to_ib_write_bw: Option<f64>,
+    lat_p50_us: Option<f64>,
+    lat_p99_us: Option<f64>,
+    retransmits: u64,
+    crc_errors: u64,
+}
+
+impl Default for TableRow {
+    fn default() -> Self {
+        TableRow {
+            size_bytes: 0,
+            path: "?".into(),
+            gbps: None,
+            ratio_to_ib_write_bw: None,
+            lat_p50_us: None,
+            lat_p99_us: None,
+            retransmits: 0,
+            crc_errors: 0,
+        }
+    }
+}
+
+/// Prints a row as `row_json` made it: the JSON itself, or a table line.
 pub fn print_row_value(value: &Value, json_mode: bool) {
     if json_mode {
         println!("{value}");
     } else {
-        let number = |key: &str, digits: usize| {
-            value[key]
-                .as_f64()
-                .map_or("-".to_string(), |v| format!("{v:.digits$}"))
+        let row = TableRow::deserialize(value).unwrap_or_default();
+        let number = |value: Option<f64>, digits: usize| {
+            value.map_or("-".to_string(), |v| format!("{v:.digits$}"))
         };
-        let ratio = value["ratio_to_ib_write_bw"]
-            .as_f64()
+        let ratio = row
+            .ratio_to_ib_write_bw
             .map_or("-".to_string(), |r| format!("{r:.2}x"));
         println!(
             "  {:>8}  {:<14} {:>8} {:>14} {:>11} {:>11} {:>8} {:>8}",
-            human_size(value["size_bytes"].as_u64().unwrap_or(0) as usize),
-            value["path"].as_str().unwrap_or("?"),
-            number("gbps", 4),
+            human_size(row.size_bytes),
+            row.path,
+            number(row.gbps, 4),
             ratio,
-            number("lat_p50_us", 2),
-            number("lat_p99_us", 2),
-            value["retransmits"].as_u64().unwrap_or(0),
-            value["crc_errors"].as_u64().unwrap_or(0),
+            number(row.lat_p50_us, 2),
+            number(row.lat_p99_us, 2),
+            row.retransmits,
+            row.crc_errors,
         );
     }
     let _ = std::io::stdout().flush();

@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 use barlink::connect::Role;
 use barlink_rdma::RdmaLink;
 use barlink_rdma::verbs_queue::VerbsQueue;
-use serde_json::{Value, json};
 
-use super::control::{Schedule, done_message, recv_control, recv_control_gently, send_control};
+use super::control::{
+    Answer, Bye, Done, Ready, Request, Schedule, ServerInfo, done_message, recv_control,
+    recv_control_gently, send_control,
+};
 use super::perftest::{
     Baseline, Tool, find_tool, last_lines, listening, perftest_args, tool_limit,
 };
@@ -58,11 +60,11 @@ pub fn run(args: &BenchArgs, device: Device) -> Result<Status, CommandError> {
         );
     }
     let (mut link, decision) = link_up(args, &device, &listen, Role::Accept)?;
-    let plan = recv_control(&mut link, STEP_TIMEOUT, "the client's plan")?;
+    let plan: serde_json::Value = recv_control(&mut link, STEP_TIMEOUT, "the client's plan")?;
     let schedule = match Schedule::from_json(&plan) {
         Ok(schedule) => schedule,
         Err(error) => {
-            send_control(&mut link, &json!({ "ok": false, "error": error }))?;
+            send_control(&mut link, &Answer::<ServerInfo>::no(error.clone()))?;
             let _ = link.close(Duration::from_secs(5));
             return Err(CommandError::usage(format!("bench --rdma: {error}")));
         }
@@ -77,17 +79,14 @@ pub fn run(args: &BenchArgs, device: Device) -> Result<Status, CommandError> {
             "perftest's ib_write_bw is not installed here (Debian: apt install perftest): no baseline, no ratio",
         );
     }
-    send_control(
-        &mut link,
-        &json!({
-            "ok": true,
-            "device": device.name,
-            "gid_index": device.gid_index,
-            "perftest_port": perf_port,
-            "ib_write_bw": tools[0].is_some(),
-            "ib_write_lat": tools[1].is_some(),
-        }),
-    )?;
+    let info = ServerInfo {
+        device: device.name.clone(),
+        gid_index: device.gid_index,
+        perftest_port: perf_port,
+        ib_write_bw: tools[0].is_some(),
+        ib_write_lat: tools[1].is_some(),
+    };
+    send_control(&mut link, &Answer::yes(info))?;
     let ctx = Context {
         role: "server",
         decision,
@@ -115,7 +114,7 @@ pub fn run(args: &BenchArgs, device: Device) -> Result<Status, CommandError> {
         server.echo(size, lat_iters_for(schedule.lat_iters, size))?;
         server.serve_requests()?;
     }
-    send_control(&mut server.link, &json!({ "bye": true }))?;
+    send_control(&mut server.link, &Bye { bye: true })?;
     // The client closes after the goodbye; wait for that, briefly.
     let _ = server.link.close(Duration::from_secs(5));
     Ok(if server.failed {
@@ -188,28 +187,18 @@ impl Server {
     fn serve_requests(&mut self) -> Result<(), CommandError> {
         loop {
             let request = recv_control(&mut self.link, STEP_TIMEOUT, "the client's next step")?;
-            if let Some(rows) = request["rows"].as_array() {
-                for row in rows {
-                    print_row_value(row, self.ctx.json);
+            match request {
+                Request::Rows { rows, .. } => {
+                    for row in &rows {
+                        print_row_value(row, self.ctx.json);
+                    }
+                    return Ok(());
                 }
-                return Ok(());
-            }
-            match request["run"].as_str() {
-                Some(name) => {
-                    let which = if name == "ib_write_bw" {
-                        Baseline::Bw
-                    } else {
-                        Baseline::Lat
-                    };
-                    self.perftest(
-                        which,
-                        request["size"].as_u64().unwrap_or(0) as usize,
-                        request["iters"].as_u64().unwrap_or(5) as usize,
-                    )?;
-                }
-                None => {
+                Request::Run { run, size, iters } => self.perftest(run, size, iters)?,
+                Request::Finished { .. } => {
                     return Err(CommandError::environment(format!(
-                        "bench --rdma: an unknown request from the client: {request}"
+                        "bench --rdma: an unknown request from the client: {}",
+                        json_text(&request)
                     )));
                 }
             }
@@ -225,21 +214,23 @@ impl Server {
         };
         let link = &mut self.link;
         let limit = tool_limit(size * iters);
-        let finished = recv_control_gently(link, limit + STEP_TIMEOUT, "the client's perftest")?;
-        if finished["finished"].as_str() != Some(which.tool()) {
+        let finished: Request =
+            recv_control_gently(link, limit + STEP_TIMEOUT, "the client's perftest")?;
+        if !matches!(finished, Request::Finished { finished } if finished == which) {
             return Err(CommandError::environment(format!(
-                "bench --rdma: expected the end of {}, got {finished}",
-                which.tool()
+                "bench --rdma: expected the end of {}, got {}",
+                which.tool(),
+                json_text(&finished)
             )));
         }
         let verdict = match tool.wait(Duration::from_secs(20), || {
             let _ = link.progress();
         }) {
-            Ok((status, _)) if status.success() => json!({ "ok": true }),
+            Ok((status, _)) if status.success() => Answer::yes(Done {}),
             Ok((status, output)) => {
-                json!({ "ok": false, "error": format!("exited with {status}: {}", last_lines(&output, 3)) })
+                Answer::no(format!("exited with {status}: {}", last_lines(&output, 3)))
             }
-            Err(error) => json!({ "ok": false, "error": error }),
+            Err(error) => Answer::no(error),
         };
         send_control(link, &verdict)
     }
@@ -262,7 +253,7 @@ impl Server {
                 Tool::spawn(which.tool(), program, &args)
             }
         };
-        let answer: Value;
+        let answer: Result<(), String>;
         let tool = match started {
             Ok(mut tool) => {
                 // Until it listens (or dies): then tell the client.
@@ -272,20 +263,29 @@ impl Server {
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 if tool.running() {
-                    answer = json!({ "ready": true });
+                    answer = Ok(());
                     Some(tool)
                 } else {
                     let output = tool.output();
-                    answer = json!({ "ready": false, "error": format!("{} exited at once: {}", which.tool(), last_lines(&output, 3)) });
+                    answer = Err(format!(
+                        "{} exited at once: {}",
+                        which.tool(),
+                        last_lines(&output, 3)
+                    ));
                     None
                 }
             }
             Err(error) => {
-                answer = json!({ "ready": false, "error": error });
+                answer = Err(error);
                 None
             }
         };
-        send_control(&mut self.link, &answer)?;
+        send_control(&mut self.link, &Ready::result(answer))?;
         Ok(tool)
     }
+}
+
+/// A request as it came over the wire, for an error message.
+fn json_text(request: &Request) -> String {
+    serde_json::to_string(request).unwrap_or_default()
 }
