@@ -100,6 +100,9 @@ struct Verdicts {
     duplicated: AtomicU64,
 }
 
+/// A link over two faulty windows: the sender's and the receiver's ends.
+type SoakLink = RingLink<Arc<dyn Window>>;
+
 pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
     let duration = match &args.duration {
         Some(text) => {
@@ -114,107 +117,13 @@ pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
             args.fault_rate
         )));
     }
-    let config = EngineConfig {
-        mtu: args.mtu,
-        max_message_len: (args.max_size as u64 + 8).max(1 << 20),
-        ..EngineConfig::default()
-    };
-    config
-        .validate()
-        .map_err(|e| CommandError::usage(format!("engine configuration: {e}")))?;
-    let window_len = (4 << 20) + barlink_transport::ring::CONTROL_LEN;
-    let each = args.fault_rate / 4.0;
-    let faults = FaultConfig::none()
-        .with_bit_flip(each)
-        .with_drop(each)
-        .with_tear(each)
-        .with_stall(each, 3);
-    let setup = |e: &dyn std::fmt::Display| CommandError::environment(format!("soak setup: {e}"));
-    let window_a = Arc::new(HeapWindow::new(window_len).map_err(|e| setup(&e))?);
-    let window_b = Arc::new(HeapWindow::new(window_len).map_err(|e| setup(&e))?);
-    let geometry = Geometry::for_window(window_len, config.mtu).map_err(|e| setup(&e))?;
-    init_ring(&*window_a, geometry, 1).map_err(|e| setup(&e))?;
-    init_ring(&*window_b, geometry, 1).map_err(|e| setup(&e))?;
-    let faulty = |w: Arc<HeapWindow>, seed: u64| -> Arc<dyn Window> {
-        Arc::new(FaultWindow::new(w, faults.clone(), seed))
-    };
-    let a_own: Arc<dyn Window> = window_a.clone();
-    let b_own: Arc<dyn Window> = window_b.clone();
-    let mut sender: RingLink<Arc<dyn Window>> =
-        RingLink::new(a_own, faulty(window_b, args.seed ^ 0xA), config.clone(), 1)
-            .map_err(|e| setup(&e))?;
-    let mut receiver: RingLink<Arc<dyn Window>> =
-        RingLink::new(b_own, faulty(window_a, args.seed ^ 0xB), config, 1)
-            .map_err(|e| setup(&e))?;
-
+    let (mut sender, receiver) = links(args)?;
     let verdicts = Arc::new(Verdicts::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let step = Duration::from_secs(5);
-    let (seed, max_size) = (args.seed, args.max_size);
-    let reader = {
-        let verdicts = verdicts.clone();
-        let stop = stop.clone();
-        // The link comes back whatever happens, so that its statistics are
-        // reported even after a failure.
-        thread::spawn(move || -> (RingLink<Arc<dyn Window>>, Option<String>) {
-            let mut expected = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                // Short waits, so that the end of the run is seen long
-                // before the peer timeout could fire.
-                let data = match receiver.recv(Duration::from_millis(100)) {
-                    Ok(data) => data,
-                    Err(barlink_transport::link::IoError::Timeout { .. }) => continue,
-                    Err(e) => return (receiver, Some(e.to_string())),
-                };
-                let index = u64::from_le_bytes(
-                    data.get(..8)
-                        .and_then(|b| b.try_into().ok())
-                        .unwrap_or([0xFF; 8]),
-                );
-                if index < expected {
-                    verdicts.duplicated.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    if index > expected {
-                        verdicts.lost.fetch_add(index - expected, Ordering::Relaxed);
-                    }
-                    if data != soak_message(seed, index, max_size) {
-                        verdicts.corrupted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    expected = index + 1;
-                }
-                verdicts.messages.fetch_add(1, Ordering::Relaxed);
-                verdicts
-                    .bytes
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
-                receiver.recycle(data);
-            }
-            (receiver, None)
-        })
-    };
+    let reader = spawn_reader(receiver, args, verdicts.clone(), stop.clone());
 
     let started = Instant::now();
-    let mut next_report = started + Duration::from_secs(args.progress_every.max(1));
-    let mut sent = 0u64;
-    let mut failure = None;
-    while started.elapsed() < duration {
-        if let Err(e) = sender.send_blocking(soak_message(seed, sent, max_size), step * 6) {
-            failure = Some(e.to_string());
-            break;
-        }
-        sent += 1;
-        if Instant::now() >= next_report {
-            // Mid-run, the receiver's counters live on its thread; the NAKs
-            // it sent stand for the corruption it caught.
-            let caught = sender.engine().stats().naks_received;
-            report(args, "progress", started, &sender, &verdicts, sent, caught);
-            next_report += Duration::from_secs(args.progress_every.max(1));
-        }
-    }
-    if failure.is_none()
-        && let Err(e) = sender.flush(Duration::from_secs(60))
-    {
-        failure = Some(e.to_string());
-    }
+    let (sent, mut failure) = send_for(&mut sender, args, duration, started, &verdicts);
     // Wait for the receiver to see everything that was acknowledged.
     let until = Instant::now() + Duration::from_secs(30);
     while verdicts.messages.load(Ordering::Relaxed) < sent && Instant::now() < until {
@@ -261,11 +170,125 @@ pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
     })
 }
 
+/// The two ends of a link whose windows fault as `--fault-rate` says.
+fn links(args: &SoakArgs) -> Result<(SoakLink, SoakLink), CommandError> {
+    let config = EngineConfig {
+        mtu: args.mtu,
+        max_message_len: (args.max_size as u64 + 8).max(1 << 20),
+        ..EngineConfig::default()
+    };
+    config
+        .validate()
+        .map_err(|e| CommandError::usage(format!("engine configuration: {e}")))?;
+    let window_len = (4 << 20) + barlink_transport::ring::CONTROL_LEN;
+    let each = args.fault_rate / 4.0;
+    let faults = FaultConfig::none()
+        .with_bit_flip(each)
+        .with_drop(each)
+        .with_tear(each)
+        .with_stall(each, 3);
+    let setup = |e: &dyn std::fmt::Display| CommandError::environment(format!("soak setup: {e}"));
+    let window_a = Arc::new(HeapWindow::new(window_len).map_err(|e| setup(&e))?);
+    let window_b = Arc::new(HeapWindow::new(window_len).map_err(|e| setup(&e))?);
+    let geometry = Geometry::for_window(window_len, config.mtu).map_err(|e| setup(&e))?;
+    init_ring(&*window_a, geometry, 1).map_err(|e| setup(&e))?;
+    init_ring(&*window_b, geometry, 1).map_err(|e| setup(&e))?;
+    let faulty = |w: Arc<HeapWindow>, seed: u64| -> Arc<dyn Window> {
+        Arc::new(FaultWindow::new(w, faults.clone(), seed))
+    };
+    let a_own: Arc<dyn Window> = window_a.clone();
+    let b_own: Arc<dyn Window> = window_b.clone();
+    let sender: SoakLink =
+        RingLink::new(a_own, faulty(window_b, args.seed ^ 0xA), config.clone(), 1)
+            .map_err(|e| setup(&e))?;
+    let receiver: SoakLink = RingLink::new(b_own, faulty(window_a, args.seed ^ 0xB), config, 1)
+        .map_err(|e| setup(&e))?;
+    Ok((sender, receiver))
+}
+
+/// The receiving thread: checks every message and counts what is wrong
+/// until `stop`. The link comes back whatever happens, so that its
+/// statistics are reported even after a failure.
+fn spawn_reader(
+    mut receiver: SoakLink,
+    args: &SoakArgs,
+    verdicts: Arc<Verdicts>,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<(SoakLink, Option<String>)> {
+    let (seed, max_size) = (args.seed, args.max_size);
+    thread::spawn(move || {
+        let mut expected = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            // Short waits, so that the end of the run is seen long
+            // before the peer timeout could fire.
+            let data = match receiver.recv(Duration::from_millis(100)) {
+                Ok(data) => data,
+                Err(barlink_transport::link::IoError::Timeout { .. }) => continue,
+                Err(e) => return (receiver, Some(e.to_string())),
+            };
+            let index = u64::from_le_bytes(
+                data.get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .unwrap_or([0xFF; 8]),
+            );
+            if index < expected {
+                verdicts.duplicated.fetch_add(1, Ordering::Relaxed);
+            } else {
+                if index > expected {
+                    verdicts.lost.fetch_add(index - expected, Ordering::Relaxed);
+                }
+                if data != soak_message(seed, index, max_size) {
+                    verdicts.corrupted.fetch_add(1, Ordering::Relaxed);
+                }
+                expected = index + 1;
+            }
+            verdicts.messages.fetch_add(1, Ordering::Relaxed);
+            verdicts
+                .bytes
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            receiver.recycle(data);
+        }
+        (receiver, None)
+    })
+}
+
+/// Sends messages for `duration`, with a progress line now and then, then
+/// flushes: how many were sent, and the link's error if it failed.
+fn send_for(
+    sender: &mut SoakLink,
+    args: &SoakArgs,
+    duration: Duration,
+    started: Instant,
+    verdicts: &Verdicts,
+) -> (u64, Option<String>) {
+    let step = Duration::from_secs(5);
+    let mut next_report = started + Duration::from_secs(args.progress_every.max(1));
+    let mut sent = 0u64;
+    while started.elapsed() < duration {
+        if let Err(e) = sender.send_blocking(soak_message(args.seed, sent, args.max_size), step * 6)
+        {
+            return (sent, Some(e.to_string()));
+        }
+        sent += 1;
+        if Instant::now() >= next_report {
+            // Mid-run, the receiver's counters live on its thread; the NAKs
+            // it sent stand for the corruption it caught.
+            let caught = sender.engine().stats().naks_received;
+            report(args, "progress", started, sender, verdicts, sent, caught);
+            next_report += Duration::from_secs(args.progress_every.max(1));
+        }
+    }
+    match sender.flush(Duration::from_secs(60)) {
+        Ok(()) => (sent, None),
+        Err(e) => (sent, Some(e.to_string())),
+    }
+}
+
 fn report(
     args: &SoakArgs,
     kind: &str,
     started: Instant,
-    sender: &RingLink<Arc<dyn Window>>,
+    sender: &SoakLink,
     verdicts: &Verdicts,
     sent: u64,
     caught: u64,
