@@ -31,7 +31,8 @@ use barlink_topology::{Bdf, PathChoice, PathPolicy, Topology};
 use barlink_transport::link::{IoError, LinkConfig, Listener, RingLink, SetupError, pair_windows};
 use barlink_transport::window::ShmWindow;
 use barlink_transport::{EngineConfig, Stats};
-use barlink_vfio::{BarWindow, DeviceSpec, SysfsBar, SysfsBarOptions};
+use barlink_vfio::BarWindow;
+use barlink_vfio::open::{BarOpenError, BarRoute, open_bar_range};
 
 /// Where the peer is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -398,20 +399,24 @@ impl<B: AsRef<[u8]>> Connection<B> {
     }
 }
 
+/// The window `bar` names, through the device's sysfs `resourceN` file.
 fn open_bar(bar: &BarRef, root: &Path) -> Result<BarWindow, String> {
-    let options = SysfsBarOptions {
-        len: Some(bar.offset + bar.len),
-        env: barlink_vfio::VfioEnv {
-            sysfs_root: root.to_path_buf(),
-            ..barlink_vfio::VfioEnv::default()
-        },
-        ..SysfsBarOptions::default()
+    let env = barlink_vfio::VfioEnv {
+        sysfs_root: root.to_path_buf(),
+        ..barlink_vfio::VfioEnv::default()
     };
-    let window = SysfsBar::open_with(&bar.device, bar.bar, &options)
-        .map_err(|e| format!("mapping BAR {} of {}: {e}", bar.bar, bar.device))?;
-    window
-        .slice(bar.offset, bar.len)
-        .map_err(|e| format!("BAR {} of {}: {e}", bar.bar, bar.device))
+    open_bar_range(
+        &env,
+        &bar.device,
+        bar.bar,
+        BarRoute::Sysfs,
+        bar.offset,
+        bar.len,
+    )
+    .map_err(|e| match e {
+        BarOpenError::Range(e) => format!("BAR {} of {}: {e}", bar.bar, bar.device),
+        e => format!("mapping BAR {} of {}: {e}", bar.bar, bar.device),
+    })
 }
 
 /// Picks the path to `peer` ([`choose_path`]), sets up the link over it and
