@@ -385,3 +385,137 @@ fn barlink_log_filters_the_log_on_stderr() {
     assert!(bad.status.success(), "{bad:?}");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a log filter"));
 }
+
+/// A `barlink bench` between two processes that runs long enough to be
+/// killed in the middle (the child is the second process).
+fn start_long_bench(stderr: std::process::Stdio) -> (std::process::Child, u32) {
+    use std::process::Stdio;
+    let parent = Command::new(env!("CARGO_BIN_EXE_barlink"))
+        .args(["bench", "--sizes", "1M,16M", "--windows", "40"])
+        .args(["--paths", "barlink"])
+        .env_remove("BARLINK_SIZES")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("the barlink binary runs");
+    let started = std::time::Instant::now();
+    let child = loop {
+        if let Some(child) = child_of(parent.id()) {
+            break child;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "bench started no peer process"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // Let both get into their timed windows.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    (parent, child)
+}
+
+/// A process whose parent is `parent`, from /proc.
+fn child_of(parent: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        (process_state(pid)?.1 == parent).then_some(pid)
+    })
+}
+
+/// A process's state letter and parent, from /proc/PID/stat; `None` once
+/// it is gone.
+fn process_state(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "PID (COMM) STATE PPID ...": the name may hold spaces and parentheses.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.next()?.parse().ok()?))
+}
+
+fn kill_9(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -9 {pid}");
+}
+
+/// Waits for `child` to exit, at most `limit`.
+fn exit_within(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    None
+}
+
+/// `bench`'s two processes watch each other. A peer killed with SIGKILL is
+/// reported by the parent as lost (which process, in which phase) within
+/// the link's default peer timeout (2 s), exit status 1; a parent killed
+/// so takes its peer down within as long. (Both used to wait out their
+/// 60-second step timeouts.)
+#[test]
+fn bench_processes_watch_each_other_through_kill_9() {
+    use std::io::Read;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+
+    let (mut parent, child) = start_long_bench(Stdio::piped());
+    kill_9(child);
+    let killed = Instant::now();
+    let status = exit_within(&mut parent, Duration::from_secs(10));
+    let noticed = killed.elapsed();
+    if status.is_none() {
+        let _ = parent.kill();
+    }
+    let mut stderr = String::new();
+    parent
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = status
+        .unwrap_or_else(|| panic!("the parent did not notice its peer's death in 10 s: {stderr}"));
+    assert!(
+        noticed <= PEER_TIMEOUT,
+        "noticed after {noticed:?}: {stderr}"
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("lost the peer process")
+            && stderr.contains(&format!("pid {child}"))
+            && stderr.contains(" during size "),
+        "which process, in which phase: {stderr}"
+    );
+
+    let (mut parent, child) = start_long_bench(Stdio::null());
+    kill_9(parent.id());
+    let killed = Instant::now();
+    parent.wait().unwrap();
+    let gone = loop {
+        // Gone, or a zombie waiting for whoever adopted it.
+        if process_state(child).is_none_or(|(state, _)| state == 'Z') {
+            break true;
+        }
+        if killed.elapsed() > Duration::from_secs(10) {
+            kill_9(child);
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = killed.elapsed();
+    assert!(gone, "the peer outlived its parent by 10 s");
+    assert!(
+        took <= PEER_TIMEOUT,
+        "the peer outlived its parent by {took:?}"
+    );
+}

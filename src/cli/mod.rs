@@ -45,6 +45,13 @@ impl CommandError {
         }
     }
 
+    pub fn new(status: Status, message: impl Into<String>) -> Self {
+        CommandError {
+            status,
+            message: message.into(),
+        }
+    }
+
     pub fn environment(message: impl Into<String>) -> Self {
         CommandError {
             status: Status::Environment,

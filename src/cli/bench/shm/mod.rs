@@ -26,6 +26,7 @@ pub(super) mod plan;
 mod raw_ring;
 mod schedule;
 mod setup;
+mod watch;
 
 use std::io::IsTerminal;
 
@@ -38,7 +39,7 @@ use super::report::{
 use crate::cli::{CommandError, Status, human_size};
 
 pub use plan::{PeerPlan, ProcPath};
-pub use schedule::{Measured, run_child, run_parent};
+pub use schedule::{Measured, RunError, run_child, run_parent};
 
 /// Every two-process path, in the order the rows' ratios index them.
 const ALL: [ProcPath; 5] = [
@@ -126,8 +127,10 @@ fn measure(
         seed: args.seed,
         progress: args.progress,
     };
-    let measured =
-        run_parent(&peer_plan).map_err(|e| CommandError::environment(format!("bench: {e}")))?;
+    let measured = run_parent(&peer_plan).map_err(|error| match error {
+        RunError::Lost(lost) => CommandError::new(lost.status(), format!("bench: {lost}")),
+        RunError::Failed(error) => CommandError::environment(format!("bench: {error}")),
+    })?;
     let mut results: Vec<Vec<Measured>> = vec![vec![]; ALL.len()];
     for (path, path_results) in paths.iter().zip(measured) {
         let slot = ALL

@@ -1,13 +1,14 @@
 //! The schedule both processes follow: every size, on every path in turn,
 //! a warm-up and the timed windows, then the latency round trips.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::pipes::{flush_on, recv_on};
 use super::plan::{PeerPlan, plan_args};
 use super::setup::{child_pipe, parent_pipe};
+use super::watch::{LostPeer, PeerWatch, Phase, watch_parent};
 
 /// What one size measured on one path.
 #[derive(Debug, Clone)]
@@ -24,24 +25,36 @@ fn message_of(size: usize, seed: u64) -> Arc<[u8]> {
     data.into()
 }
 
+/// Why the parent's side of the run failed.
+#[derive(Debug)]
+pub enum RunError {
+    /// The child ended while the run needed it.
+    Lost(LostPeer),
+    /// A step failed or timed out.
+    Failed(String),
+}
+
 /// The parent's side: spawns the child, measures every size on every path,
 /// returns one `Measured` per size for each path of `plan.paths`.
-pub fn run_parent(plan: &PeerPlan) -> Result<Vec<Vec<Measured>>, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut child = Command::new(exe)
-        .arg("bench-peer")
-        .args(plan_args(plan))
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting the peer process: {e}"))?;
-    let result = parent_phases(plan, &mut child);
-    if result.is_err() {
-        let _ = child.kill();
-    }
-    let status = child.wait().map_err(|e| e.to_string())?;
-    let measured = result?;
+pub fn run_parent(plan: &PeerPlan) -> Result<Vec<Vec<Measured>>, RunError> {
+    let exe = std::env::current_exe().map_err(|e| RunError::Failed(e.to_string()))?;
+    let mut command = Command::new(exe);
+    command.arg("bench-peer").args(plan_args(plan));
+    let watch = PeerWatch::spawn(command).map_err(RunError::Failed)?;
+    let measured = match parent_phases(plan, &watch) {
+        Ok(measured) => measured,
+        Err(error) => {
+            return Err(match watch.abort() {
+                Some(lost) => RunError::Lost(lost),
+                None => RunError::Failed(error),
+            });
+        }
+    };
+    let status = watch.finish().map_err(RunError::Failed)?;
     if !status.success() {
-        return Err(format!("the peer process failed: {status}"));
+        return Err(RunError::Failed(format!(
+            "the peer process failed: {status}"
+        )));
     }
     Ok(measured)
 }
@@ -49,10 +62,11 @@ pub fn run_parent(plan: &PeerPlan) -> Result<Vec<Vec<Measured>>, String> {
 /// Round trips per turn when the paths take turns at latency.
 const LATENCY_TURN: usize = 100;
 
-fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>>, String> {
+fn parent_phases(plan: &PeerPlan, watch: &PeerWatch) -> Result<Vec<Vec<Measured>>, String> {
     let mut pipes = vec![];
     for &path in &plan.paths {
-        let pipe = parent_pipe(plan, path, child).map_err(|e| format!("{}: {e}", path.name()))?;
+        watch.enter(Phase::SettingUp(path));
+        let pipe = parent_pipe(plan, path, watch).map_err(|e| format!("{}: {e}", path.name()))?;
         pipes.push(pipe);
     }
     let mut ack = Vec::new();
@@ -75,6 +89,12 @@ fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>
         ];
         for window in 0..=plan.windows {
             for (index, measured) in measured.iter_mut().enumerate() {
+                watch.enter(Phase::Window {
+                    size,
+                    window,
+                    windows: plan.windows,
+                    path: plan.paths[index],
+                });
                 let start = Instant::now();
                 for _ in 0..count {
                     pipes[index].send(&message)?;
@@ -94,6 +114,10 @@ fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>
         }
         for turn in latency_turns(plan.lat_iters) {
             for (index, measured) in measured.iter_mut().enumerate() {
+                watch.enter(Phase::Latency {
+                    size,
+                    path: plan.paths[index],
+                });
                 for _ in 0..turn {
                     let start = Instant::now();
                     pipes[index].send(&message)?;
@@ -108,6 +132,7 @@ fn parent_phases(plan: &PeerPlan, child: &mut Child) -> Result<Vec<Vec<Measured>
                 flush_on(&mut pipes, index)?;
             }
         }
+        watch.enter(Phase::Flushing { size });
         for index in 0..pipes.len() {
             flush_on(&mut pipes, index)?;
             let pipe = &pipes[index];
@@ -144,6 +169,7 @@ fn latency_turns(iters: usize) -> impl Iterator<Item = usize> {
 /// The child's side (`barlink bench-peer`): receives, checks, confirms,
 /// echoes, on each path in the parent's order.
 pub fn run_child(plan: &PeerPlan) -> Result<(), String> {
+    watch_parent();
     let mut pipes = vec![];
     for &path in &plan.paths {
         pipes.push(child_pipe(plan, path).map_err(|e| format!("{}: {e}", path.name()))?);

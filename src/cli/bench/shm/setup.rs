@@ -3,7 +3,6 @@
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +12,7 @@ use barlink_transport::window::{FaultConfig, FaultWindow, ShmWindow};
 use super::pipes::{Pipe, SocketPipe, link_pipe};
 use super::plan::{PeerPlan, ProcPath, STEP_TIMEOUT, link_config};
 use super::raw_ring::RawRingPipe;
+use super::watch::PeerWatch;
 
 /// A link whose writes into the peer's ring flip a bit with probability
 /// `rate` per packet. Each packet is two writes (payload, then header, each
@@ -42,7 +42,7 @@ fn socket_address(name: &str) -> Result<SocketAddr, String> {
 pub(super) fn parent_pipe(
     plan: &PeerPlan,
     path: ProcPath,
-    child: &mut Child,
+    watch: &PeerWatch,
 ) -> Result<Box<dyn Pipe>, String> {
     let config = link_config(plan);
     let name = format!("{}-{}", plan.name, path.name());
@@ -80,7 +80,7 @@ pub(super) fn parent_pipe(
                 match listener.accept() {
                     Ok((stream, _)) => break stream,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
+                        if Instant::now() > deadline || !watch.peer_running() {
                             return Err("unix socket: the peer never connected".into());
                         }
                         std::thread::sleep(Duration::from_millis(1));
