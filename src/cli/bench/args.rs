@@ -34,13 +34,11 @@ pub struct BenchArgs {
     pub sizes: Option<String>,
     /// Largest packet, header included. The default, 128 KiB, carries a
     /// 64 KiB message in one packet, not two (the second of 80 bytes), and
-    /// halves the packets of larger ones: ~1,800 fewer instructions per
-    /// 64 KiB message. Both sides must use the same.
+    /// halves the packets of larger ones. Both sides must use the same.
     #[arg(long, default_value = "128K", value_parser = parse_size, env = "BARLINK_MTU")]
     pub mtu: usize,
     /// Packets in flight (send window and receive credit). Default: as many
-    /// as fill 4 MiB (the ring size this machine moves data fastest through),
-    /// between 4 and 256.
+    /// as fill 4 MiB (the rings' size), between 4 and 256.
     #[arg(long, env = "BARLINK_WINDOW")]
     pub window: Option<u32>,
     /// CRC-32C on every packet.

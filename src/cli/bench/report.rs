@@ -156,8 +156,7 @@ pub fn print_row(row: &Row, args: &BenchArgs, config: &EngineConfig) {
 // ------------------------------------------------------------- two processes
 
 /// A path whose fastest window beats its slowest by more than this saw the
-/// machine's load change (a shared VM: measured 2.6x between back-to-back
-/// runs of the same build), and the run says so.
+/// machine's load change, and the run says so.
 pub const UNSTEADY_SPREAD: f64 = 1.5;
 
 /// One row of the two-process run.

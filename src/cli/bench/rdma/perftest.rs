@@ -253,8 +253,8 @@ pub fn listening(port: u16) -> bool {
     })
 }
 
-/// Longest a perftest run of `bytes` may take: generous (soft-RoCE under
-/// emulation moves 10-30 MB/s), but bounded.
+/// Longest a perftest run of `bytes` may take: generous enough for
+/// soft-RoCE under emulation, but bounded.
 pub fn tool_limit(bytes: usize) -> Duration {
     Duration::from_secs(30 + (bytes / 2_000_000) as u64).min(Duration::from_secs(600))
 }

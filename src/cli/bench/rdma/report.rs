@@ -47,7 +47,7 @@ pub fn row_json(row: &Row, ctx: &Context, config: &EngineConfig) -> Value {
         config,
     );
     // Six decimals, not common_json's three: under emulation small
-    // messages move kilobytes per second, which three would round to 0.
+    // messages move so slowly that three would round them to 0.
     value.insert("gbps".into(), json!(round(row.gbps, 6)));
     if row.lat.is_none() {
         value.insert("lat_p50_us".into(), Value::Null);

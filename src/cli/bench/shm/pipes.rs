@@ -56,7 +56,7 @@ const IDLE_SLICE: Duration = Duration::from_millis(1);
 /// (a held acknowledgement, a retransmission of a last packet that arrived
 /// corrupt) would otherwise wait until the schedule came back to that path
 /// — while the other side waits for it there, never coming back: a
-/// deadlock that `--fault-rate` runs hit a few times in a hundred. A round
+/// deadlock that `--fault-rate` runs hit. A round
 /// on an idle link is two loads, so the timed windows do not feel it.
 pub(super) fn recv_on(
     pipes: &mut [Box<dyn Pipe>],
