@@ -31,8 +31,8 @@ use barlink_topology::{Bdf, PathChoice, PathPolicy, Topology};
 use barlink_transport::link::{IoError, LinkConfig, Listener, RingLink, SetupError, pair_windows};
 use barlink_transport::window::ShmWindow;
 use barlink_transport::{EngineConfig, Stats};
-use barlink_vfio::BarWindow;
 use barlink_vfio::open::{BarOpenError, BarRoute, open_bar_range};
+use barlink_vfio::{BarWindow, DeviceSpec};
 
 /// Where the peer is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use barlink_vfio::{Connection, PathPolicy, Topology};
+use barlink_topology::{PathClass, PathPolicy, Topology};
 use clap::Args;
 
 use super::CommandError;
@@ -48,7 +48,7 @@ impl PlatformArgs {
     pub fn discover(&self) -> Result<Topology, CommandError> {
         let max_p2p_connection = match &self.p2p_level {
             None => None,
-            Some(level) => Some(Connection::parse(level).ok_or_else(|| {
+            Some(level) => Some(PathClass::parse(level).ok_or_else(|| {
                 CommandError::usage(format!(
                     "--p2p-level {level:?} is not one of PIX, PXB, PHB, NODE, SYS"
                 ))

@@ -1,7 +1,7 @@
 //! `barlink doctor`: a thin wrapper over the topology crate's platform
 //! checks. Exits 1 when a check fails.
 
-use barlink_vfio::doctor;
+use barlink_topology::doctor;
 use clap::Args;
 
 use super::args::{JsonArg, PlatformArgs};

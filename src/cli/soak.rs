@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use barlink_transport::EngineConfig;
 use barlink_transport::link::{RingLink, init_ring};
 use barlink_transport::ring::Geometry;
-use barlink_transport::sim::SplitMix64;
+use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window};
 use clap::Args;
 use serde_json::json;

@@ -1,7 +1,7 @@
 //! `barlink topo`: a thin wrapper over the topology crate's discovery and
 //! rendering.
 
-use barlink_vfio::render;
+use barlink_topology::render;
 use clap::Args;
 
 use super::args::{JsonArg, PlatformArgs};

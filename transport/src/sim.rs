@@ -15,7 +15,7 @@ use std::collections::BinaryHeap;
 use std::time::Duration;
 
 use crate::engine::{ConfigError, Engine, EngineConfig, Event, LinkError};
-pub use crate::rng::SplitMix64;
+use crate::rng::SplitMix64;
 use crate::time::Time;
 
 /// Per-packet fault probabilities and delays of one direction.

@@ -52,7 +52,6 @@ pub mod device;
 pub mod env;
 #[forbid(unsafe_code)]
 pub mod error;
-#[forbid(unsafe_code)]
 pub mod open;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -20,11 +20,11 @@ use std::path::Path;
 use barlink_transport::window::{Window, WindowError};
 
 use crate::bind::{self, VFIO_PCI};
-use crate::pci::resource::{Bar, BarSpace, parse_resource};
 use crate::{
-    BarWindow, Bdf, Container, DeviceSpec, SysfsBar, SysfsBarOptions, VfioDevice, VfioEnv,
-    VfioError,
+    BarWindow, Container, DeviceSpec, SysfsBar, SysfsBarOptions, VfioDevice, VfioEnv, VfioError,
 };
+use barlink_topology::Bdf;
+use barlink_topology::pci::resource::{Bar, BarSpace, parse_resource};
 
 /// How a BAR is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use barlink_transport::EngineConfig;
-use barlink_transport::sim::{Faults, SimPair, SplitMix64};
+use barlink_transport::rng::SplitMix64;
+use barlink_transport::sim::{Faults, SimPair};
 
 use super::args::{BenchArgs, Plan};
 use super::report::{Row, median, micros, percentile, print_header, print_row};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use barlink_transport::link::{RingLink, init_ring};
 use barlink_transport::ring::Geometry;
-use barlink_transport::sim::SplitMix64;
+use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::Window;
 use barlink_transport::{EngineConfig, SendError, Stats};
 

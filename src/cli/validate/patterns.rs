@@ -1,7 +1,7 @@
 //! The test patterns: walking ones, address in address, seeded random —
 //! streams of 8-byte words that can be started at any word.
 
-use barlink_transport::sim::SplitMix64;
+use barlink_transport::rng::SplitMix64;
 
 /// Added per word to the random pattern's SplitMix64 state (its own
 /// increment), so that any word of the stream can be started at.

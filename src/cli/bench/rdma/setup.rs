@@ -9,7 +9,7 @@ use barlink_rdma::oob::OobOptions;
 use barlink_rdma::verbs_queue::{RdmaLinkOptions, VerbsQueue};
 use barlink_rdma::{LinkLayer, RdmaError};
 use barlink_transport::EngineConfig;
-use barlink_transport::sim::SplitMix64;
+use barlink_transport::rng::SplitMix64;
 
 use super::args::RdmaArgs;
 use crate::cli::CommandError;

@@ -21,7 +21,7 @@ pub struct Measured {
 
 fn message_of(size: usize, seed: u64) -> Arc<[u8]> {
     let mut data = vec![0u8; size];
-    barlink_transport::sim::SplitMix64::new(seed).fill(&mut data);
+    barlink_transport::rng::SplitMix64::new(seed).fill(&mut data);
     data.into()
 }
 
