@@ -172,6 +172,12 @@ fn bench_between_processes_reports_barlink_and_its_baselines() {
         ] {
             assert!(row.get(field).is_some(), "{field} missing from {row}");
         }
+        // Every figure says where it came from: the CPU and the kernels.
+        for field in ["cpu", "copy_crc_kernel", "crc_kernel", "copy_kernel"] {
+            let value = row[field].as_str().unwrap_or_default();
+            assert!(!value.is_empty(), "{field} missing from {row}");
+        }
+        assert!(row["cpu_features"].is_array(), "{row}");
         assert!(row["gbps"].as_f64().unwrap() > 0.0, "{row}");
         // The median window lies between the slowest and the fastest.
         let (low, high) = (

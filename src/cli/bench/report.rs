@@ -2,9 +2,11 @@
 //! two-process runs as a table for people or one JSON object per line, and
 //! the statistics behind them (medians, percentiles, the spread of windows).
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use barlink_transport::EngineConfig;
+use barlink_transport::cpu::CpuReport;
 use serde_json::json;
 
 use super::args::BenchArgs;
@@ -40,6 +42,25 @@ pub fn round(value: f64, digits: i32) -> f64 {
     (value * scale).round() / scale
 }
 
+/// The CPU this run is on and the kernels chosen on it (read once).
+pub fn cpu() -> &'static CpuReport {
+    static CPU: OnceLock<CpuReport> = OnceLock::new();
+    CPU.get_or_init(CpuReport::current)
+}
+
+/// The header line that says where every figure below came from.
+pub fn print_cpu_line() {
+    let cpu = cpu();
+    println!(
+        "# cpu: {} [{}]  kernels: copy+crc {}; crc {}; copy {}",
+        cpu.model,
+        cpu.features.join(" "),
+        cpu.copy_crc_kernel,
+        cpu.crc_kernel,
+        cpu.copy_kernel
+    );
+}
+
 /// The fields every `--json` row of every path has (the README's contract
 /// with scripts): path, size, GB/s, latency percentiles, retransmissions,
 /// CRC errors, and the link settings.
@@ -60,6 +81,11 @@ pub fn common_json(
         "crc_errors": crc_errors,
         "mtu": config.mtu,
         "crc": config.crc,
+        "cpu": cpu().model,
+        "cpu_features": cpu().features,
+        "copy_crc_kernel": cpu().copy_crc_kernel,
+        "crc_kernel": cpu().crc_kernel,
+        "copy_kernel": cpu().copy_kernel,
     }) {
         serde_json::Value::Object(map) => map,
         _ => unreachable!("a JSON object literal"),
@@ -94,6 +120,7 @@ pub fn print_header(args: &BenchArgs, config: &EngineConfig, windows: usize) {
         args.fault_rate,
         windows
     );
+    print_cpu_line();
     println!(
         "# baseline memcpy: the same bytes copied message -> packet slot (cycling through a window's worth) -> destination, no protocol"
     );
@@ -187,6 +214,7 @@ pub fn print_proc_header(args: &BenchArgs, config: &EngineConfig, windows: usize
         args.progress.name(),
         windows
     );
+    print_cpu_line();
     println!(
         "# baselines in the same run: raw-ring (same rings, no protocol: the limit), \
          raw-ring-crc (the raw ring checking a CRC-32C per slot: the limit with checked data), unix-socket"

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::setup::Device;
-use crate::cli::bench::report::{common_json, round};
+use crate::cli::bench::report::{common_json, print_cpu_line, round};
 use crate::cli::human_size;
 
 /// The path name of barlink's rows.
@@ -97,6 +97,7 @@ pub fn print_header(
         config.send_window,
         if config.crc { "on" } else { "off" },
     );
+    print_cpu_line();
     println!("# baseline in the same run: {baseline}");
     println!(
         "# {:>8}  {:<14} {:>8} {:>14} {:>11} {:>11} {:>8} {:>8}",
