@@ -38,6 +38,9 @@ else
     skip "cargo clippy: clippy is not installed with this toolchain"
 fi
 
+step "layout (no Rust file over 1,000 lines of code; functions are held to 120 by clippy)"
+if ./scripts/file-sizes.sh; then ok "file sizes"; else bad "file sizes (scripts/file-sizes.sh)"; fi
+
 step "tests (unit, property with PROPTEST_CASES=$PROPTEST_CASES, scenario, CLI)"
 # The huge-page window test needs reserved 2 MiB pages; as root, reserve a
 # few for the run and put the old value back afterwards.
