@@ -48,7 +48,9 @@ use link::{Stream, engine_config, link_phase};
 use patterns::GAMMA;
 use progress::Progress;
 use raw::raw_phase;
-use report::{Outcome, Verdict, document, judge, print_header, print_link, print_raw};
+use report::{
+    ValidationOutcome, ValidationVerdict, document, judge, print_header, print_link, print_raw,
+};
 use target::{device_target, shm_target};
 
 use super::{CommandError, Status, print_document};
@@ -99,7 +101,7 @@ pub fn run(args: &ValidateArgs) -> Result<Status, CommandError> {
     let (verdict, reason) = judge(&raw, &link, raw_injected + link_injected);
     let elapsed = started.elapsed().as_secs_f64();
     if args.output.json {
-        let outcome = Outcome {
+        let outcome = ValidationOutcome {
             raw,
             raw_injected,
             link,
@@ -117,10 +119,10 @@ pub fn run(args: &ValidateArgs) -> Result<Status, CommandError> {
         println!("validate: {} — {reason}", verdict.name());
     }
     Ok(match verdict {
-        Verdict::Pass => Status::Ok,
-        Verdict::Warn if args.strict => Status::CheckFailed,
-        Verdict::Warn => Status::Ok,
-        Verdict::Fail => Status::CheckFailed,
+        ValidationVerdict::Pass => Status::Ok,
+        ValidationVerdict::Warn if args.strict => Status::CheckFailed,
+        ValidationVerdict::Warn => Status::Ok,
+        ValidationVerdict::Fail => Status::CheckFailed,
     })
 }
 

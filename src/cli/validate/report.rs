@@ -15,7 +15,7 @@ use super::target::Target;
 use crate::cli::human_size;
 
 /// What both phases found, and the bit flips injected into each.
-pub struct Outcome {
+pub struct ValidationOutcome {
     pub raw: Vec<RawResult>,
     pub raw_injected: u64,
     pub link: LinkResult,
@@ -25,18 +25,18 @@ pub struct Outcome {
 // ------------------------------------------------------------------ the run
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum ValidationVerdict {
     Pass,
     Warn,
     Fail,
 }
 
-impl Verdict {
+impl ValidationVerdict {
     pub fn name(self) -> &'static str {
         match self {
-            Verdict::Pass => "PASS",
-            Verdict::Warn => "WARN",
-            Verdict::Fail => "FAIL",
+            ValidationVerdict::Pass => "PASS",
+            ValidationVerdict::Warn => "WARN",
+            ValidationVerdict::Fail => "FAIL",
         }
     }
 }
@@ -45,7 +45,7 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-pub fn judge(raw: &[RawResult], link: &LinkResult, injected: u64) -> (Verdict, String) {
+pub fn judge(raw: &[RawResult], link: &LinkResult, injected: u64) -> (ValidationVerdict, String) {
     let raw_bad: u64 = raw.iter().map(|r| r.bad_words).sum();
     let raw_bytes: u64 = raw.iter().map(|r| r.len as u64).sum();
     let caught = link.sum(|d| d.crc_failures);
@@ -93,7 +93,10 @@ pub fn judge(raw: &[RawResult], link: &LinkResult, injected: u64) -> (Verdict, S
                 "the link caught {caught} corrupt packets and resent them"
             ));
         }
-        return (Verdict::Fail, format!("{}{note}", fail.join("; ")));
+        return (
+            ValidationVerdict::Fail,
+            format!("{}{note}", fail.join("; ")),
+        );
     }
     let summary = format!(
         "{} written and read back raw with no error; {messages} messages ({}) through the link, every byte verified",
@@ -102,7 +105,7 @@ pub fn judge(raw: &[RawResult], link: &LinkResult, injected: u64) -> (Verdict, S
     );
     if caught > 0 {
         return (
-            Verdict::Warn,
+            ValidationVerdict::Warn,
             format!(
                 "{summary}, but the link caught {caught} corrupt packets and resent them: \
                  this path corrupts data under load. barlink delivered everything intact; \
@@ -110,7 +113,10 @@ pub fn judge(raw: &[RawResult], link: &LinkResult, injected: u64) -> (Verdict, S
             ),
         );
     }
-    (Verdict::Pass, format!("{summary}, no corrupt packet{note}"))
+    (
+        ValidationVerdict::Pass,
+        format!("{summary}, no corrupt packet{note}"),
+    )
 }
 
 pub fn print_header(
@@ -292,11 +298,11 @@ pub fn print_link(link: &LinkResult, injected: u64, injecting: bool) {
 pub fn document(
     target: &Target,
     args: &ValidateArgs,
-    outcome: &Outcome,
-    (verdict, reason): (Verdict, &str),
+    outcome: &ValidationOutcome,
+    (verdict, reason): (ValidationVerdict, &str),
     elapsed: f64,
 ) -> Value {
-    let Outcome {
+    let ValidationOutcome {
         raw,
         raw_injected,
         link,

@@ -20,7 +20,7 @@ use super::perftest::{
     Baseline, Tool, find_tool, last_lines, not_listening_yet, parse_write_bw, parse_write_lat,
     perftest_args, tool_limit,
 };
-use super::report::{Context, PATH, Row, note, print_header, print_row_value, row_json};
+use super::report::{PATH, RdmaBenchContext, Row, note, print_header, print_row_value, row_json};
 use super::setup::{
     Device, STEP_TIMEOUT, count_for, counters, lat_iters_for, link_error, link_up, message_of,
 };
@@ -31,7 +31,7 @@ use crate::cli::{CommandError, Status};
 /// A run in progress, client side.
 struct Client<'a> {
     link: RdmaLink<VerbsQueue>,
-    ctx: Context,
+    ctx: RdmaBenchContext,
     config: EngineConfig,
     schedule: Schedule,
     /// The server's host, for perftest.
@@ -110,7 +110,7 @@ pub fn run(
             .map_or_else(|| "null".to_string(), |g| g.to_string());
         baseline_text(&device, &server_gid, perf_port, run_lat)
     };
-    let ctx = Context {
+    let ctx = RdmaBenchContext {
         role: "client",
         decision,
         device,

@@ -30,14 +30,14 @@ pub struct Row {
     pub iterations: usize,
 }
 
-pub struct Context {
+pub struct RdmaBenchContext {
     pub role: &'static str,
     pub decision: PathDecision,
     pub device: Device,
     pub json: bool,
 }
 
-pub fn row_json(row: &Row, ctx: &Context, config: &EngineConfig) -> Value {
+pub fn row_json(row: &Row, ctx: &RdmaBenchContext, config: &EngineConfig) -> Value {
     let (p50, p99) = row.lat.unwrap_or((0.0, 0.0));
     let mut value = common_json(
         row.path,
@@ -72,7 +72,7 @@ pub fn row_json(row: &Row, ctx: &Context, config: &EngineConfig) -> Value {
 }
 
 pub fn print_header(
-    ctx: &Context,
+    ctx: &RdmaBenchContext,
     config: &EngineConfig,
     peer: &str,
     windows: usize,

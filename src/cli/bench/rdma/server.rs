@@ -18,7 +18,7 @@ use super::control::{
 use super::perftest::{
     Baseline, Tool, find_tool, last_lines, listening, perftest_args, tool_limit,
 };
-use super::report::{Context, note, print_header, print_row_value};
+use super::report::{RdmaBenchContext, note, print_header, print_row_value};
 use super::setup::{
     DEFAULT_PORT, Device, STEP_TIMEOUT, counters, lat_iters_for, link_error, link_up, message_of,
 };
@@ -28,7 +28,7 @@ use crate::cli::{CommandError, Status};
 /// A run in progress, server side.
 struct Server {
     link: RdmaLink<VerbsQueue>,
-    ctx: Context,
+    ctx: RdmaBenchContext,
     /// `ib_write_bw` and `ib_write_lat`, where installed (and wanted).
     tools: [Option<PathBuf>; 2],
     /// The TCP port our perftest listens on.
@@ -87,7 +87,7 @@ pub fn run(args: &BenchArgs, device: Device) -> Result<Status, CommandError> {
         ib_write_lat: tools[1].is_some(),
     };
     send_control(&mut link, &Answer::yes(info))?;
-    let ctx = Context {
+    let ctx = RdmaBenchContext {
         role: "server",
         decision,
         device,
