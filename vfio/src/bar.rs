@@ -207,15 +207,14 @@ impl Window for BarWindow {
 
     fn fetch_add_u64(
         &self,
-        _offset: usize,
-        _value: u64,
-        _order: Ordering,
+        offset: usize,
+        value: u64,
+        order: Ordering,
     ) -> Result<u64, WindowError> {
-        Err(WindowError::Unsupported {
-            operation: "fetch_add_u64",
-            reason: "PCIe carries no read-modify-write a CPU can issue to a BAR: keep each \
-                     index single-writer and use plain stores",
-        })
+        // Refused by device memory: PCIe has no such operation.
+        self.region
+            .memory()
+            .fetch_add_u64(self.at(offset, 8)?, value, order)
     }
 
     fn store_fence(&self) {
