@@ -199,30 +199,12 @@ mod tests {
         }
         let data = data(70_000, 9);
         for len in lengths() {
-            for (src_off, dst_off) in [(0, 0), (1, 3), (7, 0), (31, 17)] {
-                let mut out = vec![0xEEu8; len + 64];
-                let state = 0x0BAD_F00D;
-                // SAFETY: the ranges are within `data` and `out`, which do
-                // not overlap; the CPU has the features (checked above).
-                let got = unsafe {
-                    copy_update(
-                        state,
-                        data[src_off..].as_ptr(),
-                        out[dst_off..].as_mut_ptr(),
-                        len,
-                    )
-                };
-                let piece = &data[src_off..src_off + len];
-                assert_eq!(&out[dst_off..dst_off + len], piece, "len {len}");
-                assert!(
-                    out[..dst_off]
-                        .iter()
-                        .chain(&out[dst_off + len..])
-                        .all(|&b| b == 0xEE),
-                    "len {len}: wrote outside"
-                );
-                assert_eq!(got, x86::tests::reference(state, piece), "len {len}");
-            }
+            // SAFETY: `check_fused_copy` passes ranges within its own
+            // `data` and `out`, which do not overlap; the CPU has the
+            // features (checked above).
+            x86::tests::check_fused_copy(&data, len, |state, src, dst, len| unsafe {
+                copy_update(state, src, dst, len)
+            });
         }
     }
 

@@ -557,39 +557,42 @@ pub(super) mod tests {
         for (len, stable) in lengths
             .flat_map(|len| [Stable::Source, Stable::Destination].map(|stable| (len, stable)))
         {
-            for (src_off, dst_off) in [(0, 0), (1, 3), (7, 0), (31, 17)] {
-                let mut out = vec![0xEEu8; len + 64];
-                let state = 0x0BAD_F00D;
-                // SAFETY: the ranges are within `data` and `out`, which do
-                // not overlap and are ordinary memory; the CPU has the
-                // features (checked above).
-                let got = unsafe {
-                    copy_update(
-                        state,
-                        data[src_off..].as_ptr(),
-                        out[dst_off..].as_mut_ptr(),
-                        len,
-                        stable,
-                    )
-                };
-                assert_eq!(
-                    &out[dst_off..dst_off + len],
-                    &data[src_off..src_off + len],
-                    "len {len}"
-                );
-                assert!(
-                    out[..dst_off]
-                        .iter()
-                        .chain(&out[dst_off + len..])
-                        .all(|&b| b == 0xEE),
-                    "len {len}: wrote outside"
-                );
-                assert_eq!(
-                    got,
-                    reference(state, &data[src_off..src_off + len]),
-                    "len {len}"
-                );
-            }
+            // SAFETY: `check_fused_copy` passes ranges within its own
+            // `data` and `out`, which do not overlap and are ordinary
+            // memory; the CPU has the features (checked above).
+            check_fused_copy(&data, len, |state, src, dst, len| unsafe {
+                copy_update(state, src, dst, len, stable)
+            });
+        }
+    }
+
+    /// Copies `len` bytes of `data` through `copy` at four source and
+    /// destination alignments, and checks the bytes copied, that nothing
+    /// around them was written, and the CRC against [`reference`].
+    pub(in crate::crc) fn check_fused_copy(
+        data: &[u8],
+        len: usize,
+        copy: impl Fn(u32, *const u8, *mut u8, usize) -> u32,
+    ) {
+        for (src_off, dst_off) in [(0, 0), (1, 3), (7, 0), (31, 17)] {
+            let mut out = vec![0xEEu8; len + 64];
+            let state = 0x0BAD_F00D;
+            let got = copy(
+                state,
+                data[src_off..].as_ptr(),
+                out[dst_off..].as_mut_ptr(),
+                len,
+            );
+            let piece = &data[src_off..src_off + len];
+            assert_eq!(&out[dst_off..dst_off + len], piece, "len {len}");
+            assert!(
+                out[..dst_off]
+                    .iter()
+                    .chain(&out[dst_off + len..])
+                    .all(|&b| b == 0xEE),
+                "len {len}: wrote outside"
+            );
+            assert_eq!(got, reference(state, piece), "len {len}");
         }
     }
 
