@@ -23,10 +23,17 @@
 //! fences (write-combined stores must land first), then stores `head + 1`
 //! with Release. The consumer loads `head` with Acquire, reads the slots
 //! below it, and stores its `consumed` count with Release into the peer's
-//! window; the producer loads it with Acquire before reusing a slot. Every
-//! index the peer wrote is checked here before it is used: a head that runs
-//! backwards or more than a ring ahead, or a consumed count beyond what was
-//! produced, is an error, never an out-of-bounds slot.
+//! window; the producer loads it with Acquire before reusing a slot.
+//!
+//! Index words check themselves. A ring in a peer's BAR receives its index
+//! stores as ordinary posted writes, which a flaky path corrupts like any
+//! other bytes; so each 64-bit index word carries the count modulo 2³² and
+//! a CRC-32C of it ([`encode_index`]), one atomic store. A word that fails
+//! its check, or whose count cannot be true now (behind what was seen,
+//! beyond what the ring holds), is a [`MissedUpdate`]: the reader counts
+//! it, keeps what it knew and never acts on it, and the peer's next
+//! publication (or its periodic repeat) repairs it. A corrupt index is a
+//! delay, never an out-of-bounds slot, and never the end of the link.
 //!
 //! This module holds the arithmetic, the checks, the control block's
 //! encoding and the index loads and stores with the orderings the protocol
@@ -52,8 +59,13 @@ pub const CONTROL_LEN: usize = 256;
 pub const SLOT_ALIGN: usize = 64;
 /// `b"BLRING\0\x01"` as a little-endian u64: identifies a barlink ring.
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"BLRING\0\x01");
-/// Layout version of the control block.
-pub const RING_VERSION: u32 = 2;
+/// Layout version of the control block. 3: index words carry a check
+/// ([`encode_index`]).
+pub const RING_VERSION: u32 = 3;
+/// Most slots a ring may have: an index word carries its count modulo
+/// 2³², and a reader tells an update ahead from a stale one behind only
+/// while a ring is under half of that.
+pub const MAX_SLOTS: u32 = 1 << 30;
 
 /// Offsets within the control block.
 pub mod offset {
@@ -70,10 +82,12 @@ pub mod offset {
     pub const GENERATION: usize = 24;
     /// u32 the owner's process id (diagnostics for stale rings).
     pub const OWNER_PID: usize = 32;
-    /// u64 packets the peer has published into this window (line 1).
+    /// u64 index word: packets the peer has published into this window
+    /// (line 1; see [`super::encode_index`]).
     pub const HEAD: usize = 64;
-    /// u64 packets the peer has consumed from its own window (line 1 too:
-    /// the peer writes both, and a ping-pong then moves one line, not two).
+    /// u64 index word: packets the peer has consumed from its own window
+    /// (line 1 too: the peer writes both, and a ping-pong then moves one
+    /// line, not two).
     pub const CONSUMED: usize = 72;
     /// First slot.
     pub const SLOTS: usize = super::CONTROL_LEN;
@@ -148,8 +162,58 @@ fn field<const N: usize>(line: &[u8; IDENTITY_LEN], at: usize) -> [u8; N] {
         .expect("fields lie inside the line")
 }
 
-/// The packets the peer has published into this side's window (`own`).
-/// Acquire: the slots below the head are then visible.
+/// Which index an index word holds. Each kind has its own check, so a word
+/// that lands at the wrong place (a misdirected write) fails it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexKind {
+    /// A ring's head (packets published into it).
+    Head,
+    /// A ring's consumed count (packets read out of the peer's ring).
+    Consumed,
+    /// An RDMA receive region's credit word (packets consumed).
+    Credit,
+}
+
+impl IndexKind {
+    /// Folded into the check: distinct for each kind.
+    const fn tweak(self) -> u32 {
+        match self {
+            IndexKind::Head => u32::from_le_bytes(*b"HEAD"),
+            IndexKind::Consumed => u32::from_le_bytes(*b"CONS"),
+            IndexKind::Credit => u32::from_le_bytes(*b"CRED"),
+        }
+    }
+}
+
+fn index_check(kind: IndexKind, count: u32) -> u32 {
+    crate::crc::crc32c(&count.to_le_bytes()) ^ kind.tweak()
+}
+
+/// An index word as it is stored: the count modulo 2³² in the low half, a
+/// CRC-32C of those four bytes (tweaked by `kind`) in the high half.
+///
+/// Why a CRC: on 32 bits of data it is a bijection, so a word torn between
+/// two values by a copy in address order (either direction) never passes
+/// (the half that was placed no longer matches the other), and it catches
+/// every error of up to seven bits, where a count stored twice or with its
+/// complement misses two flips 32 bits apart. All-zero and all-one words
+/// (lost or dead memory) fail it too. 32 bits of count suffice: a reader
+/// extends it from what it knew, the ring holding at most [`MAX_SLOTS`].
+pub fn encode_index(kind: IndexKind, count: u64) -> u64 {
+    let count = count as u32;
+    u64::from(count) | (u64::from(index_check(kind, count)) << 32)
+}
+
+/// The count (modulo 2³²) in an index word, or `None` when the word fails
+/// its check (see [`encode_index`]).
+pub fn decode_index(kind: IndexKind, word: u64) -> Option<u32> {
+    let count = word as u32;
+    (index_check(kind, count) == (word >> 32) as u32).then_some(count)
+}
+
+/// The head word in this side's window (`own`), as the peer last stored
+/// it: give it to [`Consumer::on_head`]. Acquire: the slots below a head
+/// that passes are then visible.
 pub fn load_head<W: Window + ?Sized>(own: &W) -> Result<u64, WindowError> {
     own.load_u64(offset::HEAD, Ordering::Acquire)
 }
@@ -159,12 +223,17 @@ pub fn load_head<W: Window + ?Sized>(own: &W) -> Result<u64, WindowError> {
 /// what orders them in the language's memory model.
 pub fn publish_head<W: Window + ?Sized>(peer: &W, head: u64) -> Result<(), WindowError> {
     peer.store_fence();
-    peer.store_u64(offset::HEAD, head, Ordering::Release)
+    peer.store_u64(
+        offset::HEAD,
+        encode_index(IndexKind::Head, head),
+        Ordering::Release,
+    )
 }
 
-/// The packets the peer has read out of its own window, as it reported them
-/// into this side's window (`own`). Acquire: its reads of those slots are
-/// then done, and the slots may be written again.
+/// The consumed word in this side's window (`own`): how many of our
+/// packets the peer has read out of its own window, as it reported it.
+/// Give it to [`Producer::on_consumed`]. Acquire: the peer's reads of those
+/// slots are then done, and the slots may be written again.
 pub fn load_consumed<W: Window + ?Sized>(own: &W) -> Result<u64, WindowError> {
     own.load_u64(offset::CONSUMED, Ordering::Acquire)
 }
@@ -172,7 +241,50 @@ pub fn load_consumed<W: Window + ?Sized>(own: &W) -> Result<u64, WindowError> {
 /// Gives the slots read so far back to the peer: `consumed` goes into the
 /// peer's window with Release, after this side's reads of them.
 pub fn publish_consumed<W: Window + ?Sized>(peer: &W, consumed: u64) -> Result<(), WindowError> {
-    peer.store_u64(offset::CONSUMED, consumed, Ordering::Release)
+    peer.store_u64(
+        offset::CONSUMED,
+        encode_index(IndexKind::Consumed, consumed),
+        Ordering::Release,
+    )
+}
+
+/// An index word a reader did not act on: a missed update. The reader
+/// keeps what it knew; the peer's next publication repairs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissedUpdate {
+    /// The word fails its check: corrupted in memory or on its way.
+    Corrupt { word: u64 },
+    /// The word is whole but its count (modulo 2³²) cannot be true now:
+    /// behind what was already seen (a late or replayed store) or beyond
+    /// `limit`, the most the ring allows.
+    Implausible { count: u32, seen: u64, limit: u64 },
+}
+
+impl fmt::Display for MissedUpdate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MissedUpdate::Corrupt { word } => {
+                write!(f, "index word {word:#018x} fails its check (ignored)")
+            }
+            MissedUpdate::Implausible { count, seen, limit } => write!(
+                f,
+                "index {count} (mod 2^32) is neither {seen} nor ahead of it up to {limit} (ignored)"
+            ),
+        }
+    }
+}
+
+/// How far `count` (modulo 2³²) is ahead of `seen`, if at most `room`.
+fn advance(count: u32, seen: u64, room: u64) -> Result<u64, MissedUpdate> {
+    let ahead = u64::from(count.wrapping_sub(seen as u32));
+    if ahead > room {
+        return Err(MissedUpdate::Implausible {
+            count,
+            seen,
+            limit: seen + room,
+        });
+    }
+    Ok(ahead)
 }
 
 /// The shape of a ring: how many slots of what size.
@@ -201,7 +313,9 @@ impl Geometry {
             slot_size: u32::try_from(slot_size).map_err(|_| RingError::BadGeometry {
                 detail: "slot size beyond 4 GiB",
             })?,
-            slot_count: u32::try_from(slot_count).unwrap_or(u32::MAX),
+            slot_count: u32::try_from(slot_count)
+                .unwrap_or(MAX_SLOTS)
+                .min(MAX_SLOTS),
         })
     }
 
@@ -217,6 +331,11 @@ impl Geometry {
         if self.slot_count < 2 {
             return Err(RingError::BadGeometry {
                 detail: "fewer than two slots",
+            });
+        }
+        if self.slot_count > MAX_SLOTS {
+            return Err(RingError::BadGeometry {
+                detail: "more than 2^30 slots",
             });
         }
         let needed = (self.slot_size as u64)
@@ -300,18 +419,26 @@ impl Producer {
         self.written
     }
 
-    /// Applies a consumed count the peer wrote into our window (loaded with
-    /// Acquire). It may only grow, and never past what we wrote.
-    pub fn on_consumed(&mut self, consumed: u64) -> Result<(), RingError> {
-        if consumed < self.consumed || consumed > self.written {
-            return Err(RingError::BadConsumed {
-                consumed,
-                previously: self.consumed,
-                written: self.written,
-            });
-        }
-        self.consumed = consumed;
+    /// Applies the consumed word the peer stored into our window (loaded
+    /// with Acquire): a word that fails its check, or whose count goes
+    /// backwards or past what we wrote, is a missed update and changes
+    /// nothing.
+    pub fn on_consumed(&mut self, word: u64) -> Result<(), MissedUpdate> {
+        let count =
+            decode_index(IndexKind::Consumed, word).ok_or(MissedUpdate::Corrupt { word })?;
+        self.on_consumed_count(count)
+    }
+
+    /// As [`Producer::on_consumed`], for a count (modulo 2³²) that came
+    /// without a check (a baseline ring that checks nothing).
+    pub fn on_consumed_count(&mut self, count: u32) -> Result<(), MissedUpdate> {
+        self.consumed += advance(count, self.consumed, self.written - self.consumed)?;
         Ok(())
+    }
+
+    /// Packets written so far: the head last published.
+    pub fn written(&self) -> u64 {
+        self.written
     }
 }
 
@@ -338,19 +465,21 @@ impl Consumer {
         }
     }
 
-    /// Applies a head the peer wrote (loaded with Acquire); returns how many
-    /// packets are ready. A head that runs backwards, or further ahead than
-    /// the ring holds, is rejected.
-    pub fn on_head(&mut self, head: u64) -> Result<u64, RingError> {
-        if head < self.head || head - self.read > u64::from(self.geometry.slot_count) {
-            return Err(RingError::BadHead {
-                head,
-                read: self.read,
-                slot_count: self.geometry.slot_count,
-            });
-        }
-        self.head = head;
-        Ok(head - self.read)
+    /// Applies the head word the peer stored (loaded with Acquire); returns
+    /// how many packets are ready. A word that fails its check, or whose
+    /// head runs backwards or further ahead than the ring holds, is a missed
+    /// update and changes nothing (the packets already known stay ready).
+    pub fn on_head(&mut self, word: u64) -> Result<u64, MissedUpdate> {
+        let count = decode_index(IndexKind::Head, word).ok_or(MissedUpdate::Corrupt { word })?;
+        self.on_head_count(count)
+    }
+
+    /// As [`Consumer::on_head`], for a count (modulo 2³²) that came without
+    /// a check (a baseline ring that checks nothing).
+    pub fn on_head_count(&mut self, count: u32) -> Result<u64, MissedUpdate> {
+        let room = u64::from(self.geometry.slot_count) - (self.head - self.read);
+        self.head += advance(count, self.head, room)?;
+        Ok(self.head - self.read)
     }
 
     /// Where the next ready packet is, if one is.
@@ -373,7 +502,7 @@ impl Consumer {
     }
 }
 
-/// A ring index or geometry that cannot be right.
+/// A ring geometry that cannot be right.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RingError {
@@ -381,18 +510,6 @@ pub enum RingError {
     WindowTooSmall { window_len: usize, needed: usize },
     /// The geometry in a control block is impossible.
     BadGeometry { detail: &'static str },
-    /// The peer's head went backwards or past the ring's capacity.
-    BadHead {
-        head: u64,
-        read: u64,
-        slot_count: u32,
-    },
-    /// The peer's consumed count went backwards or past what was written.
-    BadConsumed {
-        consumed: u64,
-        previously: u64,
-        written: u64,
-    },
 }
 
 impl fmt::Display for RingError {
@@ -405,22 +522,6 @@ impl fmt::Display for RingError {
             RingError::BadGeometry { detail } => {
                 write!(f, "ring control block has an impossible geometry: {detail}")
             }
-            RingError::BadHead {
-                head,
-                read,
-                slot_count,
-            } => write!(
-                f,
-                "peer published head {head} with {read} packets read and {slot_count} slots: the peer is broken or the ring was overwritten"
-            ),
-            RingError::BadConsumed {
-                consumed,
-                previously,
-                written,
-            } => write!(
-                f,
-                "peer reported {consumed} packets consumed (before: {previously}, written: {written}): the peer is broken or the ring was overwritten"
-            ),
         }
     }
 }
@@ -538,6 +639,14 @@ mod tests {
         assert_eq!(GEOMETRY.slot_offset(u64::MAX), CONTROL_LEN + 3 * 4096);
     }
 
+    fn head(count: u64) -> u64 {
+        encode_index(IndexKind::Head, count)
+    }
+
+    fn consumed(count: u64) -> u64 {
+        encode_index(IndexKind::Consumed, count)
+    }
+
     /// Both ends keep their slot as they go, without a division: over
     /// several laps it is always `slot_offset` of their count.
     #[test]
@@ -549,13 +658,12 @@ mod tests {
                 producer.next_slot_offset(),
                 Some(GEOMETRY.slot_offset(packet))
             );
-            let head = producer.commit();
-            consumer.on_head(head).unwrap();
+            consumer.on_head(head(producer.commit())).unwrap();
             assert_eq!(
                 consumer.next_slot_offset(),
                 Some(GEOMETRY.slot_offset(packet))
             );
-            producer.on_consumed(consumer.release()).unwrap();
+            producer.on_consumed(consumed(consumer.release())).unwrap();
         }
     }
 
@@ -568,7 +676,7 @@ mod tests {
             producer.commit();
         }
         assert_eq!(offsets.len(), 4, "a full ring stops the producer");
-        producer.on_consumed(1).unwrap();
+        producer.on_consumed(consumed(1)).unwrap();
         assert_eq!(
             producer.next_slot_offset(),
             Some(CONTROL_LEN),
@@ -578,24 +686,38 @@ mod tests {
     }
 
     #[test]
-    fn a_consumed_count_that_cannot_be_true_is_rejected() {
+    fn a_consumed_count_that_cannot_be_true_is_a_missed_update() {
         let mut producer = Producer::new(GEOMETRY);
         producer.commit();
         producer.commit();
-        producer.on_consumed(2).unwrap();
-        assert!(producer.on_consumed(1).is_err(), "backwards");
-        assert!(producer.on_consumed(3).is_err(), "beyond what was written");
-        assert!(matches!(
+        producer.on_consumed(consumed(2)).unwrap();
+        for (word, what) in [
+            (consumed(1), "backwards"),
+            (consumed(3), "beyond what was written"),
+            (consumed(2 + (1 << 32)), "a lap of 2^32 is the same count"),
+        ] {
+            let outcome = producer.on_consumed(word);
+            if what.starts_with("a lap") {
+                assert_eq!(outcome, Ok(()), "{what}");
+            } else {
+                assert!(
+                    matches!(outcome, Err(MissedUpdate::Implausible { .. })),
+                    "{what}: {outcome:?}"
+                );
+            }
+        }
+        assert_eq!(
             producer.on_consumed(u64::MAX),
-            Err(RingError::BadConsumed { .. })
-        ));
+            Err(MissedUpdate::Corrupt { word: u64::MAX })
+        );
+        assert_eq!(producer.free_slots(), 4, "nothing changed what it knew");
     }
 
     #[test]
     fn the_consumer_reads_exactly_what_was_published() {
         let mut consumer = Consumer::new(GEOMETRY);
         assert_eq!(consumer.next_slot_offset(), None);
-        assert_eq!(consumer.on_head(3), Ok(3));
+        assert_eq!(consumer.on_head(head(3)), Ok(3));
         for expected in 1..=3 {
             assert!(consumer.next_slot_offset().is_some());
             assert_eq!(consumer.release(), expected);
@@ -604,16 +726,127 @@ mod tests {
     }
 
     #[test]
-    fn a_head_that_cannot_be_true_is_rejected() {
+    fn a_head_that_cannot_be_true_is_a_missed_update() {
         let mut consumer = Consumer::new(GEOMETRY);
-        assert!(consumer.on_head(5).is_err(), "more than a ring ahead");
-        consumer.on_head(2).unwrap();
-        assert!(consumer.on_head(1).is_err(), "backwards");
-        assert!(matches!(
+        assert!(consumer.on_head(head(5)).is_err(), "more than a ring ahead");
+        consumer.on_head(head(2)).unwrap();
+        assert!(
+            matches!(
+                consumer.on_head(head(1)),
+                Err(MissedUpdate::Implausible {
+                    count: 1,
+                    seen: 2,
+                    limit: 4
+                })
+            ),
+            "backwards"
+        );
+        assert_eq!(
             consumer.on_head(u64::MAX),
-            Err(RingError::BadHead { .. })
-        ));
-        assert_eq!(consumer.on_head(4), Ok(4), "a full ring is fine");
+            Err(MissedUpdate::Corrupt { word: u64::MAX })
+        );
+        // What was known before stays ready.
+        assert!(consumer.next_slot_offset().is_some());
+        assert_eq!(consumer.on_head(head(4)), Ok(4), "a full ring is fine");
+    }
+
+    /// Every single-bit flip and every two-bit flip of a word fails its
+    /// check, and so do the words lost or dead memory leaves.
+    #[test]
+    fn a_flipped_index_word_never_passes_its_check() {
+        for count in [0u64, 1, 4095, 0xdead_beef, u64::from(u32::MAX)] {
+            let word = encode_index(IndexKind::Head, count);
+            assert_eq!(decode_index(IndexKind::Head, word), Some(count as u32));
+            for first in 0..64 {
+                let once = word ^ (1 << first);
+                assert_eq!(decode_index(IndexKind::Head, once), None, "bit {first}");
+                for second in first + 1..64 {
+                    let twice = once ^ (1 << second);
+                    assert_eq!(
+                        decode_index(IndexKind::Head, twice),
+                        None,
+                        "bits {first} and {second}"
+                    );
+                }
+            }
+        }
+        for dead in [0, u64::MAX] {
+            for kind in [IndexKind::Head, IndexKind::Consumed, IndexKind::Credit] {
+                assert_eq!(decode_index(kind, dead), None, "{dead:#x} as {kind:?}");
+            }
+        }
+    }
+
+    /// A word stored at the wrong index's place fails that index's check.
+    #[test]
+    fn an_index_word_of_another_kind_fails_the_check() {
+        for count in 0..1000 {
+            let word = encode_index(IndexKind::Head, count);
+            assert_eq!(decode_index(IndexKind::Consumed, word), None);
+            assert_eq!(decode_index(IndexKind::Credit, word), None);
+        }
+    }
+
+    /// A word read while a copy in address order (either direction) was
+    /// replacing one whole word with another is the old word, the new one,
+    /// or fails its check: never a third count.
+    #[test]
+    fn a_torn_index_word_is_recognised() {
+        for (old, new) in [
+            (0u64, 1u64),
+            (255, 256),
+            (0xffff, 0x1_0000),
+            (7, 0xdead_beef),
+        ] {
+            let (old_word, new_word) = (
+                encode_index(IndexKind::Consumed, old).to_le_bytes(),
+                encode_index(IndexKind::Consumed, new).to_le_bytes(),
+            );
+            for placed in 0..=8 {
+                for upwards in [true, false] {
+                    let mut seen = old_word;
+                    let range = if upwards { 0..placed } else { 8 - placed..8 };
+                    seen[range.clone()].copy_from_slice(&new_word[range]);
+                    let decoded = decode_index(IndexKind::Consumed, u64::from_le_bytes(seen));
+                    assert!(
+                        decoded.is_none()
+                            || decoded == Some(old as u32)
+                            || decoded == Some(new as u32),
+                        "{old} -> {new}, {placed} bytes placed {}: read {decoded:?}",
+                        if upwards { "upwards" } else { "downwards" }
+                    );
+                }
+            }
+        }
+    }
+
+    /// Counts pass 2^32 without a hitch: the reader extends them.
+    #[test]
+    fn indices_carry_on_past_two_to_the_32() {
+        let mut producer = Producer::new(GEOMETRY);
+        let mut consumer = Consumer::new(GEOMETRY);
+        producer.written = (1 << 32) - 2;
+        producer.consumed = producer.written;
+        consumer.head = producer.written;
+        consumer.read = producer.written;
+        for _ in 0..8 {
+            producer.commit();
+            consumer.on_head(head(producer.written())).unwrap();
+            producer.on_consumed(consumed(consumer.release())).unwrap();
+        }
+        assert_eq!(consumer.released(), (1 << 32) + 6);
+        assert_eq!(producer.free_slots(), 4);
+    }
+
+    #[test]
+    fn geometries_beyond_the_slot_limit_are_refused() {
+        let geometry = Geometry {
+            slot_size: 64,
+            slot_count: MAX_SLOTS + 1,
+        };
+        assert!(geometry.validate(usize::MAX).is_err());
+        let clamped = Geometry::for_window(1 << 40, 64).unwrap();
+        assert_eq!(clamped.slot_count, MAX_SLOTS);
     }
 
     #[test]
@@ -622,10 +855,9 @@ mod tests {
         let mut consumer = Consumer::new(GEOMETRY);
         for _ in 0..100 {
             let written_at = producer.next_slot_offset().unwrap();
-            let head = producer.commit();
-            consumer.on_head(head).unwrap();
+            consumer.on_head(head(producer.commit())).unwrap();
             assert_eq!(consumer.next_slot_offset(), Some(written_at));
-            producer.on_consumed(consumer.release()).unwrap();
+            producer.on_consumed(consumed(consumer.release())).unwrap();
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use barlink_transport::LinkError;
 use barlink_transport::link::{
     IoError, LinkConfig, Listener, NamedOptions, ProgressOptions, ProgressThread, RingLink,
     SetupError, Side, connect, connect_named, create_named_ring, init_ring, pair_windows,
@@ -15,87 +16,9 @@ use barlink_transport::ring::Geometry;
 use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::ShmOptions;
 use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window};
-use barlink_transport::{EngineConfig, LinkError};
 
-const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Message `index` of a seeded stream: its length and bytes follow from
-/// (seed, index), so the receiver can check each without a copy.
-fn message(seed: u64, index: u64, max_len: usize) -> Vec<u8> {
-    let mut rng = SplitMix64::new(seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let len = match rng.below(10) {
-        0 => 0,
-        1..=5 => rng.below(256) as usize,
-        6..=8 => rng.below(16 << 10) as usize,
-        _ => rng.below(max_len as u64) as usize,
-    };
-    let mut data = vec![0; len];
-    rng.fill(&mut data);
-    data
-}
-
-fn engine_config() -> EngineConfig {
-    EngineConfig {
-        mtu: 4096,
-        peer_timeout: Duration::from_secs(5),
-        ..EngineConfig::default()
-    }
-}
-
-/// Two heap windows with rings, and the two links over them.
-fn thread_links<W: Window + Clone>(
-    window_a: W,
-    window_b: W,
-    a_writes: impl FnOnce(W) -> W,
-    b_writes: impl FnOnce(W) -> W,
-) -> (RingLink<W>, RingLink<W>) {
-    let geometry = Geometry::for_window(window_a.len(), engine_config().mtu).unwrap();
-    init_ring(&window_a, geometry, 1).unwrap();
-    init_ring(&window_b, geometry, 1).unwrap();
-    let a = RingLink::<_>::new(
-        window_a.clone(),
-        a_writes(window_b.clone()),
-        engine_config(),
-        1,
-    )
-    .unwrap();
-    let b = RingLink::<_>::new(window_b, b_writes(window_a), engine_config(), 1).unwrap();
-    (a, b)
-}
-
-/// Sends `count` seeded messages from `sender` while `receiver` (on another
-/// thread) checks each, in order.
-fn stream<W: Window + 'static>(
-    mut sender: RingLink<W>,
-    mut receiver: RingLink<W>,
-    count: u64,
-    seed: u64,
-) -> (RingLink<W>, RingLink<W>) {
-    let reader = thread::spawn(move || {
-        for index in 0..count {
-            let got = receiver
-                .recv(TIMEOUT)
-                .unwrap_or_else(|e| panic!("message {index}: {e}"));
-            assert!(
-                got == message(seed, index, 200_000),
-                "message {index} differs"
-            );
-            receiver.recycle(got);
-        }
-        // Stay up until the sender has its acknowledgements.
-        answer_for(&mut receiver, Duration::from_millis(500));
-        receiver
-    });
-    for index in 0..count {
-        sender
-            .send_blocking(message(seed, index, 200_000), TIMEOUT)
-            .unwrap();
-    }
-    sender.flush(TIMEOUT).unwrap();
-    let receiver = reader.join().expect("receiver thread");
-    assert_eq!(sender.completed(), count);
-    (sender, receiver)
-}
+mod common;
+use common::ring_links::{TIMEOUT, answer_for, engine_config, message, stream, thread_links};
 
 #[test]
 fn ten_thousand_mixed_messages_between_threads_arrive_intact_in_order() {
@@ -119,8 +42,8 @@ fn ten_thousand_mixed_messages_between_threads_arrive_intact_in_order() {
 fn faults_in_the_windows_lose_nothing() {
     let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
     let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    // Bulk writes into either ring are flipped, dropped, torn or stalled;
-    // the index stores (the doorbell) are not.
+    // Bulk writes into either ring are flipped, dropped, torn or stalled,
+    // index stores flipped, dropped or stalled.
     let faults = FaultConfig::none()
         .with_bit_flip(0.002)
         .with_drop(0.001)
@@ -281,15 +204,6 @@ fn drive_until_exit<W: Window>(
             return;
         }
         assert!(Instant::now() < until, "{what} did not finish");
-    }
-}
-
-/// Keeps `link` answering for `linger` (the peer gets its last
-/// acknowledgements).
-fn answer_for<W: Window>(link: &mut RingLink<W>, how_long: Duration) {
-    let until = Instant::now() + how_long;
-    while Instant::now() < until {
-        link.progress().unwrap();
     }
 }
 

@@ -45,7 +45,9 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value = "on", env = "BARLINK_CRC")]
     pub crc: OnOff,
     /// Probability that a packet is corrupted (one bit flipped) on the way,
-    /// each direction; the engine must catch and resend every one. Between
+    /// each direction, and an index store too (the ring's head and consumed
+    /// words); the engine must catch and resend every corrupt packet, and
+    /// the ring must ignore and outlive every corrupt index. Between
     /// processes this adds a `barlink-faults` row, measured like the clean
     /// one, and its goodput relative to the clean run.
     #[arg(long, default_value_t = 0.0, env = "BARLINK_FAULT_RATE")]

@@ -109,9 +109,10 @@ pub struct ValidateArgs {
     /// The link's packet size (a ring slot holds one).
     #[arg(long, default_value = "16K", value_parser = parse_size, env = "BARLINK_MTU")]
     pub mtu: usize,
-    /// Flip one bit in this fraction of the writes (0..=0.5), to show that
-    /// corruption is caught: the raw phase must then FAIL and the link must
-    /// catch CRC failures and still deliver everything intact.
+    /// Flip one bit in this fraction of the writes (0..=0.5), index stores
+    /// included, to show that corruption is caught: the raw phase must then
+    /// FAIL and the link must catch CRC failures, ignore corrupt indices
+    /// and still deliver everything intact.
     #[arg(
         long,
         value_name = "RATE",

@@ -42,6 +42,47 @@ impl fmt::Display for MediumError {
 
 impl std::error::Error for MediumError {}
 
+/// What a medium did about index words (a ring's head and consumed words,
+/// an RDMA region's credit word) that it could not act on: each is a
+/// missed update, repaired by the peer's next publication.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Index words that failed their check (corrupted on the way or in
+    /// memory).
+    pub corrupt: u64,
+    /// Index words that passed their check but could not be true (behind
+    /// what was seen, or beyond what the ring holds): late or replayed
+    /// stores.
+    pub implausible: u64,
+    /// This side's own index words stored again unchanged, so that a
+    /// publication the peer missed is repaired within the repeat interval.
+    pub republished: u64,
+}
+
+impl IndexStats {
+    /// Index updates not acted on, for whatever reason.
+    pub fn missed(&self) -> u64 {
+        self.corrupt + self.implausible
+    }
+
+    /// Counts a missed update.
+    pub fn record(&mut self, miss: &crate::ring::MissedUpdate) {
+        match miss {
+            crate::ring::MissedUpdate::Corrupt { .. } => self.corrupt += 1,
+            crate::ring::MissedUpdate::Implausible { .. } => self.implausible += 1,
+        }
+    }
+
+    /// The sum of two sides' counts.
+    pub fn plus(self, other: IndexStats) -> IndexStats {
+        IndexStats {
+            corrupt: self.corrupt + other.corrupt,
+            implausible: self.implausible + other.implausible,
+            republished: self.republished + other.republished,
+        }
+    }
+}
+
 /// Moves an engine's packets to the peer and the peer's packets to the
 /// engine. One round of a link calls [`Medium::activity`], then (unless the
 /// round can be skipped) [`Medium::receive`] and [`Medium::transmit`].
@@ -78,4 +119,16 @@ pub trait Medium {
     /// The largest packet, header included, one transmission carries: the
     /// engine's MTU (which includes the header) must fit.
     fn max_packet(&self) -> usize;
+
+    /// When the medium next needs a round even if nothing arrives (to
+    /// store its index words again, see [`IndexStats::republished`]): a
+    /// link that skips idle rounds runs one by then. `None`: never.
+    fn poll_timeout(&self) -> Option<Time> {
+        None
+    }
+
+    /// What the medium did about index words it could not act on.
+    fn index_stats(&self) -> IndexStats {
+        IndexStats::default()
+    }
 }

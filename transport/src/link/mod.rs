@@ -23,7 +23,7 @@ mod medium;
 mod named;
 mod thread;
 
-pub use medium::{Medium, MediumError};
+pub use medium::{IndexStats, Medium, MediumError};
 pub use named::{NamedOptions, Side, connect_named, create_named_ring, pair_windows};
 pub use thread::{ProgressOptions, ProgressThread};
 
@@ -107,8 +107,16 @@ pub fn init_ring<W: Window + ?Sized>(
     .encode();
     let after_magic = ring::offset::MAGIC + 8;
     window.write(after_magic, &line[after_magic..])?;
-    window.store_u64(ring::offset::HEAD, 0, Ordering::Relaxed)?;
-    window.store_u64(ring::offset::CONSUMED, 0, Ordering::Relaxed)?;
+    window.store_u64(
+        ring::offset::HEAD,
+        ring::encode_index(ring::IndexKind::Head, 0),
+        Ordering::Relaxed,
+    )?;
+    window.store_u64(
+        ring::offset::CONSUMED,
+        ring::encode_index(ring::IndexKind::Consumed, 0),
+        Ordering::Relaxed,
+    )?;
     window.store_fence();
     window.store_u64(ring::offset::MAGIC, ring::RING_MAGIC, Ordering::Release)?;
     window.store_fence();
@@ -296,6 +304,14 @@ impl std::error::Error for IoError {}
 /// read) and read from slots of the ring in the own window (`own`, written
 /// only by the peer), the head and consumed indices published with
 /// release stores.
+///
+/// After setup only the own window's two index words are ever read: the
+/// geometry and identity are copied at [`RingMedium::new`], so a scribble
+/// over the rest of a control block changes nothing. An index word that
+/// fails its check or cannot be true is a missed update ([`IndexStats`]):
+/// counted, never acted on, and repaired by the peer, which stores its
+/// index words again at least every [`REPUBLISH_EVERY`] (or its heartbeat
+/// interval, if shorter) even when it has nothing new to say.
 #[derive(Debug)]
 pub struct RingMedium<W: Window> {
     own: W,
@@ -304,16 +320,29 @@ pub struct RingMedium<W: Window> {
     consumer: Consumer,
     own_geometry: Geometry,
     peer_geometry: Geometry,
-    /// The own ring's head, as last read by [`Medium::activity`].
-    head: u64,
-    /// The peer's consumed count of our packets (it lives in the own
-    /// window), as last read by [`Medium::activity`].
-    consumed: u64,
+    /// The own ring's head word, as last read by [`Medium::activity`].
+    head_word: u64,
+    /// The peer's consumed word (it lives in the own window), as last read
+    /// by [`Medium::activity`].
+    consumed_word: u64,
+    /// The words last decided on: a word is checked (and a miss counted)
+    /// once, not in every round that sees it again.
+    head_word_applied: u64,
+    consumed_word_applied: u64,
     /// Packets and bytes read out of the own ring since the consumed count
     /// was last published (see [`RingMedium::receive`]).
     unpublished_packets: u32,
     unpublished_bytes: usize,
+    /// When this side's index words are next stored again.
+    republish_at: Option<Time>,
+    index_stats: IndexStats,
 }
+
+/// The longest a ring goes without storing its index words again: what a
+/// publication the peer missed (a corrupt or lost index store) costs at
+/// most. Two stores into the peer's line a millisecond are nothing beside
+/// the traffic, and an unchanged word wakes no waiting peer.
+pub const REPUBLISH_EVERY: Duration = Duration::from_millis(1);
 
 impl<W: Window> RingMedium<W> {
     /// Binds two windows whose rings are initialized ([`init_ring`]): `own`
@@ -321,6 +350,8 @@ impl<W: Window> RingMedium<W> {
     pub fn new(own: W, peer: W) -> Result<Self, SetupError> {
         let own_info = read_ring_info(&own)?;
         let peer_info = read_ring_info(&peer)?;
+        let head_zero = ring::encode_index(ring::IndexKind::Head, 0);
+        let consumed_zero = ring::encode_index(ring::IndexKind::Consumed, 0);
         Ok(RingMedium {
             producer: Producer::new(peer_info.geometry),
             consumer: Consumer::new(own_info.geometry),
@@ -328,10 +359,14 @@ impl<W: Window> RingMedium<W> {
             peer_geometry: peer_info.geometry,
             own,
             peer,
-            head: 0,
-            consumed: 0,
+            head_word: head_zero,
+            consumed_word: consumed_zero,
+            head_word_applied: head_zero,
+            consumed_word_applied: consumed_zero,
             unpublished_packets: 0,
             unpublished_bytes: 0,
+            republish_at: None,
+            index_stats: IndexStats::default(),
         })
     }
 
@@ -369,13 +404,59 @@ impl<W: Window> RingMedium<W> {
         }
         ring::publish_head(&self.peer, head).map_err(MediumError::new)
     }
+
+    /// Applies a head word not decided on before; a miss is counted and
+    /// leaves the packets already known ready.
+    fn apply_head_word(&mut self) {
+        if self.head_word == self.head_word_applied {
+            return;
+        }
+        self.head_word_applied = self.head_word;
+        if let Err(miss) = self.consumer.on_head(self.head_word) {
+            self.index_stats.record(&miss);
+            tracing::debug!(%miss, "head word not acted on");
+        }
+    }
+
+    /// Applies a consumed word not decided on before; a miss is counted.
+    fn apply_consumed_word(&mut self) {
+        if self.consumed_word == self.consumed_word_applied {
+            return;
+        }
+        self.consumed_word_applied = self.consumed_word;
+        if let Err(miss) = self.producer.on_consumed(self.consumed_word) {
+            self.index_stats.record(&miss);
+            tracing::debug!(%miss, "consumed word not acted on");
+        }
+    }
+
+    /// Stores both index words again if the interval is up, whether or not
+    /// they changed: a store of ours the peer missed is repaired by this.
+    fn republish_if_due(&mut self, now: Time, heartbeat: Duration) -> Result<(), MediumError> {
+        let every = REPUBLISH_EVERY.min(heartbeat);
+        match self.republish_at {
+            Some(at) if now >= at => {
+                // Both words, each once: publish_head gives back held slots
+                // (storing the consumed word) only when there are some.
+                if self.unpublished_packets == 0 {
+                    self.publish_consumed()?;
+                }
+                self.publish_head(self.producer.written())?;
+                self.index_stats.republished += 1;
+                self.republish_at = Some(now + every);
+            }
+            Some(_) => {}
+            None => self.republish_at = Some(now + every),
+        }
+        Ok(())
+    }
 }
 
 impl<W: Window> Medium for RingMedium<W> {
     fn activity(&mut self) -> Result<[u64; 2], MediumError> {
-        self.head = ring::load_head(&self.own).map_err(MediumError::new)?;
-        self.consumed = ring::load_consumed(&self.own).map_err(MediumError::new)?;
-        Ok([self.head, self.consumed])
+        self.head_word = ring::load_head(&self.own).map_err(MediumError::new)?;
+        self.consumed_word = ring::load_consumed(&self.own).map_err(MediumError::new)?;
+        Ok([self.head_word, self.consumed_word])
     }
 
     fn receive<B: AsRef<[u8]>>(
@@ -383,8 +464,8 @@ impl<W: Window> Medium for RingMedium<W> {
         now: Time,
         engine: &mut Engine<B>,
     ) -> Result<usize, MediumError> {
-        let ready = self.consumer.on_head(self.head).map_err(MediumError::new)?;
-        if ready == 0 {
+        self.apply_head_word();
+        if self.consumer.next_slot_offset().is_none() {
             return Ok(0);
         }
         let room = self.own_geometry.slot_size as usize - HEADER_LEN;
@@ -438,9 +519,8 @@ impl<W: Window> Medium for RingMedium<W> {
         now: Time,
         engine: &mut Engine<B>,
     ) -> Result<usize, MediumError> {
-        self.producer
-            .on_consumed(self.consumed)
-            .map_err(MediumError::new)?;
+        self.apply_consumed_word();
+        self.republish_if_due(now, engine.config().heartbeat_interval)?;
         let mut unpublished = None;
         let mut unpublished_bytes = 0usize;
         let mut sent = 0;
@@ -493,6 +573,14 @@ impl<W: Window> Medium for RingMedium<W> {
 
     fn max_packet(&self) -> usize {
         self.peer_geometry.slot_size as usize
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        self.republish_at
+    }
+
+    fn index_stats(&self) -> IndexStats {
+        self.index_stats
     }
 }
 
@@ -583,6 +671,12 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         &self.medium
     }
 
+    /// Index updates from the peer this side could not act on, and its own
+    /// repeated ones (see [`IndexStats`]).
+    pub fn index_stats(&self) -> IndexStats {
+        self.medium.index_stats()
+    }
+
     /// Messages whose every packet the peer acknowledged, so far.
     pub fn completed(&self) -> u64 {
         self.completed
@@ -651,10 +745,11 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             moved = true;
         }
         if !moved {
-            self.quiet = Some(Quiet {
-                activity,
-                until: self.engine.poll_timeout(),
-            });
+            let until = match (self.engine.poll_timeout(), self.medium.poll_timeout()) {
+                (Some(engine), Some(medium)) => Some(engine.min(medium)),
+                (engine, medium) => engine.or(medium),
+            };
+            self.quiet = Some(Quiet { activity, until });
             return Ok(Moved::Nothing);
         }
         Ok(Moved::Some)

@@ -89,11 +89,16 @@ fn process_runs(pid: u32) -> bool {
     }
 }
 
-/// Whether nobody has written packets into a ring yet.
+/// Whether nobody has written packets into a ring yet: both index words
+/// still hold the zero its owner laid out.
 fn ring_is_fresh<W: Window>(window: &W) -> Result<bool, SetupError> {
-    let head = window.load_u64(crate::ring::offset::HEAD, Ordering::Acquire)?;
-    let consumed = window.load_u64(crate::ring::offset::CONSUMED, Ordering::Acquire)?;
-    Ok(head == 0 && consumed == 0)
+    use crate::ring::{IndexKind, encode_index, offset};
+    let head = window.load_u64(offset::HEAD, Ordering::Acquire)?;
+    let consumed = window.load_u64(offset::CONSUMED, Ordering::Acquire)?;
+    Ok(
+        head == encode_index(IndexKind::Head, 0)
+            && consumed == encode_index(IndexKind::Consumed, 0),
+    )
 }
 
 /// Why an existing ring file cannot be created over, or `Ok` if it is

@@ -4,10 +4,11 @@
 //!
 //! Each fault has its own probability, decided per write from a seeded
 //! generator, so a failing run replays exactly; [`InjectedFaults`] counts
-//! what was done. By default only bulk data writes are faulted, not the
-//! atomic index stores: on hardware the ring's indices travel as a
-//! separate doorbell, and a test usually wants corrupt packets, not a
-//! corrupt ring. [`FaultConfig::fault_index_stores`] faults them too.
+//! what was done. Atomic index stores are faulted like bulk writes (bit
+//! flips, drops, stalls; never torn): a ring in a peer's BAR receives its
+//! index words as ordinary posted writes, which a flaky path corrupts as
+//! readily as packet bytes. [`FaultConfig::fault_index_stores`] turns that
+//! off, for a test that wants corrupt packets over an intact ring.
 //!
 //! Reads, loads and `fetch_add` are never faulted; a corrupt read is
 //! modelled as a corrupt write by the peer.
@@ -47,12 +48,15 @@ pub struct FaultConfig {
     /// fence can drain.
     pub stall_calls: u32,
     /// Whether atomic index stores ([`Window::store_u64`]) are faulted too
-    /// (bit flips, drops, stalls). `fetch_add_u64` never is.
+    /// (bit flips, drops, stalls); on unless turned off. `fetch_add_u64`
+    /// never is.
     pub fault_index_stores: bool,
 }
 
 impl FaultConfig {
-    /// No faults: the wrapper is transparent.
+    /// No faults: the wrapper is transparent. Probabilities set on it
+    /// apply to index stores too, unless
+    /// [`FaultConfig::with_fault_index_stores`] turns that off.
     pub fn none() -> FaultConfig {
         FaultConfig {
             bit_flip: 0.0,
@@ -60,7 +64,7 @@ impl FaultConfig {
             tear: 0.0,
             stall: 0.0,
             stall_calls: 1,
-            fault_index_stores: false,
+            fault_index_stores: true,
         }
     }
 

@@ -1,6 +1,8 @@
 //! Drives a simulated pair through a workload and records what each side saw.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod ring_links;
+
 use std::collections::VecDeque;
 use std::time::Duration;
 

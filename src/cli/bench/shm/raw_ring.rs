@@ -78,7 +78,11 @@ impl Pipe for RawRingPipe {
                 let consumed = own
                     .load_u64(ring::offset::CONSUMED, Ordering::Acquire)
                     .map_err(|e| e.to_string())?;
-                producer.on_consumed(consumed).map_err(|e| e.to_string())?;
+                // The baseline checks nothing: the count is the word's low
+                // half (the ring's zero is laid out as a checked word).
+                producer
+                    .on_consumed_count(consumed as u32)
+                    .map_err(|e| format!("raw ring: {e}"))?;
                 Ok(producer.next_slot_offset())
             })?;
             let mut header = [0u8; RAW_SLOT_HEADER];
@@ -119,7 +123,9 @@ impl Pipe for RawRingPipe {
                 let head = own
                     .load_u64(ring::offset::HEAD, Ordering::Acquire)
                     .map_err(|e| e.to_string())?;
-                consumer.on_head(head).map_err(|e| e.to_string())?;
+                consumer
+                    .on_head_count(head as u32)
+                    .map_err(|e| format!("raw ring: {e}"))?;
                 Ok(consumer.next_slot_offset())
             })?;
             let mut header = [0u8; RAW_SLOT_HEADER];
