@@ -25,7 +25,10 @@
 //! length must fit a slot), hands the slot to the engine, reposts a
 //! zero-length receive, and from time to time writes how many packets it
 //! has consumed into the sender's credit word (an 8-byte RDMA WRITE,
-//! inline where the device allows; see [`encode_credit`] for its format).
+//! inline where the device allows; see [`encode_credit`] for its format),
+//! and again every millisecond even when the count has not moved, so that
+//! a credit write that was lost or corrupted (a missed update, counted in
+//! [`IndexStats`], never acted on) costs the sender at most that.
 //! The sender may have at most `N`
 //! packets unconsumed; a staging slot is reused only after the peer
 //! consumed the packet written from it, which implies the write that read
@@ -37,7 +40,8 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 
 use barlink_transport::engine::{Engine, EngineConfig};
-use barlink_transport::link::{Link, Medium, MediumError, SetupError};
+use barlink_transport::link::{IndexStats, Link, Medium, MediumError, REPUBLISH_EVERY, SetupError};
+use barlink_transport::ring::{IndexKind, MissedUpdate, decode_index, encode_index};
 use barlink_transport::time::Time;
 use barlink_transport::window::{Window, WindowError};
 use barlink_transport::wire::HEADER_LEN;
@@ -55,29 +59,27 @@ pub const SLOT_ALIGN: usize = 64;
 pub const MAX_SLOTS: u32 = 1 << 16;
 
 /// The credit word as the receiver writes it: the consumed count modulo
-/// 2³², in both halves of the 8-byte word.
+/// 2³² and a CRC-32C of it, the ring's index word format
+/// ([`encode_index`] with [`IndexKind::Credit`]).
 ///
-/// Why twice: the word is placed by the peer's adapter, and nothing
+/// Why checked: the word is placed by the peer's adapter, and nothing
 /// guarantees that an 8-byte RDMA WRITE lands in one piece — soft-RoCE
 /// copies it with the kernel's `memcpy` (byte by byte under emulation),
-/// and a device may split it. A load that races the placement can see
-/// some bytes of the old count and some of the new. A copy in address
-/// order (either direction) always leaves the two halves unequal when it
-/// tears between values that differ, so [`decode_credit`] tells a torn
-/// word from a whole one, and the sender keeps its last credit until a
-/// whole word is there. 32 bits suffice: at most [`MAX_SLOTS`] packets are
-/// ever unconsumed, so the sender extends the count from what it knew.
+/// and a device may split it — nor that it lands intact on a flaky path.
+/// A load that races the placement can see some bytes of the old count and
+/// some of the new; such a word, like a corrupted one, fails its check, and
+/// the sender keeps its last credit until a good word is there. 32 bits
+/// suffice: at most [`MAX_SLOTS`] packets are ever unconsumed, so the
+/// sender extends the count from what it knew.
 pub fn encode_credit(consumed: u64) -> u64 {
-    let count = u64::from(consumed as u32);
-    count | (count << 32)
+    encode_index(IndexKind::Credit, consumed)
 }
 
-/// The consumed count (modulo 2³²) in a credit word, or `None` when its
-/// halves differ: a word read while the adapter was still placing it (or
-/// garbage). See [`encode_credit`].
+/// The consumed count (modulo 2³²) in a credit word, or `None` when it
+/// fails its check: a word read while the adapter was still placing it, or
+/// garbage. See [`encode_credit`].
 pub fn decode_credit(word: u64) -> Option<u32> {
-    let (low, high) = (word as u32, (word >> 32) as u32);
-    (low == high).then_some(low)
+    decode_index(IndexKind::Credit, word)
 }
 
 /// The shape of a receive ring: `slots` slots of `slot_size` bytes after
@@ -338,9 +340,9 @@ pub struct RdmaStats {
     pub ring_full: u64,
     /// Rounds in which the sender had a packet but the send queue was full.
     pub send_queue_full: u64,
-    /// Reads of the credit word that caught the peer's write half placed
-    /// (halves unequal): the last credit stood until a whole word was there.
-    pub torn_credit_reads: u64,
+    /// Credit words not acted on (failing their check: half placed or
+    /// corrupted; or implausible), and this side's repeated credit writes.
+    pub index: IndexStats,
 }
 
 /// The RDMA medium: packets as RDMA WRITE WITH IMM into the peer's ring,
@@ -366,6 +368,10 @@ pub struct RdmaMedium<Q: PacketQueue> {
     sent: u64,
     /// The peer's consumed count of those, as last read.
     credit: u64,
+    /// The credit word last decided on (each is checked once).
+    credit_word_applied: u64,
+    /// When the consumed count is next written again, moved or not.
+    credit_republish_at: Option<Time>,
     /// Work requests posted on the send queue.
     wr_posted: u64,
     /// Work requests known complete (through the last signaled one seen).
@@ -415,6 +421,13 @@ impl<Q: PacketQueue> RdmaMedium<Q> {
         queue
             .post_recvs(local.slots as usize)
             .map_err(LinkSetupError::Queue)?;
+        // The peer writes the credit word only after packets of ours
+        // arrived, so it is still ours to lay out: a zero that passes its
+        // check, not raw zeroes that would read as a corrupt word.
+        queue
+            .receive_region()
+            .store_u64(CREDIT_OFFSET, encode_credit(0), Ordering::Release)
+            .map_err(|e| LinkSetupError::Queue(QueueError::Window(e)))?;
         Ok(RdmaMedium {
             queue,
             local,
@@ -426,6 +439,8 @@ impl<Q: PacketQueue> RdmaMedium<Q> {
             credit_every: u64::from(local.slots / 4).max(1),
             sent: 0,
             credit: 0,
+            credit_word_applied: encode_credit(0),
+            credit_republish_at: None,
             wr_posted: 0,
             wr_done: 0,
             // Every ((depth - 1) / 4)-th request is signaled, so among the at
@@ -494,30 +509,64 @@ impl<Q: PacketQueue> RdmaMedium<Q> {
         Ok(())
     }
 
-    /// Reads the peer's consumed count from the credit word and checks it:
-    /// a torn word (halves unequal, see [`encode_credit`]) leaves the last
-    /// credit in force; a whole one must lie between the last credit and
-    /// the packets sent (so it never goes backwards, nor past what was
-    /// sent: at most [`MAX_SLOTS`] are unconsumed, far below 2³²).
+    /// Reads the peer's consumed count from the credit word and checks it,
+    /// once per word: one that fails its check (half placed, or corrupted)
+    /// or whose count is behind the last credit or beyond the packets sent
+    /// is a missed update — counted, and the last credit stands until the
+    /// peer's next (or repeated) write.
     fn read_credit(&mut self) -> Result<u64, MediumError> {
         let word = self
             .queue
             .receive_region()
             .load_u64(CREDIT_OFFSET, Ordering::Acquire)
             .map_err(|e| MediumError::new(format_args!("reading the credit word: {e}")))?;
-        let Some(count) = decode_credit(word) else {
-            self.stats.torn_credit_reads += 1;
+        if word == self.credit_word_applied {
             return Ok(self.credit);
-        };
-        let ahead = u64::from(count.wrapping_sub(self.credit as u32));
-        if ahead > self.sent - self.credit {
-            return Err(MediumError::new(format_args!(
-                "the peer reports {count} (mod 2^32) packets consumed, but {} were sent and {} reported before: the peer broke the ring protocol (or runs another barlink version)",
-                self.sent, self.credit
-            )));
         }
-        self.credit += ahead;
+        self.credit_word_applied = word;
+        let ahead = match decode_credit(word) {
+            None => Err(MissedUpdate::Corrupt { word }),
+            Some(count) => {
+                let ahead = u64::from(count.wrapping_sub(self.credit as u32));
+                if ahead > self.sent - self.credit {
+                    Err(MissedUpdate::Implausible {
+                        count,
+                        seen: self.credit,
+                        limit: self.sent,
+                    })
+                } else {
+                    Ok(ahead)
+                }
+            }
+        };
+        match ahead {
+            Ok(ahead) => self.credit += ahead,
+            Err(miss) => self.stats.index.record(&miss),
+        }
         Ok(self.credit)
+    }
+
+    /// Writes the consumed count again if the interval is up, whether or
+    /// not it moved: a credit write of ours the peer missed is repaired by
+    /// this.
+    fn republish_credit_if_due(
+        &mut self,
+        now: Time,
+        heartbeat: std::time::Duration,
+    ) -> Result<(), MediumError> {
+        let every = REPUBLISH_EVERY.min(heartbeat);
+        match self.credit_republish_at {
+            Some(at) if now >= at => {
+                if self.credit_room() {
+                    self.post_credit()?;
+                    self.stats.index.republished += 1;
+                }
+                self.credit_republish_at = Some(now + every);
+            }
+            Some(_) => {}
+            None => self.credit_republish_at = Some(now + every),
+        }
+        Ok(())
     }
 
     fn post_credit(&mut self) -> Result<(), MediumError> {
@@ -638,6 +687,7 @@ impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
     ) -> Result<usize, MediumError> {
         self.reap()?;
         let credit = self.read_credit()?;
+        self.republish_credit_if_due(now, engine.config().heartbeat_interval)?;
         let slots = u64::from(self.remote.slots);
         let mut count = 0;
         loop {
@@ -695,6 +745,14 @@ impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
 
     fn max_packet(&self) -> usize {
         self.remote.slot_size as usize
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        self.credit_republish_at
+    }
+
+    fn index_stats(&self) -> IndexStats {
+        self.stats.index
     }
 }
 

@@ -26,10 +26,11 @@ use crate::link::{CREDIT_OFFSET, Completion, PacketQueue, QueueError, RingShape,
 pub struct LoopbackFaults {
     /// Seeds the choice of faulted writes and flipped bits.
     pub seed: u64,
-    /// Probability that a packet write lands with one bit flipped.
+    /// Probability that a packet write, or a credit write, lands with one
+    /// bit flipped.
     pub corrupt: f64,
-    /// Probability that a packet write's bytes never land (its completion
-    /// still comes).
+    /// Probability that a packet write's bytes, or a credit write's word,
+    /// never land (its completion still comes).
     pub lose: f64,
 }
 
@@ -60,6 +61,10 @@ pub struct Injected {
     pub corrupted: u64,
     /// Packet writes whose bytes never landed.
     pub lost: u64,
+    /// Credit writes that landed with a flipped bit.
+    pub credits_corrupted: u64,
+    /// Credit writes whose word never landed.
+    pub credits_lost: u64,
 }
 
 #[derive(Debug)]
@@ -324,8 +329,28 @@ impl PacketQueue for LoopbackQueue {
         if self.write_goes_nowhere(wr_id, signaled) {
             return Ok(());
         }
-        self.peer_receive
-            .store_u64(CREDIT_OFFSET, value, Ordering::Release)?;
+        // The credit word lies in registered memory like the slots, and a
+        // flaky path corrupts or loses its write the same way.
+        let landing = {
+            let mut own = lock(&self.own);
+            let faults = own.faults;
+            let corrupt = faults.corrupt > 0.0 && own.rng.chance(faults.corrupt);
+            let lose = faults.lose > 0.0 && own.rng.chance(faults.lose);
+            let bit = own.rng.below(64);
+            if lose {
+                own.injected.credits_lost += 1;
+                None
+            } else if corrupt {
+                own.injected.credits_corrupted += 1;
+                Some(value ^ (1 << bit))
+            } else {
+                Some(value)
+            }
+        };
+        if let Some(word) = landing {
+            self.peer_receive
+                .store_u64(CREDIT_OFFSET, word, Ordering::Release)?;
+        }
         self.complete_send(wr_id, WcStatus::Success, signaled);
         Ok(())
     }

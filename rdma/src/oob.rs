@@ -37,9 +37,10 @@ use crate::link::{MAX_SLOTS, RingShape};
 pub const DEFAULT_PORT: u16 = 18515;
 /// `b"BLRH"` as a little-endian u32.
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"BLRH");
-/// The hello layout (and link protocol) this build speaks. 2: the credit
-/// word carries the consumed count twice (`link::encode_credit`).
-pub const HELLO_VERSION: u16 = 2;
+/// The hello layout (and link protocol) this build speaks. 3: the credit
+/// word carries the consumed count and a CRC-32C of it
+/// (`link::encode_credit`).
+pub const HELLO_VERSION: u16 = 3;
 /// Bytes of a hello.
 pub const HELLO_LEN: usize = 96;
 /// The byte each side sends once its queue pair is ready for traffic.
@@ -764,7 +765,7 @@ mod tests {
                     b[4] = 1;
                     b
                 }),
-                "hello version 1, this build 2",
+                "hello version 1, this build 3",
             ),
             (
                 {

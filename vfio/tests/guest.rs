@@ -342,6 +342,8 @@ fn fault_config() -> FaultConfig {
 struct SideReport {
     received: u64,
     stats: barlink_transport::Stats,
+    /// Index words (head, consumed) not acted on, and repeated.
+    index: barlink_transport::link::IndexStats,
     injected: Option<barlink_transport::window::InjectedFaults>,
 }
 
@@ -491,6 +493,7 @@ fn exchange<W: Window>(
     SideReport {
         received,
         stats: link.engine().stats().clone(),
+        index: link.index_stats(),
         injected: None,
     }
 }
@@ -514,9 +517,10 @@ fn run_link_test(name: &str, plan: LinkPlan) -> SideReport {
             expect_child_success(child, reader, "the peer process (Q)");
             let _ = writeln!(
                 std::io::stderr(),
-                "{name}: received {} messages; {:?}; faults injected {:?}",
+                "{name}: received {} messages; {:?}; {:?}; faults injected {:?}",
                 report.received,
                 report.stats,
+                report.index,
                 report.injected
             );
             report
@@ -594,6 +598,8 @@ fn guest_bar_link_with_faults() {
         injected.bit_flips + injected.dropped + injected.torn + injected.stalled > 0,
         "no faults were injected: {injected:?}"
     );
+    // The index stores into Q's BAR went through the faulting wrapper too.
+    assert!(injected.index_stores > 0, "{injected:?}");
     let stats = &report.stats;
     assert!(
         stats.crc_failures + stats.malformed + stats.retransmits() > 0,
