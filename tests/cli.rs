@@ -241,6 +241,38 @@ fn a_short_soak_with_faults_loses_nothing_and_says_so() {
     }
 }
 
+/// A co-tenant scribbling over both rings, control blocks included: the
+/// link skips the index words it cannot use and loses nothing.
+#[test]
+fn a_soak_under_a_scribbling_co_tenant_loses_nothing_and_counts_missed_indices() {
+    let output = barlink(&[
+        "soak",
+        "--duration",
+        "3s",
+        "--fault-rate",
+        "0",
+        "--scribble",
+        "2000",
+        "--scribble-control",
+        "0.3",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let text = stdout(&output);
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["kind"], "final");
+    assert!(last["messages"].as_u64().unwrap() > 100, "{last}");
+    assert!(
+        last["scribbled_into_control"].as_u64().unwrap() > 0,
+        "{last}"
+    );
+    assert!(last["index_words_corrupt"].as_u64().unwrap() > 0, "{last}");
+    assert!(last["goodput_gbps"].as_f64().unwrap() > 0.0, "{last}");
+    for field in ["lost", "corrupted", "duplicated", "failed_with_error"] {
+        assert_eq!(last[field], 0, "{field}: {last}");
+    }
+}
+
 #[test]
 fn bench_between_processes_recovers_injected_faults_and_reports_goodput() {
     let output = barlink(&[

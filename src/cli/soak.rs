@@ -10,6 +10,11 @@
 //! If the link itself fails, the messages it had not delivered were failed
 //! with that error, not lost silently: they are counted apart
 //! (`failed with error`), and the run fails with the error.
+//!
+//! The rings live in memfd windows. `--scribble RATE` adds a co-tenant
+//! with its own mappings of them that writes random bytes at random
+//! offsets, control blocks included (`--scribble-control`): the link must
+//! count the index words it cannot use and go on.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,10 +22,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use barlink_transport::EngineConfig;
+use barlink_transport::link::IndexStats;
 use barlink_transport::link::{RingLink, init_ring};
 use barlink_transport::ring::Geometry;
 use barlink_transport::rng::SplitMix64;
-use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window};
+use barlink_transport::window::{
+    FaultConfig, FaultWindow, ScribbleConfig, Scribbled, Scribbler, ShmOptions, ShmWindow, Window,
+};
 use clap::Args;
 use serde_json::json;
 
@@ -42,6 +50,20 @@ pub struct SoakArgs {
     /// Packet size.
     #[arg(long, default_value = "4K", value_parser = parse_size, env = "BARLINK_MTU")]
     mtu: usize,
+    /// Random writes per second by a co-tenant over both rings' memory
+    /// (1 to 8 random bytes at a random offset each), on top of the
+    /// faults of --fault-rate. 0: none.
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        value_name = "WRITES_PER_S",
+        env = "BARLINK_SCRIBBLE"
+    )]
+    scribble: f64,
+    /// The share of --scribble's writes that land in a ring's 256-byte
+    /// control block (its index words and identity) rather than its slots.
+    #[arg(long, default_value_t = 0.01, env = "BARLINK_SCRIBBLE_CONTROL")]
+    scribble_control: f64,
     /// Seconds between progress lines.
     #[arg(long, default_value_t = 10)]
     progress_every: u64,
@@ -117,13 +139,40 @@ pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
             args.fault_rate
         )));
     }
-    let (mut sender, receiver) = links(args)?;
+    if !(0.0..=1e6).contains(&args.scribble) || !(0.0..=1.0).contains(&args.scribble_control) {
+        return Err(CommandError::usage(format!(
+            "--scribble {} must be within 0..=1000000 writes/s and --scribble-control {} within 0..=1",
+            args.scribble, args.scribble_control
+        )));
+    }
+    let (mut sender, receiver, tenant_view) = links(args)?;
+    let scribbler = (args.scribble > 0.0).then(|| {
+        Scribbler::start(
+            tenant_view,
+            ScribbleConfig {
+                writes_per_second: args.scribble,
+                control_share: args.scribble_control,
+                index_share: 0.0,
+                seed: args.seed ^ 0x5C41_BB1E,
+            },
+        )
+    });
     let verdicts = Arc::new(Verdicts::default());
     let stop = Arc::new(AtomicBool::new(false));
     let reader = spawn_reader(receiver, args, verdicts.clone(), stop.clone());
 
     let started = Instant::now();
-    let (sent, mut failure) = send_for(&mut sender, args, duration, started, &verdicts);
+    let progress = Progress {
+        args,
+        started,
+        verdicts: &verdicts,
+        scribbler: scribbler.as_ref(),
+    };
+    let (sent, mut failure) = send_for(&mut sender, &progress, duration);
+    let scribbled = scribbler
+        .as_ref()
+        .map(Scribbler::scribbled)
+        .unwrap_or_default();
     // Wait for the receiver to see everything that was acknowledged.
     let until = Instant::now() + Duration::from_secs(30);
     while verdicts.messages.load(Ordering::Relaxed) < sent && Instant::now() < until {
@@ -155,7 +204,15 @@ pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
         + sender.engine().stats().malformed
         + receiver.engine().stats().crc_failures
         + receiver.engine().stats().malformed;
-    report(args, "final", started, &sender, &verdicts, sent, caught);
+    let index = sender.index_stats().plus(receiver.index_stats());
+    let tally = Tally {
+        sent,
+        caught,
+        index,
+        scribbled,
+    };
+    progress.report("final", &sender, &tally);
+    drop(scribbler);
     if let Some(e) = failure {
         eprintln!("barlink soak: the link failed: {e}");
         return Ok(Status::CheckFailed);
@@ -170,8 +227,13 @@ pub fn run(args: &SoakArgs) -> Result<Status, CommandError> {
     })
 }
 
-/// The two ends of a link whose windows fault as `--fault-rate` says.
-fn links(args: &SoakArgs) -> Result<(SoakLink, SoakLink), CommandError> {
+/// The sender's and the receiver's ends, and a co-tenant's own mappings
+/// of the two rings.
+type SoakSetup = (SoakLink, SoakLink, Vec<Arc<dyn Window>>);
+
+/// The two ends of a link whose windows fault as `--fault-rate` says, and
+/// a co-tenant's own mappings of the two rings.
+fn links(args: &SoakArgs) -> Result<SoakSetup, CommandError> {
     let config = EngineConfig {
         mtu: args.mtu,
         max_message_len: (args.max_size as u64 + 8).max(1 << 20),
@@ -188,12 +250,19 @@ fn links(args: &SoakArgs) -> Result<(SoakLink, SoakLink), CommandError> {
         .with_tear(each)
         .with_stall(each, 3);
     let setup = |e: &dyn std::fmt::Display| CommandError::environment(format!("soak setup: {e}"));
-    let window_a = Arc::new(HeapWindow::new(window_len).map_err(|e| setup(&e))?);
-    let window_b = Arc::new(HeapWindow::new(window_len).map_err(|e| setup(&e))?);
+    let memfd = |name: &str| {
+        ShmWindow::create_memfd(name, window_len, &ShmOptions::default()).map_err(|e| setup(&e))
+    };
+    let (window_a, window_b) = (Arc::new(memfd("soak-a")?), Arc::new(memfd("soak-b")?));
+    let second_mapping = |w: &ShmWindow| -> Result<Arc<dyn Window>, CommandError> {
+        let fd = w.fd().try_clone_to_owned().map_err(|e| setup(&e))?;
+        Ok(Arc::new(ShmWindow::from_fd(fd).map_err(|e| setup(&e))?))
+    };
+    let tenant_view = vec![second_mapping(&window_a)?, second_mapping(&window_b)?];
     let geometry = Geometry::for_window(window_len, config.mtu).map_err(|e| setup(&e))?;
     init_ring(&*window_a, geometry, 1).map_err(|e| setup(&e))?;
     init_ring(&*window_b, geometry, 1).map_err(|e| setup(&e))?;
-    let faulty = |w: Arc<HeapWindow>, seed: u64| -> Arc<dyn Window> {
+    let faulty = |w: Arc<ShmWindow>, seed: u64| -> Arc<dyn Window> {
         Arc::new(FaultWindow::new(w, faults.clone(), seed))
     };
     let a_own: Arc<dyn Window> = window_a.clone();
@@ -203,7 +272,7 @@ fn links(args: &SoakArgs) -> Result<(SoakLink, SoakLink), CommandError> {
             .map_err(|e| setup(&e))?;
     let receiver: SoakLink = RingLink::new(b_own, faulty(window_a, args.seed ^ 0xB), config, 1)
         .map_err(|e| setup(&e))?;
-    Ok((sender, receiver))
+    Ok((sender, receiver, tenant_view))
 }
 
 /// The receiving thread: checks every message and counts what is wrong
@@ -252,30 +321,56 @@ fn spawn_reader(
     })
 }
 
+/// What a report line needs besides the link.
+struct Progress<'a> {
+    args: &'a SoakArgs,
+    started: Instant,
+    verdicts: &'a Verdicts,
+    scribbler: Option<&'a Scribbler>,
+}
+
+/// The counts of a report line that the receiver's thread does not keep.
+#[derive(Debug, Default)]
+struct Tally {
+    sent: u64,
+    /// Corrupt packets caught (mid-run: NAKs the sender received).
+    caught: u64,
+    /// Index words not acted on (mid-run: the sender's side only).
+    index: IndexStats,
+    scribbled: Scribbled,
+}
+
 /// Sends messages for `duration`, with a progress line now and then, then
 /// flushes: how many were sent, and the link's error if it failed.
 fn send_for(
     sender: &mut SoakLink,
-    args: &SoakArgs,
+    progress: &Progress,
     duration: Duration,
-    started: Instant,
-    verdicts: &Verdicts,
 ) -> (u64, Option<String>) {
     let step = Duration::from_secs(5);
-    let mut next_report = started + Duration::from_secs(args.progress_every.max(1));
+    let every = Duration::from_secs(progress.args.progress_every.max(1));
+    let mut next_report = progress.started + every;
     let mut sent = 0u64;
-    while started.elapsed() < duration {
-        if let Err(e) = sender.send_blocking(soak_message(args.seed, sent, args.max_size), step * 6)
-        {
+    while progress.started.elapsed() < duration {
+        let message = soak_message(progress.args.seed, sent, progress.args.max_size);
+        if let Err(e) = sender.send_blocking(message, step * 6) {
             return (sent, Some(e.to_string()));
         }
         sent += 1;
         if Instant::now() >= next_report {
             // Mid-run, the receiver's counters live on its thread; the NAKs
             // it sent stand for the corruption it caught.
-            let caught = sender.engine().stats().naks_received;
-            report(args, "progress", started, sender, verdicts, sent, caught);
-            next_report += Duration::from_secs(args.progress_every.max(1));
+            let tally = Tally {
+                sent,
+                caught: sender.engine().stats().naks_received,
+                index: sender.index_stats(),
+                scribbled: progress
+                    .scribbler
+                    .map(Scribbler::scribbled)
+                    .unwrap_or_default(),
+            };
+            progress.report("progress", sender, &tally);
+            next_report += every;
         }
     }
     match sender.flush(Duration::from_secs(60)) {
@@ -284,44 +379,56 @@ fn send_for(
     }
 }
 
-fn report(
-    args: &SoakArgs,
-    kind: &str,
-    started: Instant,
-    sender: &SoakLink,
-    verdicts: &Verdicts,
-    sent: u64,
-    caught: u64,
-) {
-    let stats = sender.engine().stats();
-    let elapsed = started.elapsed().as_secs_f64();
-    let messages = verdicts.messages.load(Ordering::Relaxed);
-    let bytes = verdicts.bytes.load(Ordering::Relaxed);
-    let lost = verdicts.lost.load(Ordering::Relaxed);
-    let corrupted = verdicts.corrupted.load(Ordering::Relaxed);
-    let duplicated = verdicts.duplicated.load(Ordering::Relaxed);
-    let failed = verdicts.failed_with_error.load(Ordering::Relaxed);
-    if args.output.json {
+impl Progress<'_> {
+    fn report(&self, kind: &str, sender: &SoakLink, tally: &Tally) {
+        let stats = sender.engine().stats();
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let count = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let verdicts = self.verdicts;
+        let (messages, bytes) = (count(&verdicts.messages), count(&verdicts.bytes));
+        let (lost, corrupted) = (count(&verdicts.lost), count(&verdicts.corrupted));
+        let duplicated = count(&verdicts.duplicated);
+        let failed = count(&verdicts.failed_with_error);
+        let goodput_gbps = bytes as f64 / elapsed.max(1e-9) / 1e9;
+        let (index, scribbled) = (tally.index, tally.scribbled);
+        if self.args.output.json {
+            println!(
+                "{}",
+                json!({
+                    "kind": kind,
+                    "elapsed_s": (elapsed * 10.0).round() / 10.0,
+                    "messages_sent": tally.sent,
+                    "messages": messages,
+                    "bytes": bytes,
+                    "goodput_gbps": (goodput_gbps * 1000.0).round() / 1000.0,
+                    "retransmits": stats.retransmits(),
+                    "crc_failures_caught": tally.caught,
+                    "index_words_corrupt": index.corrupt,
+                    "index_words_implausible": index.implausible,
+                    "index_words_republished": index.republished,
+                    "scribbled_writes": scribbled.writes,
+                    "scribbled_into_control": scribbled.into_control,
+                    "lost": lost,
+                    "corrupted": corrupted,
+                    "duplicated": duplicated,
+                    "failed_with_error": failed,
+                })
+            );
+            return;
+        }
+        let scribble = if scribbled.writes > 0 {
+            format!(
+                "  scribbled {} ({} into control blocks)",
+                scribbled.writes, scribbled.into_control
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{}",
-            json!({
-                "kind": kind,
-                "elapsed_s": (elapsed * 10.0).round() / 10.0,
-                "messages_sent": sent,
-                "messages": messages,
-                "bytes": bytes,
-                "retransmits": stats.retransmits(),
-                "crc_failures_caught": caught,
-                "lost": lost,
-                "corrupted": corrupted,
-                "duplicated": duplicated,
-                "failed_with_error": failed,
-            })
-        );
-    } else {
-        println!(
-            "soak {kind}: {elapsed:.0}s  messages {messages}  bytes {bytes}  retransmits {}  crc failures caught {caught}  lost {lost}  corrupted {corrupted}  duplicated {duplicated}{}",
+            "soak {kind}: {elapsed:.0}s  messages {messages}  bytes {bytes}  goodput {goodput_gbps:.2} GB/s  retransmits {}  crc failures caught {}  missed index updates {}{scribble}  lost {lost}  corrupted {corrupted}  duplicated {duplicated}{}",
             stats.retransmits(),
+            tally.caught,
+            index.missed(),
             if failed > 0 {
                 format!("  failed with error {failed}")
             } else {

@@ -4,16 +4,14 @@
 //! scribble over the rest of a control block changes nothing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use barlink_transport::EngineConfig;
 use barlink_transport::link::{IndexStats, RingLink, init_ring};
 use barlink_transport::ring::{CONTROL_LEN, Geometry, offset};
-use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::{
-    FaultConfig, FaultWindow, HeapWindow, ShmOptions, ShmWindow, Window,
+    FaultConfig, FaultWindow, HeapWindow, ScribbleConfig, Scribbler, ShmOptions, ShmWindow, Window,
 };
 
 mod common;
@@ -200,54 +198,7 @@ fn faulted_index_stores_lose_nothing() {
     assert!(missed.corrupt > 0, "{missed:?}");
 }
 
-/// What the co-tenant did.
-#[derive(Debug, Default)]
-struct Scribbled {
-    writes: AtomicU64,
-    into_control: AtomicU64,
-}
-
-/// A co-tenant with its own mapping of both rings' memory, writing 1 to 8
-/// random bytes at a random offset every `every`, a `control_share` of
-/// them into a control block (a tenth of those straight onto an index
-/// word), until `stop`.
-fn spawn_scribbler(
-    windows: [ShmWindow; 2],
-    every: Duration,
-    control_share: f64,
-    stop: Arc<AtomicBool>,
-    done: Arc<Scribbled>,
-) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        let mut rng = SplitMix64::new(0x5C41_BB1E);
-        let mut next = Instant::now();
-        while !stop.load(Ordering::Relaxed) {
-            let window = &windows[rng.below(2) as usize];
-            let mut bytes = [0u8; 8];
-            rng.fill(&mut bytes);
-            let len = 1 + rng.below(8) as usize;
-            let at = if rng.chance(control_share) {
-                done.into_control.fetch_add(1, Ordering::Relaxed);
-                if rng.chance(0.1) {
-                    offset::HEAD + 8 * rng.below(2) as usize + rng.below(8) as usize
-                } else {
-                    rng.below(CONTROL_LEN as u64) as usize
-                }
-            } else {
-                CONTROL_LEN + rng.below((window.len() - CONTROL_LEN) as u64) as usize
-            };
-            let len = len.min(window.len() - at);
-            window.write(at, &bytes[..len]).unwrap();
-            done.writes.fetch_add(1, Ordering::Relaxed);
-            next += every;
-            if let Some(wait) = next.checked_duration_since(Instant::now()) {
-                thread::sleep(wait);
-            }
-        }
-    })
-}
-
-/// What the co-tenant did to a live link, as a test: a thread with
+/// What a co-tenant does to a live link, as a test: a thread with
 /// its own mapping of the rings' memfds writes random bytes at random
 /// offsets, control blocks included, while messages flow one way (and
 /// acknowledgements the other) and are checked. Every message arrives once, intact, in order; the link
@@ -258,29 +209,25 @@ fn a_co_tenant_scribbling_over_live_windows_loses_nothing() {
     let options = ShmOptions::default();
     let window_a = ShmWindow::create_memfd("scribbled-a", len, &options).unwrap();
     let window_b = ShmWindow::create_memfd("scribbled-b", len, &options).unwrap();
-    let second_mapping =
-        |w: &ShmWindow| ShmWindow::from_fd(w.fd().try_clone_to_owned().unwrap()).unwrap();
-    let tenant_view = [second_mapping(&window_a), second_mapping(&window_b)];
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(Scribbled::default());
+    let second_mapping = |w: &ShmWindow| -> Arc<dyn Window> {
+        Arc::new(ShmWindow::from_fd(w.fd().try_clone_to_owned().unwrap()).unwrap())
+    };
+    let tenant_view = vec![second_mapping(&window_a), second_mapping(&window_b)];
     let (a, b) = thread_links(Arc::new(window_a), Arc::new(window_b), |w| w, |w| w);
-    let scribbler = spawn_scribbler(
+    let scribbler = Scribbler::start(
         tenant_view,
-        Duration::from_micros(500),
-        0.2,
-        stop.clone(),
-        done.clone(),
+        ScribbleConfig {
+            writes_per_second: 2000.0,
+            control_share: 0.2,
+            index_share: 0.1,
+            seed: 0x5C41_BB1E,
+        },
     );
     let (a, b) = stream(a, b, 4000, 6);
-    stop.store(true, Ordering::Relaxed);
-    scribbler.join().unwrap();
+    let scribbled = scribbler.stop();
     let missed: IndexStats = a.index_stats().plus(b.index_stats());
     let caught = b.engine().stats().crc_failures + b.engine().stats().malformed;
-    eprintln!(
-        "scribbled {} writes ({} into control blocks): {caught} corrupt packets caught, {missed:?}",
-        done.writes.load(Ordering::Relaxed),
-        done.into_control.load(Ordering::Relaxed)
-    );
-    assert!(done.into_control.load(Ordering::Relaxed) > 0);
+    eprintln!("{scribbled:?}: {caught} corrupt packets caught, {missed:?}");
+    assert!(scribbled.onto_index > 0, "{scribbled:?}");
     assert!(missed.missed() > 0, "index words were hit: {missed:?}");
 }

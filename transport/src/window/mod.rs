@@ -34,6 +34,7 @@ pub mod fd_passing;
 pub mod heap;
 #[allow(unsafe_code)]
 mod mapping;
+pub mod scribbler;
 pub mod shm;
 
 use std::sync::Arc;
@@ -46,6 +47,7 @@ pub use fault::{FaultConfig, FaultWindow, InjectedFaults};
 pub use fd_passing::{recv_fd, send_fd};
 pub use heap::HeapWindow;
 pub use mapping::{DeviceAccess, DeviceMemory, RawWindow, copy_kernel};
+pub use scribbler::{ScribbleConfig, Scribbled, Scribbler};
 pub use shm::{HugePageReserve, HugePages, PageBacking, ShmOptions, ShmWindow};
 
 /// A mapped byte region shared with a peer, accessed only by copies and
