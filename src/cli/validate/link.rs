@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use barlink_transport::link::{RingLink, init_ring};
+use barlink_transport::link::{IndexStats, RingLink, init_ring};
 use barlink_transport::ring::Geometry;
 use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::Window;
@@ -101,6 +101,8 @@ struct SideOutcome {
     /// The first wrong delivery, for the report.
     first_wrong: Option<String>,
     stats: Stats,
+    /// Index words from the peer this side could not act on.
+    index: IndexStats,
     error: Option<String>,
 }
 
@@ -213,6 +215,7 @@ fn run_side(
     }
     out.completed = link.completed();
     out.stats = link.engine().stats().clone();
+    out.index = link.index_stats();
     out
 }
 
@@ -275,6 +278,9 @@ pub struct Direction {
     /// Retransmissions by cause: NAK (corruption reported), timeout, SACK.
     pub retransmits_by: [u64; 3],
     pub naks: u64,
+    /// Index words (head, consumed) the receiving side skipped as corrupt
+    /// or implausible: missed updates, repaired by the sender's next store.
+    pub index_missed: u64,
     pub lost: u64,
     pub corrupted: u64,
     pub duplicated: u64,
@@ -297,6 +303,7 @@ impl Direction {
                 sender.stats.retransmits_sack,
             ],
             naks: receiver.stats.naks_sent,
+            index_missed: receiver.index.missed(),
             lost: receiver.lost,
             undelivered: receiver.undelivered,
             corrupted: receiver.corrupted,
