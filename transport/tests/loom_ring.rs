@@ -27,6 +27,13 @@
 //! reader can tell the packet it expects from a stale one, an empty slot or
 //! a torn one.
 //!
+//! Index words check themselves: the `corrupt_*` models flip bits of one
+//! index store on its way into the window (as a flaky BAR path does), and
+//! the reader must ignore it (a missed update, never acted on) and carry
+//! on once the writer stores its index again, as the link does every
+//! millisecond. Their `*_is_caught` counterpart takes the count without its
+//! check and must fail.
+//!
 //! Each model runs two threads (producer and consumer) over a ring of two
 //! slots, with four to six packets so that every slot is reused. The
 //! protocol as the link runs it (whole batches) is explored exhaustively;
@@ -40,7 +47,9 @@
 //! to `Relaxed` ([`IndexAccess`]), so the code under test stays the ring's.
 #![cfg(loom)]
 
-use barlink_transport::ring::{self, Consumer, Geometry, Producer, offset};
+use barlink_transport::ring::{
+    self, Consumer, Geometry, IndexKind, MissedUpdate, Producer, encode_index, offset,
+};
 use barlink_transport::sync::atomic::{AtomicU64, Ordering};
 use barlink_transport::sync::{Arc, hint, thread};
 use barlink_transport::window::{Window, WindowError};
@@ -138,18 +147,70 @@ struct ModelWindow {
     slots: Vec<Shadow>,
     race_check: RaceCheck,
     relaxed: Option<IndexAccess>,
+    corruption: Option<Corruption>,
+    /// Index stores of a new value made so far, and the last value stored
+    /// (outside the model: one thread stores each index, so these only
+    /// number its stores).
+    index_stores: std::sync::atomic::AtomicU32,
+    last_stored: std::sync::atomic::AtomicU64,
+}
+
+/// One index store that lands corrupted.
+#[derive(Debug, Clone, Copy)]
+struct Corruption {
+    /// Which index (the window holds stores of one index only, from one
+    /// thread: `head` in the consumer's window, `consumed` in the
+    /// producer's).
+    store: IndexAccess,
+    /// The `nth` store of a new value (from 1; repeats of the same value
+    /// are not counted, and land intact) lands with these bits flipped.
+    nth: u32,
+    flip: u64,
 }
 
 impl ModelWindow {
-    fn new(race_check: RaceCheck, relaxed: Option<IndexAccess>) -> ModelWindow {
+    fn new(
+        race_check: RaceCheck,
+        relaxed: Option<IndexAccess>,
+        corruption: Option<Corruption>,
+    ) -> ModelWindow {
         let len = GEOMETRY.ring_len();
+        let words: Vec<AtomicU64> = (0..len / 8).map(|_| AtomicU64::new(0)).collect();
+        // The indices as `init_ring` lays them out: zero, with its check.
+        words[offset::HEAD / 8].store(encode_index(IndexKind::Head, 0), Ordering::Relaxed);
+        words[offset::CONSUMED / 8].store(encode_index(IndexKind::Consumed, 0), Ordering::Relaxed);
         ModelWindow {
-            words: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
+            words,
             slots: (0..GEOMETRY.slot_count)
                 .map(|_| Shadow(loom::cell::UnsafeCell::new(())))
                 .collect(),
             race_check,
             relaxed,
+            corruption,
+            index_stores: std::sync::atomic::AtomicU32::new(0),
+            last_stored: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `value` as the store at `offset` lands: corrupted if it is the one.
+    fn landing(&self, offset: usize, value: u64) -> u64 {
+        let Some(corruption) = self.corruption else {
+            return value;
+        };
+        let index = match corruption.store {
+            IndexAccess::HeadStore => offset::HEAD,
+            IndexAccess::ConsumedStore => offset::CONSUMED,
+            _ => return value,
+        };
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        if offset != index || self.last_stored.swap(value, relaxed) == value {
+            return value;
+        }
+        let nth = self.index_stores.fetch_add(1, relaxed) + 1;
+        if nth == corruption.nth {
+            value ^ corruption.flip
+        } else {
+            value
         }
     }
 
@@ -228,6 +289,7 @@ impl Window for ModelWindow {
 
     fn store_u64(&self, offset: usize, value: u64, order: Ordering) -> Result<(), WindowError> {
         let order = self.ordering(offset, true, order);
+        let value = self.landing(offset, value);
         self.span(offset, 8)?[0].store(value, order);
         Ok(())
     }
@@ -272,7 +334,31 @@ struct Protocol {
     producer_batch: u64,
     /// Most packets the consumer reads before publishing `consumed`.
     consumer_batch: u64,
+    /// One index store that lands corrupted.
+    corruption: Option<Corruption>,
+    /// Each side stores its index again while it waits (at most
+    /// [`REPEATS`] times between two steps forward), as the link does on a
+    /// timer.
+    repeat: bool,
+    /// The consumer takes the head's count without its check.
+    unchecked_head: bool,
 }
+
+impl Protocol {
+    /// This protocol, with indices published after every packet.
+    const fn one_packet_at_a_time(self) -> Protocol {
+        Protocol {
+            producer_batch: 1,
+            consumer_batch: 1,
+            ..self
+        }
+    }
+}
+
+/// Most repeated index stores per side between two steps forward: one
+/// corrupted store needs one repeat after it (repeats land intact); the
+/// bound keeps the models finite.
+const REPEATS: u32 = 1;
 
 /// The protocol as `ring` specifies it and `RingLink::progress` runs it
 /// for small packets: the producer fills every free slot and then
@@ -287,6 +373,9 @@ const LINK: Protocol = Protocol {
     release_before_read: false,
     producer_batch: u64::MAX,
     consumer_batch: u64::MAX,
+    corruption: None,
+    repeat: false,
+    unchecked_head: false,
 };
 
 /// The same protocol with an index published after every packet, so that
@@ -300,15 +389,24 @@ const PER_PACKET: Protocol = Protocol {
 };
 
 /// The writing side: sends packets `0..packets` into `peer` (the
-/// consumer's window), learning about free slots from `own`.
+/// consumer's window), learning about free slots from `own`. With
+/// `repeat`, it stores its head again while it waits for slots, and after
+/// the last packet until the consumer reports it consumed.
 fn produce(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protocol) {
     let mut producer = Producer::new(GEOMETRY);
+    let mut repeats = 0;
     let mut next = 0;
-    while next < packets {
+    loop {
         let consumed = ring::load_consumed(own).expect("load consumed");
-        producer
-            .on_consumed(consumed)
-            .expect("the consumer's count is plausible");
+        match producer.on_consumed(consumed) {
+            Ok(()) => {}
+            Err(MissedUpdate::Corrupt { .. }) if protocol.corruption.is_some() => {}
+            Err(miss) => panic!("the consumer's count is plausible: {miss}"),
+        }
+        let all_consumed = producer.free_slots() == u64::from(GEOMETRY.slot_count);
+        if next == packets && (!protocol.repeat || all_consumed) {
+            return;
+        }
         let mut published = None;
         let batch_end = next.saturating_add(protocol.producer_batch).min(packets);
         while next < batch_end
@@ -321,26 +419,49 @@ fn produce(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protoc
         match published {
             Some(head) => {
                 ring::publish_head(peer, head).expect("publish head");
+                repeats = 0;
             }
-            // The ring is full: wait for the consumer.
+            // Waiting (for the consumer to free a slot, or to report the
+            // last packets): a timer repeats the head.
+            None if protocol.repeat && repeats < REPEATS => {
+                repeats += 1;
+                ring::publish_head(peer, producer.written()).expect("repeat head");
+            }
             None => hint::spin_loop(),
         }
     }
 }
 
 /// The reading side: receives `packets` packets from `own`, checking each,
-/// and reports what it consumed into `peer` (the producer's window).
+/// and reports what it consumed into `peer` (the producer's window). With
+/// `repeat`, it stores its consumed count again while it waits, and once
+/// more at the end.
 fn consume(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protocol) {
     let mut consumer = Consumer::new(GEOMETRY);
+    let mut repeats = 0;
     let mut received = 0;
     while received < packets {
         let head = ring::load_head(own).expect("load head");
-        let ready = consumer
-            .on_head(head)
-            .expect("the producer's head is plausible");
+        let outcome = if protocol.unchecked_head {
+            consumer.on_head_count(head as u32)
+        } else {
+            consumer.on_head(head)
+        };
+        let ready = match outcome {
+            Ok(ready) => ready,
+            // Ignored: what was known stays ready (none, as the consumer
+            // reads all it knows of before loading the head again).
+            Err(MissedUpdate::Corrupt { .. }) if protocol.corruption.is_some() => 0,
+            Err(miss) => panic!("the producer's head is plausible: {miss}"),
+        };
         if ready == 0 {
-            // Nothing published yet: wait for the producer.
-            hint::spin_loop();
+            if protocol.repeat && repeats < REPEATS {
+                repeats += 1;
+                ring::publish_consumed(peer, consumer.released()).expect("repeat consumed");
+            } else {
+                // Nothing published yet: wait for the producer.
+                hint::spin_loop();
+            }
             continue;
         }
         let mut consumed = None;
@@ -356,6 +477,7 @@ fn consume(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protoc
             own.read(slot, &mut bytes).expect("read a slot");
             check_packet(received, slot, &bytes);
             received += 1;
+            repeats = 0;
             if !protocol.release_before_read {
                 consumed = Some(consumer.release());
             }
@@ -363,6 +485,11 @@ fn consume(own: &ModelWindow, peer: &ModelWindow, packets: u64, protocol: Protoc
         if let Some(consumed) = consumed {
             ring::publish_consumed(peer, consumed).expect("publish consumed");
         }
+    }
+    if protocol.repeat {
+        // The timer, once more after the end: a producer waiting for the
+        // last count gets it even if its last store was the corrupted one.
+        ring::publish_consumed(peer, consumer.released()).expect("repeat consumed");
     }
 }
 
@@ -383,9 +510,18 @@ fn model(packets: u64, protocol: Protocol, race_check: RaceCheck, explore: Explo
     builder.check(move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // The consumer's receive window: the producer writes slots and head.
-        let ring = Arc::new(ModelWindow::new(race_check, protocol.relaxed));
+        let corruption = |index: IndexAccess| protocol.corruption.filter(|c| c.store == index);
+        let ring = Arc::new(ModelWindow::new(
+            race_check,
+            protocol.relaxed,
+            corruption(IndexAccess::HeadStore),
+        ));
         // The producer's own window: the consumer writes consumed there.
-        let credits = Arc::new(ModelWindow::new(race_check, protocol.relaxed));
+        let credits = Arc::new(ModelWindow::new(
+            race_check,
+            protocol.relaxed,
+            corruption(IndexAccess::ConsumedStore),
+        ));
         GEOMETRY.validate(ring.len()).expect("the model ring fits");
 
         let producer = thread::spawn({
@@ -395,11 +531,16 @@ fn model(packets: u64, protocol: Protocol, race_check: RaceCheck, explore: Explo
         consume(&ring, &credits, packets, protocol);
         producer.join().expect("producer thread");
 
-        assert_eq!(ring.load_u64(offset::HEAD, Ordering::Relaxed), Ok(packets));
-        assert_eq!(
-            credits.load_u64(offset::CONSUMED, Ordering::Relaxed),
-            Ok(packets)
-        );
+        if protocol.corruption.is_none() {
+            assert_eq!(
+                ring.load_u64(offset::HEAD, Ordering::Relaxed),
+                Ok(encode_index(IndexKind::Head, packets))
+            );
+            assert_eq!(
+                credits.load_u64(offset::CONSUMED, Ordering::Relaxed),
+                Ok(encode_index(IndexKind::Consumed, packets))
+            );
+        }
     });
     let batch = |most: u64| match most {
         u64::MAX => "all".to_string(),
@@ -453,6 +594,80 @@ fn every_packet_read_is_the_one_published_with_a_batching_consumer() {
         },
         RaceCheck::On,
         PREEMPTION_BOUND,
+    );
+}
+
+// --- A corrupt index is a missed update ----------------------------------
+
+/// The corruption models' bound: their repeated stores multiply the
+/// executions, and a missed update and its repair show within three.
+const CORRUPTION_BOUND: Explore = Explore::Preemptions(3);
+
+/// The protocol as the link runs it with one index store corrupted, and
+/// repeats to repair it.
+const fn corrupted(store: IndexAccess, nth: u32, flip: u64) -> Protocol {
+    Protocol {
+        corruption: Some(Corruption { store, nth, flip }),
+        repeat: true,
+        ..LINK
+    }
+}
+
+/// The first head store (head 2) lands as head 1 with the check of 2: the
+/// consumer ignores it and goes on when the producer stores its head
+/// again (the next packet, or a repeat).
+#[test]
+fn a_corrupt_head_is_ignored_then_repaired() {
+    model(
+        3,
+        corrupted(IndexAccess::HeadStore, 1, 0b11),
+        RaceCheck::On,
+        CORRUPTION_BOUND,
+    );
+}
+
+/// The last new head (3, after 2) is corrupted in its check half: only a
+/// repeat can announce the last packet.
+#[test]
+fn a_corrupt_last_head_is_repaired_by_a_repeat() {
+    model(
+        3,
+        corrupted(IndexAccess::HeadStore, 2, 1 << 40),
+        RaceCheck::On,
+        CORRUPTION_BOUND,
+    );
+}
+
+/// A consumed store lands corrupted: the producer keeps the slots it knew
+/// were busy (never reuses one the consumer may still read) until the
+/// consumer stores its count again.
+#[test]
+fn a_corrupt_consumed_count_is_ignored_then_repaired() {
+    for nth in [1, 2] {
+        model(
+            3,
+            corrupted(IndexAccess::ConsumedStore, nth, 1 << 2),
+            RaceCheck::On,
+            CORRUPTION_BOUND,
+        );
+    }
+}
+
+/// Taken without its check, a first head store (head 1, one packet at a
+/// time) that lands as head 2 is plausible (2 of 2 slots), and the
+/// consumer reads a slot never written.
+#[test]
+#[should_panic(expected = "consumer read a wrong packet")]
+fn a_corrupt_head_taken_without_its_check_is_caught() {
+    model(
+        3,
+        Protocol {
+            unchecked_head: true,
+            ..corrupted(IndexAccess::HeadStore, 1, 0b11)
+        }
+        .one_packet_at_a_time(),
+        RaceCheck::Off,
+        Explore::Preemptions(1),
     );
 }
 
