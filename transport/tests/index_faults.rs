@@ -231,3 +231,30 @@ fn a_co_tenant_scribbling_over_live_windows_loses_nothing() {
     assert!(scribbled.onto_index > 0, "{scribbled:?}");
     assert!(missed.missed() > 0, "index words were hit: {missed:?}");
 }
+
+/// A scribbler at a slow rate still stops at once when asked.
+#[test]
+fn a_slow_scribbler_stops_at_once() {
+    let window: Arc<dyn Window> = Arc::new(HeapWindow::new(1 << 16).unwrap());
+    let scribbler = Scribbler::start(
+        vec![window],
+        ScribbleConfig {
+            writes_per_second: 0.1,
+            control_share: 0.5,
+            index_share: 0.5,
+            seed: 1,
+        },
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let asked = Instant::now();
+    let scribbled = scribbler.stop();
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        scribbled.writes, 1,
+        "one write at the start, the next 10 s away"
+    );
+}

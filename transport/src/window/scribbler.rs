@@ -108,6 +108,9 @@ impl Drop for Scribbler {
     }
 }
 
+/// The longest the thread sleeps without looking at its stop flag.
+const STOP_CHECK: Duration = Duration::from_millis(10);
+
 /// Where one write lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
@@ -155,10 +158,16 @@ fn scribble(
             }
         }
         next += every;
-        match next.checked_duration_since(Instant::now()) {
-            Some(wait) => thread::sleep(wait),
+        if next < Instant::now() {
             // Behind (a slow machine): catch up without a burst.
-            None => next = Instant::now(),
+            next = Instant::now();
+        }
+        // In short naps, so that a stop is seen soon at any rate.
+        while let Some(wait) = next.checked_duration_since(Instant::now()) {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            thread::sleep(wait.min(STOP_CHECK));
         }
     }
 }
