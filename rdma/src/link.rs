@@ -40,8 +40,8 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 
 use barlink_transport::engine::{Engine, EngineConfig};
-use barlink_transport::link::{IndexStats, Link, Medium, MediumError, REPUBLISH_EVERY, SetupError};
-use barlink_transport::ring::{IndexKind, MissedUpdate, decode_index, encode_index};
+use barlink_transport::link::{IndexStats, Link, Medium, MediumError, RepeatTimer, SetupError};
+use barlink_transport::ring::{IndexKind, advance_index, decode_index, encode_index};
 use barlink_transport::time::Time;
 use barlink_transport::window::{Window, WindowError};
 use barlink_transport::wire::HEADER_LEN;
@@ -371,7 +371,7 @@ pub struct RdmaMedium<Q: PacketQueue> {
     /// The credit word last decided on (each is checked once).
     credit_word_applied: u64,
     /// When the consumed count is next written again, moved or not.
-    credit_republish_at: Option<Time>,
+    credit_repeat: RepeatTimer,
     /// Work requests posted on the send queue.
     wr_posted: u64,
     /// Work requests known complete (through the last signaled one seen).
@@ -440,7 +440,7 @@ impl<Q: PacketQueue> RdmaMedium<Q> {
             sent: 0,
             credit: 0,
             credit_word_applied: encode_credit(0),
-            credit_republish_at: None,
+            credit_repeat: RepeatTimer::default(),
             wr_posted: 0,
             wr_done: 0,
             // Every ((depth - 1) / 4)-th request is signaled, so among the at
@@ -524,23 +524,9 @@ impl<Q: PacketQueue> RdmaMedium<Q> {
             return Ok(self.credit);
         }
         self.credit_word_applied = word;
-        let ahead = match decode_credit(word) {
-            None => Err(MissedUpdate::Corrupt { word }),
-            Some(count) => {
-                let ahead = u64::from(count.wrapping_sub(self.credit as u32));
-                if ahead > self.sent - self.credit {
-                    Err(MissedUpdate::Implausible {
-                        count,
-                        seen: self.credit,
-                        limit: self.sent,
-                    })
-                } else {
-                    Ok(ahead)
-                }
-            }
-        };
-        match ahead {
-            Ok(ahead) => self.credit += ahead,
+        let room = self.sent - self.credit;
+        match advance_index(IndexKind::Credit, word, self.credit, room) {
+            Ok(credit) => self.credit = credit,
             Err(miss) => self.stats.index.record(&miss),
         }
         Ok(self.credit)
@@ -554,17 +540,9 @@ impl<Q: PacketQueue> RdmaMedium<Q> {
         now: Time,
         heartbeat: std::time::Duration,
     ) -> Result<(), MediumError> {
-        let every = REPUBLISH_EVERY.min(heartbeat);
-        match self.credit_republish_at {
-            Some(at) if now >= at => {
-                if self.credit_room() {
-                    self.post_credit()?;
-                    self.stats.index.republished += 1;
-                }
-                self.credit_republish_at = Some(now + every);
-            }
-            Some(_) => {}
-            None => self.credit_republish_at = Some(now + every),
+        if self.credit_repeat.due(now, heartbeat) && self.credit_room() {
+            self.post_credit()?;
+            self.stats.index.republished += 1;
         }
         Ok(())
     }
@@ -748,7 +726,7 @@ impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        self.credit_republish_at
+        self.credit_repeat.deadline()
     }
 
     fn index_stats(&self) -> IndexStats {

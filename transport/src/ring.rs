@@ -274,6 +274,20 @@ impl fmt::Display for MissedUpdate {
     }
 }
 
+/// The count an index word moves a reader's `seen` to: the word must pass
+/// its check as `kind` and lie at most `room` ahead of `seen` (counts are
+/// extended from `seen`, modulo 2³²). Anything else is a missed update and
+/// moves nothing.
+pub fn advance_index(
+    kind: IndexKind,
+    word: u64,
+    seen: u64,
+    room: u64,
+) -> Result<u64, MissedUpdate> {
+    let count = decode_index(kind, word).ok_or(MissedUpdate::Corrupt { word })?;
+    Ok(seen + advance(count, seen, room)?)
+}
+
 /// How far `count` (modulo 2³²) is ahead of `seen`, if at most `room`.
 fn advance(count: u32, seen: u64, room: u64) -> Result<u64, MissedUpdate> {
     let ahead = u64::from(count.wrapping_sub(seen as u32));
@@ -470,8 +484,9 @@ impl Consumer {
     /// head runs backwards or further ahead than the ring holds, is a missed
     /// update and changes nothing (the packets already known stay ready).
     pub fn on_head(&mut self, word: u64) -> Result<u64, MissedUpdate> {
-        let count = decode_index(IndexKind::Head, word).ok_or(MissedUpdate::Corrupt { word })?;
-        self.on_head_count(count)
+        let room = u64::from(self.geometry.slot_count) - (self.head - self.read);
+        self.head = advance_index(IndexKind::Head, word, self.head, room)?;
+        Ok(self.head - self.read)
     }
 
     /// As [`Consumer::on_head`], for a count (modulo 2³²) that came without
@@ -775,6 +790,33 @@ mod tests {
                 assert_eq!(decode_index(kind, dead), None, "{dead:#x} as {kind:?}");
             }
         }
+    }
+
+    /// The claim behind the format: no error of up to seven bits passes.
+    /// The check is affine, so an error that flips data bits `d` passes
+    /// only if it also flips exactly the check bits `L(d) = check(d) ^
+    /// check(0)`; `L` is a bijection, so every `d` of eight bits or more
+    /// already makes eight, and those of up to six are all tried here.
+    #[test]
+    fn no_error_of_up_to_seven_bits_passes_the_check() {
+        fn at_most_six_bits(from: u32, left: u32, d: u32, visit: &mut impl FnMut(u32)) {
+            if d != 0 {
+                visit(d);
+            }
+            if left == 0 {
+                return;
+            }
+            for bit in from..32 {
+                at_most_six_bits(bit + 1, left - 1, d | 1 << bit, visit);
+            }
+        }
+        let zero = index_check(IndexKind::Head, 0);
+        let mut lightest = u32::MAX;
+        at_most_six_bits(0, 6, 0, &mut |d| {
+            let weight = d.count_ones() + (index_check(IndexKind::Head, d) ^ zero).count_ones();
+            lightest = lightest.min(weight);
+        });
+        assert!(lightest >= 8, "an error of {lightest} bits passes");
     }
 
     /// A word stored at the wrong index's place fails that index's check.

@@ -10,8 +10,42 @@
 
 use std::fmt;
 
+use std::time::Duration;
+
 use crate::engine::Engine;
 use crate::time::Time;
+
+/// The longest a medium goes without storing its index words again: what
+/// a publication the peer missed (a corrupt or lost index store) costs at
+/// most. Two stores into the peer's line a millisecond are nothing beside
+/// the traffic, and an unchanged word wakes no waiting peer.
+pub const REPUBLISH_EVERY: Duration = Duration::from_millis(1);
+
+/// When a medium next stores its index words again, moved or not, so that
+/// a store of its own that the peer missed is repaired: every
+/// [`REPUBLISH_EVERY`], or the heartbeat interval if that is shorter.
+/// Its deadline is what [`Medium::poll_timeout`] returns.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RepeatTimer {
+    at: Option<Time>,
+}
+
+impl RepeatTimer {
+    /// Whether the repeat is due at `now`; when it is (or on the first
+    /// call, which only arms the timer) the next one is set.
+    pub fn due(&mut self, now: Time, heartbeat: Duration) -> bool {
+        let due = self.at.is_some_and(|at| now >= at);
+        if due || self.at.is_none() {
+            self.at = Some(now + REPUBLISH_EVERY.min(heartbeat));
+        }
+        due
+    }
+
+    /// When the next repeat is due, once armed.
+    pub fn deadline(&self) -> Option<Time> {
+        self.at
+    }
+}
 
 /// A medium's failure: the link stops and reports it as
 /// [`super::IoError::Medium`] from then on.

@@ -23,7 +23,7 @@ mod medium;
 mod named;
 mod thread;
 
-pub use medium::{IndexStats, Medium, MediumError};
+pub use medium::{IndexStats, Medium, MediumError, REPUBLISH_EVERY, RepeatTimer};
 pub use named::{NamedOptions, Side, connect_named, create_named_ring, pair_windows};
 pub use thread::{ProgressOptions, ProgressThread};
 
@@ -334,15 +334,9 @@ pub struct RingMedium<W: Window> {
     unpublished_packets: u32,
     unpublished_bytes: usize,
     /// When this side's index words are next stored again.
-    republish_at: Option<Time>,
+    repeat: RepeatTimer,
     index_stats: IndexStats,
 }
-
-/// The longest a ring goes without storing its index words again: what a
-/// publication the peer missed (a corrupt or lost index store) costs at
-/// most. Two stores into the peer's line a millisecond are nothing beside
-/// the traffic, and an unchanged word wakes no waiting peer.
-pub const REPUBLISH_EVERY: Duration = Duration::from_millis(1);
 
 impl<W: Window> RingMedium<W> {
     /// Binds two windows whose rings are initialized ([`init_ring`]): `own`
@@ -365,7 +359,7 @@ impl<W: Window> RingMedium<W> {
             consumed_word_applied: consumed_zero,
             unpublished_packets: 0,
             unpublished_bytes: 0,
-            republish_at: None,
+            repeat: RepeatTimer::default(),
             index_stats: IndexStats::default(),
         })
     }
@@ -433,21 +427,16 @@ impl<W: Window> RingMedium<W> {
     /// Stores both index words again if the interval is up, whether or not
     /// they changed: a store of ours the peer missed is repaired by this.
     fn republish_if_due(&mut self, now: Time, heartbeat: Duration) -> Result<(), MediumError> {
-        let every = REPUBLISH_EVERY.min(heartbeat);
-        match self.republish_at {
-            Some(at) if now >= at => {
-                // Both words, each once: publish_head gives back held slots
-                // (storing the consumed word) only when there are some.
-                if self.unpublished_packets == 0 {
-                    self.publish_consumed()?;
-                }
-                self.publish_head(self.producer.written())?;
-                self.index_stats.republished += 1;
-                self.republish_at = Some(now + every);
-            }
-            Some(_) => {}
-            None => self.republish_at = Some(now + every),
+        if !self.repeat.due(now, heartbeat) {
+            return Ok(());
         }
+        // Both words, each once: publish_head gives back held slots
+        // (storing the consumed word) only when there are some.
+        if self.unpublished_packets == 0 {
+            self.publish_consumed()?;
+        }
+        self.publish_head(self.producer.written())?;
+        self.index_stats.republished += 1;
         Ok(())
     }
 }
@@ -576,7 +565,7 @@ impl<W: Window> Medium for RingMedium<W> {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        self.republish_at
+        self.repeat.deadline()
     }
 
     fn index_stats(&self) -> IndexStats {
