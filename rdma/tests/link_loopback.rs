@@ -188,16 +188,18 @@ fn corrupted_and_lost_writes_are_retransmitted() {
     let (a, b) = run_both_ways(a, b, 2_000, 64 << 10);
     let (ia, ib) = (ca.injected(), cb.injected());
     assert!(ia.corrupted > 0 && ib.corrupted > 0 && ia.lost > 0 && ib.lost > 0);
-    // Credit writes were corrupted and lost too: each a missed update.
-    assert!(ia.credits_corrupted + ib.credits_corrupted > 0);
+    // Credit writes were corrupted and lost too, and the links lived. (A
+    // corrupted credit word is often overwritten by the next before the
+    // sender reads it, so how many were skipped is timing, not asserted;
+    // the torn and bogus credit word test skips some deterministically.)
+    assert!(ia.credits_corrupted + ib.credits_corrupted + ia.credits_lost + ib.credits_lost > 0);
     let missed = a.index_stats().plus(b.index_stats());
-    assert!(missed.corrupt > 0, "{missed:?}");
     // What a corrupted; b detected by CRC, and the other way round.
     let (sa, sb) = (a.engine().stats(), b.engine().stats());
     assert!(sb.crc_failures > 0, "b saw no CRC failure: {sb:?}");
     assert!(sa.crc_failures > 0, "a saw no CRC failure: {sa:?}");
     assert!(sa.retransmits() > 0 && sb.retransmits() > 0);
-    eprintln!("injected a→b {ia:?}, b→a {ib:?}; a {sa:?}; b {sb:?}");
+    eprintln!("injected a→b {ia:?}, b→a {ib:?}; a {sa:?}; b {sb:?}; credit words {missed:?}");
 }
 
 /// Drives `link` with a blocking receive until it fails; returns the error
