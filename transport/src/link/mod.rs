@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 mod connect;
+pub mod credentials;
 mod medium;
 mod named;
 mod thread;
@@ -31,7 +32,8 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-pub use connect::{LinkConfig, Listener, connect, connect_windows};
+pub use connect::{LinkConfig, Listener, ListenerStats, connect, connect_windows};
+pub use credentials::{ALLOW_GIDS_VAR, ALLOW_UIDS_VAR, AllowedPeers, PeerCredentials};
 
 use crate::clock::Clock;
 use crate::engine::{ConfigError, Engine, EngineConfig, Event, LinkError, MessageId, SendError};
@@ -199,6 +201,23 @@ pub enum SetupError {
     },
     /// The peer sent something other than the setup messages.
     Handshake { detail: String },
+    /// An allow list (an option or an environment variable) is malformed.
+    AllowList { detail: String },
+    /// The process on the other side is of a user this side does not
+    /// admit; nothing was exchanged with it.
+    PeerNotAllowed {
+        /// What the other side is: "client", "listener", "ring file".
+        peer_is: &'static str,
+        peer: PeerCredentials,
+        own_uid: u32,
+        /// This side's allow list, in words.
+        allowed: String,
+    },
+    /// The listener does not admit this process's user.
+    RefusedByPeer {
+        listener: PeerCredentials,
+        own_uid: u32,
+    },
 }
 
 impl fmt::Display for SetupError {
@@ -244,6 +263,23 @@ impl fmt::Display for SetupError {
                 write!(f, "{operation}: the peer did not answer within {after:?}")
             }
             SetupError::Handshake { detail } => write!(f, "link setup: {detail}"),
+            SetupError::AllowList { detail } => write!(f, "allow list: {detail}"),
+            SetupError::PeerNotAllowed {
+                peer_is,
+                peer,
+                own_uid,
+                allowed,
+            } => write!(
+                f,
+                "the {peer_is} is {peer}, a user this process (uid {own_uid}) does not admit: it admits {allowed}. \
+                 Nothing was sent to it. If that user is meant, allow it ({ALLOW_UIDS_VAR}, {ALLOW_GIDS_VAR}, or the \
+                 allow list in the link options); if not, another user's process holds the name"
+            ),
+            SetupError::RefusedByPeer { listener, own_uid } => write!(
+                f,
+                "the listener ({listener}) refused this process (uid {own_uid}): it does not admit this user. \
+                 Its owner can allow uid {own_uid} ({ALLOW_UIDS_VAR} or the allow list in its link options)"
+            ),
         }
     }
 }

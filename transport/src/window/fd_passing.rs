@@ -128,20 +128,10 @@ fn recv_tagged_fd(
     timeout: Duration,
     operation: &'static str,
 ) -> Result<OwnedFd, WindowError> {
-    // Room for a few descriptors, so that a peer sending more than one
-    // cannot make the kernel drop them silently (they are closed below).
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let mut tag = [0u8; 1];
     let deadline = Instant::now() + timeout;
-    let received = loop {
-        match recvmsg(
-            stream,
-            &mut [IoSliceMut::new(&mut tag)],
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC,
-        ) {
-            Ok(received) => break received,
+    loop {
+        match receive_tagged(stream, RecvFlags::empty(), operation) {
+            Ok(fd) => return fd,
             Err(Errno::INTR) if Instant::now() < deadline => continue,
             Err(Errno::AGAIN | Errno::INTR) => {
                 return Err(WindowError::Timeout {
@@ -149,17 +139,55 @@ fn recv_tagged_fd(
                     after: timeout,
                 });
             }
-            Err(Errno::CONNRESET | Errno::NOTCONN) => {
-                return Err(WindowError::PeerClosed { operation });
-            }
-            Err(e) => {
-                return Err(WindowError::Socket {
-                    operation,
-                    errno: e.raw_os_error(),
-                });
-            }
+            Err(error) => return Err(receive_error(operation, error)),
         }
-    };
+    }
+}
+
+/// Takes a window descriptor from `stream` if one has arrived, without
+/// waiting: `Ok(None)` when nothing is there yet. For a listener that
+/// serves many handshakes at once, so that a peer which never sends costs
+/// the others nothing.
+pub fn try_recv_fd(stream: &UnixStream) -> Result<Option<OwnedFd>, WindowError> {
+    const OPERATION: &str = "receive a window descriptor";
+    loop {
+        match receive_tagged(stream, RecvFlags::DONTWAIT, OPERATION) {
+            Ok(fd) => return fd.map(Some),
+            Err(Errno::INTR) => continue,
+            Err(Errno::AGAIN) => return Ok(None),
+            Err(error) => return Err(receive_error(OPERATION, error)),
+        }
+    }
+}
+
+fn receive_error(operation: &'static str, error: Errno) -> WindowError {
+    match error {
+        Errno::CONNRESET | Errno::NOTCONN => WindowError::PeerClosed { operation },
+        e => WindowError::Socket {
+            operation,
+            errno: e.raw_os_error(),
+        },
+    }
+}
+
+/// One `recvmsg` of a window message: the socket's errno, or the verdict
+/// on what arrived.
+fn receive_tagged(
+    stream: &UnixStream,
+    flags: RecvFlags,
+    operation: &'static str,
+) -> Result<Result<OwnedFd, WindowError>, Errno> {
+    // Room for a few descriptors, so that a peer sending more than one
+    // cannot make the kernel drop them silently (they are closed below).
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut tag = [0u8; 1];
+    let received = recvmsg(
+        stream,
+        &mut [IoSliceMut::new(&mut tag)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC | flags,
+    )?;
     // Take ownership of every descriptor that arrived before judging the
     // message, so none leaks whatever the verdict.
     let mut fds: Vec<OwnedFd> = Vec::new();
@@ -169,19 +197,19 @@ fn recv_tagged_fd(
         }
     }
     if received.bytes == 0 && fds.is_empty() {
-        return Err(WindowError::PeerClosed { operation });
+        return Ok(Err(WindowError::PeerClosed { operation }));
     }
     if received.flags.contains(ReturnFlags::CTRUNC) {
-        return Err(WindowError::NoFdReceived {
+        return Ok(Err(WindowError::NoFdReceived {
             reason: "the control data was truncated (more descriptors than a window message has)",
-        });
+        }));
     }
     if tag[0] != FD_MESSAGE_TAG {
-        return Err(WindowError::NoFdReceived {
+        return Ok(Err(WindowError::NoFdReceived {
             reason: "the message's tag byte is not a window message's",
-        });
+        }));
     }
-    match fds.len() {
+    Ok(match fds.len() {
         0 => Err(WindowError::NoFdReceived {
             reason: "the message had no descriptor attached",
         }),
@@ -189,7 +217,7 @@ fn recv_tagged_fd(
         _ => Err(WindowError::NoFdReceived {
             reason: "the message had more than one descriptor attached",
         }),
-    }
+    })
 }
 
 fn socket_error(operation: &'static str, error: &std::io::Error) -> WindowError {
@@ -252,6 +280,24 @@ mod tests {
         assert!(matches!(
             recv_fd(&b, Duration::from_secs(5)),
             Err(WindowError::NoFdReceived { .. })
+        ));
+    }
+
+    #[test]
+    fn trying_takes_what_arrived_and_never_waits() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let started = Instant::now();
+        assert!(try_recv_fd(&b).unwrap().is_none());
+        assert!(started.elapsed() < Duration::from_secs(1));
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        send_fd(&a, file.as_fd(), Duration::from_secs(5)).unwrap();
+        let received = try_recv_fd(&b).unwrap().expect("the descriptor was sent");
+        let stat = rustix::fs::fstat(&received).unwrap();
+        assert_eq!(stat.st_ino, rustix::fs::fstat(&file).unwrap().st_ino);
+        drop(a);
+        assert!(matches!(
+            try_recv_fd(&b),
+            Err(WindowError::PeerClosed { .. })
         ));
     }
 }

@@ -44,7 +44,7 @@ use std::sync::atomic::Ordering;
 
 pub use error::WindowError;
 pub use fault::{FaultConfig, FaultWindow, InjectedFaults};
-pub use fd_passing::{recv_fd, send_fd};
+pub use fd_passing::{recv_fd, send_fd, try_recv_fd};
 pub use heap::HeapWindow;
 pub use mapping::{DeviceAccess, DeviceMemory, RawWindow, copy_kernel};
 pub use scribbler::{ScribbleConfig, Scribbled, Scribbler};
