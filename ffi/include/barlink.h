@@ -53,11 +53,19 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 1
+#define BARLINK_ABI_VERSION_MINOR 2
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
 #define BARLINK_CONFIG_HUGE_PAGES 1
+
+// Config flag: admit a peer of any local user (for a service that serves
+// every user and checks them by other means). Without it only the same
+// user, `allow_uids`/`allow_gids` and `BARLINK_ALLOW_UIDS`/`_GIDS` are.
+#define BARLINK_CONFIG_ALLOW_ANY_USER 2
+
+// Most entries of `allow_uids` and of `allow_gids`.
+#define BARLINK_MAX_ALLOWED_IDS 8
 
 // What every barlink function returns. The numbers are stable: new codes
 // are only ever added. A C program must expect codes it does not know
@@ -112,6 +120,10 @@ typedef enum barlink_status {
   // A bug in barlink was caught at the boundary; the message says where.
   // The handle involved may be unusable: close it.
   BARLINK_INTERNAL = 19,
+  // The other side is a process of a user this side does not admit, or
+  // it does not admit ours; nothing was exchanged. The message names
+  // its uid and pid.
+  BARLINK_PEER_NOT_ALLOWED = 20,
 } barlink_status;
 
 // Which medium a link uses (`barlink_config.transport`).
@@ -160,6 +172,15 @@ typedef struct barlink_config {
   uint32_t flags;
   // Must be zero.
   uint32_t reserved;
+  // Further users admitted as the peer of a local link (a process of the
+  // same user always is): the first `allow_uid_count` entries count.
+  uint32_t allow_uids[BARLINK_MAX_ALLOWED_IDS];
+  // Entries of `allow_uids` in use (0 to 8).
+  uint32_t allow_uid_count;
+  // Peers whose primary group is one of these are admitted.
+  uint32_t allow_gids[BARLINK_MAX_ALLOWED_IDS];
+  // Entries of `allow_gids` in use (0 to 8).
+  uint32_t allow_gid_count;
 } barlink_config;
 
 // One finished non-blocking send (`barlink_poll`). This struct is frozen:

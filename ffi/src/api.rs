@@ -206,6 +206,7 @@ pub unsafe extern "C" fn barlink_config_init(config: *mut barlink_config) -> bar
                 .as_millis() as u32,
             flags: 0,
             reserved: 0,
+            ..barlink_config::default()
         };
         // SAFETY: checked; writable by the caller's contract.
         unsafe { put(config, defaults) };

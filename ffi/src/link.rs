@@ -27,7 +27,10 @@ use barlink_transport::window::{HugePages, ShmOptions, ShmWindow};
 use crate::error::{Error, Result};
 use crate::payload::{Payload, Region};
 use crate::types::barlink_status::{self, *};
-use crate::types::{BARLINK_CONFIG_HUGE_PAGES, barlink_completion, barlink_config, barlink_stats};
+use crate::types::{
+    BARLINK_CONFIG_ALLOW_ANY_USER, BARLINK_CONFIG_HUGE_PAGES, BARLINK_MAX_ALLOWED_IDS,
+    barlink_completion, barlink_config, barlink_stats,
+};
 
 /// Link names: what the transport accepts, checked here first so that a bad
 /// name is an argument error rather than a setup failure.
@@ -56,7 +59,7 @@ pub(crate) fn link_config(config: &barlink_config) -> Result<LinkConfig> {
             )));
         }
     }
-    if config.flags & !BARLINK_CONFIG_HUGE_PAGES != 0 {
+    if config.flags & !(BARLINK_CONFIG_HUGE_PAGES | BARLINK_CONFIG_ALLOW_ANY_USER) != 0 {
         return Err(Error::invalid(format!(
             "flags {:#x} has bits this library does not know",
             config.flags
@@ -96,8 +99,34 @@ pub(crate) fn link_config(config: &barlink_config) -> Result<LinkConfig> {
     if config.flags & BARLINK_CONFIG_HUGE_PAGES != 0 {
         link.shm = ShmOptions::default().with_huge_pages(HugePages::ReservedOrTransparent);
     }
+    link.allow.uids = allowed_ids(
+        "allow_uid_count",
+        &config.allow_uids,
+        config.allow_uid_count,
+    )?;
+    link.allow.gids = allowed_ids(
+        "allow_gid_count",
+        &config.allow_gids,
+        config.allow_gid_count,
+    )?;
+    link.allow.anyone = config.flags & BARLINK_CONFIG_ALLOW_ANY_USER != 0;
+    link.allow
+        .resolve()
+        .map_err(|error| Error::invalid(error.to_string()))?;
     link.engine = engine;
     Ok(link)
+}
+
+fn allowed_ids(field: &str, ids: &[u32; BARLINK_MAX_ALLOWED_IDS], count: u32) -> Result<Vec<u32>> {
+    let count = usize::try_from(count)
+        .ok()
+        .filter(|&n| n <= BARLINK_MAX_ALLOWED_IDS)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "{field} is {count}: at most {BARLINK_MAX_ALLOWED_IDS} ids fit"
+            ))
+        })?;
+    Ok(ids[..count].to_vec())
 }
 
 pub(crate) fn check_name(name: &str) -> Result<()> {
@@ -114,7 +143,10 @@ fn setup_error(error: SetupError) -> Error {
         SetupError::NameInUse { .. } => BARLINK_NAME_IN_USE,
         SetupError::NoListener { .. } => BARLINK_NO_LISTENER,
         SetupError::Timeout { .. } => BARLINK_TIMEOUT,
-        SetupError::Config(_) => BARLINK_INVALID_ARGUMENT,
+        SetupError::Config(_) | SetupError::AllowList { .. } => BARLINK_INVALID_ARGUMENT,
+        SetupError::PeerNotAllowed { .. } | SetupError::RefusedByPeer { .. } => {
+            BARLINK_PEER_NOT_ALLOWED
+        }
         SetupError::Io { .. } | SetupError::Window(_) => BARLINK_IO_ERROR,
         _ => BARLINK_SETUP_FAILED,
     };

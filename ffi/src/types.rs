@@ -13,11 +13,17 @@
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
 /// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 1;
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 2;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.
 pub const BARLINK_CONFIG_HUGE_PAGES: u32 = 1;
+/// Config flag: admit a peer of any local user (for a service that serves
+/// every user and checks them by other means). Without it only the same
+/// user, `allow_uids`/`allow_gids` and `BARLINK_ALLOW_UIDS`/`_GIDS` are.
+pub const BARLINK_CONFIG_ALLOW_ANY_USER: u32 = 2;
+/// Most entries of `allow_uids` and of `allow_gids`.
+pub const BARLINK_MAX_ALLOWED_IDS: usize = 8;
 
 /// What every barlink function returns. The numbers are stable: new codes
 /// are only ever added. A C program must expect codes it does not know
@@ -74,6 +80,10 @@ pub enum barlink_status {
     /// A bug in barlink was caught at the boundary; the message says where.
     /// The handle involved may be unusable: close it.
     BARLINK_INTERNAL = 19,
+    /// The other side is a process of a user this side does not admit, or
+    /// it does not admit ours; nothing was exchanged. The message names
+    /// its uid and pid.
+    BARLINK_PEER_NOT_ALLOWED = 20,
 }
 
 /// Which medium a link uses (`barlink_config.transport`).
@@ -116,6 +126,15 @@ pub struct barlink_config {
     pub flags: u32,
     /// Must be zero.
     pub reserved: u32,
+    /// Further users admitted as the peer of a local link (a process of the
+    /// same user always is): the first `allow_uid_count` entries count.
+    pub allow_uids: [u32; BARLINK_MAX_ALLOWED_IDS],
+    /// Entries of `allow_uids` in use (0 to 8).
+    pub allow_uid_count: u32,
+    /// Peers whose primary group is one of these are admitted.
+    pub allow_gids: [u32; BARLINK_MAX_ALLOWED_IDS],
+    /// Entries of `allow_gids` in use (0 to 8).
+    pub allow_gid_count: u32,
 }
 
 /// Counters of one link since it was set up (`barlink_get_stats`). Set
@@ -219,6 +238,7 @@ impl barlink_status {
             17 => BARLINK_IO_ERROR,
             18 => BARLINK_OUT_OF_MEMORY,
             19 => BARLINK_INTERNAL,
+            20 => BARLINK_PEER_NOT_ALLOWED,
             _ => return c"BARLINK_UNKNOWN_STATUS: a status code this library does not know",
         };
         match status {
@@ -254,6 +274,9 @@ impl barlink_status {
             BARLINK_IO_ERROR => c"BARLINK_IO_ERROR: a system call failed",
             BARLINK_OUT_OF_MEMORY => c"BARLINK_OUT_OF_MEMORY: memory could not be allocated",
             BARLINK_INTERNAL => c"BARLINK_INTERNAL: a bug in barlink was caught",
+            BARLINK_PEER_NOT_ALLOWED => {
+                c"BARLINK_PEER_NOT_ALLOWED: the peer is of a user not admitted, or does not admit ours"
+            }
         }
     }
 }
@@ -261,7 +284,7 @@ impl barlink_status {
 // The layouts the header promises; a change here is an ABI break.
 const _: () = {
     use std::mem::{align_of, size_of};
-    assert!(size_of::<barlink_config>() == 40 && align_of::<barlink_config>() == 8);
+    assert!(size_of::<barlink_config>() == 40 + 2 * 36 && align_of::<barlink_config>() == 8);
     assert!(size_of::<barlink_stats>() == 8 + 12 * 8 && align_of::<barlink_stats>() == 8);
     assert!(size_of::<barlink_completion>() == 32 && align_of::<barlink_completion>() == 8);
     assert!(size_of::<barlink_status>() == 4);
