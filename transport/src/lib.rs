@@ -16,7 +16,10 @@
 //!   heap, fault injection);
 //! - [`link`]: an engine bound to a medium (rings in a pair of windows, or
 //!   another crate's), the blocking and polling message API, connect and
-//!   accept by name, a background progress thread;
+//!   accept by name (with the peer's user checked), a background progress
+//!   thread;
+//! - [`auth`]: mutual authentication of remote setup (a pre-shared key or
+//!   pinned public keys, Noise) and the sealed session after it;
 //! - [`crc`], [`time`]: the checksum and the engine's notion of time;
 //! - [`rng`]: the seeded generator behind fault injection, the simulator
 //!   and test data;
@@ -29,6 +32,7 @@
 //! `clock` (the CPU's time-stamp counter).
 #![deny(unsafe_code)]
 
+pub mod auth;
 mod clock;
 pub mod cpu;
 pub mod crc;
