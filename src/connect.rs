@@ -28,7 +28,9 @@ use barlink_rdma::RdmaLink;
 use barlink_rdma::oob::OobListener;
 use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
 use barlink_topology::{Bdf, PathChoice, PathPolicy, Topology};
-use barlink_transport::link::{IoError, LinkConfig, Listener, RingLink, SetupError, pair_windows};
+use barlink_transport::link::{
+    AllowedPeers, IoError, LinkConfig, Listener, RingLink, SetupError, pair_windows,
+};
 use barlink_transport::window::ShmWindow;
 use barlink_transport::{EngineConfig, Stats};
 use barlink_vfio::open::{BarOpenError, BarRoute, open_bar_range};
@@ -162,9 +164,14 @@ pub struct ConnectOptions {
     /// Take this path whatever the topology says (the decision still says
     /// what it would have picked).
     pub force: Option<PathKind>,
-    /// RDMA device, port, queue-pair timeouts and retries (its `engine`
-    /// is replaced by [`ConnectOptions::engine`]).
+    /// RDMA device, port, queue-pair timeouts and retries, and how the
+    /// setup is authenticated (`rdma.oob.auth`; by default as the
+    /// environment says). Its `engine` is replaced by
+    /// [`ConnectOptions::engine`].
     pub rdma: RdmaLinkOptions,
+    /// Which other local users may be the peer of a local link (by
+    /// default only the same user, plus `BARLINK_ALLOW_UIDS`/`_GIDS`).
+    pub allow: AllowedPeers,
 }
 
 impl Default for ConnectOptions {
@@ -177,6 +184,7 @@ impl Default for ConnectOptions {
             policy: PathPolicy::default(),
             force: None,
             rdma: RdmaLinkOptions::default(),
+            allow: AllowedPeers::default(),
         }
     }
 }
@@ -426,7 +434,24 @@ pub fn connect<B: AsRef<[u8]>>(
     role: Role,
     options: &ConnectOptions,
 ) -> Result<Connection<B>, ConnectError> {
-    let decision = choose_path(peer, options)?;
+    let mut decision = choose_path(peer, options)?;
+    // Remote setup is authenticated unless asked otherwise by name, and the
+    // decision says which.
+    let mut rdma = RdmaLinkOptions {
+        engine: options.engine.clone(),
+        ..options.rdma.clone()
+    };
+    if decision.path == PathKind::Rdma {
+        let auth = rdma
+            .oob
+            .resolve_auth()
+            .map_err(|error| ConnectError::Setup {
+                decision: decision.clone(),
+                detail: error.to_string(),
+            })?;
+        decision.reason = format!("{}; setup {}", decision.reason, auth.describe());
+        rdma.oob.auth = Some(auth);
+    }
     tracing::info!(path = %decision.path, reason = %decision.reason, ?role, "path chosen");
     let failed = |detail: String| ConnectError::Setup {
         decision: decision.clone(),
@@ -437,6 +462,7 @@ pub fn connect<B: AsRef<[u8]>>(
             let config = LinkConfig {
                 engine: options.engine.clone(),
                 setup_timeout: options.setup_timeout,
+                allow: options.allow.clone(),
                 ..LinkConfig::default()
             };
             let link = match role {
@@ -466,10 +492,6 @@ pub fn connect<B: AsRef<[u8]>>(
             )
         }
         (PathKind::Rdma, Peer::Remote { addr }) => {
-            let rdma = RdmaLinkOptions {
-                engine: options.engine.clone(),
-                ..options.rdma.clone()
-            };
             let link = match role {
                 Role::Accept => OobListener::bind(addr.as_str())
                     .map_err(|e| failed(e.to_string()))

@@ -107,6 +107,18 @@ fn rdma_usage_errors_exit_2() {
             "--fault-rate",
         ),
         (&["bench", "--rdma", "h", "--sizes", "0"][..], "--sizes"),
+        (
+            &["bench", "--rdma", "h", "--insecure", "--psk-file", "f"][..],
+            "cannot be used with",
+        ),
+        (
+            &["bench", "--rdma", "h", "--key-file", "f"][..],
+            "--peer-keys",
+        ),
+        (
+            &["bench", "--rdma", "h:1", "--psk-file", "/nonexistent/psk"][..],
+            "key /nonexistent/psk: cannot read it",
+        ),
     ] {
         let output = barlink(args);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");

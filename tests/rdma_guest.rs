@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use barlink::connect::AnyLink;
 use barlink::rdma::RdmaLink;
 use barlink::rdma::verbs_queue::VerbsQueue;
+use barlink::transport::auth::PeerAuth;
 use barlink::transport::link::IoError;
 use barlink::{ConnectOptions, LinkError, PathKind, Peer, Role};
 use serde_json::Value;
@@ -53,7 +54,7 @@ mod link_exchange;
 
 use guest_support::{say, skipped, wait_or_kill};
 use link_exchange::{
-    CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env, soft_roce_options,
+    CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env, soft_roce_options, test_psk,
 };
 
 const MESSAGES: u64 = 10_000;
@@ -62,6 +63,7 @@ const CHILD_SPEC: &str = "BARLINK_RDMA_GUEST_CHILD";
 const PORT_BENCH: u16 = 18640;
 const PORT_LINK: u16 = 18650;
 const PORT_KILLED: u16 = 18660;
+const PORT_WRONG_KEY: u16 = 18670;
 /// The one-guest bench.
 const PORT_BENCH_ONE: u16 = 18620;
 
@@ -231,13 +233,24 @@ fn has_perftest() -> bool {
     })
 }
 
+/// A file holding the test's pre-shared key (`test_psk(1)`), mode 600,
+/// as `barlink keygen --psk` writes one; the same in both guests.
+fn psk_file() -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::temp_dir().join(format!("barlink-test-psk-{}", std::process::id()));
+    std::fs::write(&path, format!("{}\n", "01".repeat(32))).expect("writing the key file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+    path.display().to_string()
+}
+
 fn bench_command(barlink: &str, rdma: &Rdma, role_args: &[&str]) -> Command {
     let mut command = Command::new(barlink);
     command
         .args(["bench", "--rdma"])
         .args(role_args)
         .args(BENCH_SETTINGS)
-        .args(["--rdma-device", &rdma.dev]);
+        .args(["--rdma-device", &rdma.dev])
+        .args(["--psk-file", &psk_file()]);
     if let Some(gid) = rdma.gid {
         command.args(["--gid-index", &gid.to_string()]);
     }
@@ -290,6 +303,10 @@ fn guest_bench_rdma_server_and_client() {
     );
     // The server prints the same rows as the client.
     assert!(server_out.contains("barlink-rdma"), "{server_out}");
+    assert!(
+        stdout.contains("setup authenticated with a pre-shared key"),
+        "the decision names the authentication:\n{stdout}"
+    );
     let table = check_rows(&stdout, &[64, 4096, 65536], has_perftest());
     if !stderr.is_empty() {
         say(&format!("client notes:\n{stderr}"));
@@ -370,7 +387,12 @@ fn two_guests_bench_rdma() {
 // ------------------------------------------------------------ the link
 
 fn options(rdma: &Rdma) -> ConnectOptions {
-    let rdma = soft_roce_options(rdma, 120, Duration::from_millis(500));
+    options_with(rdma, test_psk(1))
+}
+
+fn options_with(rdma: &Rdma, auth: PeerAuth) -> ConnectOptions {
+    let mut rdma = soft_roce_options(rdma, 120, Duration::from_millis(500));
+    rdma.oob.auth = Some(auth);
     ConnectOptions {
         engine: rdma.engine.clone(),
         // The other guest may still be booting.
@@ -437,6 +459,53 @@ fn two_guests_link_moves_10000_messages_each_way() {
     ));
     // Both sides saw the other's "done": closing now loses nothing.
     let _ = link.close(Duration::from_secs(10));
+}
+
+#[test]
+#[ignore = "runs in two QEMU guests (tests/vm/run.sh)"]
+fn two_guests_wrong_key_gets_nothing() {
+    let test = "two_guests_wrong_key_gets_nothing";
+    let Some((side, peer, rdma)) = two_guests(test) else {
+        return;
+    };
+    match side {
+        Side::Server => {
+            // The wrong client is refused and logged; the wait goes on and
+            // the right one links.
+            let mut link = link_to_peer(side, &peer, PORT_WRONG_KEY, &rdma);
+            exchange(
+                &mut link,
+                SERVER_STREAM,
+                CLIENT_STREAM,
+                100,
+                Duration::from_secs(120),
+            );
+            say("Server: refused the client with the wrong key, then linked with the right one");
+            let _ = link.close(Duration::from_secs(10));
+        }
+        Side::Client => {
+            let addr = format!("{peer}:{PORT_WRONG_KEY}");
+            let refused = barlink::connect::<Vec<u8>>(
+                &Peer::Remote { addr: addr.clone() },
+                Role::Connect,
+                &options_with(&rdma, test_psk(2)),
+            )
+            .err()
+            .unwrap_or_else(|| panic!("{test}: a link with the wrong key"));
+            let text = refused.to_string();
+            assert!(text.contains("the pre-shared keys differ"), "{text}");
+            say(&format!("Client with the wrong key: {text}"));
+            let mut link = link_to_peer(side, &peer, PORT_WRONG_KEY, &rdma);
+            exchange(
+                &mut link,
+                CLIENT_STREAM,
+                SERVER_STREAM,
+                100,
+                Duration::from_secs(120),
+            );
+            let _ = link.close(Duration::from_secs(10));
+        }
+    }
 }
 
 #[test]

@@ -1,10 +1,13 @@
 //! Connection setup out of band, over TCP, in the manner of perftest: the
 //! server listens (port [`DEFAULT_PORT`]), the client connects (with a
-//! timeout per attempt and a bounded number of retries), and each side
-//! sends a fixed-layout, versioned, checksummed [`Hello`] describing its
-//! queue pair and its receive ring. After both queue pairs reached RTS,
-//! [`OobStream::ready`] trades one byte each way, so that neither side
-//! writes before the other's receives are posted.
+//! timeout per attempt and a bounded number of retries), and the two
+//! authenticate each other ([`OobStream::authenticate`], with a pre-shared
+//! key or pinned public keys: `barlink_transport::auth`) before anything
+//! else. Then each side sends a fixed-layout, versioned, checksummed
+//! [`Hello`] describing its queue pair and its receive ring, sealed by the
+//! session. After both queue pairs reached RTS, [`OobStream::ready`]
+//! trades one sealed byte each way, so that neither side writes before the
+//! other's receives are posted.
 //!
 //! Everything read from the peer is untrusted: a hello is checked field by
 //! field before use, and a bad one is a typed [`OobError`] that says what
@@ -29,6 +32,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use barlink_transport::auth::{self, AuthError, FrameStream, PeerAuth, Session};
 use barlink_transport::crc::crc32c;
 
 use crate::link::{MAX_SLOTS, RingShape};
@@ -39,8 +43,9 @@ pub const DEFAULT_PORT: u16 = 18515;
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"BLRH");
 /// The hello layout (and link protocol) this build speaks. 3: the credit
 /// word carries the consumed count and a CRC-32C of it
-/// (`link::encode_credit`).
-pub const HELLO_VERSION: u16 = 3;
+/// (`link::encode_credit`). 4: the hello follows authentication, framed
+/// and sealed.
+pub const HELLO_VERSION: u16 = 4;
 /// Bytes of a hello.
 pub const HELLO_LEN: usize = 96;
 /// The byte each side sends once its queue pair is ready for traffic.
@@ -385,6 +390,17 @@ pub enum OobError {
     BadHello(HelloError),
     /// The peer sent something other than the ready byte.
     Protocol { detail: String },
+    /// The two sides did not authenticate each other.
+    Auth(AuthError),
+    /// A server's wait ended with no client authenticated; the last one
+    /// that tried failed this way.
+    Refusal { peer: String, error: Box<OobError> },
+}
+
+impl From<AuthError> for OobError {
+    fn from(error: AuthError) -> Self {
+        OobError::Auth(error)
+    }
 }
 
 impl fmt::Display for OobError {
@@ -409,6 +425,11 @@ impl fmt::Display for OobError {
             ),
             OobError::BadHello(error) => write!(f, "connection setup: {error}"),
             OobError::Protocol { detail } => write!(f, "connection setup: {detail}"),
+            OobError::Auth(error) => write!(f, "connection setup: {error}"),
+            OobError::Refusal { peer, error } => write!(
+                f,
+                "no client authenticated in time; the last, from {peer}, was refused: {error}"
+            ),
         }
     }
 }
@@ -426,6 +447,23 @@ pub struct OobOptions {
     pub retry_interval: Duration,
     /// Limit of each exchange step (hello, ready byte).
     pub io_timeout: Duration,
+    /// Limit of authentication, kept short so that a client that never
+    /// completes it holds a server only briefly.
+    pub auth_timeout: Duration,
+    /// How the two sides prove who they are; `None`: as the environment
+    /// says (`PeerAuth::from_environment`), which is an error when it says
+    /// nothing.
+    pub auth: Option<PeerAuth>,
+}
+
+impl OobOptions {
+    /// The authentication to use: the options', else the environment's.
+    pub fn resolve_auth(&self) -> Result<PeerAuth, OobError> {
+        match &self.auth {
+            Some(auth) => Ok(auth.clone()),
+            None => Ok(PeerAuth::from_environment()?),
+        }
+    }
 }
 
 impl Default for OobOptions {
@@ -438,6 +476,8 @@ impl Default for OobOptions {
             connect_retries: 10,
             retry_interval: Duration::from_millis(500),
             io_timeout: Duration::from_secs(30),
+            auth_timeout: Duration::from_secs(5),
+            auth: None,
         }
     }
 }
@@ -494,6 +534,45 @@ impl OobListener {
                 });
             }
             std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl OobListener {
+    /// Waits at most `timeout` for a client that authenticates as `auth`
+    /// requires. A client that fails (another key, another mode, garbage,
+    /// silence past `options.auth_timeout`) is logged and dropped, having
+    /// received nothing but the refusal, and the wait goes on.
+    pub fn accept_authenticated(
+        &self,
+        timeout: Duration,
+        options: &OobOptions,
+        auth: &PeerAuth,
+    ) -> Result<OobStream, OobError> {
+        let deadline = Instant::now() + timeout;
+        let mut last_refusal = None;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut stream = match self.accept(left, options) {
+                Ok(stream) => stream,
+                Err(OobError::Timeout { .. }) if last_refusal.is_some() => {
+                    return Err(last_refusal.take().expect("checked"));
+                }
+                Err(error) => return Err(error),
+            };
+            let peer = stream
+                .peer_addr()
+                .map_or_else(|_| "an unknown address".to_string(), |a| a.to_string());
+            match stream.authenticate(auth, false) {
+                Ok(()) => return Ok(stream),
+                Err(error) => {
+                    tracing::warn!(%peer, %error, "refused a client that failed authentication");
+                    last_refusal = Some(OobError::Refusal {
+                        peer,
+                        error: Box::new(error),
+                    });
+                }
+            }
         }
     }
 }
@@ -555,6 +634,23 @@ pub fn connect(addr: impl ToSocketAddrs, options: &OobOptions) -> Result<OobStre
 pub struct OobStream {
     stream: TcpStream,
     io_timeout: Duration,
+    auth_timeout: Duration,
+    /// Set by [`OobStream::authenticate`]; the hello needs it.
+    session: Option<Session>,
+    /// What the stream is doing, for errors.
+    step: &'static str,
+}
+
+impl FrameStream for OobStream {
+    type Error = OobError;
+
+    fn send_bytes(&mut self, bytes: &[u8]) -> Result<(), OobError> {
+        self.write_all(bytes, self.step)
+    }
+
+    fn recv_bytes(&mut self, buf: &mut [u8]) -> Result<(), OobError> {
+        self.read_exact(buf, self.step)
+    }
 }
 
 impl OobStream {
@@ -571,7 +667,46 @@ impl OobStream {
         Ok(OobStream {
             stream,
             io_timeout: options.io_timeout,
+            auth_timeout: options.auth_timeout,
+            session: None,
+            step: "talking to the peer",
         })
+    }
+
+    /// Proves to the peer, and checks, who each side is (`initiator`: the
+    /// side that connected). Nothing about this host's rings is sent before
+    /// it succeeds; on failure the peer is told it was refused.
+    pub fn authenticate(&mut self, auth: &PeerAuth, initiator: bool) -> Result<(), OobError> {
+        let io_timeout = self.io_timeout;
+        self.io_timeout = self.auth_timeout;
+        self.step = "authenticating with the peer";
+        let result = auth::authenticate(self, auth, initiator);
+        self.io_timeout = io_timeout;
+        self.session = Some(result?);
+        Ok(())
+    }
+
+    /// Whether the session is authenticated (false: `--insecure`).
+    pub fn is_authenticated(&self) -> bool {
+        self.session.as_ref().is_some_and(Session::is_authenticated)
+    }
+
+    /// Sends one message through the session.
+    fn send_sealed(&mut self, bytes: &[u8], step: &'static str) -> Result<(), OobError> {
+        self.step = step;
+        let mut session = self.session.take().ok_or_else(not_authenticated)?;
+        let result = session.send(self, bytes);
+        self.session = Some(session);
+        result
+    }
+
+    /// Receives one message through the session.
+    fn recv_sealed(&mut self, step: &'static str) -> Result<Vec<u8>, OobError> {
+        self.step = step;
+        let mut session = self.session.take().ok_or_else(not_authenticated)?;
+        let result = session.recv(self);
+        self.session = Some(session);
+        result
     }
 
     /// The peer's address.
@@ -585,9 +720,8 @@ impl OobStream {
     /// Sends `ours` and returns the peer's hello, checked, and checked to
     /// agree with `ours` on what both engines must share.
     pub fn exchange(&mut self, ours: &Hello) -> Result<Hello, OobError> {
-        self.write_all(&ours.encode(), "sending the hello")?;
-        let mut bytes = [0u8; HELLO_LEN];
-        self.read_exact(&mut bytes, "waiting for the peer's hello")?;
+        self.send_sealed(&ours.encode(), "sending the hello")?;
+        let bytes = self.recv_sealed("waiting for the peer's hello")?;
         let peer = Hello::decode(&bytes)?;
         ours.check_agreement(&peer)?;
         Ok(peer)
@@ -596,12 +730,11 @@ impl OobStream {
     /// Says this side is ready for traffic (its queue pair is in RTS, its
     /// receives are posted) and waits until the peer says the same.
     pub fn ready(&mut self) -> Result<(), OobError> {
-        self.write_all(&[READY], "sending the ready byte")?;
-        let mut byte = [0u8; 1];
-        self.read_exact(&mut byte, "waiting for the peer to be ready")?;
-        if byte[0] != READY {
+        self.send_sealed(&[READY], "sending the ready byte")?;
+        let byte = self.recv_sealed("waiting for the peer to be ready")?;
+        if byte != [READY] {
             return Err(OobError::Protocol {
-                detail: format!("expected the ready byte {READY:#04x}, got {:#04x}", byte[0]),
+                detail: format!("expected the ready byte {READY:#04x}, got {byte:02x?}"),
             });
         }
         Ok(())
@@ -653,6 +786,14 @@ impl OobStream {
     }
 }
 
+fn not_authenticated() -> OobError {
+    OobError::Protocol {
+        detail:
+            "the setup channel must be authenticated (OobStream::authenticate) before the hello"
+                .to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -683,15 +824,38 @@ mod tests {
             connect_retries: 2,
             retry_interval: Duration::from_millis(50),
             io_timeout: Duration::from_millis(500),
+            auth_timeout: Duration::from_millis(500),
+            auth: Some(PeerAuth::Insecure),
         }
     }
 
-    /// A listener on 127.0.0.1 and a client connected to it.
-    fn connected() -> (OobStream, OobStream) {
+    fn psk(byte: u8) -> PeerAuth {
+        let hex = format!("{byte:02x}").repeat(32);
+        PeerAuth::PreSharedKey {
+            key: barlink_transport::auth::SecretKey::from_hex(&hex).unwrap(),
+            source: "test".to_string(),
+        }
+    }
+
+    /// A listener on 127.0.0.1 and a client connected to it, neither
+    /// authenticated yet.
+    fn connected_raw() -> (OobStream, OobStream) {
         let listener = OobListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let client = std::thread::spawn(move || connect(addr, &options()).unwrap());
         let server = listener.accept(Duration::from_secs(5), &options()).unwrap();
+        (server, client.join().unwrap())
+    }
+
+    /// Connected and through authentication (without keys, as the hello
+    /// tests need raw access to what follows).
+    fn connected() -> (OobStream, OobStream) {
+        let (mut server, mut client) = connected_raw();
+        let client = std::thread::spawn(move || {
+            client.authenticate(&PeerAuth::Insecure, true).unwrap();
+            client
+        });
+        server.authenticate(&PeerAuth::Insecure, false).unwrap();
         (server, client.join().unwrap())
     }
 
@@ -723,7 +887,7 @@ mod tests {
     fn server_reads(bytes: Vec<u8>) -> OobError {
         let (mut server, mut client) = connected();
         let writer = std::thread::spawn(move || {
-            let _ = client.write_all(&bytes, "test");
+            let _ = client.send_frame(&bytes);
             // Keep the connection open until the server has judged.
             let mut sink = [0u8; HELLO_LEN];
             let _ = client.read_exact(&mut sink, "test");
@@ -765,7 +929,7 @@ mod tests {
                     b[4] = 1;
                     b
                 }),
-                "hello version 1, this build 3",
+                "hello version 1, this build 4",
             ),
             (
                 {
@@ -824,6 +988,9 @@ mod tests {
     fn short_hello_then_close_is_peer_closed() {
         let error = {
             let (mut server, mut client) = connected();
+            client
+                .write_all(&(HELLO_LEN as u16).to_le_bytes(), "test")
+                .unwrap();
             client.write_all(&hello().encode()[..40], "test").unwrap();
             drop(client);
             server.exchange(&hello()).unwrap_err()
@@ -845,7 +1012,9 @@ mod tests {
         // A trickle of bytes does not extend the deadline.
         let (mut server, mut client) = connected();
         let trickle = std::thread::spawn(move || {
-            for byte in hello().encode().iter().take(50) {
+            let mut framed = (HELLO_LEN as u16).to_le_bytes().to_vec();
+            framed.extend_from_slice(&hello().encode());
+            for byte in framed.iter().take(50) {
                 if client.write_all(&[*byte], "test").is_err() {
                     break;
                 }
@@ -894,8 +1063,122 @@ mod tests {
     #[test]
     fn wrong_ready_byte_is_a_protocol_error() {
         let (mut server, mut client) = connected();
-        client.write_all(b"X", "test").unwrap();
+        client.send_frame(b"X").unwrap();
         let error = server.ready().unwrap_err();
         assert!(matches!(error, OobError::Protocol { .. }), "{error:?}");
+    }
+
+    #[test]
+    fn a_hello_before_authentication_is_refused() {
+        let (mut server, _client) = connected_raw();
+        let error = server.exchange(&hello()).unwrap_err();
+        assert!(
+            error.to_string().contains("must be authenticated"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_hello_travels_sealed_after_a_pre_shared_key() {
+        let (mut server, mut client) = connected_raw();
+        let peer = std::thread::spawn(move || {
+            client.authenticate(&psk(4), true).unwrap();
+            assert!(client.is_authenticated());
+            let got = client.exchange(&hello()).unwrap();
+            client.ready().unwrap();
+            got
+        });
+        server.authenticate(&psk(4), false).unwrap();
+        assert_eq!(server.exchange(&hello()).unwrap(), hello());
+        server.ready().unwrap();
+        assert_eq!(peer.join().unwrap(), hello());
+    }
+
+    /// A client with `auth` tries a server that requires `psk(1)`, then a
+    /// client with the right key comes: the first is refused and gets
+    /// nothing, the second gets its hello.
+    fn refused_then_served(auth: PeerAuth) -> OobError {
+        let listener = OobListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let clients = std::thread::spawn(move || {
+            let mut wrong = connect(addr, &options()).unwrap();
+            let refused = wrong.authenticate(&auth, true).unwrap_err();
+            // Whatever the wrong client reads now is all it gets: nothing.
+            let mut rest = [0u8; 1];
+            let after = wrong.read_exact(&mut rest, "test");
+            assert!(after.is_err(), "the refused client received {rest:?}");
+            let mut right = connect(addr, &options()).unwrap();
+            right.authenticate(&psk(1), true).unwrap();
+            assert_eq!(right.exchange(&hello()).unwrap(), hello());
+            refused
+        });
+        let mut server = listener
+            .accept_authenticated(Duration::from_secs(10), &options(), &psk(1))
+            .unwrap();
+        assert_eq!(server.exchange(&hello()).unwrap(), hello());
+        clients.join().unwrap()
+    }
+
+    #[test]
+    fn a_wrong_key_gets_nothing_and_the_server_keeps_listening() {
+        let refused = refused_then_served(psk(2));
+        assert!(
+            matches!(refused, OobError::Auth(AuthError::RefusedByPeer { .. })),
+            "{refused:?}"
+        );
+        assert!(
+            refused.to_string().contains("pre-shared keys differ"),
+            "{refused}"
+        );
+        let mismatch = refused_then_served(PeerAuth::Insecure);
+        assert!(
+            mismatch
+                .to_string()
+                .contains("no authentication (--insecure)"),
+            "{mismatch}"
+        );
+    }
+
+    #[test]
+    fn a_server_whose_clients_all_fail_says_why() {
+        let listener = OobListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::thread::spawn(move || {
+            let mut wrong = connect(addr, &options()).unwrap();
+            let _ = wrong.authenticate(&psk(2), true);
+        });
+        let error = listener
+            .accept_authenticated(Duration::from_millis(800), &options(), &psk(1))
+            .unwrap_err();
+        client.join().unwrap();
+        let text = error.to_string();
+        assert!(
+            text.contains("was refused") && text.contains("another pre-shared key"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_silent_client_holds_the_server_only_for_the_auth_timeout() {
+        let listener = OobListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let clients = std::thread::spawn(move || {
+            let _silent = TcpStream::connect(addr).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            let mut right = connect(addr, &options()).unwrap();
+            right.authenticate(&psk(1), true).unwrap();
+            right.exchange(&hello()).unwrap();
+        });
+        let started = Instant::now();
+        let mut server = listener
+            .accept_authenticated(Duration::from_secs(10), &options(), &psk(1))
+            .unwrap();
+        server.exchange(&hello()).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        clients.join().unwrap();
     }
 }

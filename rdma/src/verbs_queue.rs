@@ -269,7 +269,8 @@ pub fn accept<B: AsRef<[u8]>>(
     timeout: Duration,
     options: &RdmaLinkOptions,
 ) -> Result<RdmaLink<VerbsQueue, B>, RdmaConnectError> {
-    let stream = listener.accept(timeout, &options.oob)?;
+    let auth = options.oob.resolve_auth()?;
+    let stream = listener.accept_authenticated(timeout, &options.oob, &auth)?;
     establish(stream, options)
 }
 
@@ -279,7 +280,9 @@ pub fn connect<B: AsRef<[u8]>>(
     addr: impl ToSocketAddrs,
     options: &RdmaLinkOptions,
 ) -> Result<RdmaLink<VerbsQueue, B>, RdmaConnectError> {
-    let stream = oob::connect(addr, &options.oob)?;
+    let auth = options.oob.resolve_auth()?;
+    let mut stream = oob::connect(addr, &options.oob)?;
+    stream.authenticate(&auth, true)?;
     establish(stream, options)
 }
 

@@ -28,7 +28,7 @@ mod link_exchange;
 
 use guest_support::wait_with_deadline;
 use link_exchange::{
-    CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env, soft_roce_options,
+    CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env, soft_roce_options, test_psk,
 };
 
 const CHILD_SPEC: &str = "BARLINK_RDMA_GUEST_CHILD";
@@ -133,6 +133,50 @@ fn guest_rdma_link_moves_10000_messages_each_way() {
 
 #[test]
 #[ignore = "runs in the QEMU guest (tests/vm/run.sh)"]
+fn guest_rdma_wrong_key_gets_nothing() {
+    let Some(rdma) = rdma_env("guest_rdma_wrong_key_gets_nothing") else {
+        return;
+    };
+    let listener = OobListener::bind((rdma.ip.as_str(), 0)).expect("listening");
+    let addr = format!("{}:{}", rdma.ip, listener.local_addr().unwrap().port());
+    // The wrong client first; the right one only after it has given up,
+    // so the server must have refused one and kept listening.
+    let clients = std::thread::spawn(move || {
+        let (mut wrong, wrong_log) = spawn_child(&format!("wrong-key {addr}"));
+        let wrong_status = wait_with_deadline(&mut wrong, CHILD_LIMIT, "the wrong-key child");
+        let wrong_text = child_output(wrong_log);
+        let (mut right, right_log) = spawn_child(&format!("brief {addr}"));
+        let right_status = wait_with_deadline(&mut right, CHILD_LIMIT, "the right-key child");
+        (
+            wrong_status,
+            wrong_text,
+            right_status,
+            child_output(right_log),
+        )
+    });
+    let mut link = verbs_queue::accept(&listener, Duration::from_secs(120), &options(&rdma))
+        .unwrap_or_else(|error| panic!("setting up the RDMA link: {error}"));
+    exchange(
+        &mut link,
+        SERVER_STREAM,
+        CLIENT_STREAM,
+        100,
+        Duration::from_secs(60),
+    );
+    let _ = link.close(Duration::from_secs(10));
+    let (wrong_status, wrong_text, right_status, right_text) = clients.join().unwrap();
+    eprint!("{wrong_text}{right_text}");
+    assert!(wrong_status.success(), "the wrong-key child:\n{wrong_text}");
+    assert!(
+        wrong_text.contains("refused as it must be"),
+        "the wrong-key child:\n{wrong_text}"
+    );
+    assert!(right_status.success(), "the right-key child:\n{right_text}");
+    assert_eq!(link.engine().stats().messages_delivered, 100 + 1);
+}
+
+#[test]
+#[ignore = "runs in the QEMU guest (tests/vm/run.sh)"]
 fn guest_rdma_link_detects_a_killed_peer() {
     let Some(rdma) = rdma_env("guest_rdma_link_detects_a_killed_peer") else {
         return;
@@ -210,6 +254,19 @@ fn child_rdma_peer() {
     };
     let (mode, addr) = spec.split_once(' ').expect("spec: MODE ADDR");
     let rdma = rdma_env("child_rdma_peer").expect("the parent had RDMA");
+    if mode == "wrong-key" {
+        let mut wrong = options(&rdma);
+        wrong.oob.auth = Some(test_psk(2));
+        match verbs_queue::connect::<Vec<u8>>(addr, &wrong) {
+            Ok(_) => panic!("child: linked with the wrong key"),
+            Err(error) => {
+                let text = error.to_string();
+                assert!(text.contains("the pre-shared keys differ"), "child: {text}");
+                eprintln!("child: refused as it must be: {text}");
+                return;
+            }
+        }
+    }
     let mut link = verbs_queue::connect(addr, &options(&rdma))
         .unwrap_or_else(|error| panic!("child: setting up the RDMA link: {error}"));
     eprintln!(
@@ -233,6 +290,16 @@ fn child_rdma_peer() {
                 stats.retransmits(),
                 stats.crc_failures,
                 link.medium().queue().receive_region().len()
+            );
+            let _ = link.close(Duration::from_secs(10));
+        }
+        "brief" => {
+            exchange(
+                &mut link,
+                CLIENT_STREAM,
+                SERVER_STREAM,
+                100,
+                Duration::from_secs(60),
             );
             let _ = link.close(Duration::from_secs(10));
         }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use barlink_topology::{PathClass, PathPolicy, Topology};
+use barlink_transport::auth::{AuthError, PeerAuth};
 use clap::Args;
 
 use super::CommandError;
@@ -57,5 +58,47 @@ impl PlatformArgs {
         let policy = PathPolicy { max_p2p_connection };
         Topology::discover(&self.sysfs.sysfs_root, policy)
             .map_err(|error| CommandError::environment(error.to_string()))
+    }
+}
+
+/// How remote setup authenticates (`bench --rdma`, and every command that
+/// links to another node). With none of these, the environment decides
+/// (`BARLINK_PSK_FILE`, `BARLINK_PSK`, `BARLINK_KEY_FILE` with
+/// `BARLINK_PEER_KEYS`), and nothing configured is an error.
+#[derive(Debug, Clone, Args)]
+pub struct RemoteAuthArgs {
+    /// Authenticate with the pre-shared key in FILE (64 hex digits, mode
+    /// 600; `barlink keygen --psk`), the same file on both nodes.
+    #[arg(long, value_name = "FILE")]
+    pub psk_file: Option<PathBuf>,
+    /// Authenticate with this node's private key in FILE (`barlink keygen`);
+    /// needs --peer-keys.
+    #[arg(long, value_name = "FILE", requires = "peer_keys")]
+    pub key_file: Option<PathBuf>,
+    /// Accept only the peers whose public keys FILE lists (one per line).
+    #[arg(long, value_name = "FILE", requires = "key_file")]
+    pub peer_keys: Option<PathBuf>,
+    /// Set up without authentication: anyone who reaches the port first
+    /// gets write access to this side's ring. For isolated test networks.
+    #[arg(long, conflicts_with_all = ["psk_file", "key_file", "peer_keys"])]
+    pub insecure: bool,
+}
+
+impl RemoteAuthArgs {
+    /// The authentication the options name; `None`: the environment's.
+    pub fn peer_auth(&self) -> Result<Option<PeerAuth>, CommandError> {
+        let bad_key = |error: AuthError| CommandError::usage(error.to_string());
+        if self.insecure {
+            return Ok(Some(PeerAuth::Insecure));
+        }
+        if let Some(path) = &self.psk_file {
+            return PeerAuth::psk_file(path).map(Some).map_err(bad_key);
+        }
+        if let (Some(key), Some(peers)) = (&self.key_file, &self.peer_keys) {
+            return PeerAuth::pinned_key_files(key, peers)
+                .map(Some)
+                .map_err(bad_key);
+        }
+        Ok(None)
     }
 }

@@ -9,12 +9,21 @@ use std::time::{Duration, Instant};
 use barlink_rdma::RdmaLink;
 use barlink_rdma::oob::OobOptions;
 use barlink_rdma::verbs_queue::{RdmaLinkOptions, VerbsQueue};
+use barlink_transport::auth::{PeerAuth, SecretKey};
 use barlink_transport::rng::SplitMix64;
 use barlink_transport::{EngineConfig, SendError};
 
 /// The seeds of the two directions.
 pub const SERVER_STREAM: u64 = 0x5E4E_0001;
 pub const CLIENT_STREAM: u64 = 0xC11E_0002;
+
+/// A pre-shared key for tests: 32 bytes of `byte`.
+pub fn test_psk(byte: u8) -> PeerAuth {
+    PeerAuth::PreSharedKey {
+        key: SecretKey::from_hex(&format!("{byte:02x}").repeat(32)).expect("64 hex digits"),
+        source: format!("the test key {byte}"),
+    }
+}
 
 /// The RDMA device the harness brought up in this guest.
 pub struct Rdma {
@@ -45,6 +54,9 @@ pub fn soft_roce_options(
             connect_retries,
             retry_interval,
             io_timeout: Duration::from_secs(60),
+            // X25519 under emulation is slow.
+            auth_timeout: Duration::from_secs(60),
+            auth: Some(test_psk(1)),
         },
         engine: EngineConfig {
             mtu: 16 << 10,

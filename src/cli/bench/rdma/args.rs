@@ -2,6 +2,8 @@
 
 use clap::Args;
 
+use crate::cli::args::RemoteAuthArgs;
+
 /// The `--rdma` options of `barlink bench`.
 #[derive(Debug, Clone, Args)]
 pub struct RdmaArgs {
@@ -44,4 +46,6 @@ pub struct RdmaArgs {
     /// With --rdma: do not run perftest (no baseline, no ratio).
     #[arg(long, requires = "enabled")]
     pub no_baseline: bool,
+    #[command(flatten)]
+    pub auth: RemoteAuthArgs,
 }

@@ -74,6 +74,9 @@ pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
             ));
         }
     };
+    // Key files named on the command line are checked now; what the
+    // environment configures is resolved when the link is set up.
+    rdma.auth.peer_auth()?;
     // No RDMA here: say what is missing before anything listens or connects.
     let device = local_device(rdma).map_err(|e| {
         CommandError::environment(format!("bench --rdma: no RDMA path from this host: {e}"))

@@ -78,7 +78,7 @@ pub fn local_device(args: &RdmaArgs) -> Result<Device, RdmaError> {
     })
 }
 
-pub fn connect_options(args: &BenchArgs, device: &Device) -> ConnectOptions {
+pub fn connect_options(args: &BenchArgs, device: &Device) -> Result<ConnectOptions, CommandError> {
     // The largest message is fixed (the engine's default) so that the
     // server, which learns the sizes only later, agrees with the client.
     let mut engine: EngineConfig = args.engine_config(1);
@@ -87,7 +87,7 @@ pub fn connect_options(args: &BenchArgs, device: &Device) -> ConnectOptions {
     // not a lost peer.
     engine.peer_timeout = STEP_TIMEOUT;
     let slots = engine.send_window.max(8);
-    ConnectOptions {
+    Ok(ConnectOptions {
         setup_timeout: Duration::from_secs(args.rdma.accept_timeout),
         rdma: RdmaLinkOptions {
             device: Some(device.name.clone()),
@@ -103,13 +103,15 @@ pub fn connect_options(args: &BenchArgs, device: &Device) -> ConnectOptions {
                 connect_retries: 20,
                 retry_interval: Duration::from_millis(500),
                 io_timeout: STEP_TIMEOUT,
+                auth_timeout: STEP_TIMEOUT,
+                auth: args.rdma.auth.peer_auth()?,
             },
             engine: engine.clone(),
             epoch: 1,
         },
         engine,
         ..ConnectOptions::default()
-    }
+    })
 }
 
 pub fn connect_error(error: ConnectError) -> CommandError {
@@ -126,7 +128,7 @@ pub fn link_up(
     peer: &str,
     role: Role,
 ) -> Result<(RdmaLink<VerbsQueue>, PathDecision), CommandError> {
-    let options = connect_options(args, device);
+    let options = connect_options(args, device)?;
     let connection = barlink::connect(
         &Peer::Remote {
             addr: peer.to_string(),
