@@ -29,6 +29,9 @@ enum Command {
     Topo(cli::topo::TopoArgs),
     /// Check the platform for what breaks P2P (ACS, IOMMU, small BARs, ...).
     Doctor(cli::doctor::DoctorArgs),
+    /// Make the keys that authenticate remote setup: a key pair, or a
+    /// pre-shared key (--psk).
+    Keygen(cli::keygen::KeygenArgs),
     /// Test a P2P path for silent corruption: patterns written raw and through
     /// the link, read back and checked; PASS, WARN or FAIL.
     Validate(cli::validate::ValidateArgs),
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Topo(args) => cli::topo::run(&args),
         Command::Doctor(args) => cli::doctor::run(&args),
         Command::Validate(args) => cli::validate::run(&args),
+        Command::Keygen(args) => cli::keygen::run(&args),
         Command::BenchPeer(plan) => cli::bench::shm::run_child(&plan)
             .map(|()| cli::Status::Ok)
             .map_err(|e| cli::CommandError::environment(format!("bench peer: {e}"))),

@@ -557,3 +557,88 @@ fn bench_processes_watch_each_other_through_kill_9() {
         "the peer outlived its parent by {took:?}"
     );
 }
+
+#[test]
+fn keygen_writes_secrets_only_the_owner_reads_and_never_overwrites() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("barlink-keygen-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("node.key");
+    let output = barlink(&["keygen", "--out", key.to_str().unwrap(), "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let public = report["public_key"].as_str().unwrap().to_string();
+    assert_eq!(public.len(), 64);
+    let mode =
+        |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&key), 0o600);
+    let pub_file = dir.join("node.key.pub");
+    assert_eq!(std::fs::read_to_string(&pub_file).unwrap().trim(), public);
+    // The public key is the private key's: the library derives the same.
+    let auth = barlink::transport::auth::PeerAuth::pinned_key_files(&key, &pub_file).unwrap();
+    assert!(auth.describe().contains(&public), "{}", auth.describe());
+    let again = barlink(&["keygen", "--out", key.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("never overwrites"));
+    let psk = dir.join("psk");
+    let output = barlink(&["keygen", "--psk", "--out", psk.to_str().unwrap()]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(mode(&psk), 0o600);
+    barlink::transport::auth::PeerAuth::psk_file(&psk).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn doctor_says_whether_remote_setup_is_authenticated() {
+    let dir = std::env::temp_dir().join(format!("barlink-doctor-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let psk = dir.join("psk");
+    assert!(
+        barlink(&["keygen", "--psk", "--out", psk.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let check = |envs: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_barlink"));
+        command.args([
+            "doctor",
+            "--json",
+            "--sysfs-root",
+            &fixture("desktop-2x4090"),
+        ]);
+        for var in [
+            "BARLINK_PSK_FILE",
+            "BARLINK_PSK",
+            "BARLINK_KEY_FILE",
+            "BARLINK_PEER_KEYS",
+        ] {
+            command.env_remove(var);
+        }
+        command.envs(envs.iter().copied());
+        let report: serde_json::Value =
+            serde_json::from_slice(&command.output().unwrap().stdout).unwrap();
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == "remote-auth")
+            .cloned()
+            .expect("a remote-auth check")
+    };
+    let configured = check(&[("BARLINK_PSK_FILE", psk.to_str().unwrap())]);
+    assert_eq!(configured["status"], "PASS", "{configured}");
+    assert!(
+        configured["message"]
+            .as_str()
+            .unwrap()
+            .contains("pre-shared key")
+    );
+    let broken = check(&[("BARLINK_PSK_FILE", "/nonexistent/psk")]);
+    assert_eq!(broken["status"], "FAIL", "{broken}");
+    let none = check(&[]);
+    assert!(
+        none["message"].as_str().unwrap().contains("--insecure"),
+        "{none}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

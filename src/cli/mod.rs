@@ -4,6 +4,7 @@
 pub mod args;
 pub mod bench;
 pub mod doctor;
+pub mod keygen;
 pub mod soak;
 pub mod topo;
 pub mod validate;

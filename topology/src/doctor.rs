@@ -71,7 +71,9 @@ pub struct Check {
 }
 
 impl Check {
-    fn new(id: &'static str, verdict: Verdict, message: impl Into<String>) -> Check {
+    /// A finding of a check outside this crate (the command adds the
+    /// setup's own, such as remote authentication).
+    pub fn new(id: &'static str, verdict: Verdict, message: impl Into<String>) -> Check {
         Check {
             id,
             verdict,
@@ -86,7 +88,7 @@ impl Check {
         self
     }
 
-    fn fix(mut self, fix: impl Into<String>) -> Check {
+    pub fn fix(mut self, fix: impl Into<String>) -> Check {
         self.fix = Some(fix.into());
         self
     }
