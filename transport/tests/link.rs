@@ -479,7 +479,6 @@ fn named_options(dir: &std::path::Path) -> NamedOptions {
         shm: ShmOptions::default().with_dir(dir),
         setup_timeout: Duration::from_secs(10),
         reclaim_stale: false,
-        ..NamedOptions::default()
     }
 }
 

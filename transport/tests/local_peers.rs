@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 
 use barlink_transport::EngineConfig;
 use barlink_transport::link::{
-    AllowedPeers, LinkConfig, Listener, ListenerStats, RingLink, SetupError, connect,
+    AllowedPeers, LinkConfig, Listener, ListenerStats, NamedOptions, RingLink, SetupError, Side,
+    connect, connect_named, create_named_ring,
 };
+use barlink_transport::window::{ShmOptions, WindowError};
 
 const NOBODY: u32 = 65534;
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -322,6 +324,7 @@ fn two_hundred_idle_connections_do_not_delay_the_real_peer() {
         let link = connect::<Vec<u8>>(&name, &config);
         let took = started.elapsed();
         link.unwrap();
+        eprintln!("the real peer linked in {took:?} behind 200 idle connections");
         accepting.join().unwrap().unwrap();
         assert!(
             took < Duration::from_secs(1),
@@ -359,4 +362,46 @@ fn a_connection_that_sends_nothing_is_dropped_after_the_handshake_timeout() {
     idle.set_read_timeout(Some(TIMEOUT)).unwrap();
     idle.read_to_end(&mut received).unwrap();
     assert_eq!(received, b"BLA+");
+}
+
+#[test]
+fn a_ring_file_of_another_user_gets_nothing() {
+    if !can_run_as_nobody("a_ring_file_of_another_user_gets_nothing") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(unique("ring-files"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shm = ShmOptions::default().with_dir(&dir);
+    let name = unique("squatted");
+    // The other side's file, laid out and then owned by another user, as
+    // if that user had created it first.
+    let kept = shm.clone().with_unlink_on_drop(false);
+    let squatted =
+        create_named_ring(&format!("{name}.second"), 1 << 20, 16 * 1024, &kept, false).unwrap();
+    std::os::unix::fs::chown(
+        dir.join(format!("{name}.second")),
+        Some(NOBODY),
+        Some(NOBODY),
+    )
+    .unwrap();
+    let options = NamedOptions {
+        engine: config().engine,
+        window_len: 1 << 20,
+        shm,
+        setup_timeout: Duration::from_secs(2),
+        ..NamedOptions::default()
+    };
+    // Ring files are checked by the window layer: only files of this
+    // user, mode 0600, are ever mapped.
+    let error = connect_named::<Vec<u8>>(&name, Side::First, &options).unwrap_err();
+    assert!(
+        matches!(error, SetupError::Window(WindowError::NotPrivate { .. })),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains(&format!("owner uid {NOBODY}")),
+        "{error}"
+    );
+    drop(squatted);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::credentials::{AllowedPeers, PeerCredentials, own_uid};
 use super::{RingLink, SetupError, init_ring, read_ring_info};
 use crate::engine::EngineConfig;
 use crate::ring::Geometry;
@@ -62,11 +61,6 @@ pub struct NamedOptions {
     /// Remove a ring file whose owner no longer runs and create it anew,
     /// instead of refusing with [`SetupError::StaleRing`].
     pub reclaim_stale: bool,
-    /// Which other users may own the other side's ring file (by default
-    /// the same user, plus the environment's allow list). Each side's file
-    /// is mode 0600, so a peer of another user needs root or a changed mode
-    /// to open it.
-    pub allow: AllowedPeers,
 }
 
 impl Default for NamedOptions {
@@ -77,7 +71,6 @@ impl Default for NamedOptions {
             shm: ShmOptions::default(),
             setup_timeout: Duration::from_secs(10),
             reclaim_stale: false,
-            allow: AllowedPeers::default(),
         }
     }
 }
@@ -190,7 +183,6 @@ pub fn connect_named<B: AsRef<[u8]>>(
     side: Side,
     options: &NamedOptions,
 ) -> Result<RingLink<ShmWindow, B>, SetupError> {
-    let allow = options.allow.resolve()?;
     let own_name = format!("{name}.{}", side.suffix());
     let peer_name = format!("{name}.{}", side.other().suffix());
     let own = create_named_ring(
@@ -206,9 +198,7 @@ pub fn connect_named<B: AsRef<[u8]>>(
     let mut refusal = None;
     let peer = loop {
         match ShmWindow::open_named(&peer_name, &opener) {
-            Ok(window) => match check_owner(&window, &allow)
-                .and_then(|()| peer_ring_state(&window, &peer_path))?
-            {
+            Ok(window) => match peer_ring_state(&window, &peer_path)? {
                 PeerRing::Usable => break window,
                 PeerRing::NotYet(why) => refusal = why.or(refusal),
             },
@@ -220,32 +210,6 @@ pub fn connect_named<B: AsRef<[u8]>>(
     };
     tracing::info!(name, ?side, "ring files paired");
     RingLink::new(own, peer, options.engine.clone(), 1)
-}
-
-/// Refuses a ring file whose owner this side does not admit, before a
-/// packet goes into it: another user may have created it first.
-fn check_owner(window: &ShmWindow, allow: &AllowedPeers) -> Result<(), SetupError> {
-    let stat = rustix::fs::fstat(window.fd()).map_err(|error| SetupError::Io {
-        operation: "reading the owner of the other side's ring file",
-        error: error.into(),
-    })?;
-    let owner = PeerCredentials {
-        pid: read_ring_info(window)
-            .map(|info| info.owner_pid)
-            .unwrap_or(0),
-        uid: stat.st_uid,
-        gid: stat.st_gid,
-    };
-    let own_uid = own_uid();
-    if allow.admits(&owner, own_uid) {
-        return Ok(());
-    }
-    Err(SetupError::PeerNotAllowed {
-        peer_is: "owner of the other side's ring file",
-        peer: owner,
-        own_uid,
-        allowed: allow.describe(),
-    })
 }
 
 /// What the other side's ring looks like right now.
