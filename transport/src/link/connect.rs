@@ -254,6 +254,16 @@ impl Listener {
             Ok((stream, _)) => Ok(Some(stream)),
             Err(error) if error.kind() == ErrorKind::WouldBlock => Ok(None),
             Err(error) if error.kind() == ErrorKind::ConnectionAborted => Ok(None),
+            // Out of descriptors (a flood can cause it): the held
+            // handshakes time out and free some; keep waiting.
+            Err(error)
+                if [rustix::io::Errno::MFILE, rustix::io::Errno::NFILE]
+                    .iter()
+                    .any(|e| error.raw_os_error() == Some(e.raw_os_error())) =>
+            {
+                tracing::debug!(name = self.name, %error, "accept deferred");
+                Ok(None)
+            }
             Err(error) => Err(SetupError::Io {
                 operation: "accepting a connection",
                 error,
