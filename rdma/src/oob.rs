@@ -28,12 +28,15 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
 
-use barlink_transport::auth::{self, AuthError, FrameStream, PeerAuth, Session};
+use barlink_transport::auth::{AuthError, FrameStream, PeerAuth};
 use barlink_transport::crc::crc32c;
+use barlink_transport::tcp::channel::{
+    self, Channel, ChannelError, ChannelListener, ChannelOptions,
+};
 
 use crate::link::{MAX_SLOTS, RingShape};
 
@@ -436,48 +439,33 @@ impl fmt::Display for OobError {
 
 impl std::error::Error for OobError {}
 
-/// Timeouts and retries of the out-of-band setup.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OobOptions {
-    /// Limit of one connection attempt.
-    pub connect_timeout: Duration,
-    /// Attempts after the first when the server is not there yet.
-    pub connect_retries: u32,
-    /// Pause between attempts.
-    pub retry_interval: Duration,
-    /// Limit of each exchange step (hello, ready byte).
-    pub io_timeout: Duration,
-    /// Limit of authentication, kept short so that a client that never
-    /// completes it holds a server only briefly.
-    pub auth_timeout: Duration,
-    /// How the two sides prove who they are; `None`: as the environment
-    /// says (`PeerAuth::from_environment`), which is an error when it says
-    /// nothing.
-    pub auth: Option<PeerAuth>,
-}
+/// Timeouts, retries and authentication of the out-of-band setup.
+pub type OobOptions = ChannelOptions;
 
-impl OobOptions {
-    /// The authentication to use: the options', else the environment's.
-    pub fn resolve_auth(&self) -> Result<PeerAuth, OobError> {
-        match &self.auth {
-            Some(auth) => Ok(auth.clone()),
-            None => Ok(PeerAuth::from_environment()?),
-        }
-    }
-}
-
-impl Default for OobOptions {
-    /// 2 s per attempt, 10 retries 500 ms apart (a server that starts a
-    /// few seconds after its client is still found), 30 s per step (queue
-    /// pair setup under emulation is slow).
-    fn default() -> Self {
-        OobOptions {
-            connect_timeout: Duration::from_secs(2),
-            connect_retries: 10,
-            retry_interval: Duration::from_millis(500),
-            io_timeout: Duration::from_secs(30),
-            auth_timeout: Duration::from_secs(5),
-            auth: None,
+impl From<ChannelError> for OobError {
+    fn from(error: ChannelError) -> Self {
+        match error {
+            ChannelError::Io { operation, error } => OobError::Io { operation, error },
+            ChannelError::Refused {
+                addr,
+                attempts,
+                last,
+            } => OobError::Refused {
+                addr,
+                attempts,
+                last,
+            },
+            ChannelError::Timeout { operation, after } => OobError::Timeout { operation, after },
+            ChannelError::PeerClosed { operation } => OobError::PeerClosed { operation },
+            ChannelError::Protocol { detail } => OobError::Protocol { detail },
+            ChannelError::Auth(error) => OobError::Auth(error),
+            ChannelError::Refusal { peer, error } => OobError::Refusal {
+                peer,
+                error: Box::new(OobError::from(*error)),
+            },
+            other => OobError::Protocol {
+                detail: other.to_string(),
+            },
         }
     }
 }
@@ -485,243 +473,94 @@ impl Default for OobOptions {
 /// The server side: listens for one client at a time.
 #[derive(Debug)]
 pub struct OobListener {
-    listener: TcpListener,
+    listener: ChannelListener,
 }
 
 impl OobListener {
     /// Listens on `addr` (e.g. `0.0.0.0:18515`; port 0 picks one).
     pub fn bind(addr: impl ToSocketAddrs) -> Result<OobListener, OobError> {
-        let listener = TcpListener::bind(addr).map_err(|error| OobError::Io {
-            operation: "listening for the peer",
-            error,
-        })?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|error| OobError::Io {
-                operation: "listening for the peer",
-                error,
-            })?;
-        Ok(OobListener { listener })
+        Ok(OobListener {
+            listener: ChannelListener::bind(addr)?,
+        })
     }
 
     /// Where it listens.
     pub fn local_addr(&self) -> Result<SocketAddr, OobError> {
-        self.listener.local_addr().map_err(|error| OobError::Io {
-            operation: "listening for the peer",
-            error,
-        })
+        Ok(self.listener.local_addr()?)
     }
 
     /// Waits at most `timeout` for a client.
     pub fn accept(&self, timeout: Duration, options: &OobOptions) -> Result<OobStream, OobError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            match self.listener.accept() {
-                Ok((stream, _)) => return OobStream::new(stream, options),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => {
-                    return Err(OobError::Io {
-                        operation: "accepting the peer",
-                        error,
-                    });
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(OobError::Timeout {
-                    operation: "waiting for the peer to connect",
-                    after: timeout,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        Ok(OobStream {
+            channel: self.listener.accept(timeout, options)?,
+        })
     }
-}
 
-impl OobListener {
     /// Waits at most `timeout` for a client that authenticates as `auth`
-    /// requires. A client that fails (another key, another mode, garbage,
-    /// silence past `options.auth_timeout`) is logged and dropped, having
-    /// received nothing but the refusal, and the wait goes on.
+    /// requires; those that fail are logged and dropped, having received
+    /// nothing but the refusal ([`ChannelListener::accept_authenticated`]).
     pub fn accept_authenticated(
         &self,
         timeout: Duration,
         options: &OobOptions,
         auth: &PeerAuth,
     ) -> Result<OobStream, OobError> {
-        let deadline = Instant::now() + timeout;
-        let mut last_refusal = None;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let mut stream = match self.accept(left, options) {
-                Ok(stream) => stream,
-                Err(OobError::Timeout { .. }) if last_refusal.is_some() => {
-                    return Err(last_refusal.take().expect("checked"));
-                }
-                Err(error) => return Err(error),
-            };
-            let peer = stream
-                .peer_addr()
-                .map_or_else(|_| "an unknown address".to_string(), |a| a.to_string());
-            match stream.authenticate(auth, false) {
-                Ok(()) => return Ok(stream),
-                Err(error) => {
-                    tracing::warn!(%peer, %error, "refused a client that failed authentication");
-                    last_refusal = Some(OobError::Refusal {
-                        peer,
-                        error: Box::new(error),
-                    });
-                }
-            }
-        }
+        Ok(OobStream {
+            channel: self.listener.accept_authenticated(timeout, options, auth)?,
+        })
     }
 }
 
 /// The client side: connects to `addr`, retrying while nobody listens
 /// yet, each attempt bounded by `options.connect_timeout`.
 pub fn connect(addr: impl ToSocketAddrs, options: &OobOptions) -> Result<OobStream, OobError> {
-    let addr = addr
-        .to_socket_addrs()
-        .map_err(|error| OobError::Io {
-            operation: "resolving the peer's address",
-            error,
-        })?
-        .next()
-        .ok_or_else(|| OobError::Io {
-            operation: "resolving the peer's address",
-            error: io::Error::new(io::ErrorKind::NotFound, "no address"),
-        })?;
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        let last = match TcpStream::connect_timeout(&addr, options.connect_timeout) {
-            Ok(stream) => return OobStream::new(stream, options),
-            Err(error) => error,
-        };
-        let retryable = matches!(
-            last.kind(),
-            io::ErrorKind::ConnectionRefused
-                | io::ErrorKind::TimedOut
-                | io::ErrorKind::WouldBlock
-                | io::ErrorKind::Interrupted
-                | io::ErrorKind::ConnectionReset
-        );
-        if !retryable {
-            return Err(OobError::Io {
-                operation: "connecting to the peer",
-                error: last,
-            });
-        }
-        if attempts > options.connect_retries {
-            if last.kind() == io::ErrorKind::TimedOut {
-                return Err(OobError::Timeout {
-                    operation: "connecting to the peer",
-                    after: options.connect_timeout,
-                });
-            }
-            return Err(OobError::Refused {
-                addr,
-                attempts,
-                last,
-            });
-        }
-        std::thread::sleep(options.retry_interval);
-    }
+    Ok(OobStream {
+        channel: channel::connect(addr, options)?,
+    })
 }
 
-/// A connected setup channel.
+/// A connected setup channel that carries the hello.
 #[derive(Debug)]
 pub struct OobStream {
-    stream: TcpStream,
-    io_timeout: Duration,
-    auth_timeout: Duration,
-    /// Set by [`OobStream::authenticate`]; the hello needs it.
-    session: Option<Session>,
-    /// What the stream is doing, for errors.
-    step: &'static str,
+    channel: Channel,
 }
 
 impl FrameStream for OobStream {
     type Error = OobError;
 
     fn send_bytes(&mut self, bytes: &[u8]) -> Result<(), OobError> {
-        self.write_all(bytes, self.step)
+        Ok(self.channel.send_bytes(bytes)?)
     }
 
     fn recv_bytes(&mut self, buf: &mut [u8]) -> Result<(), OobError> {
-        self.read_exact(buf, self.step)
+        Ok(self.channel.recv_bytes(buf)?)
     }
 }
 
 impl OobStream {
-    fn new(stream: TcpStream, options: &OobOptions) -> Result<OobStream, OobError> {
-        let setup = |error| OobError::Io {
-            operation: "setting up the connection to the peer",
-            error,
-        };
-        stream.set_nonblocking(false).map_err(setup)?;
-        stream.set_nodelay(true).map_err(setup)?;
-        stream
-            .set_write_timeout(Some(options.io_timeout.max(Duration::from_millis(1))))
-            .map_err(setup)?;
-        Ok(OobStream {
-            stream,
-            io_timeout: options.io_timeout,
-            auth_timeout: options.auth_timeout,
-            session: None,
-            step: "talking to the peer",
-        })
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Result<SocketAddr, OobError> {
+        Ok(self.channel.peer_addr()?)
     }
 
     /// Proves to the peer, and checks, who each side is (`initiator`: the
     /// side that connected). Nothing about this host's rings is sent before
     /// it succeeds; on failure the peer is told it was refused.
     pub fn authenticate(&mut self, auth: &PeerAuth, initiator: bool) -> Result<(), OobError> {
-        let io_timeout = self.io_timeout;
-        self.io_timeout = self.auth_timeout;
-        self.step = "authenticating with the peer";
-        let result = auth::authenticate(self, auth, initiator);
-        self.io_timeout = io_timeout;
-        self.session = Some(result?);
-        Ok(())
+        Ok(self.channel.authenticate(auth, initiator)?)
     }
 
     /// Whether the session is authenticated (false: `--insecure`).
     pub fn is_authenticated(&self) -> bool {
-        self.session.as_ref().is_some_and(Session::is_authenticated)
-    }
-
-    /// Sends one message through the session.
-    fn send_sealed(&mut self, bytes: &[u8], step: &'static str) -> Result<(), OobError> {
-        self.step = step;
-        let mut session = self.session.take().ok_or_else(not_authenticated)?;
-        let result = session.send(self, bytes);
-        self.session = Some(session);
-        result
-    }
-
-    /// Receives one message through the session.
-    fn recv_sealed(&mut self, step: &'static str) -> Result<Vec<u8>, OobError> {
-        self.step = step;
-        let mut session = self.session.take().ok_or_else(not_authenticated)?;
-        let result = session.recv(self);
-        self.session = Some(session);
-        result
-    }
-
-    /// The peer's address.
-    pub fn peer_addr(&self) -> Result<SocketAddr, OobError> {
-        self.stream.peer_addr().map_err(|error| OobError::Io {
-            operation: "reading the peer's address",
-            error,
-        })
+        self.channel.is_authenticated()
     }
 
     /// Sends `ours` and returns the peer's hello, checked, and checked to
     /// agree with `ours` on what both engines must share.
     pub fn exchange(&mut self, ours: &Hello) -> Result<Hello, OobError> {
-        self.send_sealed(&ours.encode(), "sending the hello")?;
-        let bytes = self.recv_sealed("waiting for the peer's hello")?;
+        self.channel
+            .send_sealed(&ours.encode(), "sending the hello")?;
+        let bytes = self.channel.recv_sealed("waiting for the peer's hello")?;
         let peer = Hello::decode(&bytes)?;
         ours.check_agreement(&peer)?;
         Ok(peer)
@@ -730,8 +569,11 @@ impl OobStream {
     /// Says this side is ready for traffic (its queue pair is in RTS, its
     /// receives are posted) and waits until the peer says the same.
     pub fn ready(&mut self) -> Result<(), OobError> {
-        self.send_sealed(&[READY], "sending the ready byte")?;
-        let byte = self.recv_sealed("waiting for the peer to be ready")?;
+        self.channel
+            .send_sealed(&[READY], "sending the ready byte")?;
+        let byte = self
+            .channel
+            .recv_sealed("waiting for the peer to be ready")?;
         if byte != [READY] {
             return Err(OobError::Protocol {
                 detail: format!("expected the ready byte {READY:#04x}, got {byte:02x?}"),
@@ -742,55 +584,12 @@ impl OobStream {
 
     /// Raw bytes to the peer (tests of hostile hellos).
     pub fn write_all(&mut self, bytes: &[u8], operation: &'static str) -> Result<(), OobError> {
-        self.stream
-            .write_all(bytes)
-            .map_err(|error| match error.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => OobError::Timeout {
-                    operation,
-                    after: self.io_timeout,
-                },
-                _ => OobError::Io { operation, error },
-            })
+        Ok(self.channel.write_all(bytes, operation)?)
     }
 
-    /// Reads exactly `buf.len()` bytes within the I/O timeout (one
-    /// deadline for the whole read, however the bytes trickle in).
+    /// Reads exactly `buf.len()` bytes within the I/O timeout.
     pub fn read_exact(&mut self, buf: &mut [u8], operation: &'static str) -> Result<(), OobError> {
-        let deadline = Instant::now() + self.io_timeout;
-        let mut filled = 0;
-        while filled < buf.len() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(OobError::Timeout {
-                    operation,
-                    after: self.io_timeout,
-                });
-            }
-            self.stream
-                .set_read_timeout(Some(left))
-                .map_err(|error| OobError::Io { operation, error })?;
-            match self.stream.read(&mut buf[filled..]) {
-                Ok(0) => return Err(OobError::PeerClosed { operation }),
-                Ok(n) => filled += n,
-                Err(error)
-                    if matches!(
-                        error.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(error) => return Err(OobError::Io { operation, error }),
-            }
-        }
-        Ok(())
-    }
-}
-
-fn not_authenticated() -> OobError {
-    OobError::Protocol {
-        detail:
-            "the setup channel must be authenticated (OobStream::authenticate) before the hello"
-                .to_string(),
+        Ok(self.channel.read_exact(buf, operation)?)
     }
 }
 

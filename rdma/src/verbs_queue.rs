@@ -252,6 +252,12 @@ impl From<OobError> for RdmaConnectError {
     }
 }
 
+impl From<barlink_transport::tcp::ChannelError> for RdmaConnectError {
+    fn from(error: barlink_transport::tcp::ChannelError) -> Self {
+        RdmaConnectError::Oob(OobError::from(error))
+    }
+}
+
 impl From<LinkSetupError> for RdmaConnectError {
     fn from(error: LinkSetupError) -> Self {
         RdmaConnectError::Link(error)

@@ -42,6 +42,7 @@ pub mod ring;
 pub mod rng;
 pub mod sim;
 pub mod sync;
+pub mod tcp;
 pub mod time;
 pub mod window;
 pub mod wire;

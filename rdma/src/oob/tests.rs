@@ -1,3 +1,6 @@
+use std::net::{TcpListener, TcpStream};
+use std::time::Instant;
+
 use super::*;
 
 fn hello() -> Hello {

@@ -1,0 +1,6 @@
+//! Setup between nodes over TCP.
+#![forbid(unsafe_code)]
+
+pub mod channel;
+
+pub use channel::{Channel, ChannelError, ChannelListener, ChannelOptions};
