@@ -1,6 +1,332 @@
-//! Setup between nodes over TCP.
+//! Links between nodes over TCP, for machines without RDMA: the same
+//! engine and packets (a CRC on each, retransmission, peer-loss detection),
+//! carried by one TCP connection ([`TcpMedium`]), sealed end to end when
+//! asked ([`TcpLinkOptions::encrypt`]).
+//!
+//! Setup runs over the [`channel`]: connect (with retries) or accept,
+//! mutual authentication ([`crate::auth`]: a pre-shared key or pinned
+//! keys; without one only by name, `PeerAuth::Insecure`), then a sealed
+//! 32-byte hello each way that both engines must agree on. The packets
+//! then travel on the same connection, so an encrypted link reuses the
+//! handshake's session keys.
+//!
+//! # Hello layout (little-endian, 32 bytes)
+//! ```text
+//!   0 magic "BLTH"   4 version u16   6 flags u16 (bit 0: CRC, bit 1: encrypt)
+//!   8 engine MTU u32                12 reserved u32 (0)
+//!  16 max message length u64        24 reserved u64 (0)
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod channel;
+mod medium;
+
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
 
 pub use channel::{Channel, ChannelError, ChannelListener, ChannelOptions};
+pub use medium::{
+    FRAME_HEADER_LEN, MAX_RECORD_PLAINTEXT, RECORD_HEADER_LEN, TcpMedium, TcpStats, frame_header,
+    next_frame,
+};
+
+use crate::auth::PeerAuth;
+use crate::engine::EngineConfig;
+use crate::link::{Link, MediumError, SetupError};
+
+/// The port a TCP link listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 18_616;
+/// `b"BLTH"`.
+pub const HELLO_MAGIC: [u8; 4] = *b"BLTH";
+/// The TCP link protocol this build speaks.
+pub const HELLO_VERSION: u16 = 1;
+/// Bytes of a hello.
+pub const HELLO_LEN: usize = 32;
+/// Largest packet a TCP link carries (a bound on what a peer's frame may
+/// make this side buffer).
+pub const MAX_PACKET: usize = 16 << 20;
+
+/// A link over TCP.
+pub type TcpLink<B = Vec<u8>> = Link<TcpMedium, B>;
+
+/// How a TCP link is set up.
+#[derive(Debug, Clone)]
+pub struct TcpLinkOptions {
+    /// Connect retries, timeouts and authentication.
+    pub channel: ChannelOptions,
+    /// The engine (both sides must agree on MTU, largest message and CRC).
+    pub engine: EngineConfig,
+    /// Seal every packet (authenticated encryption with the handshake's
+    /// keys). Both sides must agree; it needs authentication.
+    pub encrypt: bool,
+    /// This side's session (+1 per restart).
+    pub epoch: u32,
+}
+
+impl Default for TcpLinkOptions {
+    /// 128 KiB packets (fewer frames and system calls per byte), plain.
+    fn default() -> Self {
+        TcpLinkOptions {
+            channel: ChannelOptions::default(),
+            engine: EngineConfig {
+                mtu: 128 << 10,
+                ..EngineConfig::default()
+            },
+            encrypt: false,
+            epoch: 1,
+        }
+    }
+}
+
+/// Why a TCP link could not be set up.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TcpSetupError {
+    /// Connecting, authenticating or the hello failed.
+    Channel(ChannelError),
+    /// The peer's hello is unusable or disagrees with ours.
+    Hello { detail: String },
+    /// The options cannot work.
+    Options { detail: String },
+    /// The link could not be put together.
+    Link(SetupError),
+}
+
+impl fmt::Display for TcpSetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TcpSetupError::Channel(error) => error.fmt(f),
+            TcpSetupError::Hello { detail } => write!(f, "TCP link setup: {detail}"),
+            TcpSetupError::Options { detail } => write!(f, "TCP link options: {detail}"),
+            TcpSetupError::Link(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for TcpSetupError {}
+
+impl From<ChannelError> for TcpSetupError {
+    fn from(error: ChannelError) -> Self {
+        TcpSetupError::Channel(error)
+    }
+}
+
+impl From<SetupError> for TcpSetupError {
+    fn from(error: SetupError) -> Self {
+        TcpSetupError::Link(error)
+    }
+}
+
+/// What each side tells the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpHello {
+    pub engine_mtu: u32,
+    pub max_message_len: u64,
+    pub crc: bool,
+    pub encrypt: bool,
+}
+
+impl TcpHello {
+    fn of(options: &TcpLinkOptions) -> TcpHello {
+        TcpHello {
+            engine_mtu: options.engine.mtu as u32,
+            max_message_len: options.engine.max_message_len,
+            crc: options.engine.crc,
+            encrypt: options.encrypt,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut bytes = [0u8; HELLO_LEN];
+        bytes[..4].copy_from_slice(&HELLO_MAGIC);
+        bytes[4..6].copy_from_slice(&HELLO_VERSION.to_le_bytes());
+        let flags = u16::from(self.crc) | (u16::from(self.encrypt) << 1);
+        bytes[6..8].copy_from_slice(&flags.to_le_bytes());
+        bytes[8..12].copy_from_slice(&self.engine_mtu.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.max_message_len.to_le_bytes());
+        bytes
+    }
+
+    /// A peer's hello, checked field by field.
+    pub fn decode(bytes: &[u8]) -> Result<TcpHello, String> {
+        if bytes.len() != HELLO_LEN {
+            return Err(format!(
+                "a hello of {} bytes (this build's are {HELLO_LEN}): run the same barlink version on both sides",
+                bytes.len()
+            ));
+        }
+        if bytes[..4] != HELLO_MAGIC {
+            return Err(format!(
+                "not a barlink TCP hello (it begins {:02x?}): is an RDMA setup or something else on that port?",
+                &bytes[..4]
+            ));
+        }
+        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        if version != HELLO_VERSION {
+            return Err(format!(
+                "the peer speaks TCP link version {version}, this build {HELLO_VERSION}: run the same barlink version on both sides"
+            ));
+        }
+        let flags = u16::from_le_bytes([bytes[6], bytes[7]]);
+        if flags & !0b11 != 0 || bytes[12..16] != [0; 4] || bytes[24..] != [0; 8] {
+            return Err("the hello's reserved bits are set".to_string());
+        }
+        let engine_mtu = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if !(256..=MAX_PACKET as u32).contains(&engine_mtu) {
+            return Err(format!(
+                "the peer's MTU is {engine_mtu}: a TCP link carries 256 B to {MAX_PACKET} B packets"
+            ));
+        }
+        Ok(TcpHello {
+            engine_mtu,
+            max_message_len: u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes")),
+            crc: flags & 1 != 0,
+            encrypt: flags & 2 != 0,
+        })
+    }
+
+    /// What the two sides must share.
+    fn check_agreement(&self, peer: &TcpHello) -> Result<(), String> {
+        if self.encrypt != peer.encrypt {
+            let (on, off) = if self.encrypt {
+                ("this side", "the peer")
+            } else {
+                ("the peer", "this side")
+            };
+            return Err(format!(
+                "{on} encrypts and {off} does not (--encrypt on one side only): nothing is sent in the clear \
+                 to a side that asked for encryption"
+            ));
+        }
+        for (what, ours, theirs) in [
+            (
+                "the engine MTU",
+                u64::from(self.engine_mtu),
+                u64::from(peer.engine_mtu),
+            ),
+            (
+                "the largest message",
+                self.max_message_len,
+                peer.max_message_len,
+            ),
+            ("the CRC setting", u64::from(self.crc), u64::from(peer.crc)),
+        ] {
+            if ours != theirs {
+                return Err(format!(
+                    "{what} differs: {ours} here, {theirs} at the peer: configure both sides alike"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The server side of TCP links.
+#[derive(Debug)]
+pub struct TcpServer {
+    listener: ChannelListener,
+}
+
+impl TcpServer {
+    /// Listens on `addr` (`0.0.0.0:18616`; port 0 picks one).
+    pub fn bind(addr: impl ToSocketAddrs) -> Result<TcpServer, TcpSetupError> {
+        Ok(TcpServer {
+            listener: ChannelListener::bind(addr)?,
+        })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> Result<SocketAddr, TcpSetupError> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Waits at most `timeout` for a client that authenticates, then sets
+    /// up the link. Clients that fail authentication are logged and
+    /// dropped; the wait goes on.
+    pub fn accept<B: AsRef<[u8]>>(
+        &self,
+        timeout: Duration,
+        options: &TcpLinkOptions,
+    ) -> Result<TcpLink<B>, TcpSetupError> {
+        let auth = check_options(options)?;
+        let channel = self
+            .listener
+            .accept_authenticated(timeout, &options.channel, &auth)?;
+        establish(channel, options)
+    }
+}
+
+/// The client side: connects to `addr` (retrying as `options.channel`
+/// says), authenticates, and sets up the link.
+pub fn connect<B: AsRef<[u8]>>(
+    addr: impl ToSocketAddrs,
+    options: &TcpLinkOptions,
+) -> Result<TcpLink<B>, TcpSetupError> {
+    let auth = check_options(options)?;
+    let mut channel = channel::connect(addr, &options.channel)?;
+    channel.authenticate(&auth, true)?;
+    establish(channel, options)
+}
+
+/// The authentication to use, and whether the options can work with it.
+fn check_options(options: &TcpLinkOptions) -> Result<PeerAuth, TcpSetupError> {
+    options
+        .engine
+        .validate()
+        .map_err(|e| TcpSetupError::Options {
+            detail: e.to_string(),
+        })?;
+    if options.engine.mtu > MAX_PACKET {
+        return Err(TcpSetupError::Options {
+            detail: format!(
+                "an MTU of {} bytes; a TCP link carries at most {MAX_PACKET}",
+                options.engine.mtu
+            ),
+        });
+    }
+    let auth = options.channel.resolve_auth()?;
+    if options.encrypt && auth == PeerAuth::Insecure {
+        return Err(TcpSetupError::Options {
+            detail:
+                "--encrypt needs authentication (a pre-shared key or pinned keys): encrypting to a \
+                     peer nobody checked protects nothing"
+                    .to_string(),
+        });
+    }
+    Ok(auth)
+}
+
+/// The hello both ways over the authenticated channel, then the medium on
+/// the same connection.
+fn establish<B: AsRef<[u8]>>(
+    mut channel: Channel,
+    options: &TcpLinkOptions,
+) -> Result<TcpLink<B>, TcpSetupError> {
+    let ours = TcpHello::of(options);
+    channel.send_sealed(&ours.encode(), "sending the TCP link hello")?;
+    let bytes = channel.recv_sealed("waiting for the peer's TCP link hello")?;
+    let peer = TcpHello::decode(&bytes).map_err(|detail| TcpSetupError::Hello { detail })?;
+    ours.check_agreement(&peer)
+        .map_err(|detail| TcpSetupError::Hello { detail })?;
+    let (stream, session) = channel.into_parts();
+    let cipher = if options.encrypt { session } else { None };
+    let medium = TcpMedium::new(stream, options.engine.mtu, cipher).map_err(|e: MediumError| {
+        TcpSetupError::Hello {
+            detail: e.to_string(),
+        }
+    })?;
+    tracing::info!(
+        peer = ?medium,
+        mtu = options.engine.mtu,
+        "TCP link set up"
+    );
+    Ok(Link::with_medium(
+        medium,
+        options.engine.clone(),
+        options.epoch,
+    )?)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,448 @@
+//! A link's packets over one TCP connection.
+//!
+//! Each packet travels as a frame: its length (u32, little-endian), a
+//! CRC-32C of those four bytes (tweaked, so that a frame header is never
+//! mistaken for packet bytes), then the packet as the engine wrote it, its
+//! own CRC included. A length that fails its check or exceeds the largest
+//! packet ends the link with an error: the byte stream cannot be trusted to
+//! say where the next frame starts.
+//!
+//! When the link encrypts, the stream of frames is cut into records of at
+//! most [`MAX_RECORD_PLAINTEXT`] bytes, each sealed by the session the
+//! setup's handshake made (ChaCha20-Poly1305, nonces in order): a record
+//! altered, dropped, replayed or reordered on the way does not open, and
+//! the link ends with an error rather than deliver anything from it.
+//!
+//! The socket is non-blocking; a round reads what has arrived and writes
+//! what the socket takes, and never waits.
+#![forbid(unsafe_code)]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+
+use crate::auth::{SEAL_OVERHEAD, Session};
+use crate::crc::crc32c;
+use crate::engine::Engine;
+use crate::link::{Medium, MediumError};
+use crate::time::Time;
+
+/// Bytes before each packet: length and its check.
+pub const FRAME_HEADER_LEN: usize = 8;
+/// Bytes before each sealed record: its length.
+pub const RECORD_HEADER_LEN: usize = 2;
+/// Plaintext bytes a record carries at most (a Noise message is at most
+/// 65,535 bytes, its tag included).
+pub const MAX_RECORD_PLAINTEXT: usize = 65_535 - SEAL_OVERHEAD;
+/// Mixed into a frame header's check.
+const FRAME_TWEAK: u32 = 0x7C9A_11E5;
+/// Bytes one `read` asks for at least.
+const READ_CHUNK: usize = 256 * 1024;
+
+/// The check of a frame length.
+fn frame_check(len: u32) -> u32 {
+    crc32c(&len.to_le_bytes()) ^ FRAME_TWEAK
+}
+
+/// The 8 bytes before a packet of `len` bytes.
+pub fn frame_header(len: usize) -> [u8; FRAME_HEADER_LEN] {
+    let len = u32::try_from(len).expect("packets are far below 4 GiB");
+    let mut header = [0u8; FRAME_HEADER_LEN];
+    header[..4].copy_from_slice(&len.to_le_bytes());
+    header[4..].copy_from_slice(&frame_check(len).to_le_bytes());
+    header
+}
+
+/// The length of the frame whose header begins `bytes`, once all of it is
+/// there: `Ok(None)` while it is incomplete; an error for a header that
+/// fails its check or announces more than `max_packet`.
+pub fn next_frame(bytes: &[u8], max_packet: usize) -> Result<Option<usize>, MediumError> {
+    if bytes.len() < FRAME_HEADER_LEN {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+    let check = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    if check != frame_check(len) {
+        return Err(MediumError::new(format!(
+            "a TCP frame header fails its check (length {len}, check {check:#010x}): the byte stream \
+             was altered on the way (a faulty NIC offload or middlebox), or the peer is not barlink"
+        )));
+    }
+    let len = len as usize;
+    if len == 0 || len > max_packet {
+        return Err(MediumError::new(format!(
+            "a TCP frame of {len} bytes; packets here are 1 to {max_packet}: the peer's MTU differs, \
+             or it is not barlink"
+        )));
+    }
+    Ok((bytes.len() >= FRAME_HEADER_LEN + len).then_some(len))
+}
+
+/// A byte buffer read from the front and written at the back, allocated
+/// once (and grown if a frame needs it), so no packet pays to zero it.
+#[derive(Debug, Default)]
+struct ByteQueue {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl ByteQueue {
+    fn readable(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// At least `min` writable bytes at the back.
+    fn space(&mut self, min: usize) -> &mut [u8] {
+        if self.buf.len() - self.end < min {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if self.buf.len() - self.end < min {
+                self.buf.resize(self.end + min, 0);
+            }
+        }
+        &mut self.buf[self.end..]
+    }
+
+    fn commit(&mut self, n: usize) {
+        self.end += n;
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.space(bytes.len())[..bytes.len()].copy_from_slice(bytes);
+        self.commit(bytes.len());
+    }
+}
+
+/// What a TCP medium moved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpStats {
+    /// Bytes handed to the socket (frames, and record headers and tags).
+    pub wire_bytes_sent: u64,
+    /// Bytes read from the socket.
+    pub wire_bytes_received: u64,
+    /// Packets sent and received.
+    pub packets_sent: u64,
+    pub packets_received: u64,
+    /// Records sealed and opened (encrypting only).
+    pub records_sealed: u64,
+    pub records_opened: u64,
+}
+
+/// Packets over one TCP connection, sealed when the link encrypts.
+pub struct TcpMedium {
+    stream: TcpStream,
+    peer: String,
+    /// Seals every record when the link encrypts.
+    cipher: Option<Session>,
+    max_packet: usize,
+    /// Wire bytes the socket has not taken yet.
+    out: ByteQueue,
+    /// Encrypting: frames not sealed yet.
+    staged: ByteQueue,
+    /// Wire bytes read and not yet used.
+    wire_in: ByteQueue,
+    /// Encrypting: opened plaintext not yet framed.
+    plain_in: ByteQueue,
+    /// Bytes queued to send past which a round stops taking packets.
+    out_limit: usize,
+    stats: TcpStats,
+    rounds: u64,
+}
+
+impl std::fmt::Debug for TcpMedium {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpMedium")
+            .field("peer", &self.peer)
+            .field("encrypted", &self.cipher.is_some())
+            .field("max_packet", &self.max_packet)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TcpMedium {
+    /// A medium over `stream` (made non-blocking here) carrying packets of
+    /// at most `max_packet` bytes, sealed by `cipher` when given.
+    pub fn new(
+        stream: TcpStream,
+        max_packet: usize,
+        cipher: Option<Session>,
+    ) -> Result<TcpMedium, MediumError> {
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "the peer".to_string(), |a| a.to_string());
+        stream
+            .set_nonblocking(true)
+            .and_then(|()| stream.set_nodelay(true))
+            .map_err(|e| {
+                MediumError::new(format!("setting up the TCP connection to {peer}: {e}"))
+            })?;
+        Ok(TcpMedium {
+            stream,
+            peer,
+            cipher,
+            max_packet,
+            out: ByteQueue::default(),
+            staged: ByteQueue::default(),
+            wire_in: ByteQueue::default(),
+            plain_in: ByteQueue::default(),
+            out_limit: (2 * max_packet).max(1 << 20),
+            stats: TcpStats::default(),
+            rounds: 0,
+        })
+    }
+
+    /// What it moved so far.
+    pub fn stats(&self) -> TcpStats {
+        self.stats
+    }
+
+    /// Whether every packet is sealed.
+    pub fn is_encrypted(&self) -> bool {
+        self.cipher.is_some()
+    }
+
+    fn lost(&self, what: &str, error: &std::io::Error) -> MediumError {
+        MediumError::new(format!(
+            "the TCP connection to {} failed while {what}: {error}",
+            self.peer
+        ))
+    }
+
+    /// Writes what the socket takes now.
+    fn flush(&mut self) -> Result<(), MediumError> {
+        while self.out.len() > 0 {
+            match self.stream.write(self.out.readable()) {
+                Ok(0) => {
+                    return Err(MediumError::new(format!(
+                        "the TCP connection to {} takes no more bytes",
+                        self.peer
+                    )));
+                }
+                Ok(n) => {
+                    self.out.consume(n);
+                    self.stats.wire_bytes_sent += n as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.lost("sending", &e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Seals the staged frames into records.
+    fn seal_staged(&mut self) -> Result<(), MediumError> {
+        let Some(cipher) = &mut self.cipher else {
+            return Ok(());
+        };
+        while self.staged.len() > 0 {
+            let take = self.staged.len().min(MAX_RECORD_PLAINTEXT);
+            let sealed = cipher
+                .seal(&self.staged.readable()[..take])
+                .map_err(|e| MediumError::new(format!("sealing a record: {e}")))?;
+            self.staged.consume(take);
+            let len = u16::try_from(sealed.len()).expect("a record fits 64 KiB");
+            self.out.push(&len.to_le_bytes());
+            self.out.push(&sealed);
+            self.stats.records_sealed += 1;
+        }
+        Ok(())
+    }
+
+    /// Reads what has arrived, at most one chunk; whether the socket may
+    /// hold more.
+    fn read_some(&mut self) -> Result<bool, MediumError> {
+        let space = self.wire_in.space(READ_CHUNK);
+        loop {
+            match self.stream.read(space) {
+                Ok(0) => {
+                    return Err(MediumError::new(format!(
+                        "the peer at {} closed the TCP connection",
+                        self.peer
+                    )));
+                }
+                Ok(n) => {
+                    let full = n == space.len();
+                    self.wire_in.commit(n);
+                    self.stats.wire_bytes_received += n as u64;
+                    return Ok(full);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.lost("receiving", &e)),
+            }
+        }
+    }
+
+    /// Opens every complete record into the plaintext queue.
+    fn open_records(&mut self) -> Result<(), MediumError> {
+        let Some(cipher) = &mut self.cipher else {
+            return Ok(());
+        };
+        loop {
+            let bytes = self.wire_in.readable();
+            if bytes.len() < RECORD_HEADER_LEN {
+                return Ok(());
+            }
+            let len = usize::from(u16::from_le_bytes([bytes[0], bytes[1]]));
+            if bytes.len() < RECORD_HEADER_LEN + len {
+                return Ok(());
+            }
+            let plain = cipher
+                .open(&bytes[RECORD_HEADER_LEN..RECORD_HEADER_LEN + len])
+                .map_err(|e| {
+                    MediumError::new(format!(
+                        "a sealed record from {} does not open ({e}): it was altered, dropped, replayed \
+                         or reordered on the way; nothing of it was delivered",
+                        self.peer
+                    ))
+                })?;
+            self.wire_in.consume(RECORD_HEADER_LEN + len);
+            self.plain_in.push(&plain);
+            self.stats.records_opened += 1;
+        }
+    }
+
+    /// Hands every complete frame to the engine.
+    fn deliver<B: AsRef<[u8]>>(
+        &mut self,
+        now: Time,
+        engine: &mut Engine<B>,
+    ) -> Result<usize, MediumError> {
+        let queue = if self.cipher.is_some() {
+            &mut self.plain_in
+        } else {
+            &mut self.wire_in
+        };
+        let mut delivered = 0;
+        while let Some(len) = next_frame(queue.readable(), self.max_packet)? {
+            let packet = &queue.readable()[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len];
+            // A packet the engine refuses is counted there (CRC failure,
+            // malformed); the link goes on.
+            let _verdict = engine.handle_packet(now, packet);
+            queue.consume(FRAME_HEADER_LEN + len);
+            delivered += 1;
+        }
+        self.stats.packets_received += delivered as u64;
+        Ok(delivered)
+    }
+}
+
+impl Medium for TcpMedium {
+    /// A socket has no cheap test for arrivals: every round looks.
+    fn activity(&mut self) -> Result<[u64; 2], MediumError> {
+        self.rounds += 1;
+        Ok([self.rounds, 0])
+    }
+
+    fn receive<B: AsRef<[u8]>>(
+        &mut self,
+        now: Time,
+        engine: &mut Engine<B>,
+    ) -> Result<usize, MediumError> {
+        let mut delivered = 0;
+        loop {
+            let more = self.read_some()?;
+            self.open_records()?;
+            delivered += self.deliver(now, engine)?;
+            if !more {
+                return Ok(delivered);
+            }
+        }
+    }
+
+    fn transmit<B: AsRef<[u8]>>(
+        &mut self,
+        now: Time,
+        engine: &mut Engine<B>,
+    ) -> Result<usize, MediumError> {
+        self.flush()?;
+        let mut sent = 0;
+        while self.out.len() + self.staged.len() < self.out_limit {
+            let target = if self.cipher.is_some() {
+                &mut self.staged
+            } else {
+                &mut self.out
+            };
+            let framed = engine.poll_transmit_with(now, |transmit| {
+                let len = transmit.len();
+                let space = target.space(FRAME_HEADER_LEN + len);
+                space[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(len));
+                transmit.write_to(&mut space[FRAME_HEADER_LEN..]);
+                target.commit(FRAME_HEADER_LEN + len);
+                transmit.ends_burst()
+            });
+            let Some(ends_burst) = framed else {
+                break;
+            };
+            sent += 1;
+            if ends_burst || self.staged.len() >= MAX_RECORD_PLAINTEXT {
+                self.seal_staged()?;
+                self.flush()?;
+            }
+        }
+        self.seal_staged()?;
+        self.flush()?;
+        self.stats.packets_sent += sent as u64;
+        Ok(sent)
+    }
+
+    fn max_packet(&self) -> usize {
+        self.max_packet
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_headers_check_their_length() {
+        let header = frame_header(1000);
+        let mut bytes = header.to_vec();
+        bytes.extend_from_slice(&[7u8; 999]);
+        assert_eq!(next_frame(&bytes, 4096).unwrap(), None, "one byte short");
+        bytes.push(7);
+        assert_eq!(next_frame(&bytes, 4096).unwrap(), Some(1000));
+        assert!(
+            next_frame(&bytes, 999).is_err(),
+            "larger than the largest packet"
+        );
+        for bit in 0..64 {
+            let mut flipped = bytes.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            assert!(next_frame(&flipped, 1 << 30).is_err(), "bit {bit} flipped");
+        }
+        assert_eq!(next_frame(&bytes[..7], 4096).unwrap(), None);
+        assert!(next_frame(&frame_header(0), 4096).is_err());
+    }
+
+    #[test]
+    fn the_byte_queue_reuses_its_space() {
+        let mut queue = ByteQueue::default();
+        queue.push(b"hello");
+        queue.consume(2);
+        assert_eq!(queue.readable(), b"llo");
+        let space = queue.space(10);
+        space[..2].copy_from_slice(b"!!");
+        queue.commit(2);
+        assert_eq!(queue.readable(), b"llo!!");
+        queue.consume(5);
+        assert_eq!(queue.len(), 0);
+        assert_eq!((queue.start, queue.end), (0, 0));
+    }
+}

@@ -1,0 +1,347 @@
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::auth::SecretKey;
+use crate::link::IoError;
+use crate::rng::SplitMix64;
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn psk(byte: u8) -> PeerAuth {
+    PeerAuth::PreSharedKey {
+        key: SecretKey::from_hex(&format!("{byte:02x}").repeat(32)).unwrap(),
+        source: "test".to_string(),
+    }
+}
+
+fn options(auth: PeerAuth, encrypt: bool) -> TcpLinkOptions {
+    TcpLinkOptions {
+        channel: ChannelOptions {
+            connect_timeout: Duration::from_secs(2),
+            connect_retries: 20,
+            retry_interval: Duration::from_millis(50),
+            io_timeout: Duration::from_secs(5),
+            auth_timeout: Duration::from_secs(5),
+            auth: Some(auth),
+        },
+        engine: EngineConfig {
+            mtu: 64 << 10,
+            max_message_len: 1 << 22,
+            peer_timeout: Duration::from_secs(3),
+            ..EngineConfig::default()
+        },
+        encrypt,
+        epoch: 1,
+    }
+}
+
+fn message(seed: u64, index: u64) -> Vec<u8> {
+    let mut rng = SplitMix64::new(seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let len = match index % 4 {
+        0 => 1 + (rng.next_u64() % 64) as usize,
+        1 => 1 + (rng.next_u64() % 4096) as usize,
+        2 => 60_000 + (rng.next_u64() % 10_000) as usize,
+        _ => 200_000 + (rng.next_u64() % 300_000) as usize,
+    };
+    let mut data = vec![0u8; len];
+    rng.fill(&mut data);
+    data
+}
+
+/// Sends `count` messages of `send_seed` and receives `count` of
+/// `recv_seed`, checking each; returns how many arrived intact before an
+/// error, and the error.
+fn exchange(
+    link: &mut TcpLink,
+    send_seed: u64,
+    recv_seed: u64,
+    count: u64,
+) -> (u64, Option<IoError>) {
+    let mut sent = 0;
+    let mut received = 0;
+    let deadline = Instant::now() + TIMEOUT;
+    while received < count && Instant::now() < deadline {
+        if sent < count {
+            match link.send_blocking(message(send_seed, sent), Duration::from_millis(1)) {
+                Ok(_) => sent += 1,
+                Err(IoError::Timeout { .. }) => {}
+                Err(error) => return (received, Some(error)),
+            }
+        }
+        match link.recv(Duration::from_millis(1)) {
+            Ok(data) => {
+                assert_eq!(data, message(recv_seed, received), "message {received}");
+                received += 1;
+            }
+            Err(IoError::Timeout { .. }) => {}
+            Err(error) => return (received, Some(error)),
+        }
+    }
+    if received < count {
+        return (received, Some(IoError::Timeout { after: TIMEOUT }));
+    }
+    (received, link.flush(TIMEOUT).err())
+}
+
+/// A server thread and a client on loopback (through `via` if given).
+fn pair(
+    client: TcpLinkOptions,
+    server: TcpLinkOptions,
+    via: Option<fn(SocketAddr) -> SocketAddr>,
+) -> (
+    Result<TcpLink, TcpSetupError>,
+    thread::JoinHandle<Result<TcpLink, TcpSetupError>>,
+) {
+    let listener = TcpServer::bind("127.0.0.1:0").unwrap();
+    let mut addr = listener.local_addr().unwrap();
+    if let Some(relay) = via {
+        addr = relay(addr);
+    }
+    let accepting = thread::spawn(move || listener.accept(TIMEOUT, &server));
+    (connect(addr, &client), accepting)
+}
+
+fn both_ways(encrypt: bool) {
+    let (client, server) = pair(options(psk(1), encrypt), options(psk(1), encrypt), None);
+    let mut client = client.unwrap();
+    let server = thread::spawn(move || {
+        let mut link = server.join().unwrap().unwrap();
+        let outcome = exchange(&mut link, 2, 1, 400);
+        (outcome, link.medium().stats())
+    });
+    let (received, error) = exchange(&mut client, 1, 2, 400);
+    assert_eq!((received, error), (400, None));
+    let ((received, error), stats) = server.join().unwrap();
+    assert_eq!((received, error), (400, None));
+    assert_eq!(client.medium().is_encrypted(), encrypt);
+    assert_eq!(stats.records_opened > 0, encrypt, "{stats:?}");
+}
+
+#[test]
+fn plain_links_move_mixed_messages_both_ways() {
+    both_ways(false);
+}
+
+#[test]
+fn encrypted_links_move_mixed_messages_both_ways() {
+    both_ways(true);
+}
+
+#[test]
+fn encryption_on_one_side_only_is_refused_on_both() {
+    let (client, server) = pair(options(psk(1), true), options(psk(1), false), None);
+    let client = client.unwrap_err().to_string();
+    let server = server.join().unwrap().unwrap_err().to_string();
+    assert!(
+        client.contains("this side encrypts and the peer does not"),
+        "{client}"
+    );
+    assert!(
+        server.contains("the peer encrypts and this side does not"),
+        "{server}"
+    );
+}
+
+#[test]
+fn encryption_without_a_key_is_refused() {
+    let error = connect::<Vec<u8>>("127.0.0.1:9", &options(PeerAuth::Insecure, true)).unwrap_err();
+    assert!(
+        error.to_string().contains("needs authentication"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_wrong_key_links_nothing() {
+    let listener = TcpServer::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        listener.accept::<Vec<u8>>(Duration::from_secs(1), &options(psk(1), false))
+    });
+    let client = connect::<Vec<u8>>(addr, &options(psk(2), false));
+    let error = client.unwrap_err().to_string();
+    assert!(error.contains("pre-shared keys differ"), "{error}");
+    let error = server.join().unwrap().unwrap_err().to_string();
+    assert!(error.contains("was refused"), "{error}");
+}
+
+/// What the relay does to the client's bytes on their way to the server.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// Flip one bit of the byte at this offset.
+    Flip(u64),
+    /// Close both connections once this many bytes went through.
+    Cut(u64),
+}
+
+/// A relay on loopback in front of `server`, applying `fault` to the
+/// client's direction.
+fn relay(server: SocketAddr, fault: Fault) -> SocketAddr {
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = front.local_addr().unwrap();
+    thread::spawn(move || {
+        let (client, _) = front.accept().unwrap();
+        let upstream = TcpStream::connect(server).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let pump = |mut from: TcpStream,
+                    mut to: TcpStream,
+                    fault: Option<Fault>,
+                    stop: Arc<AtomicBool>| {
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut offset = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let n = match from.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let chunk = &mut buf[..n];
+                    match fault {
+                        Some(Fault::Flip(at)) if (offset..offset + n as u64).contains(&at) => {
+                            chunk[(at - offset) as usize] ^= 0x10;
+                        }
+                        Some(Fault::Cut(at)) if offset + n as u64 >= at => {
+                            stop.store(true, Ordering::Relaxed);
+                            let _ = from.shutdown(Shutdown::Both);
+                            let _ = to.shutdown(Shutdown::Both);
+                            break;
+                        }
+                        _ => {}
+                    }
+                    offset += n as u64;
+                    if to.write_all(chunk).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Write);
+            })
+        };
+        let a = pump(
+            client.try_clone().unwrap(),
+            upstream.try_clone().unwrap(),
+            Some(fault),
+            stop.clone(),
+        );
+        let b = pump(upstream, client, None, stop);
+        let _ = a.join();
+        let _ = b.join();
+    });
+    addr
+}
+
+/// Runs 200 messages client -> server through a relay with `fault`; the
+/// server's count of intact messages, its error, and its CRC failures.
+fn through_relay(
+    encrypt: bool,
+    fault: fn(SocketAddr) -> SocketAddr,
+) -> (u64, Option<IoError>, u64) {
+    let (client, server) = pair(
+        options(psk(1), encrypt),
+        options(psk(1), encrypt),
+        Some(fault),
+    );
+    let mut client = client.unwrap();
+    let sender = thread::spawn(move || {
+        for index in 0..200 {
+            if client.send_blocking(message(5, index), TIMEOUT).is_err() {
+                break;
+            }
+        }
+        let _ = client.flush(Duration::from_secs(5));
+    });
+    let mut link = server.join().unwrap().unwrap();
+    let mut received = 0;
+    let mut error = None;
+    while received < 200 {
+        match link.recv(TIMEOUT) {
+            Ok(data) => {
+                assert_eq!(data, message(5, received), "message {received} is wrong");
+                received += 1;
+            }
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+    }
+    sender.join().unwrap();
+    (received, error, link.engine().stats().crc_failures)
+}
+
+#[test]
+fn a_flipped_payload_byte_is_caught_and_resent() {
+    // Well past setup, inside a packet's payload (frames of 64 KiB).
+    let (received, error, crc_failures) =
+        through_relay(false, |s| relay(s, Fault::Flip(3_000_000)));
+    assert_eq!((received, &error), (200, &None), "{error:?}");
+    assert!(crc_failures >= 1, "the flipped packet failed its CRC");
+}
+
+#[test]
+fn a_flipped_frame_header_ends_the_link_with_nothing_wrong_delivered() {
+    // The first frame header after setup: its length check fails.
+    let (received, error, _) = through_relay(false, |s| relay(s, Fault::Flip(400)));
+    let error = error.expect("the link ended").to_string();
+    assert!(received < 200);
+    assert!(
+        error.contains("frame header fails its check") || error.contains("closed"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_flipped_sealed_byte_ends_the_link_with_nothing_wrong_delivered() {
+    let (received, error, _) = through_relay(true, |s| relay(s, Fault::Flip(3_000_000)));
+    let error = error.expect("the link ended").to_string();
+    assert!(received < 200);
+    assert!(error.contains("does not open"), "{error}");
+}
+
+#[test]
+fn a_cut_connection_ends_the_link_with_a_typed_error() {
+    let started = Instant::now();
+    let (received, error, _) = through_relay(false, |s| relay(s, Fault::Cut(2_000_000)));
+    let error = error.expect("the link ended");
+    assert!(received < 200);
+    assert!(
+        matches!(error, IoError::Medium(_) | IoError::Closed(_)),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn hellos_are_checked() {
+    let ours = TcpHello::of(&options(PeerAuth::Insecure, false));
+    assert_eq!(TcpHello::decode(&ours.encode()), Ok(ours));
+    let mut bad = ours.encode();
+    bad[0] = b'X';
+    assert!(
+        TcpHello::decode(&bad)
+            .unwrap_err()
+            .contains("not a barlink TCP hello")
+    );
+    let mut bad = ours.encode();
+    bad[6] = 0x80;
+    assert!(TcpHello::decode(&bad).unwrap_err().contains("reserved"));
+    let mut bad = ours.encode();
+    bad[8..12].copy_from_slice(&(u32::MAX).to_le_bytes());
+    assert!(TcpHello::decode(&bad).unwrap_err().contains("MTU"));
+    assert!(TcpHello::decode(&bad[..10]).is_err());
+    let mut other = ours;
+    other.engine_mtu = 4096;
+    assert!(
+        ours.check_agreement(&other)
+            .unwrap_err()
+            .contains("MTU differs")
+    );
+}
