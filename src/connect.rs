@@ -3,9 +3,12 @@
 //! that link, and says which it picked and why ([`PathDecision`]).
 //!
 //! - A peer on **another node** ([`Peer::Remote`]) is reached over RDMA
-//!   (`barlink-rdma`): RDMA WRITE with immediate into its registered ring,
-//!   set up over TCP. Without an RDMA device there is no path, and the
-//!   error says what was found.
+//!   (`barlink-rdma`: RDMA WRITE with immediate into its registered ring)
+//!   where this host has an active RDMA port, else over TCP
+//!   (`transport::tcp`, sealed when [`ConnectOptions::encrypt`]). Either
+//!   way setup is authenticated first. [`Peer::Rdma`] and [`Peer::Tcp`]
+//!   take one medium only; without an RDMA device `Peer::Rdma` has no path,
+//!   and the error says what was found.
 //! - A peer on **this host** whose GPU and ours were named by their BAR
 //!   windows ([`ConnectOptions::bars`]) is reached over those BARs when the
 //!   topology allows peer-to-peer between the two devices (same switch or
@@ -28,9 +31,11 @@ use barlink_rdma::RdmaLink;
 use barlink_rdma::oob::OobListener;
 use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
 use barlink_topology::{Bdf, PathChoice, PathPolicy, Topology};
+use barlink_transport::auth::PeerAuth;
 use barlink_transport::link::{
     AllowedPeers, IoError, LinkConfig, Listener, RingLink, SetupError, pair_windows,
 };
+use barlink_transport::tcp::{self, TcpLink, TcpLinkOptions, TcpServer};
 use barlink_transport::window::ShmWindow;
 use barlink_transport::{EngineConfig, Stats};
 use barlink_vfio::open::{BarOpenError, BarRoute, open_bar_range};
@@ -41,16 +46,22 @@ use barlink_vfio::{BarWindow, DeviceSpec};
 pub enum Peer {
     /// A process on this host, met under a link name.
     Local { name: String },
-    /// A process on another node, met at its RDMA setup address
-    /// (`host:port`; for [`Role::Accept`], the address to listen on).
+    /// A process on another node, met at its setup address (`host:port`;
+    /// for [`Role::Accept`], the address to listen on): over RDMA where
+    /// this host has an active RDMA port, else over TCP.
     Remote { addr: String },
+    /// A process on another node, over RDMA only (`rdma://HOST:PORT`).
+    Rdma { addr: String },
+    /// A process on another node, over TCP only (`tcp://HOST:PORT`).
+    Tcp { addr: String },
 }
 
 impl FromStr for Peer {
     type Err = ConnectError;
 
-    /// `local:NAME` or a bare name: this host; `rdma://HOST:PORT` or
-    /// `HOST:PORT`: another node.
+    /// `local:NAME` or a bare name: this host; `rdma://HOST:PORT`,
+    /// `tcp://HOST:PORT` or `HOST:PORT` (RDMA where this host has it, else
+    /// TCP): another node.
     fn from_str(text: &str) -> Result<Peer, ConnectError> {
         if let Some(name) = text.strip_prefix("local:") {
             return Ok(Peer::Local {
@@ -58,13 +69,19 @@ impl FromStr for Peer {
             });
         }
         if let Some(addr) = text.strip_prefix("rdma://") {
-            return Ok(Peer::Remote {
+            return Ok(Peer::Rdma {
+                addr: addr.to_string(),
+            });
+        }
+        if let Some(addr) = text.strip_prefix("tcp://") {
+            return Ok(Peer::Tcp {
                 addr: addr.to_string(),
             });
         }
         if text.is_empty() {
             return Err(ConnectError::Usage {
-                detail: "an empty peer: give local:NAME or rdma://HOST:PORT".to_string(),
+                detail: "an empty peer: give local:NAME, rdma://HOST:PORT or tcp://HOST:PORT"
+                    .to_string(),
             });
         }
         Ok(match text.rsplit_once(':') {
@@ -97,6 +114,8 @@ pub enum PathKind {
     HostBounce,
     /// Packets as RDMA WRITE with immediate into the peer's registered ring.
     Rdma,
+    /// Packets over a TCP connection (sealed when encrypting).
+    Tcp,
 }
 
 impl PathKind {
@@ -105,6 +124,7 @@ impl PathKind {
             PathKind::BarP2p => "bar-p2p",
             PathKind::HostBounce => "host-bounce",
             PathKind::Rdma => "rdma",
+            PathKind::Tcp => "tcp",
         }
     }
 }
@@ -172,6 +192,17 @@ pub struct ConnectOptions {
     /// Which other local users may be the peer of a local link (by
     /// default only the same user, plus `BARLINK_ALLOW_UIDS`/`_GIDS`).
     pub allow: AllowedPeers,
+    /// TCP connect retries and timeouts (its `engine` is replaced by
+    /// [`ConnectOptions::engine`], its `encrypt` by
+    /// [`ConnectOptions::encrypt`]).
+    pub tcp: TcpLinkOptions,
+    /// Seal every packet of a TCP link (RDMA payloads are not encrypted;
+    /// see docs/SECURITY.md).
+    pub encrypt: bool,
+    /// How setup with another node is authenticated, over RDMA or TCP;
+    /// `None`: `rdma.oob.auth` or `tcp.channel.auth`, else the
+    /// environment's (`BARLINK_PSK_FILE`, ...).
+    pub auth: Option<PeerAuth>,
 }
 
 impl Default for ConnectOptions {
@@ -185,6 +216,9 @@ impl Default for ConnectOptions {
             force: None,
             rdma: RdmaLinkOptions::default(),
             allow: AllowedPeers::default(),
+            tcp: TcpLinkOptions::default(),
+            encrypt: false,
+            auth: None,
         }
     }
 }
@@ -286,43 +320,65 @@ fn bar_decision(bars: &BarEnds, options: &ConnectOptions) -> PathDecision {
     }
 }
 
+/// RDMA to `addr` when this host has an active port (on the device the
+/// options name, if any), else why not.
+fn rdma_decision(addr: &str, options: &ConnectOptions) -> Result<PathDecision, ConnectError> {
+    Ok(match barlink_rdma::device::devices() {
+        Ok(devices) => {
+            let wanted = options.rdma.device.as_deref();
+            let usable = devices
+                .iter()
+                .filter(|d| wanted.is_none_or(|w| w == d.name))
+                .find_map(|d| d.active_port().map(|p| (d, p)));
+            match usable {
+                Some((device, port)) => PathDecision {
+                    path: PathKind::Rdma,
+                    reason: format!(
+                        "the peer is on another node (setup over TCP at {addr}); RDMA device {} port {} is active ({:?})",
+                        device.name, port.port, port.link_layer
+                    ),
+                },
+                None => {
+                    return Err(ConnectError::NoPath {
+                        reason: format!(
+                            "the peer is on another node (setup at {addr}) and no RDMA port is active{} \
+                                 (devices: {}; check `ibv_devinfo`)",
+                            wanted.map(|w| format!(" on {w}")).unwrap_or_default(),
+                            devices
+                                .iter()
+                                .map(|d| d.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    });
+                }
+            }
+        }
+        Err(error) => {
+            return Err(ConnectError::NoPath {
+                reason: format!(
+                    "the peer is on another node (setup at {addr}), which needs RDMA: {error}"
+                ),
+            });
+        }
+    })
+}
+
 /// Picks the path to `peer` without setting anything up.
 pub fn choose_path(peer: &Peer, options: &ConnectOptions) -> Result<PathDecision, ConnectError> {
     let automatic = match peer {
-        Peer::Remote { addr } => match barlink_rdma::device::devices() {
-            Ok(devices) => {
-                let wanted = options.rdma.device.as_deref();
-                let usable = devices
-                    .iter()
-                    .filter(|d| wanted.is_none_or(|w| w == d.name))
-                    .find_map(|d| d.active_port().map(|p| (d, p)));
-                match usable {
-                    Some((device, port)) => PathDecision {
-                        path: PathKind::Rdma,
-                        reason: format!(
-                            "the peer is on another node (setup over TCP at {addr}); RDMA device {} port {} is active ({:?})",
-                            device.name, port.port, port.link_layer
-                        ),
-                    },
-                    None => {
-                        return Err(ConnectError::NoPath {
-                            reason: format!(
-                                "the peer is on another node (setup at {addr}) and no RDMA port is active{} \
-                                 (devices: {}; check `ibv_devinfo`)",
-                                wanted.map(|w| format!(" on {w}")).unwrap_or_default(),
-                                devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
-                            ),
-                        });
-                    }
-                }
-            }
-            Err(error) => {
-                return Err(ConnectError::NoPath {
-                    reason: format!(
-                        "the peer is on another node (setup at {addr}), which needs RDMA: {error}"
-                    ),
-                });
-            }
+        Peer::Rdma { addr } => rdma_decision(addr, options)?,
+        Peer::Tcp { addr } => PathDecision {
+            path: PathKind::Tcp,
+            reason: format!("the peer is on another node, named as tcp://{addr}"),
+        },
+        Peer::Remote { addr } => match rdma_decision(addr, options) {
+            Ok(decision) => decision,
+            Err(ConnectError::NoPath { reason }) => PathDecision {
+                path: PathKind::Tcp,
+                reason: format!("no RDMA here ({reason}), so TCP"),
+            },
+            Err(error) => return Err(error),
         },
         Peer::Local { .. } => match &options.bars {
             Some(bars) => bar_decision(bars, options),
@@ -353,6 +409,7 @@ pub enum AnyLink<B: AsRef<[u8]> = Vec<u8>> {
     BarP2p(RingLink<BarWindow, B>),
     /// Boxed: a verbs queue carries its completion buffers inline.
     Rdma(Box<RdmaLink<VerbsQueue, B>>),
+    Tcp(TcpLink<B>),
 }
 
 /// A link to the peer over the path [`connect`] picked. `B` is the type of
@@ -370,6 +427,7 @@ macro_rules! each_link {
             AnyLink::HostBounce($link) => $body,
             AnyLink::BarP2p($link) => $body,
             AnyLink::Rdma($link) => $body,
+            AnyLink::Tcp($link) => $body,
         }
     };
 }
@@ -435,22 +493,39 @@ pub fn connect<B: AsRef<[u8]>>(
     options: &ConnectOptions,
 ) -> Result<Connection<B>, ConnectError> {
     let mut decision = choose_path(peer, options)?;
-    // Remote setup is authenticated unless asked otherwise by name, and the
-    // decision says which.
+    // Setup with another node is authenticated unless asked otherwise by
+    // name, and the decision says how.
     let mut rdma = RdmaLinkOptions {
         engine: options.engine.clone(),
         ..options.rdma.clone()
     };
-    if decision.path == PathKind::Rdma {
-        let auth = rdma
-            .oob
-            .resolve_auth()
-            .map_err(|error| ConnectError::Setup {
+    let mut tcp_options = TcpLinkOptions {
+        engine: options.engine.clone(),
+        encrypt: options.encrypt,
+        ..options.tcp.clone()
+    };
+    if matches!(decision.path, PathKind::Rdma | PathKind::Tcp) {
+        let configured = options.auth.clone().or_else(|| match decision.path {
+            PathKind::Rdma => rdma.oob.auth.clone(),
+            _ => tcp_options.channel.auth.clone(),
+        });
+        let auth = match configured {
+            Some(auth) => auth,
+            None => PeerAuth::from_environment().map_err(|error| ConnectError::Setup {
                 decision: decision.clone(),
                 detail: error.to_string(),
-            })?;
+            })?,
+        };
         decision.reason = format!("{}; setup {}", decision.reason, auth.describe());
-        rdma.oob.auth = Some(auth);
+        if decision.path == PathKind::Tcp {
+            decision.reason.push_str(if options.encrypt {
+                "; every packet sealed (ChaCha20-Poly1305)"
+            } else {
+                "; packets not encrypted (CRC-checked only)"
+            });
+        }
+        rdma.oob.auth = Some(auth.clone());
+        tcp_options.channel.auth = Some(auth);
     }
     tracing::info!(path = %decision.path, reason = %decision.reason, ?role, "path chosen");
     let failed = |detail: String| ConnectError::Setup {
@@ -491,7 +566,7 @@ pub fn connect<B: AsRef<[u8]>>(
                 .map_err(|e| failed(e.to_string()))?,
             )
         }
-        (PathKind::Rdma, Peer::Remote { addr }) => {
+        (PathKind::Rdma, Peer::Remote { addr } | Peer::Rdma { addr }) => {
             let link = match role {
                 Role::Accept => OobListener::bind(addr.as_str())
                     .map_err(|e| failed(e.to_string()))
@@ -505,15 +580,24 @@ pub fn connect<B: AsRef<[u8]>>(
             };
             AnyLink::Rdma(Box::new(link?))
         }
-        (path, Peer::Remote { .. }) => {
+        (PathKind::Tcp, Peer::Remote { addr } | Peer::Tcp { addr }) => {
+            let link = match role {
+                Role::Accept => TcpServer::bind(addr.as_str())
+                    .and_then(|server| server.accept(options.setup_timeout, &tcp_options)),
+                Role::Connect => tcp::connect(addr.as_str(), &tcp_options),
+            };
+            AnyLink::Tcp(link.map_err(|e| failed(e.to_string()))?)
+        }
+        (path, Peer::Remote { .. } | Peer::Rdma { .. } | Peer::Tcp { .. }) => {
             return Err(failed(format!(
-                "{path} cannot reach a peer on another node: only RDMA can"
+                "{path} cannot reach a peer on another node: only RDMA or TCP can"
             )));
         }
-        (PathKind::Rdma, Peer::Local { .. }) => {
-            return Err(failed(
-                "RDMA to a peer on this host needs its address: give rdma://HOST:PORT".into(),
-            ));
+        (PathKind::Rdma | PathKind::Tcp, Peer::Local { .. }) => {
+            return Err(failed(format!(
+                "{} to a peer on this host needs its address: give {}://HOST:PORT",
+                decision.path, decision.path
+            )));
         }
     };
     Ok(Connection { link, decision })

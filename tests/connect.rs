@@ -44,8 +44,14 @@ fn peers_parse_as_local_names_or_remote_addresses() {
     assert_eq!(parse("kv"), Peer::Local { name: "kv".into() });
     assert_eq!(
         parse("rdma://10.0.0.2:18515"),
-        Peer::Remote {
+        Peer::Rdma {
             addr: "10.0.0.2:18515".into()
+        }
+    );
+    assert_eq!(
+        parse("tcp://10.0.0.2:18616"),
+        Peer::Tcp {
+            addr: "10.0.0.2:18616".into()
         }
     );
     assert_eq!(
@@ -179,4 +185,65 @@ fn connect_and_accept_by_name_move_messages_and_say_host_bounce() {
     let decision = accepting.join().unwrap();
     assert_eq!(decision.path, PathKind::HostBounce);
     assert_eq!(connection.stats().crc_failures, 0);
+}
+
+/// Without RDMA here, a peer named only by its address is reached over
+/// TCP, and the decision says why; over loopback the link moves messages,
+/// sealed when asked.
+#[test]
+fn a_remote_peer_without_rdma_goes_over_tcp_sealed_when_asked() {
+    use barlink::transport::auth::{PeerAuth, SecretKey};
+    if barlink::rdma::device::devices().is_ok_and(|d| !d.is_empty()) {
+        eprintln!(
+            "SKIPPED a_remote_peer_without_rdma_goes_over_tcp_sealed_when_asked: this host has RDMA"
+        );
+        return;
+    }
+    let key = SecretKey::from_hex(&"5a".repeat(32)).unwrap();
+    let options = ConnectOptions {
+        auth: Some(PeerAuth::PreSharedKey {
+            key,
+            source: "the test".to_string(),
+        }),
+        encrypt: true,
+        ..ConnectOptions::default()
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let decision = choose_path(&Peer::Remote { addr: addr.clone() }, &options).unwrap();
+    assert_eq!(decision.path, PathKind::Tcp, "{decision}");
+    assert!(decision.reason.contains("no RDMA here"), "{decision}");
+    let server_options = options.clone();
+    let server_addr = addr.clone();
+    let accepting = thread::spawn(move || {
+        let mut server = connect::<Vec<u8>>(
+            &Peer::Remote { addr: server_addr },
+            Role::Accept,
+            &server_options,
+        )
+        .unwrap();
+        let got = server.recv(Duration::from_secs(10)).unwrap();
+        server.send(got, Duration::from_secs(10)).unwrap();
+        server.flush(Duration::from_secs(10)).unwrap();
+        server.decision
+    });
+    let mut client = connect::<Vec<u8>>(&Peer::Tcp { addr }, Role::Connect, &options).unwrap();
+    client
+        .send(b"over tcp".to_vec(), Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(client.recv(Duration::from_secs(10)).unwrap(), b"over tcp");
+    let server_decision = accepting.join().unwrap();
+    for decision in [&client.decision, &server_decision] {
+        assert_eq!(decision.path, PathKind::Tcp);
+        assert!(decision.reason.contains("pre-shared key"), "{decision}");
+        assert!(
+            decision.reason.contains("every packet sealed"),
+            "{decision}"
+        );
+    }
+    assert!(matches!(client.link, barlink::connect::AnyLink::Tcp(_)));
 }
