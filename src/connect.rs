@@ -519,7 +519,7 @@ pub fn connect<B: AsRef<[u8]>>(
         decision.reason = format!("{}; setup {}", decision.reason, auth.describe());
         if decision.path == PathKind::Tcp {
             decision.reason.push_str(if options.encrypt {
-                "; every packet sealed (ChaCha20-Poly1305)"
+                "; every packet sealed (AES-256-GCM)"
             } else {
                 "; packets not encrypted (CRC-checked only)"
             });

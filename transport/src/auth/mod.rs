@@ -4,7 +4,9 @@
 //! Both sides first send an 8-byte [`preamble`] in the clear: `BLAU`, a
 //! version and the [`AuthMode`] each uses, so that a mismatch ("the server
 //! wants a pre-shared key, this side runs --insecure") is named at once on
-//! both ends. Then a Noise handshake (X25519, ChaCha20-Poly1305, BLAKE2s):
+//! both ends. Then a Noise handshake (X25519, AES-256-GCM, BLAKE2s; the
+//! AEAD from `ring`, whose AES-NI/VAES code seals several times faster than
+//! a portable ChaCha20-Poly1305 on the CPUs barlink runs on):
 //!
 //! - with a pre-shared key, `NNpsk0`: the key is mixed in from the first
 //!   message, so a side without it cannot produce or read one;
@@ -30,8 +32,8 @@ pub use keys::{
     parse_public_keys, public_key_path,
 };
 
-const PSK_PATTERN: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
-const PINNED_PATTERN: &str = "Noise_XX_25519_ChaChaPoly_BLAKE2s";
+const PSK_PATTERN: &str = "Noise_NNpsk0_25519_AESGCM_BLAKE2s";
+const PINNED_PATTERN: &str = "Noise_XX_25519_AESGCM_BLAKE2s";
 /// `b"BLAU"`.
 pub const PREAMBLE_MAGIC: [u8; 4] = *b"BLAU";
 /// The authentication protocol this build speaks.
@@ -368,6 +370,42 @@ impl Session {
             return Err(AuthError::RefusedByPeer { mode: self.mode }.into());
         }
         Ok(self.open(&frame)?)
+    }
+
+    /// Seals `plaintext` into `out` (at least `plaintext.len() + 16`
+    /// bytes) and returns the sealed length, without allocating: for a
+    /// medium that seals every record. Without a session it copies.
+    pub fn seal_into(&mut self, plaintext: &[u8], out: &mut [u8]) -> Result<usize, AuthError> {
+        let Some(transport) = &mut self.transport else {
+            out[..plaintext.len()].copy_from_slice(plaintext);
+            return Ok(plaintext.len());
+        };
+        transport
+            .write_message(plaintext, out)
+            .map_err(AuthError::noise)
+    }
+
+    /// Opens `sealed` into `out` (at least `sealed.len()` bytes) and
+    /// returns the plaintext length; an altered, replayed or reordered
+    /// message is refused.
+    pub fn open_into(&mut self, sealed: &[u8], out: &mut [u8]) -> Result<usize, AuthError> {
+        let Some(transport) = &mut self.transport else {
+            out[..sealed.len()].copy_from_slice(sealed);
+            return Ok(sealed.len());
+        };
+        if sealed.len() < SEAL_OVERHEAD {
+            return Err(AuthError::Malformed {
+                detail: format!(
+                    "a sealed message of {} bytes is shorter than its tag",
+                    sealed.len()
+                ),
+            });
+        }
+        transport
+            .read_message(sealed, out)
+            .map_err(|_| AuthError::Malformed {
+                detail: "a sealed message does not open: altered on the way".to_string(),
+            })
     }
 
     /// `plaintext` sealed for the peer (at most `MAX_FRAME - 16` bytes).
