@@ -9,7 +9,7 @@
 //!
 //! When the link encrypts, the stream of frames is cut into records of at
 //! most [`MAX_RECORD_PLAINTEXT`] bytes, each sealed by the session the
-//! setup's handshake made (ChaCha20-Poly1305, nonces in order): a record
+//! setup's handshake made (AES-256-GCM, nonces in order): a record
 //! altered, dropped, replayed or reordered on the way does not open, and
 //! the link ends with an error rather than deliver anything from it.
 //!
@@ -17,14 +17,15 @@
 //! what the socket takes, and never waits.
 #![forbid(unsafe_code)]
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::TcpStream;
 
 use crate::auth::{SEAL_OVERHEAD, Session};
 use crate::crc::crc32c;
-use crate::engine::Engine;
+use crate::engine::{Engine, Transmit};
 use crate::link::{Medium, MediumError};
 use crate::time::Time;
+use crate::wire::HEADER_LEN;
 
 /// Bytes before each packet: length and its check.
 pub const FRAME_HEADER_LEN: usize = 8;
@@ -37,6 +38,10 @@ pub const MAX_RECORD_PLAINTEXT: usize = 65_535 - SEAL_OVERHEAD;
 const FRAME_TWEAK: u32 = 0x7C9A_11E5;
 /// Bytes one `read` asks for at least.
 const READ_CHUNK: usize = 256 * 1024;
+/// Bytes of each buffer at least: a read ends in the middle of a frame,
+/// and the partial frame moves to the front only when the buffer's tail
+/// runs short, so the larger the buffer the rarer that copy.
+const MIN_BUFFER: usize = 4 << 20;
 
 /// The check of a frame length.
 fn frame_check(len: u32) -> u32 {
@@ -77,6 +82,51 @@ pub fn next_frame(bytes: &[u8], max_packet: usize) -> Result<Option<usize>, Medi
     Ok((bytes.len() >= FRAME_HEADER_LEN + len).then_some(len))
 }
 
+/// Writes one packet's frame with a single `writev` from the caller's
+/// buffer (the CRC taken in a read pass instead of during a copy), and
+/// queues in `out` what the socket did not take. Returns the bytes the
+/// socket took.
+fn write_direct(
+    stream: &mut TcpStream,
+    transmit: &Transmit<'_>,
+    out: &mut ByteQueue,
+) -> std::io::Result<usize> {
+    let payload = transmit.payload();
+    let crc = if transmit.has_crc() {
+        let mut crc = transmit.crc_of_header();
+        crc.update(payload);
+        crc.finish()
+    } else {
+        0
+    };
+    let mut head = [0u8; FRAME_HEADER_LEN + HEADER_LEN];
+    head[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(transmit.len()));
+    head[FRAME_HEADER_LEN..].copy_from_slice(&transmit.header_with_crc(crc));
+    let total = head.len() + payload.len();
+    let written = loop {
+        match stream.write_vectored(&[IoSlice::new(&head), IoSlice::new(payload)]) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break 0,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    };
+    if written < total {
+        let rest = total - written;
+        let space = out.space(rest);
+        let mut at = 0;
+        if written < head.len() {
+            let from_head = &head[written..];
+            space[..from_head.len()].copy_from_slice(from_head);
+            at = from_head.len();
+        }
+        let from_payload = &payload[written.saturating_sub(head.len())..];
+        space[at..at + from_payload.len()].copy_from_slice(from_payload);
+        out.commit(rest);
+    }
+    Ok(written)
+}
+
 /// A byte buffer read from the front and written at the back, allocated
 /// once (and grown if a frame needs it), so no packet pays to zero it.
 #[derive(Debug, Default)]
@@ -87,6 +137,14 @@ struct ByteQueue {
 }
 
 impl ByteQueue {
+    fn with_capacity(len: usize) -> ByteQueue {
+        ByteQueue {
+            buf: vec![0; len],
+            start: 0,
+            end: 0,
+        }
+    }
+
     fn readable(&self) -> &[u8] {
         &self.buf[self.start..self.end]
     }
@@ -118,11 +176,6 @@ impl ByteQueue {
 
     fn commit(&mut self, n: usize) {
         self.end += n;
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        self.space(bytes.len())[..bytes.len()].copy_from_slice(bytes);
-        self.commit(bytes.len());
     }
 }
 
@@ -160,6 +213,10 @@ pub struct TcpMedium {
     out_limit: usize,
     stats: TcpStats,
     rounds: u64,
+    /// The peer closed its side: reported one round after it was seen,
+    /// so that the engine first takes what came before it (a close, the
+    /// last acknowledgements).
+    peer_closed: bool,
 }
 
 impl std::fmt::Debug for TcpMedium {
@@ -190,18 +247,20 @@ impl TcpMedium {
             .map_err(|e| {
                 MediumError::new(format!("setting up the TCP connection to {peer}: {e}"))
             })?;
+        let buffer = (4 * max_packet).max(MIN_BUFFER);
         Ok(TcpMedium {
             stream,
             peer,
             cipher,
             max_packet,
-            out: ByteQueue::default(),
+            out: ByteQueue::with_capacity(buffer),
             staged: ByteQueue::default(),
-            wire_in: ByteQueue::default(),
+            wire_in: ByteQueue::with_capacity(buffer),
             plain_in: ByteQueue::default(),
             out_limit: (2 * max_packet).max(1 << 20),
             stats: TcpStats::default(),
             rounds: 0,
+            peer_closed: false,
         })
     }
 
@@ -251,13 +310,17 @@ impl TcpMedium {
         };
         while self.staged.len() > 0 {
             let take = self.staged.len().min(MAX_RECORD_PLAINTEXT);
+            let space = self.out.space(RECORD_HEADER_LEN + take + SEAL_OVERHEAD);
             let sealed = cipher
-                .seal(&self.staged.readable()[..take])
+                .seal_into(
+                    &self.staged.readable()[..take],
+                    &mut space[RECORD_HEADER_LEN..],
+                )
                 .map_err(|e| MediumError::new(format!("sealing a record: {e}")))?;
+            let len = u16::try_from(sealed).expect("a record fits 64 KiB");
+            space[..RECORD_HEADER_LEN].copy_from_slice(&len.to_le_bytes());
+            self.out.commit(RECORD_HEADER_LEN + sealed);
             self.staged.consume(take);
-            let len = u16::try_from(sealed.len()).expect("a record fits 64 KiB");
-            self.out.push(&len.to_le_bytes());
-            self.out.push(&sealed);
             self.stats.records_sealed += 1;
         }
         Ok(())
@@ -269,6 +332,10 @@ impl TcpMedium {
         let space = self.wire_in.space(READ_CHUNK);
         loop {
             match self.stream.read(space) {
+                Ok(0) if !self.peer_closed => {
+                    self.peer_closed = true;
+                    return Ok(false);
+                }
                 Ok(0) => {
                     return Err(MediumError::new(format!(
                         "the peer at {} closed the TCP connection",
@@ -302,8 +369,9 @@ impl TcpMedium {
             if bytes.len() < RECORD_HEADER_LEN + len {
                 return Ok(());
             }
-            let plain = cipher
-                .open(&bytes[RECORD_HEADER_LEN..RECORD_HEADER_LEN + len])
+            let sealed = &self.wire_in.buf[self.wire_in.start + RECORD_HEADER_LEN..][..len];
+            let opened = cipher
+                .open_into(sealed, self.plain_in.space(len))
                 .map_err(|e| {
                     MediumError::new(format!(
                         "a sealed record from {} does not open ({e}): it was altered, dropped, replayed \
@@ -311,8 +379,8 @@ impl TcpMedium {
                         self.peer
                     ))
                 })?;
+            self.plain_in.commit(opened);
             self.wire_in.consume(RECORD_HEADER_LEN + len);
-            self.plain_in.push(&plain);
             self.stats.records_opened += 1;
         }
     }
@@ -373,24 +441,29 @@ impl Medium for TcpMedium {
         self.flush()?;
         let mut sent = 0;
         while self.out.len() + self.staged.len() < self.out_limit {
-            let target = if self.cipher.is_some() {
-                &mut self.staged
-            } else {
-                &mut self.out
-            };
+            let encrypting = self.cipher.is_some();
+            let (stream, out, staged) = (&mut self.stream, &mut self.out, &mut self.staged);
             let framed = engine.poll_transmit_with(now, |transmit| {
+                if !encrypting && out.len() == 0 {
+                    // Nothing queued: straight from the caller's buffer to
+                    // the socket, and only what it does not take is copied.
+                    return write_direct(stream, transmit, out);
+                }
+                let target = if encrypting { staged } else { out };
                 let len = transmit.len();
                 let space = target.space(FRAME_HEADER_LEN + len);
                 space[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(len));
                 transmit.write_to(&mut space[FRAME_HEADER_LEN..]);
                 target.commit(FRAME_HEADER_LEN + len);
-                transmit.ends_burst()
+                Ok(0)
             });
-            let Some(ends_burst) = framed else {
+            let Some(written) = framed else {
                 break;
             };
+            let written = written.map_err(|e| self.lost("sending", &e))?;
+            self.stats.wire_bytes_sent += written as u64;
             sent += 1;
-            if ends_burst || self.staged.len() >= MAX_RECORD_PLAINTEXT {
+            if self.staged.len() >= MAX_RECORD_PLAINTEXT {
                 self.seal_staged()?;
                 self.flush()?;
             }
@@ -434,7 +507,8 @@ mod tests {
     #[test]
     fn the_byte_queue_reuses_its_space() {
         let mut queue = ByteQueue::default();
-        queue.push(b"hello");
+        queue.space(5)[..5].copy_from_slice(b"hello");
+        queue.commit(5);
         queue.consume(2);
         assert_eq!(queue.readable(), b"llo");
         let space = queue.space(10);

@@ -282,10 +282,22 @@ fn a_flipped_payload_byte_is_caught_and_resent() {
     assert!(crc_failures >= 1, "the flipped packet failed its CRC");
 }
 
+/// Bytes the client sends before its first frame: preamble, the first
+/// handshake message (an ephemeral key and a tag) and the sealed hello,
+/// each after a 2-byte length.
+const CLIENT_SETUP_BYTES: u64 = (crate::auth::PREAMBLE_LEN
+    + 2
+    + 32
+    + crate::auth::SEAL_OVERHEAD
+    + 2
+    + HELLO_LEN
+    + crate::auth::SEAL_OVERHEAD) as u64;
+
 #[test]
 fn a_flipped_frame_header_ends_the_link_with_nothing_wrong_delivered() {
-    // The first frame header after setup: its length check fails.
-    let (received, error, _) = through_relay(false, |s| relay(s, Fault::Flip(400)));
+    // The length of the first frame after setup: its check fails.
+    let (received, error, _) =
+        through_relay(false, |s| relay(s, Fault::Flip(CLIENT_SETUP_BYTES + 1)));
     let error = error.expect("the link ended").to_string();
     assert!(received < 200);
     assert!(
