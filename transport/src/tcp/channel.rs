@@ -138,6 +138,20 @@ pub struct ChannelListener {
 }
 
 impl ChannelListener {
+    /// A second handle on the same listening socket (a TCP link keeps one
+    /// to take its peer back after a dropped connection).
+    pub fn try_clone(&self) -> Result<ChannelListener, ChannelError> {
+        Ok(ChannelListener {
+            listener: self
+                .listener
+                .try_clone()
+                .map_err(|error| ChannelError::Io {
+                    operation: "keeping the listener",
+                    error,
+                })?,
+        })
+    }
+
     /// Listens on `addr` (e.g. `0.0.0.0:18515`; port 0 picks one).
     pub fn bind(addr: impl ToSocketAddrs) -> Result<ChannelListener, ChannelError> {
         let listener = TcpListener::bind(addr).map_err(|error| ChannelError::Io {

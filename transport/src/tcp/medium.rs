@@ -20,6 +20,9 @@
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::TcpStream;
 
+use std::time::{Duration, Instant};
+
+use super::resume::Resume;
 use crate::auth::{SEAL_OVERHEAD, Session};
 use crate::crc::crc32c;
 use crate::engine::{Engine, Transmit};
@@ -42,6 +45,8 @@ const READ_CHUNK: usize = 256 * 1024;
 /// and the partial frame moves to the front only when the buffer's tail
 /// runs short, so the larger the buffer the rarer that copy.
 const MIN_BUFFER: usize = 4 << 20;
+/// Pause between attempts to take the peer back.
+const RETRY_EVERY: Duration = Duration::from_millis(50);
 
 /// The check of a frame length.
 fn frame_check(len: u32) -> u32 {
@@ -192,6 +197,10 @@ pub struct TcpStats {
     /// Records sealed and opened (encrypting only).
     pub records_sealed: u64,
     pub records_opened: u64,
+    /// Connections that failed under the link, and the ones that replaced
+    /// them.
+    pub connections_lost: u64,
+    pub reconnects: u64,
 }
 
 /// Packets over one TCP connection, sealed when the link encrypts.
@@ -217,6 +226,11 @@ pub struct TcpMedium {
     /// so that the engine first takes what came before it (a close, the
     /// last acknowledgements).
     peer_closed: bool,
+    /// How a dropped connection is replaced (cold, so boxed); `None`: it
+    /// ends the link.
+    resume: Option<Box<Resume>>,
+    /// Since when the connection is down, and when to try again.
+    down: Option<(Instant, Instant)>,
 }
 
 impl std::fmt::Debug for TcpMedium {
@@ -233,10 +247,11 @@ impl std::fmt::Debug for TcpMedium {
 impl TcpMedium {
     /// A medium over `stream` (made non-blocking here) carrying packets of
     /// at most `max_packet` bytes, sealed by `cipher` when given.
-    pub fn new(
+    pub(super) fn new(
         stream: TcpStream,
         max_packet: usize,
         cipher: Option<Session>,
+        resume: Option<Resume>,
     ) -> Result<TcpMedium, MediumError> {
         let peer = stream
             .peer_addr()
@@ -261,7 +276,78 @@ impl TcpMedium {
             stats: TcpStats::default(),
             rounds: 0,
             peer_closed: false,
+            resume: resume.map(Box::new),
+            down: None,
         })
+    }
+
+    /// What a failure of the connection does: ends the link, or (with a
+    /// way to resume) drops the connection and what was in flight on it,
+    /// for the engine to resend.
+    fn connection_failed(&mut self, error: MediumError) -> Result<(), MediumError> {
+        if self.resume.is_none() {
+            return Err(error);
+        }
+        tracing::warn!(peer = self.peer, %error, "TCP connection lost; taking the peer back");
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        for queue in [
+            &mut self.out,
+            &mut self.staged,
+            &mut self.wire_in,
+            &mut self.plain_in,
+        ] {
+            queue.start = 0;
+            queue.end = 0;
+        }
+        self.peer_closed = false;
+        let now = Instant::now();
+        self.down = Some((now, now));
+        self.stats.connections_lost += 1;
+        Ok(())
+    }
+
+    /// While the connection is down, tries to take the peer back (at most
+    /// every [`RETRY_EVERY`]); whether the link has a connection again.
+    fn rejoined(&mut self) -> bool {
+        let Some((since, next)) = self.down else {
+            return true;
+        };
+        let (Some(resume), true) = (&self.resume, Instant::now() >= next) else {
+            return false;
+        };
+        match resume.attempt() {
+            Ok(Some((stream, session))) => {
+                if stream
+                    .set_nonblocking(true)
+                    .and_then(|()| stream.set_nodelay(true))
+                    .is_err()
+                {
+                    self.down = Some((since, Instant::now() + RETRY_EVERY));
+                    return false;
+                }
+                self.stream = stream;
+                if self.cipher.is_some() {
+                    self.cipher = session;
+                }
+                self.down = None;
+                self.stats.reconnects += 1;
+                tracing::info!(peer = self.peer, after = ?since.elapsed(), "TCP connection replaced");
+                true
+            }
+            Ok(None) => {
+                self.down = Some((since, Instant::now() + RETRY_EVERY));
+                false
+            }
+            Err(why) => {
+                tracing::warn!(
+                    peer = self.peer,
+                    why,
+                    "a connection offered to resume the link was refused"
+                );
+                self.down = Some((since, Instant::now() + RETRY_EVERY));
+                false
+            }
+        }
     }
 
     /// What it moved so far.
@@ -422,18 +508,47 @@ impl Medium for TcpMedium {
         now: Time,
         engine: &mut Engine<B>,
     ) -> Result<usize, MediumError> {
+        if !self.rejoined() {
+            return Ok(0);
+        }
         let mut delivered = 0;
-        loop {
+        let result = (|| loop {
             let more = self.read_some()?;
             self.open_records()?;
             delivered += self.deliver(now, engine)?;
             if !more {
-                return Ok(delivered);
+                return Ok(());
             }
+        })();
+        if let Err(error) = result {
+            self.connection_failed(error)?;
         }
+        Ok(delivered)
     }
 
     fn transmit<B: AsRef<[u8]>>(
+        &mut self,
+        now: Time,
+        engine: &mut Engine<B>,
+    ) -> Result<usize, MediumError> {
+        if self.down.is_some() {
+            // Nothing goes out while the connection is down: the engine
+            // resends what it is owed once it is back.
+            return Ok(0);
+        }
+        match self.transmit_on(now, engine) {
+            Ok(sent) => Ok(sent),
+            Err(error) => self.connection_failed(error).map(|()| 0),
+        }
+    }
+
+    fn max_packet(&self) -> usize {
+        self.max_packet
+    }
+}
+
+impl TcpMedium {
+    fn transmit_on<B: AsRef<[u8]>>(
         &mut self,
         now: Time,
         engine: &mut Engine<B>,
@@ -472,10 +587,6 @@ impl Medium for TcpMedium {
         self.flush()?;
         self.stats.packets_sent += sent as u64;
         Ok(sent)
-    }
-
-    fn max_packet(&self) -> usize {
-        self.max_packet
     }
 }
 

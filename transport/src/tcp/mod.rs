@@ -12,14 +12,29 @@
 //!
 //! # Hello layout (little-endian, 32 bytes)
 //! ```text
-//!   0 magic "BLTH"   4 version u16   6 flags u16 (bit 0: CRC, bit 1: encrypt)
+//!   0 magic "BLTH"   4 version u16   6 flags u16 (bit 0: CRC, bit 1: encrypt,
+//!                                                   bit 2: resuming a link)
 //!   8 engine MTU u32                12 reserved u32 (0)
-//!  16 max message length u64        24 reserved u64 (0)
+//!  16 max message length u64        24 link id u64 (the accepting side's)
+//! ```
+//!
+//! # A dropped connection
+//! With [`TcpLinkOptions::reconnect`] (the default), a connection that
+//! fails (reset, closed without the engine's close, a frame header or a
+//! sealed record that does not check) is replaced: the connecting side
+//! dials again and the accepting side takes a new connection on the
+//! listener it kept, both authenticate as at setup, and a sealed hello
+//! with the link's id (`resume` set) proves it is the same link. The
+//! engine retransmits what was lost and drops what arrives twice, so
+//! nothing is lost or duplicated; if no connection comes back within the
+//! engine's peer timeout, the link ends with `PeerLost`.
+//! ```text
 //! ```
 #![forbid(unsafe_code)]
 
 pub mod channel;
 mod medium;
+mod resume;
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -34,6 +49,7 @@ pub use medium::{
 use crate::auth::PeerAuth;
 use crate::engine::EngineConfig;
 use crate::link::{Link, MediumError, SetupError};
+use resume::{Rejoin, Resume};
 
 /// The port a TCP link listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 18_616;
@@ -62,6 +78,9 @@ pub struct TcpLinkOptions {
     pub encrypt: bool,
     /// This side's session (+1 per restart).
     pub epoch: u32,
+    /// Replace a dropped connection and go on (see the module
+    /// documentation); without it a dropped connection ends the link.
+    pub reconnect: bool,
 }
 
 impl Default for TcpLinkOptions {
@@ -75,6 +94,7 @@ impl Default for TcpLinkOptions {
             },
             encrypt: false,
             epoch: 1,
+            reconnect: true,
         }
     }
 }
@@ -125,6 +145,10 @@ pub struct TcpHello {
     pub max_message_len: u64,
     pub crc: bool,
     pub encrypt: bool,
+    /// Taking an existing link back after a dropped connection.
+    pub resume: bool,
+    /// Names the link: the accepting side's random id.
+    pub link_id: u64,
 }
 
 impl TcpHello {
@@ -134,6 +158,8 @@ impl TcpHello {
             max_message_len: options.engine.max_message_len,
             crc: options.engine.crc,
             encrypt: options.encrypt,
+            resume: false,
+            link_id: random_id(),
         }
     }
 
@@ -141,10 +167,12 @@ impl TcpHello {
         let mut bytes = [0u8; HELLO_LEN];
         bytes[..4].copy_from_slice(&HELLO_MAGIC);
         bytes[4..6].copy_from_slice(&HELLO_VERSION.to_le_bytes());
-        let flags = u16::from(self.crc) | (u16::from(self.encrypt) << 1);
+        let flags =
+            u16::from(self.crc) | (u16::from(self.encrypt) << 1) | (u16::from(self.resume) << 2);
         bytes[6..8].copy_from_slice(&flags.to_le_bytes());
         bytes[8..12].copy_from_slice(&self.engine_mtu.to_le_bytes());
         bytes[16..24].copy_from_slice(&self.max_message_len.to_le_bytes());
+        bytes[24..32].copy_from_slice(&self.link_id.to_le_bytes());
         bytes
     }
 
@@ -169,7 +197,7 @@ impl TcpHello {
             ));
         }
         let flags = u16::from_le_bytes([bytes[6], bytes[7]]);
-        if flags & !0b11 != 0 || bytes[12..16] != [0; 4] || bytes[24..] != [0; 8] {
+        if flags & !0b111 != 0 || bytes[12..16] != [0; 4] {
             return Err("the hello's reserved bits are set".to_string());
         }
         let engine_mtu = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
@@ -183,11 +211,13 @@ impl TcpHello {
             max_message_len: u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes")),
             crc: flags & 1 != 0,
             encrypt: flags & 2 != 0,
+            resume: flags & 4 != 0,
+            link_id: u64::from_le_bytes(bytes[24..32].try_into().expect("8 bytes")),
         })
     }
 
     /// What the two sides must share.
-    fn check_agreement(&self, peer: &TcpHello) -> Result<(), String> {
+    pub(crate) fn check_agreement(&self, peer: &TcpHello) -> Result<(), String> {
         if self.encrypt != peer.encrypt {
             let (on, off) = if self.encrypt {
                 ("this side", "the peer")
@@ -253,7 +283,10 @@ impl TcpServer {
         let channel = self
             .listener
             .accept_authenticated(timeout, &options.channel, &auth)?;
-        establish(channel, options)
+        let rejoin = Rejoin::Reaccept {
+            listener: self.listener.try_clone()?,
+        };
+        establish(channel, options, auth, rejoin)
     }
 }
 
@@ -266,7 +299,10 @@ pub fn connect<B: AsRef<[u8]>>(
     let auth = check_options(options)?;
     let mut channel = channel::connect(addr, &options.channel)?;
     channel.authenticate(&auth, true)?;
-    establish(channel, options)
+    let rejoin = Rejoin::Redial {
+        addr: channel.peer_addr()?,
+    };
+    establish(channel, options, auth, rejoin)
 }
 
 /// The authentication to use, and whether the options can work with it.
@@ -302,20 +338,37 @@ fn check_options(options: &TcpLinkOptions) -> Result<PeerAuth, TcpSetupError> {
 fn establish<B: AsRef<[u8]>>(
     mut channel: Channel,
     options: &TcpLinkOptions,
+    auth: PeerAuth,
+    rejoin: Rejoin,
 ) -> Result<TcpLink<B>, TcpSetupError> {
-    let ours = TcpHello::of(options);
+    let mut ours = TcpHello::of(options);
     channel.send_sealed(&ours.encode(), "sending the TCP link hello")?;
     let bytes = channel.recv_sealed("waiting for the peer's TCP link hello")?;
     let peer = TcpHello::decode(&bytes).map_err(|detail| TcpSetupError::Hello { detail })?;
     ours.check_agreement(&peer)
         .map_err(|detail| TcpSetupError::Hello { detail })?;
+    if peer.resume {
+        return Err(TcpSetupError::Hello {
+            detail: "the peer tries to resume a link this side does not know".to_string(),
+        });
+    }
+    if matches!(rejoin, Rejoin::Redial { .. }) {
+        ours.link_id = peer.link_id;
+    }
+    let resume = options.reconnect.then(|| Resume {
+        rejoin,
+        options: options.channel.clone(),
+        auth,
+        hello: ours,
+    });
     let (stream, session) = channel.into_parts();
     let cipher = if options.encrypt { session } else { None };
-    let medium = TcpMedium::new(stream, options.engine.mtu, cipher).map_err(|e: MediumError| {
-        TcpSetupError::Hello {
-            detail: e.to_string(),
-        }
-    })?;
+    let medium =
+        TcpMedium::new(stream, options.engine.mtu, cipher, resume).map_err(|e: MediumError| {
+            TcpSetupError::Hello {
+                detail: e.to_string(),
+            }
+        })?;
     tracing::info!(
         peer = ?medium,
         mtu = options.engine.mtu,
@@ -326,6 +379,15 @@ fn establish<B: AsRef<[u8]>>(
         options.engine.clone(),
         options.epoch,
     )?)
+}
+
+/// An id for a new link: distinct between links, not secret (it travels
+/// sealed, and only an authenticated peer can name it).
+fn random_id() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    crate::rng::SplitMix64::new(nanos ^ u64::from(std::process::id()).rotate_left(32)).next_u64()
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@ fn options(auth: PeerAuth, encrypt: bool) -> TcpLinkOptions {
         },
         encrypt,
         epoch: 1,
+        reconnect: true,
     }
 }
 
@@ -170,81 +171,96 @@ fn a_wrong_key_links_nothing() {
     assert!(error.contains("was refused"), "{error}");
 }
 
-/// What the relay does to the client's bytes on their way to the server.
+/// What the relay does to the client's bytes on their way to the server,
+/// on the first connection only.
 #[derive(Clone, Copy)]
 enum Fault {
     /// Flip one bit of the byte at this offset.
     Flip(u64),
     /// Close both connections once this many bytes went through.
     Cut(u64),
+    /// Cut, and accept no further connection.
+    CutForGood(u64),
 }
 
 /// A relay on loopback in front of `server`, applying `fault` to the
-/// client's direction.
+/// client's direction of the first connection; later ones pass clean.
 fn relay(server: SocketAddr, fault: Fault) -> SocketAddr {
     let front = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = front.local_addr().unwrap();
     thread::spawn(move || {
-        let (client, _) = front.accept().unwrap();
-        let upstream = TcpStream::connect(server).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let pump = |mut from: TcpStream,
-                    mut to: TcpStream,
-                    fault: Option<Fault>,
-                    stop: Arc<AtomicBool>| {
-            thread::spawn(move || {
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut offset = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let n = match from.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    let chunk = &mut buf[..n];
-                    match fault {
-                        Some(Fault::Flip(at)) if (offset..offset + n as u64).contains(&at) => {
-                            chunk[(at - offset) as usize] ^= 0x10;
-                        }
-                        Some(Fault::Cut(at)) if offset + n as u64 >= at => {
-                            stop.store(true, Ordering::Relaxed);
-                            let _ = from.shutdown(Shutdown::Both);
-                            let _ = to.shutdown(Shutdown::Both);
-                            break;
-                        }
-                        _ => {}
-                    }
-                    offset += n as u64;
-                    if to.write_all(chunk).is_err() {
-                        break;
-                    }
-                }
-                let _ = to.shutdown(Shutdown::Write);
-            })
-        };
-        let a = pump(
-            client.try_clone().unwrap(),
-            upstream.try_clone().unwrap(),
-            Some(fault),
-            stop.clone(),
-        );
-        let b = pump(upstream, client, None, stop);
-        let _ = a.join();
-        let _ = b.join();
+        for index in 0.. {
+            let Ok((client, _)) = front.accept() else {
+                return;
+            };
+            let Ok(upstream) = TcpStream::connect(server) else {
+                return;
+            };
+            let fault = (index == 0).then_some(fault);
+            let stop = Arc::new(AtomicBool::new(false));
+            pump(
+                client.try_clone().unwrap(),
+                upstream.try_clone().unwrap(),
+                fault,
+                stop.clone(),
+            );
+            pump(upstream, client, None, stop);
+            if index == 0 && matches!(fault, Some(Fault::CutForGood(_))) {
+                return;
+            }
+        }
     });
     addr
 }
 
-/// Runs 200 messages client -> server through a relay with `fault`; the
-/// server's count of intact messages, its error, and its CRC failures.
-fn through_relay(
-    encrypt: bool,
-    fault: fn(SocketAddr) -> SocketAddr,
-) -> (u64, Option<IoError>, u64) {
-    let (client, server) = pair(
-        options(psk(1), encrypt),
-        options(psk(1), encrypt),
-        Some(fault),
-    );
+fn pump(mut from: TcpStream, mut to: TcpStream, fault: Option<Fault>, stop: Arc<AtomicBool>) {
+    thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut offset = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let chunk = &mut buf[..n];
+            match fault {
+                Some(Fault::Flip(at)) if (offset..offset + n as u64).contains(&at) => {
+                    chunk[(at - offset) as usize] ^= 0x10;
+                }
+                Some(Fault::Cut(at) | Fault::CutForGood(at)) if offset + n as u64 >= at => {
+                    stop.store(true, Ordering::Relaxed);
+                    let _ = from.shutdown(Shutdown::Both);
+                    let _ = to.shutdown(Shutdown::Both);
+                    return;
+                }
+                _ => {}
+            }
+            offset += n as u64;
+            if to.write_all(chunk).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
+}
+
+/// What a run through a relay came to.
+struct Outcome {
+    /// Messages the server received, each checked intact and in order.
+    received: u64,
+    error: Option<IoError>,
+    crc_failures: u64,
+    /// Connections the two sides replaced.
+    reconnects: (u64, u64),
+}
+
+/// Runs 200 messages client -> server through a relay with `fault`.
+fn through_relay(encrypt: bool, reconnect: bool, fault: fn(SocketAddr) -> SocketAddr) -> Outcome {
+    let options = TcpLinkOptions {
+        reconnect,
+        ..options(psk(1), encrypt)
+    };
+    let (client, server) = pair(options.clone(), options, Some(fault));
     let mut client = client.unwrap();
     let sender = thread::spawn(move || {
         for index in 0..200 {
@@ -253,6 +269,7 @@ fn through_relay(
             }
         }
         let _ = client.flush(Duration::from_secs(5));
+        client.medium().stats().reconnects
     });
     let mut link = server.join().unwrap().unwrap();
     let mut received = 0;
@@ -269,17 +286,19 @@ fn through_relay(
             }
         }
     }
-    sender.join().unwrap();
-    (received, error, link.engine().stats().crc_failures)
-}
-
-#[test]
-fn a_flipped_payload_byte_is_caught_and_resent() {
-    // Well past setup, inside a packet's payload (frames of 64 KiB).
-    let (received, error, crc_failures) =
-        through_relay(false, |s| relay(s, Fault::Flip(3_000_000)));
-    assert_eq!((received, &error), (200, &None), "{error:?}");
-    assert!(crc_failures >= 1, "the flipped packet failed its CRC");
+    if error.is_none() {
+        // Nothing more, and nothing twice.
+        let extra = link.recv(Duration::from_millis(200));
+        assert!(extra.is_err(), "a message after the last: {extra:?}");
+    }
+    let _ = link.flush(Duration::from_secs(5));
+    let client_reconnects = sender.join().unwrap();
+    Outcome {
+        received,
+        error,
+        crc_failures: link.engine().stats().crc_failures,
+        reconnects: (client_reconnects, link.medium().stats().reconnects),
+    }
 }
 
 /// Bytes the client sends before its first frame: preamble, the first
@@ -294,38 +313,85 @@ const CLIENT_SETUP_BYTES: u64 = (crate::auth::PREAMBLE_LEN
     + crate::auth::SEAL_OVERHEAD) as u64;
 
 #[test]
-fn a_flipped_frame_header_ends_the_link_with_nothing_wrong_delivered() {
-    // The length of the first frame after setup: its check fails.
-    let (received, error, _) =
-        through_relay(false, |s| relay(s, Fault::Flip(CLIENT_SETUP_BYTES + 1)));
-    let error = error.expect("the link ended").to_string();
-    assert!(received < 200);
+fn a_flipped_payload_byte_is_caught_and_resent() {
+    // Well past setup, inside a packet's payload (frames of 64 KiB).
+    let outcome = through_relay(false, false, |s| relay(s, Fault::Flip(3_000_000)));
+    assert_eq!((outcome.received, &outcome.error), (200, &None));
     assert!(
-        error.contains("frame header fails its check") || error.contains("closed"),
-        "{error}"
+        outcome.crc_failures >= 1,
+        "the flipped packet failed its CRC"
     );
 }
 
 #[test]
-fn a_flipped_sealed_byte_ends_the_link_with_nothing_wrong_delivered() {
-    let (received, error, _) = through_relay(true, |s| relay(s, Fault::Flip(3_000_000)));
-    let error = error.expect("the link ended").to_string();
-    assert!(received < 200);
-    assert!(error.contains("does not open"), "{error}");
+fn without_reconnect_a_broken_stream_ends_the_link_with_nothing_wrong_delivered() {
+    for (encrypt, fault) in [
+        // The length of the first frame after setup: its check fails.
+        (
+            false,
+            (|s| relay(s, Fault::Flip(CLIENT_SETUP_BYTES + 1))) as fn(SocketAddr) -> SocketAddr,
+        ),
+        // A sealed record: it does not open.
+        (true, |s| relay(s, Fault::Flip(3_000_000))),
+        (false, |s| relay(s, Fault::Cut(2_000_000))),
+    ] {
+        let started = Instant::now();
+        let outcome = through_relay(encrypt, false, fault);
+        let error = outcome.error.expect("the link ended").to_string();
+        assert!(outcome.received < 200);
+        assert!(
+            [
+                "frame header fails its check",
+                "does not open",
+                "closed",
+                "TCP connection"
+            ]
+            .iter()
+            .any(|want| error.contains(want)),
+            "{error}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+    }
 }
 
 #[test]
-fn a_cut_connection_ends_the_link_with_a_typed_error() {
+fn a_broken_connection_is_replaced_and_nothing_is_lost_or_repeated() {
+    for (encrypt, fault) in [
+        (
+            false,
+            (|s| relay(s, Fault::Cut(2_000_000))) as fn(SocketAddr) -> SocketAddr,
+        ),
+        (false, |s| relay(s, Fault::Flip(CLIENT_SETUP_BYTES + 1))),
+        (true, |s| relay(s, Fault::Flip(3_000_000))),
+    ] {
+        let outcome = through_relay(encrypt, true, fault);
+        assert_eq!((outcome.received, &outcome.error), (200, &None));
+        assert!(
+            outcome.reconnects.0 >= 1 && outcome.reconnects.1 >= 1,
+            "{:?}",
+            outcome.reconnects
+        );
+    }
+}
+
+#[test]
+fn a_peer_that_does_not_come_back_ends_the_link_within_the_peer_timeout() {
     let started = Instant::now();
-    let (received, error, _) = through_relay(false, |s| relay(s, Fault::Cut(2_000_000)));
-    let error = error.expect("the link ended");
-    assert!(received < 200);
+    let outcome = through_relay(false, true, |s| relay(s, Fault::CutForGood(2_000_000)));
+    let error = outcome.error.expect("the link ended");
+    assert!(outcome.received < 200);
     assert!(
-        matches!(error, IoError::Medium(_) | IoError::Closed(_)),
+        matches!(error, IoError::Closed(crate::LinkError::PeerLost { .. })),
         "{error}"
     );
+    // The peer timeout is 3 s; setup and the messages before the cut add
+    // a little.
     assert!(
-        started.elapsed() < Duration::from_secs(10),
+        started.elapsed() < Duration::from_secs(8),
         "{:?}",
         started.elapsed()
     );
@@ -349,6 +415,10 @@ fn hellos_are_checked() {
     bad[8..12].copy_from_slice(&(u32::MAX).to_le_bytes());
     assert!(TcpHello::decode(&bad).unwrap_err().contains("MTU"));
     assert!(TcpHello::decode(&bad[..10]).is_err());
+    let mut resumed = ours;
+    resumed.resume = true;
+    resumed.link_id = 0x1234;
+    assert_eq!(TcpHello::decode(&resumed.encode()), Ok(resumed));
     let mut other = ours;
     other.engine_mtu = 4096;
     assert!(
