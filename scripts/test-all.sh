@@ -42,6 +42,13 @@ step "layout (no Rust file over 1,000 lines of code; functions are held to 120 b
 if ./scripts/file-sizes.sh; then ok "file sizes"; else bad "file sizes (scripts/file-sizes.sh)"; fi
 
 step "tests (unit, property with PROPTEST_CASES=$PROPTEST_CASES, scenario, CLI)"
+# bench --tcp's bandwidth baseline; its test says SKIPPED without it.
+if ! command -v iperf3 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing iperf3 (apt-get), the bench --tcp baseline"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 >/dev/null 2>&1; } ||
+        echo "could not install iperf3: the bench --tcp test will say SKIPPED for its baseline"
+fi
 # The huge-page window test needs reserved 2 MiB pages; as root, reserve a
 # few for the run and put the old value back afterwards.
 hugepages=/proc/sys/vm/nr_hugepages

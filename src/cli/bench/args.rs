@@ -4,7 +4,7 @@
 use barlink_transport::EngineConfig;
 use clap::{Args, ValueEnum};
 
-use super::rdma::args::RdmaArgs;
+use super::remote::args::RemoteArgs;
 use super::shm::plan::{ProcPath, ProgressMode};
 use crate::cli::args::JsonArg;
 use crate::cli::{CommandError, parse_size};
@@ -86,7 +86,7 @@ pub struct BenchArgs {
     )]
     pub paths: Vec<ProcPath>,
     #[command(flatten)]
-    pub rdma: RdmaArgs,
+    pub remote: RemoteArgs,
 }
 
 /// What one run measures, from the options and the `--quick` defaults.

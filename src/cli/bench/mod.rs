@@ -5,7 +5,9 @@
 //!   barlink's ring link against raw rings and a Unix socket;
 //! - `engine-mem` ([`engine_mem`]): two engines in one thread over an
 //!   in-memory medium, against memcpy: the protocol's own cost;
-//! - `--rdma` ([`rdma`]): between two machines, against perftest.
+//! - `--rdma` ([`rdma`]): between two machines, against perftest;
+//! - `--tcp` ([`tcp`]): between two machines, against iperf3 and a plain
+//!   TCP ping-pong.
 //!
 //! Figures are medians over timed windows, as the machine is shared and
 //! noisy.
@@ -13,8 +15,10 @@
 mod args;
 mod engine_mem;
 mod rdma;
+mod remote;
 mod report;
 pub mod shm;
+mod tcp;
 
 pub use args::BenchArgs;
 use args::BenchPath;
@@ -22,8 +26,8 @@ use args::BenchPath;
 use super::{CommandError, Status};
 
 pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
-    if args.rdma.enabled {
-        return rdma::run(args);
+    if args.remote.rdma || args.remote.tcp {
+        return remote::run(args);
     }
     let plan = args.plan()?;
     let max_size = *plan.sizes.iter().max().expect("checked non-empty");

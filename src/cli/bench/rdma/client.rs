@@ -4,7 +4,7 @@
 //! the server to print too.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use barlink::connect::Role;
 use barlink_rdma::RdmaLink;
@@ -12,19 +12,21 @@ use barlink_rdma::verbs_queue::VerbsQueue;
 use barlink_transport::EngineConfig;
 use serde_json::Value;
 
-use super::control::{
-    Answer, Bye, Done, Ready, Request, Schedule, ServerInfo, parse_done, recv_control,
-    recv_control_gently, send_control,
-};
 use super::perftest::{
     Baseline, Tool, find_tool, last_lines, not_listening_yet, parse_write_bw, parse_write_lat,
     perftest_args, tool_limit,
 };
 use super::report::{PATH, RdmaBenchContext, Row, note, print_header, print_row_value, row_json};
-use super::setup::{
-    Device, STEP_TIMEOUT, count_for, counters, lat_iters_for, link_error, link_up, message_of,
-};
+use super::setup::{Device, link_up};
 use crate::cli::bench::args::{BenchArgs, Plan};
+use crate::cli::bench::remote::control::{
+    Answer, Bye, Done, Ready, Request, Schedule, ServerInfo, recv_control, recv_control_gently,
+    send_control,
+};
+use crate::cli::bench::remote::exchange::{round_trips, send_windows};
+use crate::cli::bench::remote::{
+    STEP_TIMEOUT, count_for, counters, lat_iters_for, link_error, message_of,
+};
 use crate::cli::bench::report::{median, percentile};
 use crate::cli::{CommandError, Status};
 
@@ -46,16 +48,6 @@ struct Client<'a> {
     failed: bool,
 }
 
-/// What barlink's windows of one size measured.
-struct Windows {
-    gbps: Vec<f64>,
-    sent: u64,
-    received: u64,
-    /// The server's (retransmits, CRC errors) after the warm-up and at the end.
-    server_before: (u64, u64),
-    server_now: (u64, u64),
-}
-
 pub fn run(
     args: &BenchArgs,
     plan: &Plan,
@@ -63,7 +55,7 @@ pub fn run(
     host: &str,
     addr: &str,
 ) -> Result<Status, CommandError> {
-    let rdma = &args.rdma;
+    let rdma = &args.remote;
     let tools = if rdma.no_baseline {
         [None, None]
     } else {
@@ -178,8 +170,9 @@ impl Client<'_> {
     fn measure_size(&mut self, size: usize, count: usize) -> Result<Vec<Row>, CommandError> {
         let message = message_of(size);
         let before = counters(&self.link);
-        let mut windows = self.windows(&message, count)?;
-        let mut latencies = self.round_trips(&message)?;
+        let mut windows = send_windows(&mut self.link, &message, count, self.schedule.windows)?;
+        let iters = lat_iters_for(self.schedule.lat_iters, size);
+        let mut latencies = round_trips(&mut self.link, &message, iters, &mut self.failed, &note)?;
         self.link
             .flush(STEP_TIMEOUT)
             .map_err(link_error(&format!("size {size}: flush")))?;
@@ -231,91 +224,6 @@ impl Client<'_> {
             });
         }
         Ok(rows)
-    }
-
-    /// The warm-up and the timed windows of `count` messages, each closed
-    /// by the server's "got them all".
-    fn windows(&mut self, message: &[u8], count: usize) -> Result<Windows, CommandError> {
-        let size = message.len();
-        let mut out = Windows {
-            gbps: Vec::with_capacity(self.schedule.windows),
-            sent: 0,
-            received: 0,
-            server_before: (0, 0),
-            server_now: (0, 0),
-        };
-        for window in 0..=self.schedule.windows {
-            // The link takes ownership of each message: the copies are made
-            // before the clock starts.
-            let copies: Vec<Vec<u8>> = (0..count).map(|_| message.to_vec()).collect();
-            let start = Instant::now();
-            for copy in copies {
-                self.link
-                    .send_blocking(copy, STEP_TIMEOUT)
-                    .map_err(link_error(&format!("size {size}: sending")))?;
-                out.sent += 1;
-            }
-            let done = self
-                .link
-                .recv(STEP_TIMEOUT)
-                .map_err(link_error(&format!("size {size}: waiting for the server")))?;
-            let seconds = start.elapsed().as_secs_f64();
-            let (retransmits, crc_errors, got) = parse_done(&done).ok_or_else(|| {
-                CommandError::environment(format!(
-                    "bench --rdma: size {size}: the server's answer is not \"got them all\" \
-                     ({} bytes): the sides are out of step",
-                    done.len()
-                ))
-            })?;
-            if window == 0 {
-                out.server_before = (retransmits, crc_errors);
-            }
-            out.server_now = (retransmits, crc_errors);
-            out.received = got;
-            self.link.recycle(done);
-            if window > 0 {
-                out.gbps.push((size * count) as f64 / seconds / 1e9);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Round trips for latency (the server echoes each message): one-way
-    /// times in microseconds.
-    fn round_trips(&mut self, message: &[u8]) -> Result<Vec<f64>, CommandError> {
-        let size = message.len();
-        let mut latencies = Vec::new();
-        let mut echo = message.to_vec();
-        for i in 0..lat_iters_for(self.schedule.lat_iters, size) {
-            let start = Instant::now();
-            self.link
-                .send_blocking(echo, STEP_TIMEOUT)
-                .map_err(link_error(&format!("size {size}: latency")))?;
-            echo = self
-                .link
-                .recv(STEP_TIMEOUT)
-                .map_err(link_error(&format!("size {size}: latency echo")))?;
-            latencies.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
-            if echo.len() != size || (i == 0 && echo != message) {
-                self.failed = true;
-                note(&format!(
-                    "size {size}: the echo came back with {} bytes{}",
-                    echo.len(),
-                    if echo.len() == size {
-                        ", different ones"
-                    } else {
-                        ""
-                    }
-                ));
-            }
-        }
-        if echo != message {
-            self.failed = true;
-            note(&format!(
-                "size {size}: the last echo differs from what was sent"
-            ));
-        }
-        Ok(latencies)
     }
 
     /// `ib_write_bw` at `size`: its GB/s and iterations, or `None` (said why).

@@ -31,24 +31,22 @@
 //! is killed. Without libibverbs or an RDMA device the command exits 3 with
 //! what is missing; without perftest it says so and prints no ratio.
 
-pub(super) mod args;
 mod client;
-mod control;
-mod perftest;
+pub(super) mod perftest;
 mod report;
 mod server;
 mod setup;
 
-use std::net::SocketAddr;
-
 use setup::{DEFAULT_PORT, local_device};
+
+use super::remote::client_target;
 
 use crate::cli::bench::args::BenchArgs;
 use crate::cli::{CommandError, Status};
 
 /// `barlink bench --rdma ...`.
 pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
-    let rdma = &args.rdma;
+    let rdma = &args.remote;
     if args.fault_rate != 0.0 {
         return Err(CommandError::usage(
             "--fault-rate is not supported with --rdma (the link's own tests inject faults)",
@@ -65,7 +63,8 @@ pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
         .map_err(|e| CommandError::usage(format!("engine configuration: {e}")))?;
     let target = match (&rdma.host, rdma.server) {
         (Some(host), false) => Some(
-            client_target(host).map_err(|e| CommandError::usage(format!("bench --rdma: {e}")))?,
+            client_target(host, DEFAULT_PORT)
+                .map_err(|e| CommandError::usage(format!("bench --rdma: {e}")))?,
         ),
         (None, true) => None,
         _ => {
@@ -84,48 +83,5 @@ pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
     match target {
         Some((host, addr)) => client::run(args, &plan, device, &host, &addr),
         None => server::run(args, device),
-    }
-}
-
-/// `HOST`, `HOST:PORT`, `[V6]:PORT` -> (host for perftest, host:port).
-fn client_target(text: &str) -> Result<(String, String), String> {
-    if let Ok(addr) = text.parse::<SocketAddr>() {
-        return Ok((addr.ip().to_string(), addr.to_string()));
-    }
-    if text.parse::<std::net::Ipv6Addr>().is_ok() {
-        return Ok((text.to_string(), format!("[{text}]:{DEFAULT_PORT}")));
-    }
-    match text.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && !host.contains(':') => {
-            port.parse::<u16>()
-                .map_err(|_| format!("{text:?}: the port {port:?} is not a number"))?;
-            Ok((host.to_string(), text.to_string()))
-        }
-        Some(_) => Err(format!("{text:?} is not HOST or HOST:PORT")),
-        None if text.is_empty() => Err("an empty HOST".into()),
-        None => Ok((text.to_string(), format!("{text}:{DEFAULT_PORT}"))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn client_targets() {
-        assert_eq!(
-            client_target("10.0.2.15").unwrap(),
-            ("10.0.2.15".into(), "10.0.2.15:18515".into())
-        );
-        assert_eq!(
-            client_target("node2:9000").unwrap(),
-            ("node2".into(), "node2:9000".into())
-        );
-        assert_eq!(
-            client_target("[fe80::1]:7000").unwrap(),
-            ("fe80::1".into(), "[fe80::1]:7000".into())
-        );
-        assert!(client_target("host:port").is_err());
-        assert!(client_target("").is_err());
     }
 }

@@ -11,18 +11,18 @@ use barlink::connect::Role;
 use barlink_rdma::RdmaLink;
 use barlink_rdma::verbs_queue::VerbsQueue;
 
-use super::control::{
-    Answer, Bye, Done, Ready, Request, Schedule, ServerInfo, done_message, recv_control,
-    recv_control_gently, send_control,
-};
 use super::perftest::{
     Baseline, Tool, find_tool, last_lines, listening, perftest_args, tool_limit,
 };
 use super::report::{RdmaBenchContext, note, print_header, print_row_value};
-use super::setup::{
-    DEFAULT_PORT, Device, STEP_TIMEOUT, counters, lat_iters_for, link_error, link_up, message_of,
-};
+use super::setup::{DEFAULT_PORT, Device, link_up};
 use crate::cli::bench::args::BenchArgs;
+use crate::cli::bench::remote::control::{
+    Answer, Bye, Done, Ready, Request, Schedule, ServerInfo, recv_control, recv_control_gently,
+    send_control,
+};
+use crate::cli::bench::remote::exchange::{echo, receive_windows};
+use crate::cli::bench::remote::{STEP_TIMEOUT, lat_iters_for};
 use crate::cli::{CommandError, Status};
 
 /// A run in progress, server side.
@@ -39,7 +39,7 @@ struct Server {
 }
 
 pub fn run(args: &BenchArgs, device: Device) -> Result<Status, CommandError> {
-    let rdma = &args.rdma;
+    let rdma = &args.remote;
     let listen = rdma
         .listen
         .clone()
@@ -110,8 +110,19 @@ pub fn run(args: &BenchArgs, device: Device) -> Result<Status, CommandError> {
         failed: false,
     };
     for (&size, &count) in schedule.sizes.iter().zip(&schedule.counts) {
-        server.receive_windows(size, count, schedule.windows)?;
-        server.echo(size, lat_iters_for(schedule.lat_iters, size))?;
+        receive_windows(
+            &mut server.link,
+            size,
+            count,
+            schedule.windows,
+            &mut server.failed,
+            &note,
+        )?;
+        echo(
+            &mut server.link,
+            size,
+            lat_iters_for(schedule.lat_iters, size),
+        )?;
         server.serve_requests()?;
     }
     send_control(&mut server.link, &Bye { bye: true })?;
@@ -125,64 +136,6 @@ pub fn run(args: &BenchArgs, device: Device) -> Result<Status, CommandError> {
 }
 
 impl Server {
-    /// The warm-up and the timed windows: every message's length checked,
-    /// the first of each window and all of the warm-up byte for byte; each
-    /// window answered with "got them all".
-    fn receive_windows(
-        &mut self,
-        size: usize,
-        count: usize,
-        windows: usize,
-    ) -> Result<(), CommandError> {
-        let expected = message_of(size);
-        let mut received = 0u64;
-        for window in 0..=windows {
-            for index in 0..count {
-                let data = self
-                    .link
-                    .recv(STEP_TIMEOUT)
-                    .map_err(link_error(&format!("size {size}: receiving")))?;
-                let check_bytes = window == 0 || index == 0;
-                if data.len() != size || (check_bytes && data != expected) {
-                    self.failed = true;
-                    note(&format!(
-                        "size {size}: message {index} of window {window} arrived with {} bytes{}",
-                        data.len(),
-                        if data.len() == size {
-                            ", different ones"
-                        } else {
-                            ""
-                        }
-                    ));
-                }
-                received += 1;
-                self.link.recycle(data);
-            }
-            let (retransmits, crc_errors) = counters(&self.link);
-            self.link
-                .send_blocking(
-                    done_message(retransmits, crc_errors, received),
-                    STEP_TIMEOUT,
-                )
-                .map_err(link_error(&format!("size {size}: answering")))?;
-        }
-        Ok(())
-    }
-
-    /// Sends back each of the client's `iters` latency messages.
-    fn echo(&mut self, size: usize, iters: usize) -> Result<(), CommandError> {
-        for _ in 0..iters {
-            let data = self
-                .link
-                .recv(STEP_TIMEOUT)
-                .map_err(link_error(&format!("size {size}: latency")))?;
-            self.link
-                .send_blocking(data, STEP_TIMEOUT)
-                .map_err(link_error(&format!("size {size}: echo")))?;
-        }
-        Ok(())
-    }
-
     /// The client's requests (perftest runs), until it sends the size's rows.
     fn serve_requests(&mut self) -> Result<(), CommandError> {
         loop {

@@ -9,40 +9,14 @@ use barlink_rdma::oob::OobOptions;
 use barlink_rdma::verbs_queue::{RdmaLinkOptions, VerbsQueue};
 use barlink_rdma::{LinkLayer, RdmaError};
 use barlink_transport::EngineConfig;
-use barlink_transport::rng::SplitMix64;
 
-use super::args::RdmaArgs;
 use crate::cli::CommandError;
-use crate::cli::bench::args::{BenchArgs, Plan};
+use crate::cli::bench::args::BenchArgs;
+use crate::cli::bench::remote::STEP_TIMEOUT;
+use crate::cli::bench::remote::args::RemoteArgs;
 
 /// The setup port, as perftest's.
 pub const DEFAULT_PORT: u16 = 18515;
-/// Longest wait for any one step of the schedule (a window, a round trip,
-/// a control message).
-pub const STEP_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Round trips for latency at `size` (large messages take long; fewer
-/// samples still give stable medians, as in the shared-memory bench).
-pub fn lat_iters_for(lat_iters: usize, size: usize) -> usize {
-    if size >= 1 << 20 {
-        lat_iters.min(50)
-    } else {
-        lat_iters
-    }
-}
-
-/// Messages of one timed window, capped as the shared-memory bench caps them.
-pub fn count_for(plan: &Plan, size: usize) -> usize {
-    plan.messages_per_window(size).min(100_000)
-}
-
-/// The message of `size` both sides expect.
-pub fn message_of(size: usize) -> Vec<u8> {
-    let mut data = vec![0u8; size];
-    SplitMix64::new(size as u64 ^ 0xB4E1_0DA7).fill(&mut data);
-    data
-}
-
 /// The device and GID index perftest should use: the ones barlink uses.
 #[derive(Debug, Clone)]
 pub struct Device {
@@ -51,7 +25,7 @@ pub struct Device {
     pub gid_index: Option<u32>,
 }
 
-pub fn local_device(args: &RdmaArgs) -> Result<Device, RdmaError> {
+pub fn local_device(args: &RemoteArgs) -> Result<Device, RdmaError> {
     let info = match &args.rdma_device {
         Some(name) => barlink_rdma::device::device(name)?,
         None => {
@@ -88,14 +62,14 @@ pub fn connect_options(args: &BenchArgs, device: &Device) -> Result<ConnectOptio
     engine.peer_timeout = STEP_TIMEOUT;
     let slots = engine.send_window.max(8);
     Ok(ConnectOptions {
-        setup_timeout: Duration::from_secs(args.rdma.accept_timeout),
+        setup_timeout: Duration::from_secs(args.remote.accept_timeout),
         rdma: RdmaLinkOptions {
             device: Some(device.name.clone()),
             port: 1,
-            gid_index: args.rdma.gid_index,
+            gid_index: args.remote.gid_index,
             slots,
             send_queue_depth: (2 * slots).max(128),
-            qp_timeout: args.rdma.qp_timeout,
+            qp_timeout: args.remote.qp_timeout,
             retry_count: 7,
             rnr_retry: 7,
             oob: OobOptions {
@@ -104,7 +78,7 @@ pub fn connect_options(args: &BenchArgs, device: &Device) -> Result<ConnectOptio
                 retry_interval: Duration::from_millis(500),
                 io_timeout: STEP_TIMEOUT,
                 auth_timeout: STEP_TIMEOUT,
-                auth: args.rdma.auth.peer_auth()?,
+                auth: args.remote.auth.peer_auth()?,
             },
             engine: engine.clone(),
             epoch: 1,
@@ -144,13 +118,4 @@ pub fn link_up(
             "bench --rdma: the link is not RDMA ({decision})"
         ))),
     }
-}
-
-pub fn link_error(what: &str) -> impl Fn(barlink_transport::link::IoError) -> CommandError + '_ {
-    move |error| CommandError::environment(format!("bench --rdma: {what}: {error}"))
-}
-
-pub fn counters(link: &RdmaLink<VerbsQueue>) -> (u64, u64) {
-    let stats = link.engine().stats();
-    (stats.retransmits(), stats.crc_failures + stats.malformed)
 }

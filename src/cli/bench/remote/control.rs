@@ -5,22 +5,21 @@
 //! The order: the client's plan ([`Schedule`], with the protocol version
 //! beside it) and the server's [`Answer`] with what it has
 //! ([`ServerInfo`]); per size, after barlink's windows, the client's
-//! [`Request`]s — a perftest run (the server answers [`Ready`] when its
+//! [`Request`]s — with `--rdma`, a perftest run (the server answers [`Ready`] when its
 //! side listens, and after the client's `Finished` an [`Answer`] on how
 //! its side ended) — until the size's rows; at the end the server's
 //! [`Bye`].
 
 use std::time::{Duration, Instant};
 
-use barlink_rdma::RdmaLink;
-use barlink_rdma::verbs_queue::VerbsQueue;
+use barlink_transport::link::{Link, Medium};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::perftest::Baseline;
-use super::setup::{STEP_TIMEOUT, link_error};
+use super::{STEP_TIMEOUT, link_error};
 use crate::cli::CommandError;
+use crate::cli::bench::rdma::perftest::Baseline;
 
 /// Version of the control messages.
 const PROTOCOL: u64 = 1;
@@ -187,8 +186,8 @@ pub struct Bye {
     pub bye: bool,
 }
 
-pub fn send_control(
-    link: &mut RdmaLink<VerbsQueue>,
+pub fn send_control<M: Medium>(
+    link: &mut Link<M>,
     message: &impl Serialize,
 ) -> Result<(), CommandError> {
     let bytes = serde_json::to_vec(message).expect("control messages always serialize");
@@ -197,17 +196,17 @@ pub fn send_control(
         .map_err(link_error("sending a control message"))
 }
 
-pub fn recv_control<T: DeserializeOwned>(
-    link: &mut RdmaLink<VerbsQueue>,
+pub fn recv_control<T: DeserializeOwned, M: Medium>(
+    link: &mut Link<M>,
     timeout: Duration,
     what: &str,
 ) -> Result<T, CommandError> {
     let data = link
         .recv(timeout)
-        .map_err(|e| CommandError::environment(format!("bench --rdma: waiting for {what}: {e}")))?;
+        .map_err(|e| CommandError::environment(format!("bench: waiting for {what}: {e}")))?;
     serde_json::from_slice(&data).map_err(|e| {
         CommandError::environment(format!(
-            "bench --rdma: waiting for {what}, a message of {} bytes that is no control message ({e}): \
+            "bench: waiting for {what}, a message of {} bytes that is no control message ({e}): \
              the two sides are out of step (same barlink and options on both?)",
             data.len()
         ))
@@ -216,26 +215,25 @@ pub fn recv_control<T: DeserializeOwned>(
 
 /// As [`recv_control`], but sleeping between polls: for waits while
 /// perftest runs, which must not compete with a spinning receiver.
-pub fn recv_control_gently<T: DeserializeOwned>(
-    link: &mut RdmaLink<VerbsQueue>,
+pub fn recv_control_gently<T: DeserializeOwned, M: Medium>(
+    link: &mut Link<M>,
     timeout: Duration,
     what: &str,
 ) -> Result<T, CommandError> {
     let deadline = Instant::now() + timeout;
     loop {
-        let waiting =
-            |e| CommandError::environment(format!("bench --rdma: waiting for {what}: {e}"));
+        let waiting = |e| CommandError::environment(format!("bench: waiting for {what}: {e}"));
         if let Some(data) = link.try_recv().map_err(waiting)? {
             return serde_json::from_slice(&data).map_err(|e| {
                 CommandError::environment(format!(
-                    "bench --rdma: waiting for {what}, a message of {} bytes that is no control message ({e})",
+                    "bench: waiting for {what}, a message of {} bytes that is no control message ({e})",
                     data.len()
                 ))
             });
         }
         if Instant::now() >= deadline {
             return Err(CommandError::environment(format!(
-                "bench --rdma: waiting for {what}: nothing after {timeout:?}"
+                "bench: waiting for {what}: nothing after {timeout:?}"
             )));
         }
         std::thread::sleep(Duration::from_millis(2));

@@ -1,0 +1,169 @@
+//! What both remote benches time over the link: the client's windows of
+//! messages, each closed by the server's "got them all", and round trips
+//! the server echoes.
+
+use std::time::Instant;
+
+use barlink_transport::link::{Link, Medium};
+
+use super::control::{done_message, parse_done};
+use super::{STEP_TIMEOUT, counters, link_error, message_of};
+use crate::cli::CommandError;
+
+/// What barlink's windows of one size measured.
+pub struct Windows {
+    pub gbps: Vec<f64>,
+    pub sent: u64,
+    pub received: u64,
+    /// The server's (retransmits, CRC errors) after the warm-up and at the end.
+    pub server_before: (u64, u64),
+    pub server_now: (u64, u64),
+}
+
+/// The warm-up and `windows` timed windows of `count` copies of
+/// `message`, each closed by the server's "got them all".
+pub fn send_windows<M: Medium>(
+    link: &mut Link<M>,
+    message: &[u8],
+    count: usize,
+    windows: usize,
+) -> Result<Windows, CommandError> {
+    let size = message.len();
+    let mut out = Windows {
+        gbps: Vec::with_capacity(windows),
+        sent: 0,
+        received: 0,
+        server_before: (0, 0),
+        server_now: (0, 0),
+    };
+    for window in 0..=windows {
+        // The link takes ownership of each message: the copies are made
+        // before the clock starts.
+        let copies: Vec<Vec<u8>> = (0..count).map(|_| message.to_vec()).collect();
+        let start = Instant::now();
+        for copy in copies {
+            link.send_blocking(copy, STEP_TIMEOUT)
+                .map_err(link_error(&format!("size {size}: sending")))?;
+            out.sent += 1;
+        }
+        let done = link
+            .recv(STEP_TIMEOUT)
+            .map_err(link_error(&format!("size {size}: waiting for the server")))?;
+        let seconds = start.elapsed().as_secs_f64();
+        let (retransmits, crc_errors, got) = parse_done(&done).ok_or_else(|| {
+            CommandError::environment(format!(
+                "bench: size {size}: the server's answer is not \"got them all\" \
+                 ({} bytes): the sides are out of step",
+                done.len()
+            ))
+        })?;
+        if window == 0 {
+            out.server_before = (retransmits, crc_errors);
+        }
+        out.server_now = (retransmits, crc_errors);
+        out.received = got;
+        link.recycle(done);
+        if window > 0 {
+            out.gbps.push((size * count) as f64 / seconds / 1e9);
+        }
+    }
+    Ok(out)
+}
+
+/// `iters` round trips of `message` (the server echoes each): one-way
+/// times in microseconds. An echo that differs sets `failed` and is noted.
+pub fn round_trips<M: Medium>(
+    link: &mut Link<M>,
+    message: &[u8],
+    iters: usize,
+    failed: &mut bool,
+    note: &dyn Fn(&str),
+) -> Result<Vec<f64>, CommandError> {
+    let size = message.len();
+    let mut latencies = Vec::new();
+    let mut echo = message.to_vec();
+    for i in 0..iters {
+        let start = Instant::now();
+        link.send_blocking(echo, STEP_TIMEOUT)
+            .map_err(link_error(&format!("size {size}: latency")))?;
+        echo = link
+            .recv(STEP_TIMEOUT)
+            .map_err(link_error(&format!("size {size}: latency echo")))?;
+        latencies.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
+        if echo.len() != size || (i == 0 && echo != message) {
+            *failed = true;
+            note(&format!(
+                "size {size}: the echo came back with {} bytes{}",
+                echo.len(),
+                if echo.len() == size {
+                    ", different ones"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    if echo != message {
+        *failed = true;
+        note(&format!(
+            "size {size}: the last echo differs from what was sent"
+        ));
+    }
+    Ok(latencies)
+}
+
+/// The server's side of [`send_windows`]: every message's length checked,
+/// the first of each window and all of the warm-up byte for byte; each
+/// window answered with "got them all".
+pub fn receive_windows<M: Medium>(
+    link: &mut Link<M>,
+    size: usize,
+    count: usize,
+    windows: usize,
+    failed: &mut bool,
+    note: &dyn Fn(&str),
+) -> Result<(), CommandError> {
+    let expected = message_of(size);
+    let mut received = 0u64;
+    for window in 0..=windows {
+        for index in 0..count {
+            let data = link
+                .recv(STEP_TIMEOUT)
+                .map_err(link_error(&format!("size {size}: receiving")))?;
+            let check_bytes = window == 0 || index == 0;
+            if data.len() != size || (check_bytes && data != expected) {
+                *failed = true;
+                note(&format!(
+                    "size {size}: message {index} of window {window} arrived with {} bytes{}",
+                    data.len(),
+                    if data.len() == size {
+                        ", different ones"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            received += 1;
+            link.recycle(data);
+        }
+        let (retransmits, crc_errors) = counters(link);
+        link.send_blocking(
+            done_message(retransmits, crc_errors, received),
+            STEP_TIMEOUT,
+        )
+        .map_err(link_error(&format!("size {size}: answering")))?;
+    }
+    Ok(())
+}
+
+/// Sends back each of the client's `iters` latency messages.
+pub fn echo<M: Medium>(link: &mut Link<M>, size: usize, iters: usize) -> Result<(), CommandError> {
+    for _ in 0..iters {
+        let data = link
+            .recv(STEP_TIMEOUT)
+            .map_err(link_error(&format!("size {size}: latency")))?;
+        link.send_blocking(data, STEP_TIMEOUT)
+            .map_err(link_error(&format!("size {size}: echo")))?;
+    }
+    Ok(())
+}
