@@ -28,6 +28,7 @@ barlink       connect_guest
 # with BARLINK_VM_ROLE (server|client) and BARLINK_VM_PEER_IP set.
 TWO_GUEST_TARGETS="
 barlink       rdma_guest
+barlink       tcp_guest
 "
 # ---------------------------------------------------------------------------
 
