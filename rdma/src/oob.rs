@@ -28,7 +28,6 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
-use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
@@ -367,72 +366,34 @@ impl fmt::Display for HelloError {
     }
 }
 
-/// Why the out-of-band setup failed.
+/// Why the out-of-band setup failed: the channel (connecting,
+/// authenticating, a deadline, the peer gone), or the peer's hello.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum OobError {
-    /// A socket operation failed.
-    Io {
-        operation: &'static str,
-        error: io::Error,
-    },
-    /// Nobody accepted the connection, after every attempt.
-    Refused {
-        addr: SocketAddr,
-        attempts: u32,
-        last: io::Error,
-    },
-    /// A step did not finish in time.
-    Timeout {
-        operation: &'static str,
-        after: Duration,
-    },
-    /// The peer closed the connection in the middle of the setup.
-    PeerClosed { operation: &'static str },
+    /// Connecting, authenticating or talking to the peer failed.
+    Channel(ChannelError),
     /// The peer's hello is unusable.
     BadHello(HelloError),
-    /// The peer sent something other than the ready byte.
-    Protocol { detail: String },
-    /// The two sides did not authenticate each other.
-    Auth(AuthError),
-    /// A server's wait ended with no client authenticated; the last one
-    /// that tried failed this way.
-    Refusal { peer: String, error: Box<OobError> },
 }
 
 impl From<AuthError> for OobError {
     fn from(error: AuthError) -> Self {
-        OobError::Auth(error)
+        OobError::Channel(ChannelError::Auth(error))
+    }
+}
+
+impl From<ChannelError> for OobError {
+    fn from(error: ChannelError) -> Self {
+        OobError::Channel(error)
     }
 }
 
 impl fmt::Display for OobError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OobError::Io { operation, error } => write!(f, "{operation}: {error}"),
-            OobError::Refused {
-                addr,
-                attempts,
-                last,
-            } => write!(
-                f,
-                "could not connect to {addr} in {attempts} attempts ({last}): is the server side started, on this address and port, and not firewalled?"
-            ),
-            OobError::Timeout { operation, after } => write!(
-                f,
-                "{operation}: no answer within {after:?} (is the peer running, and reachable?)"
-            ),
-            OobError::PeerClosed { operation } => write!(
-                f,
-                "{operation}: the peer closed the connection (see its error)"
-            ),
+            OobError::Channel(error) => error.fmt(f),
             OobError::BadHello(error) => write!(f, "connection setup: {error}"),
-            OobError::Protocol { detail } => write!(f, "connection setup: {detail}"),
-            OobError::Auth(error) => write!(f, "connection setup: {error}"),
-            OobError::Refusal { peer, error } => write!(
-                f,
-                "no client authenticated in time; the last, from {peer}, was refused: {error}"
-            ),
         }
     }
 }
@@ -441,34 +402,6 @@ impl std::error::Error for OobError {}
 
 /// Timeouts, retries and authentication of the out-of-band setup.
 pub type OobOptions = ChannelOptions;
-
-impl From<ChannelError> for OobError {
-    fn from(error: ChannelError) -> Self {
-        match error {
-            ChannelError::Io { operation, error } => OobError::Io { operation, error },
-            ChannelError::Refused {
-                addr,
-                attempts,
-                last,
-            } => OobError::Refused {
-                addr,
-                attempts,
-                last,
-            },
-            ChannelError::Timeout { operation, after } => OobError::Timeout { operation, after },
-            ChannelError::PeerClosed { operation } => OobError::PeerClosed { operation },
-            ChannelError::Protocol { detail } => OobError::Protocol { detail },
-            ChannelError::Auth(error) => OobError::Auth(error),
-            ChannelError::Refusal { peer, error } => OobError::Refusal {
-                peer,
-                error: Box::new(OobError::from(*error)),
-            },
-            other => OobError::Protocol {
-                detail: other.to_string(),
-            },
-        }
-    }
-}
 
 /// The server side: listens for one client at a time.
 #[derive(Debug)]
@@ -575,9 +508,9 @@ impl OobStream {
             .channel
             .recv_sealed("waiting for the peer to be ready")?;
         if byte != [READY] {
-            return Err(OobError::Protocol {
+            return Err(OobError::Channel(ChannelError::Protocol {
                 detail: format!("expected the ready byte {READY:#04x}, got {byte:02x?}"),
-            });
+            }));
         }
         Ok(())
     }

@@ -200,7 +200,10 @@ fn short_hello_then_close_is_peer_closed() {
         drop(client);
         server.exchange(&hello()).unwrap_err()
     };
-    assert!(matches!(error, OobError::PeerClosed { .. }), "{error:?}");
+    assert!(
+        matches!(error, OobError::Channel(ChannelError::PeerClosed { .. })),
+        "{error:?}"
+    );
 }
 
 #[test]
@@ -209,7 +212,10 @@ fn silent_peer_times_out_within_the_io_timeout() {
     let started = Instant::now();
     let error = server.exchange(&hello()).unwrap_err();
     let took = started.elapsed();
-    assert!(matches!(error, OobError::Timeout { .. }), "{error:?}");
+    assert!(
+        matches!(error, OobError::Channel(ChannelError::Timeout { .. })),
+        "{error:?}"
+    );
     assert!(
         took >= Duration::from_millis(450) && took < Duration::from_secs(2),
         "{took:?}"
@@ -228,7 +234,10 @@ fn silent_peer_times_out_within_the_io_timeout() {
     });
     let started = Instant::now();
     let error = server.exchange(&hello()).unwrap_err();
-    assert!(matches!(error, OobError::Timeout { .. }), "{error:?}");
+    assert!(
+        matches!(error, OobError::Channel(ChannelError::Timeout { .. })),
+        "{error:?}"
+    );
     assert!(started.elapsed() < Duration::from_millis(900));
     trickle.join().unwrap();
 }
@@ -243,7 +252,7 @@ fn nobody_listening_is_refused_within_the_configured_time() {
     let error = connect(("127.0.0.1", port), &options()).unwrap_err();
     let took = started.elapsed();
     match &error {
-        OobError::Refused { attempts, .. } => assert_eq!(*attempts, 3),
+        OobError::Channel(ChannelError::Refused { attempts, .. }) => assert_eq!(*attempts, 3),
         other => panic!("{other:?}"),
     }
     assert!(error.to_string().contains("is the server side started"));
@@ -261,7 +270,10 @@ fn accept_with_nobody_coming_times_out() {
     let error = listener
         .accept(Duration::from_millis(200), &options())
         .unwrap_err();
-    assert!(matches!(error, OobError::Timeout { .. }), "{error:?}");
+    assert!(
+        matches!(error, OobError::Channel(ChannelError::Timeout { .. })),
+        "{error:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
@@ -270,7 +282,10 @@ fn wrong_ready_byte_is_a_protocol_error() {
     let (mut server, mut client) = connected();
     client.send_frame(b"X").unwrap();
     let error = server.ready().unwrap_err();
-    assert!(matches!(error, OobError::Protocol { .. }), "{error:?}");
+    assert!(
+        matches!(error, OobError::Channel(ChannelError::Protocol { .. })),
+        "{error:?}"
+    );
 }
 
 #[test]
@@ -328,7 +343,10 @@ fn refused_then_served(auth: PeerAuth) -> OobError {
 fn a_wrong_key_gets_nothing_and_the_server_keeps_listening() {
     let refused = refused_then_served(psk(2));
     assert!(
-        matches!(refused, OobError::Auth(AuthError::RefusedByPeer { .. })),
+        matches!(
+            refused,
+            OobError::Channel(ChannelError::Auth(AuthError::RefusedByPeer { .. }))
+        ),
         "{refused:?}"
     );
     assert!(
