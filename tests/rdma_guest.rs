@@ -52,7 +52,7 @@ mod guest_support;
 #[path = "../rdma/tests/support/link_exchange.rs"]
 mod link_exchange;
 
-use guest_support::{say, skipped, wait_or_kill};
+use guest_support::{Side, say, skipped, wait_or_kill};
 use link_exchange::{
     CLIENT_STREAM, Rdma, SERVER_STREAM, exchange, message, rdma_env, soft_roce_options, test_psk,
 };
@@ -77,31 +77,10 @@ fn cli(test: &str) -> Option<String> {
     path
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Server,
-    Client,
-}
-
-/// This guest's side in the two-guest phase, and the peer's address.
+/// This guest's side in the two-guest phase, the peer's address and the
+/// RDMA device.
 fn two_guests(test: &str) -> Option<(Side, String, Rdma)> {
-    let role = std::env::var("BARLINK_VM_ROLE").unwrap_or_default();
-    let peer = std::env::var("BARLINK_VM_PEER_IP").unwrap_or_default();
-    let side = match role.as_str() {
-        "server" => Side::Server,
-        "client" => Side::Client,
-        _ => {
-            skipped(
-                test,
-                "needs two QEMU guests (tests/vm/run.sh's two-guest phase sets BARLINK_VM_ROLE and BARLINK_VM_PEER_IP)",
-            );
-            return None;
-        }
-    };
-    if peer.is_empty() {
-        skipped(test, "BARLINK_VM_PEER_IP is not set");
-        return None;
-    }
+    let (side, peer) = guest_support::two_guests(test)?;
     Some((side, peer, rdma_env(test)?))
 }
 

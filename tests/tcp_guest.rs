@@ -22,41 +22,12 @@ use barlink::{ConnectOptions, Peer, Role};
 #[path = "support/guest.rs"]
 mod guest_support;
 
-use guest_support::{say, skipped};
+use guest_support::{Side, say, skipped, two_guests};
 
 const PORT_LINK: u16 = 18680;
 const PORT_BENCH: u16 = 18690;
-const MESSAGES: u64 = 2_000;
+const MESSAGES: u64 = 1_000;
 const LIMIT: Duration = Duration::from_secs(300);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Server,
-    Client,
-}
-
-/// This guest's side and the peer's address, or `None` after saying
-/// `SKIPPED`.
-fn two_guests(test: &str) -> Option<(Side, String)> {
-    let role = std::env::var("BARLINK_VM_ROLE").unwrap_or_default();
-    let peer = std::env::var("BARLINK_VM_PEER_IP").unwrap_or_default();
-    let side = match role.as_str() {
-        "server" => Side::Server,
-        "client" => Side::Client,
-        _ => {
-            skipped(
-                test,
-                "needs two QEMU guests (tests/vm/run.sh's two-guest phase sets BARLINK_VM_ROLE and BARLINK_VM_PEER_IP)",
-            );
-            return None;
-        }
-    };
-    if peer.is_empty() {
-        skipped(test, "BARLINK_VM_PEER_IP is not set");
-        return None;
-    }
-    Some((side, peer))
-}
 
 fn psk() -> PeerAuth {
     PeerAuth::PreSharedKey {
@@ -176,10 +147,13 @@ fn two_guests_bench_tcp() {
     command.args([
         "--psk-file",
         psk.to_str().unwrap(),
+        // Small settings: TCP under TCG is slow, and the guests' time is CI's.
         "--sizes",
         "64,4K,64K",
         "--windows",
         "2",
+        "--bytes-per-window",
+        "256K",
         "--lat-iters",
         "20",
     ]);

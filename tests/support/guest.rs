@@ -1,8 +1,9 @@
 //! Helpers shared by the QEMU guest tests of every crate
 //! (`vfio/tests/guest.rs`, `rdma/tests/guest_link.rs`,
-//! `tests/connect_guest.rs`, `tests/rdma_guest.rs`), included with
-//! `#[path]`: how a test says it was skipped, and how a child process is
-//! waited for without waiting forever.
+//! `tests/connect_guest.rs`, `tests/rdma_guest.rs`, `tests/tcp_guest.rs`),
+//! included with `#[path]`: how a test says it was skipped, which side of
+//! the two-guest phase it runs on, and how a child process is waited for
+//! without waiting forever.
 #![allow(dead_code)] // Each test file uses what it needs.
 
 use std::io::Write;
@@ -17,6 +18,36 @@ pub fn say(text: &str) {
 /// Says `SKIPPED <test>: <why>`: the harness counts the line as a skip.
 pub fn skipped(test: &str, why: &str) {
     say(&format!("SKIPPED {test}: {why}"));
+}
+
+/// A guest's side in the two-guest phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Server,
+    Client,
+}
+
+/// This guest's side in the two-guest phase and the other guest's
+/// address, or `None` after saying `SKIPPED`.
+pub fn two_guests(test: &str) -> Option<(Side, String)> {
+    let role = std::env::var("BARLINK_VM_ROLE").unwrap_or_default();
+    let peer = std::env::var("BARLINK_VM_PEER_IP").unwrap_or_default();
+    let side = match role.as_str() {
+        "server" => Side::Server,
+        "client" => Side::Client,
+        _ => {
+            skipped(
+                test,
+                "needs two QEMU guests (tests/vm/run.sh's two-guest phase sets BARLINK_VM_ROLE and BARLINK_VM_PEER_IP)",
+            );
+            return None;
+        }
+    };
+    if peer.is_empty() {
+        skipped(test, "BARLINK_VM_PEER_IP is not set");
+        return None;
+    }
+    Some((side, peer))
 }
 
 /// Whether this runs in the guest (`BARLINK_VM_GUEST`); if not, says so.
