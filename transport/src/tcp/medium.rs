@@ -47,6 +47,10 @@ const READ_CHUNK: usize = 256 * 1024;
 const MIN_BUFFER: usize = 4 << 20;
 /// Pause between attempts to take the peer back.
 const RETRY_EVERY: Duration = Duration::from_millis(50);
+/// Payload bytes from which a packet is written straight from the
+/// caller's buffer; smaller ones are copied and go out together, one
+/// system call for many.
+const DIRECT_WRITE_FROM: usize = 16 * 1024;
 
 /// The check of a frame length.
 fn frame_check(len: u32) -> u32 {
@@ -559,7 +563,7 @@ impl TcpMedium {
             let encrypting = self.cipher.is_some();
             let (stream, out, staged) = (&mut self.stream, &mut self.out, &mut self.staged);
             let framed = engine.poll_transmit_with(now, |transmit| {
-                if !encrypting && out.len() == 0 {
+                if !encrypting && out.len() == 0 && transmit.payload().len() >= DIRECT_WRITE_FROM {
                     // Nothing queued: straight from the caller's buffer to
                     // the socket, and only what it does not take is copied.
                     return write_direct(stream, transmit, out);
