@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cli::bench::rdma::perftest::{Tool, last_lines, listening};
@@ -80,27 +80,38 @@ pub fn parse_iperf3(json: &str) -> Option<f64> {
 
 /// The ping-pong echo: a thread that takes connections on a port and
 /// sends back every message (a 4-byte length first, then messages of that
-/// length) until the connection ends; stopped when dropped.
+/// length) until the connection ends; stopped when dropped. The port is
+/// open to anyone, so a connection announcing more than `max_len` bytes is
+/// dropped, and at most [`MAX_ECHO_CONNECTIONS`] are served at once.
 pub struct EchoServer {
     pub port: u16,
     stop: Arc<AtomicBool>,
 }
 
+/// Connections the echo serves at once (the client uses one at a time).
+const MAX_ECHO_CONNECTIONS: usize = 4;
+
 impl EchoServer {
-    pub fn start(addr: impl ToSocketAddrs) -> Result<EchoServer, String> {
+    pub fn start(addr: impl ToSocketAddrs, max_len: usize) -> Result<EchoServer, String> {
         let listener = TcpListener::bind(addr).map_err(|e| format!("the ping-pong echo: {e}"))?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
+        let serving = Arc::new(AtomicUsize::new(0));
         std::thread::spawn(move || {
             while !stopping.load(Ordering::Relaxed) {
                 match listener.accept() {
-                    Ok((stream, _)) => {
+                    Ok((stream, _)) if serving.load(Ordering::Relaxed) < MAX_ECHO_CONNECTIONS => {
+                        serving.fetch_add(1, Ordering::Relaxed);
+                        let serving = serving.clone();
                         std::thread::spawn(move || {
-                            let _ = echo_connection(stream);
+                            let _ = echo_connection(stream, max_len);
+                            serving.fetch_sub(1, Ordering::Relaxed);
                         });
                     }
+                    // Too many at once: this one is dropped.
+                    Ok(_) => {}
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
             }
@@ -115,12 +126,17 @@ impl Drop for EchoServer {
     }
 }
 
-fn echo_connection(mut stream: TcpStream) -> std::io::Result<()> {
+fn echo_connection(mut stream: TcpStream, max_len: usize) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     let mut len = [0u8; 4];
     stream.read_exact(&mut len)?;
-    let mut buf = vec![0u8; u32::from_le_bytes(len).min(1 << 30) as usize];
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max_len {
+        // Not the client's: it announces only sizes of its plan.
+        return Ok(());
+    }
+    let mut buf = vec![0u8; len];
     loop {
         stream.read_exact(&mut buf)?;
         stream.write_all(&buf)?;
@@ -164,10 +180,12 @@ mod tests {
 
     #[test]
     fn the_ping_pong_echoes() {
-        let echo = EchoServer::start("127.0.0.1:0").unwrap();
+        let echo = EchoServer::start("127.0.0.1:0", 4096).unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{}", echo.port).parse().unwrap();
         let latencies = ping_pong(addr, 64, 10).unwrap();
         assert_eq!(latencies.len(), 10);
+        // More than the plan's largest message: dropped, nothing allocated.
+        assert!(ping_pong(addr, 1 << 20, 1).is_err());
         assert!(latencies.iter().all(|&l| l > 0.0));
     }
 }

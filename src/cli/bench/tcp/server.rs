@@ -76,7 +76,8 @@ pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
             },
         }
         let echo_addr = SocketAddr::new(addr.ip(), addr.port().wrapping_add(2));
-        match EchoServer::start(echo_addr) {
+        let largest = schedule.sizes.iter().copied().max().unwrap_or(0);
+        match EchoServer::start(echo_addr, largest) {
             Ok(server) => echo_server = Some(server),
             Err(error) => note(&error),
         }
