@@ -36,8 +36,9 @@ const PSK_PATTERN: &str = "Noise_NNpsk0_25519_AESGCM_BLAKE2s";
 const PINNED_PATTERN: &str = "Noise_XX_25519_AESGCM_BLAKE2s";
 /// `b"BLAU"`.
 pub const PREAMBLE_MAGIC: [u8; 4] = *b"BLAU";
-/// The authentication protocol this build speaks.
-pub const AUTH_VERSION: u8 = 1;
+/// The authentication protocol this build speaks. Version 2 added the
+/// confirmation that ends every handshake.
+pub const AUTH_VERSION: u8 = 2;
 /// Bytes of a preamble.
 pub const PREAMBLE_LEN: usize = 8;
 /// Largest frame: a Noise message is at most 65,535 bytes.
@@ -362,8 +363,7 @@ impl Session {
     }
 
     /// Receives one frame and opens it. An empty frame is the peer's
-    /// refusal: with pinned keys the responder checks the initiator's key
-    /// only after the initiator has finished its side of the handshake.
+    /// refusal, as during the handshake.
     pub fn recv<S: FrameStream>(&mut self, stream: &mut S) -> Result<Vec<u8>, S::Error> {
         let frame = stream.recv_frame()?;
         if frame.is_empty() {
@@ -509,8 +509,10 @@ pub fn authenticate<S: FrameStream>(
         (&theirs, &ours)
     };
     let mut handshake = Handshake::new(auth, initiator, first, second)?;
+    let mut wrote_last = false;
     while !handshake.is_finished() {
-        if handshake.is_my_turn() {
+        wrote_last = handshake.is_my_turn();
+        if wrote_last {
             let message = handshake.write_message()?;
             stream.send_frame(&message)?;
         } else {
@@ -524,7 +526,36 @@ pub fn authenticate<S: FrameStream>(
             }
         }
     }
-    Ok(handshake.finish()?)
+    let mut session = handshake.finish()?;
+    confirm(stream, &mut session, wrote_last)?;
+    Ok(session)
+}
+
+/// The side that wrote the handshake's last message cannot tell whether
+/// the peer accepted it (with pinned keys the responder checks the
+/// initiator's key only then): it waits for a sealed, empty confirmation
+/// or the empty refusal frame, so it never sends into a connection the
+/// peer is closing and reports a refusal rather than a broken pipe.
+fn confirm<S: FrameStream>(
+    stream: &mut S,
+    session: &mut Session,
+    wrote_last: bool,
+) -> Result<(), S::Error> {
+    if !wrote_last {
+        let confirmation = session.seal(&[])?;
+        return stream.send_frame(&confirmation);
+    }
+    let frame = stream.recv_frame()?;
+    if frame.is_empty() {
+        return Err(AuthError::RefusedByPeer { mode: session.mode }.into());
+    }
+    if !session.open(&frame)?.is_empty() {
+        return Err(AuthError::Malformed {
+            detail: "the handshake's confirmation carries data".to_string(),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -125,6 +125,30 @@ fn an_unpinned_client_is_refused_before_the_server_says_anything() {
     );
 }
 
+/// The refusal reaches the initiator inside `authenticate`, even when the
+/// responder has already closed: it never gets a session to send into a
+/// dead connection (where it would see a broken pipe, not the reason).
+#[test]
+fn a_refused_initiator_learns_it_before_it_has_a_session() {
+    let (mut a, mut b) = ends();
+    let server = thread::spawn(move || {
+        let refused = authenticate(&mut b, &pinned(2, &[3]), false).map(|_| ());
+        drop(b);
+        refused
+    });
+    let client = authenticate(&mut a, &pinned(1, &[2]), true).map(|_| ());
+    assert!(matches!(
+        server.join().unwrap(),
+        Err(TestError::Auth(AuthError::UnknownPeerKey { .. }))
+    ));
+    assert_eq!(
+        client,
+        Err(TestError::Auth(AuthError::RefusedByPeer {
+            mode: AuthMode::PinnedKeys
+        }))
+    );
+}
+
 #[test]
 fn an_unpinned_server_gets_nothing_from_the_client() {
     let (client, server) = run(pinned(1, &[3]), pinned(2, &[1]));
@@ -174,12 +198,14 @@ fn preambles_are_checked_field_by_field() {
         read_preamble(&bad),
         Err(AuthError::NotBarlink { .. })
     ));
-    let mut bad = good;
-    bad[4] = 2;
-    assert!(matches!(
-        read_preamble(&bad),
-        Err(AuthError::NotBarlink { .. })
-    ));
+    for version in [AUTH_VERSION - 1, AUTH_VERSION + 1] {
+        let mut bad = good;
+        bad[4] = version;
+        assert!(matches!(
+            read_preamble(&bad),
+            Err(AuthError::NotBarlink { .. })
+        ));
+    }
     let mut bad = good;
     bad[5] = 9;
     assert!(matches!(

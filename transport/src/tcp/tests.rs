@@ -302,11 +302,13 @@ fn through_relay(encrypt: bool, reconnect: bool, fault: fn(SocketAddr) -> Socket
 }
 
 /// Bytes the client sends before its first frame: preamble, the first
-/// handshake message (an ephemeral key and a tag) and the sealed hello,
-/// each after a 2-byte length.
+/// handshake message (an ephemeral key and a tag), the confirmation (a
+/// tag) and the sealed hello, each frame after a 2-byte length.
 const CLIENT_SETUP_BYTES: u64 = (crate::auth::PREAMBLE_LEN
     + 2
     + 32
+    + crate::auth::SEAL_OVERHEAD
+    + 2
     + crate::auth::SEAL_OVERHEAD
     + 2
     + HELLO_LEN
