@@ -26,6 +26,7 @@ pub use barlink_transport::{
 pub use barlink_vfio as vfio;
 
 pub mod connect;
+pub mod doctor;
 pub use connect::{
     BarEnds, BarRef, ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Peer, Role,
     choose_path, connect,
