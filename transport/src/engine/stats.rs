@@ -57,8 +57,55 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Every counter with its name, in declaration order: for faces that
+    /// report them as a table or a dictionary (Python's `Link.stats()`).
+    pub fn fields(&self) -> [(&'static str, u64); 24] {
+        [
+            ("packets_sent", self.packets_sent),
+            ("bytes_sent", self.bytes_sent),
+            ("data_packets_sent", self.data_packets_sent),
+            ("payload_bytes_sent", self.payload_bytes_sent),
+            ("packets_received", self.packets_received),
+            ("bytes_received", self.bytes_received),
+            ("payload_bytes_received", self.payload_bytes_received),
+            ("messages_sent", self.messages_sent),
+            ("messages_delivered", self.messages_delivered),
+            ("retransmits_nak", self.retransmits_nak),
+            ("retransmits_timeout", self.retransmits_timeout),
+            ("retransmits_sack", self.retransmits_sack),
+            ("crc_failures", self.crc_failures),
+            ("malformed", self.malformed),
+            ("stale", self.stale),
+            ("duplicates", self.duplicates),
+            ("out_of_order", self.out_of_order),
+            ("credit_violations", self.credit_violations),
+            ("credit_stalls", self.credit_stalls),
+            ("naks_sent", self.naks_sent),
+            ("naks_received", self.naks_received),
+            ("acks_sent", self.acks_sent),
+            ("heartbeats_sent", self.heartbeats_sent),
+            ("peer_restarts", self.peer_restarts),
+        ]
+    }
+
     /// All retransmissions, whatever their cause.
     pub fn retransmits(&self) -> u64 {
         self.retransmits_nak + self.retransmits_timeout + self.retransmits_sack
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_name_every_counter_once() {
+        let stats = Stats::default();
+        let debug = format!("{stats:?}");
+        let fields = stats.fields();
+        assert_eq!(debug.matches(": 0").count(), fields.len());
+        for (name, _) in fields {
+            assert!(debug.contains(&format!("{name}: 0")), "{name}");
+        }
     }
 }
