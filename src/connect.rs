@@ -32,12 +32,13 @@ use barlink_rdma::oob::OobListener;
 use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
 use barlink_topology::{Bdf, PathChoice, PathPolicy, Topology};
 use barlink_transport::auth::PeerAuth;
+use barlink_transport::engine::MessageId;
 use barlink_transport::link::{
     AllowedPeers, IoError, LinkConfig, Listener, RingLink, SetupError, pair_windows,
 };
 use barlink_transport::tcp::{self, TcpLink, TcpLinkOptions, TcpServer};
 use barlink_transport::window::ShmWindow;
-use barlink_transport::{EngineConfig, Stats};
+use barlink_transport::{EngineConfig, SendError, Stats};
 use barlink_vfio::open::{BarOpenError, BarRoute, open_bar_range};
 use barlink_vfio::{BarWindow, DeviceSpec};
 
@@ -436,6 +437,35 @@ impl<B: AsRef<[u8]>> Connection<B> {
     /// Queues a message, waiting at most `timeout` for room.
     pub fn send(&mut self, data: B, timeout: Duration) -> Result<(), IoError> {
         each_link!(self, link => link.send_blocking(data, timeout).map(|_| ()))
+    }
+
+    /// Queues a message without waiting or driving the link;
+    /// `Err(SendError::QueueFull)` gives it back (drive the link, retry).
+    /// The engine holds `data` until the peer acknowledged the message.
+    pub fn try_send(&mut self, data: B) -> Result<MessageId, SendError<B>> {
+        each_link!(self, link => link.send(data))
+    }
+
+    /// A delivered message if one is ready (after one round of progress).
+    pub fn try_recv(&mut self) -> Result<Option<Vec<u8>>, IoError> {
+        each_link!(self, link => link.try_recv())
+    }
+
+    /// Gives a received message's buffer back for reuse (no allocation,
+    /// no page faults for the next message of its size).
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        each_link!(self, link => link.recycle(buf))
+    }
+
+    /// Messages the peer acknowledged completely, so far; messages
+    /// complete in the order they were queued.
+    pub fn completed(&mut self) -> u64 {
+        each_link!(self, link => link.completed())
+    }
+
+    /// Drives the link until every queued message went out at least once.
+    pub fn push(&mut self, timeout: Duration) -> Result<(), IoError> {
+        each_link!(self, link => link.push(timeout))
     }
 
     /// The next message, waiting at most `timeout`.
