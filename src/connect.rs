@@ -463,6 +463,20 @@ impl<B: AsRef<[u8]>> Connection<B> {
         each_link!(self, link => link.completed())
     }
 
+    /// Whether a queued message has packets that never went out (waiting
+    /// for the window, the peer's credit, or the next round of progress).
+    pub fn has_unsent(&mut self) -> bool {
+        each_link!(self, link => link.engine().has_unsent())
+    }
+
+    /// Whether this side holds messages its caller has not received yet
+    /// (delivered, being assembled, or buffered ahead of a gap): they hold
+    /// the credit this side grants, so a peer sending more waits for this
+    /// side's caller to receive.
+    pub fn holds_unreceived(&mut self) -> bool {
+        each_link!(self, link => link.engine().holds_unreceived())
+    }
+
     /// Drives the link until every queued message went out at least once.
     pub fn push(&mut self, timeout: Duration) -> Result<(), IoError> {
         each_link!(self, link => link.push(timeout))

@@ -775,3 +775,25 @@ fn a_round_trip_longer_than_the_first_timeout_stops_causing_retransmissions() {
     );
     assert_eq!(pair.b.stats().messages_delivered, 40);
 }
+
+#[test]
+fn only_data_for_the_caller_counts_as_unreceived() {
+    let mut pair = connected_pair(config());
+    assert!(!pair.b.holds_unreceived());
+    for message in [b"hello".to_vec(), Vec::new()] {
+        pair.a.send(message).unwrap();
+        for _ in 0..100 {
+            if pair.b.messages_ready() > 0 {
+                break;
+            }
+            pair.step();
+        }
+        assert!(pair.b.holds_unreceived(), "a delivered message is data");
+        let (_, data) = pair.b.poll_message().unwrap();
+        assert!(!pair.b.holds_unreceived());
+        pair.b.recycle_buffer(data);
+    }
+    pair.b.recycle_buffer(vec![0; 4096]);
+    assert!(pair.b.buffered_bytes() > 0, "spares count as buffered");
+    assert!(!pair.b.holds_unreceived(), "but a spare is not data");
+}

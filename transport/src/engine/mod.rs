@@ -260,6 +260,14 @@ impl<B: AsRef<[u8]>> Engine<B> {
         self.receiver.buffered_bytes()
     }
 
+    /// Whether data from the peer waits for this side's caller (buffered
+    /// ahead of a gap, being assembled, or delivered and not yet taken):
+    /// it holds credit this side granted, so the peer may be waiting for
+    /// the caller to receive.
+    pub fn holds_unreceived(&self) -> bool {
+        self.receiver.holds_data() || self.messages_ready() > 0
+    }
+
     /// Queues a message for sending. The engine keeps `buf` until the peer
     /// acknowledges the whole message ([`Event::SendComplete`]) or the
     /// session ends ([`Event::SendFailed`]).

@@ -364,6 +364,13 @@ impl Receiver {
             + self.assembly.as_ref().map_or(0, |a| a.data.capacity())
     }
 
+    /// Whether data from the peer waits here for this side's caller:
+    /// buffered ahead of a gap, being assembled, or delivered and not yet
+    /// taken (spare buffers are not data).
+    pub(super) fn holds_data(&self) -> bool {
+        self.ahead_bytes > 0 || self.undelivered_bytes > 0 || self.assembly.is_some()
+    }
+
     pub(super) fn wants_ack(&self, now: Time, config: &EngineConfig) -> bool {
         self.ack_now
             || self.unacked_packets >= config.ack_threshold()
