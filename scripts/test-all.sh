@@ -3,7 +3,8 @@
 # formatting and lints, unit/property/scenario/CLI tests, a fuzz smoke run
 # of each target, and the benchmarks run once each as a smoke check.
 # Installs what it needs (cargo-fuzz, cbindgen, QEMU and the guest's kernel
-# and userspace through apt). Ends with "test-all: N passed, M failed, K skipped".
+# and userspace through apt; pytest, numpy and maturin into target/pyenv).
+# Ends with "test-all: N passed, M failed, K skipped".
 #
 #   FUZZ_SECONDS=30     seconds per fuzz target (0 skips the fuzz stage, visibly)
 #   PROPTEST_CASES=512  cases per property test
@@ -97,6 +98,10 @@ count_suite() {
 step "C ABI: header current, library, pkg-config, C misuse test, C++ example, again under ASan+UBSan"
 ./scripts/ffi-test.sh 2>&1 | tee "$log/ffi.txt"
 count_suite ffi-test "$log/ffi.txt" "${PIPESTATUS[0]}"
+
+step "Python package: pip install ./python into target/pyenv, pytest, python -m barlink.bench --quick (scripts/python-test.sh)"
+./scripts/python-test.sh 2>&1 | tee "$log/python.txt"
+count_suite python-test "$log/python.txt" "${PIPESTATUS[0]}"
 
 step "QEMU guest: real vfio-pci, IOMMU and BARs, edu DMA, soft-RoCE (tests/vm/run.sh)"
 if ./tests/vm/selftest.sh >"$log/vmself.txt" 2>&1; then ok "vmtest output parser selftest"; else cat "$log/vmself.txt"; bad "vmtest output parser selftest"; fi

@@ -1,0 +1,66 @@
+//! barlink's errors as Python exceptions that carry its reason.
+#![forbid(unsafe_code)]
+
+use barlink::ConnectError;
+use barlink::LinkError;
+use barlink_transport::link::IoError;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyConnectionError, PyTimeoutError, PyValueError};
+use pyo3::prelude::*;
+
+create_exception!(
+    barlink,
+    SetupError,
+    PyConnectionError,
+    "No link could be set up: no path reaches the peer, the peer refused this side, \
+     or setup timed out. The message says what was tried and what to check."
+);
+create_exception!(
+    barlink,
+    LinkFailed,
+    PyConnectionError,
+    "The link ended and cannot carry more messages: the medium failed, a packet could \
+     not get through, or the peer broke the protocol. Messages it delivered before were \
+     intact; the message says why it ended."
+);
+create_exception!(
+    barlink,
+    PeerLost,
+    LinkFailed,
+    "The peer went silent for the link's peer timeout (its process died, or the path \
+     stopped delivering), or it restarted and the old session is gone."
+);
+create_exception!(
+    barlink,
+    LinkClosed,
+    LinkFailed,
+    "The link was closed in order, by this side or by the peer: every message sent \
+     before the close was delivered."
+);
+
+/// The exception for a failed link call.
+pub fn io_error(error: IoError) -> PyErr {
+    let text = error.to_string();
+    match error {
+        IoError::Timeout { .. } => PyTimeoutError::new_err(text),
+        IoError::TooLong { .. } => PyValueError::new_err(text),
+        IoError::Closed(LinkError::PeerLost { .. } | LinkError::PeerRestarted { .. }) => {
+            PeerLost::new_err(text)
+        }
+        IoError::Closed(LinkError::PeerClosed | LinkError::LocalClose) => LinkClosed::new_err(text),
+        _ => LinkFailed::new_err(text),
+    }
+}
+
+/// The exception for a failed `connect`.
+pub fn connect_error(error: ConnectError) -> PyErr {
+    match error {
+        ConnectError::Usage { detail } => PyValueError::new_err(detail),
+        other => SetupError::new_err(other.to_string()),
+    }
+}
+
+/// The exception for a call on a link that was closed by `close()`.
+pub fn closed_here() -> PyErr {
+    LinkClosed::new_err("link closed: this side called close()")
+}

@@ -1,0 +1,35 @@
+//! barlink for Python: the extension module `barlink._barlink`. Its
+//! Python side (`python/barlink/`) re-exports it and adds asyncio and the
+//! benchmark.
+//!
+//! Every face takes the same peer strings (`local:NAME`, `rdma://HOST:PORT`,
+//! `tcp://HOST:PORT`) and reaches the path `barlink::connect` picks.
+//!
+//! `unsafe` is denied here but in `buffer`, the module that calls the
+//! CPython buffer API and makes slices of memory Python owns.
+#![deny(unsafe_code)]
+
+mod buffer;
+mod errors;
+mod link;
+mod options;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _barlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("SetupError", py.get_type::<errors::SetupError>())?;
+    m.add("LinkFailed", py.get_type::<errors::LinkFailed>())?;
+    m.add("PeerLost", py.get_type::<errors::PeerLost>())?;
+    m.add("LinkClosed", py.get_type::<errors::LinkClosed>())?;
+    m.add_class::<link::Link>()?;
+    m.add_class::<link::Request>()?;
+    m.add_class::<buffer::Message>()?;
+    m.add_function(wrap_pyfunction!(options::connect, m)?)?;
+    m.add_function(wrap_pyfunction!(options::topology_json, m)?)?;
+    m.add_function(wrap_pyfunction!(options::doctor_json, m)?)?;
+    m.add_function(wrap_pyfunction!(options::cpu_json, m)?)?;
+    Ok(())
+}

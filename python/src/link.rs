@@ -1,0 +1,614 @@
+//! `barlink.Link` and `barlink.Request`: a [`Connection`] behind a mutex,
+//! every blocking call run without the GIL in slices, so other Python
+//! threads run, Ctrl-C is seen within a slice, and a send on one thread
+//! and a receive on another take turns on the link.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use barlink::{Connection, SendError};
+use barlink_transport::link::IoError;
+use pyo3::exceptions::{PyBlockingIOError, PyTimeoutError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::buffer::{BufferView, Graveyard, Message, Spares};
+use crate::errors::{self, closed_here};
+
+/// Longest one wait runs without the GIL before it checks for signals.
+const SLICE: Duration = Duration::from_millis(50);
+/// Messages up to this size are copied while the GIL is held; larger ones
+/// are copied without it.
+const COPY_WITH_GIL_UP_TO: usize = 64 << 10;
+/// Read-only messages up to this size are copied all the same: a copy
+/// costs less than holding the view and releasing it later.
+const HOLD_FROM: usize = 4 << 10;
+/// Bytes of copied messages (writable buffers given to `send`) held until
+/// the peer acknowledges them; past it, `send` waits.
+const COPY_BUDGET: usize = 64 << 20;
+
+/// A message as the engine holds it until acknowledged.
+#[derive(Debug)]
+pub enum Payload {
+    /// A copy (the caller may reuse its buffer at once).
+    Copied(Vec<u8>),
+    /// The caller's memory, read in place.
+    Held(HeldView),
+}
+
+impl AsRef<[u8]> for Payload {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Payload::Copied(bytes) => bytes,
+            Payload::Held(held) => held.view.as_ref().map_or(&[], BufferView::bytes),
+        }
+    }
+}
+
+/// A view whose release waits for the GIL: dropped by the engine when the
+/// peer acknowledged the message, possibly without the GIL.
+#[derive(Debug)]
+pub struct HeldView {
+    view: Option<BufferView>,
+    graveyard: Arc<Graveyard>,
+}
+
+impl Drop for HeldView {
+    fn drop(&mut self) {
+        if let Some(view) = self.view.take() {
+            self.graveyard.bury(view);
+        }
+    }
+}
+
+/// Why a call on the link failed, made into an exception with the GIL.
+enum Failure {
+    Io(IoError),
+    ClosedHere,
+    Busy,
+}
+
+impl Failure {
+    fn into_py(self) -> PyErr {
+        match self {
+            Failure::Io(error) => errors::io_error(error),
+            Failure::ClosedHere => closed_here(),
+            Failure::Busy => PyBlockingIOError::new_err(
+                "the send queue is full: wait on an earlier request, or call progress()",
+            ),
+        }
+    }
+}
+
+impl From<IoError> for Failure {
+    fn from(error: IoError) -> Self {
+        Failure::Io(error)
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    conn: Option<Connection<Payload>>,
+    /// Messages queued so far: the next one's index.
+    queued: u64,
+    /// A message `recv_into` could not take (too large): first in line.
+    pending: Option<Vec<u8>>,
+    /// Copied messages not yet acknowledged: (index, bytes).
+    copied: VecDeque<(u64, usize)>,
+    copied_bytes: usize,
+}
+
+impl State {
+    fn conn(&mut self) -> Result<&mut Connection<Payload>, Failure> {
+        self.conn.as_mut().ok_or(Failure::ClosedHere)
+    }
+
+    /// Forgets copies the peer acknowledged.
+    fn settle(&mut self) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let completed = conn.completed();
+        while let Some(&(index, len)) = self.copied.front() {
+            if index >= completed {
+                break;
+            }
+            self.copied.pop_front();
+            self.copied_bytes -= len;
+        }
+    }
+
+    /// Queues `payload` (retrying while the queue is full, for at most
+    /// `slice`); its index, or the payload back if there was no room.
+    fn queue(
+        &mut self,
+        payload: Payload,
+        slice: Duration,
+    ) -> Result<Result<u64, Payload>, Failure> {
+        let copied = match &payload {
+            Payload::Copied(bytes) => bytes.len(),
+            Payload::Held(_) => 0,
+        };
+        let started = Instant::now();
+        let mut payload = payload;
+        loop {
+            self.settle();
+            let room =
+                copied == 0 || self.copied.is_empty() || self.copied_bytes + copied <= COPY_BUDGET;
+            let conn = self.conn()?;
+            if room {
+                match conn.try_send(payload) {
+                    Ok(_) => {
+                        let index = self.queued;
+                        self.queued += 1;
+                        if copied > 0 {
+                            self.copied.push_back((index, copied));
+                            self.copied_bytes += copied;
+                        }
+                        self.conn()?.progress()?;
+                        return Ok(Ok(index));
+                    }
+                    Err(SendError::QueueFull(back)) => payload = back,
+                    Err(SendError::TooLong { len, max, .. }) => {
+                        return Err(Failure::Io(IoError::TooLong { len, max }));
+                    }
+                    Err(_) => {
+                        conn.flush(Duration::ZERO)?;
+                        return Err(Failure::Io(IoError::Closed(barlink::LinkError::LocalClose)));
+                    }
+                }
+            }
+            if !self.conn()?.progress()? {
+                std::thread::yield_now();
+            }
+            if started.elapsed() >= slice {
+                return Ok(Err(payload));
+            }
+        }
+    }
+}
+
+/// When a call gives up: `None` waits as long as it takes (the peer
+/// timeout still ends the wait if the peer dies).
+/// The clock is read only once a first wait came back empty: a call that
+/// completes at once reads none.
+#[derive(Clone, Copy)]
+struct Deadline {
+    at: Option<Instant>,
+    timeout: Option<Duration>,
+}
+
+impl Deadline {
+    fn new(timeout: Option<f64>) -> PyResult<Deadline> {
+        let timeout = match timeout {
+            None => None,
+            Some(seconds) if seconds.is_finite() && seconds >= 0.0 => {
+                Some(Duration::from_secs_f64(seconds.min(1e9)))
+            }
+            Some(seconds) => {
+                return Err(PyValueError::new_err(format!(
+                    "timeout must be None or a number of seconds >= 0, not {seconds}"
+                )));
+            }
+        };
+        Ok(Deadline { at: None, timeout })
+    }
+
+    /// How long the next wait may run.
+    fn slice(&self) -> Duration {
+        match (self.timeout, self.at) {
+            (None, _) => SLICE,
+            (Some(timeout), None) => timeout.min(SLICE),
+            (Some(_), Some(at)) => at.saturating_duration_since(Instant::now()).min(SLICE),
+        }
+    }
+
+    /// After a wait of `slice` came back empty: whether the time is up.
+    fn passed(&mut self, slice: Duration) -> bool {
+        let Some(timeout) = self.timeout else {
+            return false;
+        };
+        let now = Instant::now();
+        let at = *self.at.get_or_insert(now + timeout.saturating_sub(slice));
+        now >= at
+    }
+
+    fn error(&self, what: &str) -> PyErr {
+        let after = self.timeout.unwrap_or_default();
+        PyTimeoutError::new_err(format!("{what}: timed out after {after:?}"))
+    }
+}
+
+#[derive(Debug)]
+pub struct Shared {
+    state: Mutex<State>,
+    graveyard: Arc<Graveyard>,
+    spares: Arc<Spares>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `step` without the GIL in slices until it returns a value, the
+    /// deadline passes (`TimeoutError` naming `what`) or a signal handler
+    /// raises.
+    fn wait<T: Send>(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        what: &str,
+        mut step: impl FnMut(&mut State, Duration) -> Result<Option<T>, Failure> + Send,
+    ) -> PyResult<T> {
+        let mut deadline = Deadline::new(timeout)?;
+        loop {
+            let slice = deadline.slice();
+            let result = py.detach(|| {
+                let mut state = self.lock();
+                self.spares.give_back(&mut state.conn);
+                step(&mut state, slice)
+            });
+            self.graveyard.release(py);
+            match result {
+                Ok(Some(value)) => return Ok(value),
+                Ok(None) => {
+                    py.check_signals()?;
+                    if deadline.passed(slice) {
+                        return Err(deadline.error(what));
+                    }
+                }
+                Err(failure) => return Err(failure.into_py()),
+            }
+        }
+    }
+
+    /// The next message, `None` past the slice.
+    fn next_message(state: &mut State, slice: Duration) -> Result<Option<Vec<u8>>, Failure> {
+        if let Some(message) = state.pending.take() {
+            return Ok(Some(message));
+        }
+        let conn = state.conn()?;
+        let got = if slice.is_zero() {
+            conn.try_recv()
+        } else {
+            conn.recv(slice).map(Some)
+        };
+        match got {
+            Ok(message) => Ok(message),
+            Err(IoError::Timeout { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+}
+
+/// A link to a peer over the path `connect` picked: messages of any size,
+/// each delivered once, intact and in order, or an exception that says why
+/// not. Safe to share between threads; blocking calls let other Python
+/// threads run.
+#[pyclass(module = "barlink", frozen)]
+#[derive(Debug)]
+pub struct Link {
+    shared: Arc<Shared>,
+    path: String,
+    path_kind: &'static str,
+}
+
+impl Link {
+    pub fn new(conn: Connection<Payload>) -> Link {
+        let path = conn.decision.to_string();
+        let path_kind = conn.decision.path.as_str();
+        Link {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    conn: Some(conn),
+                    queued: 0,
+                    pending: None,
+                    copied: VecDeque::new(),
+                    copied_bytes: 0,
+                }),
+                graveyard: Arc::new(Graveyard::default()),
+                spares: Arc::new(Spares::default()),
+            }),
+            path,
+            path_kind,
+        }
+    }
+
+    /// Queues `payload`, waiting while there is no room.
+    /// Queues `payload` and drives the link until every packet of it
+    /// went out at least once, so a caller that turns away from the link
+    /// after `send` (to compute, or to wait on something else) leaves
+    /// nothing behind that only its next call would move. It stops early
+    /// while this side holds messages its caller has not received: the
+    /// peer may be waiting in its own send for the credit they hold, and
+    /// waiting here for its credit would be a deadlock.
+    fn send_all(&self, py: Python<'_>, payload: Payload, timeout: Option<f64>) -> PyResult<()> {
+        let mut payload = Some(payload);
+        self.shared.wait(py, timeout, "send", |state, slice| {
+            if let Some(message) = payload.take()
+                && let Err(back) = state.queue(message, slice)?
+            {
+                payload = Some(back);
+                return Ok(None);
+            }
+            let conn = state.conn()?;
+            let done =
+                |conn: &mut Connection<Payload>| !conn.has_unsent() || conn.holds_unreceived();
+            if done(conn) {
+                return Ok(Some(()));
+            }
+            let started = Instant::now();
+            loop {
+                let moved = conn.progress()?;
+                if done(conn) {
+                    return Ok(Some(()));
+                }
+                if started.elapsed() >= slice {
+                    return Ok(None);
+                }
+                if !moved {
+                    std::thread::yield_now();
+                }
+            }
+        })
+    }
+
+    fn held(&self, view: BufferView) -> Payload {
+        Payload::Held(HeldView {
+            view: Some(view),
+            graveyard: self.shared.graveyard.clone(),
+        })
+    }
+}
+
+#[pymethods]
+impl Link {
+    /// The path and why it was picked, e.g. "host-bounce: ...".
+    #[getter]
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The path alone: "host-bounce", "bar-p2p", "rdma" or "tcp".
+    #[getter]
+    fn path_kind(&self) -> &'static str {
+        self.path_kind
+    }
+
+    /// Sends the bytes of `buf` (any object with the buffer protocol) as
+    /// one message, and returns once every packet of it went out (as
+    /// `socket.sendall` does; `flush` waits for the acknowledgement).
+    /// Large read-only buffers (bytes) are read in place and held until
+    /// the peer acknowledges them; writable ones are copied, so the caller
+    /// may change `buf` as soon as this returns. Waits at most `timeout`
+    /// seconds.
+    #[pyo3(signature = (buf, timeout=None))]
+    fn send(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+        let view = BufferView::get(buf, false)?;
+        let payload = if view.len() <= HOLD_FROM {
+            Payload::Copied(view.bytes().to_vec())
+        } else if view.is_readonly() {
+            self.held(view)
+        } else if view.len() <= COPY_WITH_GIL_UP_TO {
+            Payload::Copied(view.bytes().to_vec())
+        } else {
+            Payload::Copied(py.detach(|| view.bytes().to_vec()))
+        };
+        self.send_all(py, payload, timeout)
+    }
+
+    /// Queues the bytes of `buf` as one message without copying them and
+    /// returns a Request that completes when the peer acknowledged it.
+    /// `buf` must not change until then. Raises BlockingIOError when the
+    /// send queue is full.
+    fn post_send(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<Request> {
+        let view = BufferView::get(buf, false)?;
+        let payload = self.held(view);
+        let mut payload = Some(payload);
+        let index = self.shared.wait(py, Some(0.0), "post_send", |state, _| {
+            let message = payload.take().expect("one attempt");
+            match state.queue(message, Duration::ZERO)? {
+                Ok(index) => Ok(Some(index)),
+                Err(_) => Err(Failure::Busy),
+            }
+        })?;
+        Ok(Request {
+            shared: self.shared.clone(),
+            index,
+        })
+    }
+
+    /// The next message as bytes, waiting at most `timeout` seconds (None:
+    /// until one comes or the link ends; 0: only what has arrived). With
+    /// `copy=False`, a read-only Message that exposes the received memory
+    /// through the buffer protocol, without a copy.
+    #[pyo3(signature = (timeout=None, copy=true))]
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>, copy: bool) -> PyResult<Py<PyAny>> {
+        let message = self
+            .shared
+            .wait(py, timeout, "recv", Shared::next_message)?;
+        if !copy {
+            return Ok(Message::new(message, self.shared.spares.clone())
+                .into_pyobject(py)?
+                .into_any()
+                .unbind());
+        }
+        let bytes = if message.len() <= COPY_WITH_GIL_UP_TO {
+            PyBytes::new(py, &message)
+        } else {
+            PyBytes::new_with(py, message.len(), |out| {
+                py.detach(|| out.copy_from_slice(&message));
+                Ok(())
+            })?
+        };
+        self.shared.spares.keep(message);
+        Ok(bytes.into_any().unbind())
+    }
+
+    /// Receives the next message into `buf` (a writable buffer: bytearray,
+    /// numpy array) and returns its length. A message longer than `buf`
+    /// raises ValueError and stays first in line.
+    #[pyo3(signature = (buf, timeout=None))]
+    fn recv_into(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<usize> {
+        let mut view = BufferView::get(buf, true)?;
+        let capacity = view.len();
+        let message = self
+            .shared
+            .wait(py, timeout, "recv_into", Shared::next_message)?;
+        if message.len() > capacity {
+            let len = message.len();
+            self.shared.lock().pending = Some(message);
+            return Err(PyValueError::new_err(format!(
+                "the next message has {len} bytes and the buffer {capacity}: it stays first \
+                 in line; receive it with a buffer of at least {len} bytes"
+            )));
+        }
+        if message.len() <= COPY_WITH_GIL_UP_TO {
+            view.write_prefix(&message);
+        } else {
+            py.detach(|| view.write_prefix(&message));
+        }
+        let len = message.len();
+        self.shared.spares.keep(message);
+        Ok(len)
+    }
+
+    /// Waits until every message sent so far is acknowledged by the peer.
+    #[pyo3(signature = (timeout=None))]
+    fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        self.shared.wait(py, timeout, "flush", |state, slice| {
+            match state.conn()?.flush(slice) {
+                Ok(()) => Ok(Some(())),
+                Err(IoError::Timeout { .. }) => Ok(None),
+                Err(error) => Err(error.into()),
+            }
+        })
+    }
+
+    /// Drives the link once (sends what is queued, takes what arrived);
+    /// whether anything moved. Only needed by a caller that neither sends
+    /// nor receives for a while.
+    fn progress(&self, py: Python<'_>) -> PyResult<bool> {
+        self.shared.wait(py, Some(0.0), "progress", |state, _| {
+            Ok(Some(state.conn()?.progress()?))
+        })
+    }
+
+    /// Closes in order: messages already sent are still delivered and the
+    /// peer is told, for at most `timeout` seconds. Calls afterwards raise
+    /// LinkClosed; closing again does nothing.
+    #[pyo3(signature = (timeout=5.0))]
+    fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let deadline = Deadline::new(Some(timeout))?;
+        let conn = self.shared.lock().conn.take();
+        let Some(mut conn) = conn else {
+            return Ok(());
+        };
+        let limit = deadline.timeout.unwrap_or_default();
+        let result = py.detach(move || {
+            let result = conn.close(limit);
+            drop(conn);
+            result
+        });
+        self.shared.graveyard.release(py);
+        match result {
+            Ok(()) | Err(IoError::Closed(_)) => Ok(()),
+            Err(error) => Err(errors::io_error(error)),
+        }
+    }
+
+    /// Whether close() was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.shared.lock().conn.is_none()
+    }
+
+    /// The engine's counters (packets, bytes, retransmissions, CRC
+    /// failures, ...) as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = {
+            let mut state = self.shared.lock();
+            state.conn.as_mut().map(Connection::stats)
+        };
+        let stats = stats.ok_or_else(closed_here)?;
+        let dict = PyDict::new(py);
+        for (name, value) in stats.fields() {
+            dict.set_item(name, value)?;
+        }
+        Ok(dict)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close(py, 5.0)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.closed() { "closed" } else { "open" };
+        format!("<barlink.Link {} ({state})>", self.path_kind)
+    }
+}
+
+/// A posted send: complete when the peer acknowledged the message.
+#[pyclass(module = "barlink", frozen)]
+#[derive(Debug)]
+pub struct Request {
+    shared: Arc<Shared>,
+    index: u64,
+}
+
+impl Request {
+    fn check(&self, state: &mut State) -> Result<bool, Failure> {
+        let conn = state.conn()?;
+        if conn.completed() > self.index {
+            return Ok(true);
+        }
+        conn.progress()?;
+        Ok(conn.completed() > self.index)
+    }
+}
+
+#[pymethods]
+impl Request {
+    /// Whether the peer acknowledged the message (drives the link once).
+    /// Raises why if the link ended before it did.
+    fn test(&self, py: Python<'_>) -> PyResult<bool> {
+        self.shared.wait(py, Some(0.0), "test", |state, _| {
+            Ok(Some(self.check(state)?))
+        })
+    }
+
+    /// Waits at most `timeout` seconds for the peer to acknowledge it.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        self.shared.wait(py, timeout, "wait", |state, slice| {
+            let started = Instant::now();
+            loop {
+                if self.check(state)? {
+                    return Ok(Some(()));
+                }
+                if started.elapsed() >= slice {
+                    return Ok(None);
+                }
+                std::thread::yield_now();
+            }
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<barlink.Request message {}>", self.index)
+    }
+}

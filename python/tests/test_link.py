@@ -1,0 +1,302 @@
+"""Links between two Python processes over shared memory: what arrives,
+in which forms buffers go in and come out, and what each failure raises."""
+
+import _thread
+import hashlib
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import barlink
+from peer import payload
+
+
+def accept(name: str, **options) -> barlink.Link:
+    options.setdefault("peer_timeout", 1.0)
+    return barlink.connect(name, "accept", 10.0, **options)
+
+
+@pytest.fixture
+def echo(name, spawn):
+    """A link to a process that sends every message back."""
+    spawn("echo", name)
+    link = accept(name)
+    yield link
+    link.close()
+
+
+def test_the_path_says_which_and_why(echo):
+    assert echo.path_kind == "host-bounce"
+    assert echo.path.startswith("host-bounce: ")
+    assert "host-bounce" in repr(echo)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda data: data,  # bytes: read in place
+        bytearray,  # writable: copied
+        memoryview,
+        lambda data: np.frombuffer(data, dtype=np.uint8).copy(),
+        lambda data: np.frombuffer(data[: len(data) // 4 * 4], dtype=np.float32).copy(),
+    ],
+    ids=["bytes", "bytearray", "memoryview", "numpy-uint8", "numpy-float32"],
+)
+def test_every_buffer_kind_goes_and_comes_back_intact(echo, make):
+    for size in [0, 1, 63, 4096, 65536, 1 << 20, (4 << 20) + 3]:
+        data = os.urandom(size)
+        buf = make(data)
+        echo.send(buf, timeout=10)
+        back = echo.recv(timeout=10)
+        assert isinstance(back, bytes)
+        assert back == bytes(memoryview(buf).cast("B")), size
+
+
+def test_a_writable_buffer_may_change_once_send_returns(echo):
+    buf = bytearray(b"a" * 100_000)
+    echo.send(buf)
+    buf[:] = b"b" * 100_000
+    assert echo.recv(timeout=10) == b"a" * 100_000
+
+
+def test_messages_arrive_in_order_and_once(echo):
+    for i in range(2000):
+        echo.send(payload(i, 8 + i % 300))
+    for i in range(2000):
+        assert echo.recv(timeout=10) == payload(i, 8 + i % 300)
+    with pytest.raises(TimeoutError):
+        echo.recv(timeout=0.05)
+
+
+def test_a_sixteen_mebibyte_message_is_intact(echo):
+    data = os.urandom(16 << 20)
+    echo.send(data)
+    back = echo.recv(timeout=30, copy=False)
+    assert len(back) == len(data)
+    assert hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
+
+
+def test_a_sender_that_turns_away_after_send_left_nothing_behind(name, spawn):
+    # More than the ring holds: send() must have pushed all of it out.
+    spawn("turn", name, 16 << 20)
+    with accept(name, peer_timeout=60.0) as link:
+        assert link.recv(timeout=10) == payload(7, 16 << 20)
+
+
+def test_both_sides_may_send_more_than_the_window_before_receiving(name, spawn):
+    # 24 MiB each way, more than the rings and windows hold: a send that
+    # waited for credit the other side's caller holds would never return.
+    peer = spawn("swap", name, 24, 1 << 20)
+    with accept(name) as link:
+        for i in range(24):
+            link.send(payload(1000 + i, 1 << 20), timeout=30)
+        for i in range(24):
+            assert link.recv(timeout=30) == payload(i, 1 << 20)
+        # Sends that returned while the peer's messages waited here may
+        # still be on their way: flush before turning away.
+        link.flush(timeout=30)
+    assert peer.wait(timeout=30) == 0
+
+
+def test_a_message_can_be_read_in_place(echo):
+    echo.send(b"\x01\x02\x03\x04" * 1000)
+    message = echo.recv(timeout=10, copy=False)
+    assert isinstance(message, barlink.Message)
+    assert len(message) == 4000
+    view = memoryview(message)
+    assert view.readonly
+    assert bytes(view[:4]) == b"\x01\x02\x03\x04"
+    assert np.frombuffer(message, dtype=np.uint32)[0] == 0x04030201
+    assert bytes(message) == message.tobytes() == b"\x01\x02\x03\x04" * 1000
+    with pytest.raises(TypeError, match="read-only"):
+        view[0] = 0
+    with pytest.raises(ValueError):
+        np.frombuffer(message, dtype=np.uint8).setflags(write=True)
+    del view
+
+
+def test_recv_into_fills_the_callers_buffer(echo):
+    data = os.urandom(300_000)
+    echo.send(data)
+    out = np.zeros(400_000, dtype=np.uint8)
+    n = echo.recv_into(out, timeout=10)
+    assert n == len(data)
+    assert out[:n].tobytes() == data
+
+
+def test_a_message_too_large_for_the_buffer_stays_first_in_line(echo):
+    echo.send(b"x" * 1000)
+    echo.send(b"second")
+    small = bytearray(10)
+    with pytest.raises(ValueError, match="1000 bytes"):
+        echo.recv_into(small, timeout=10)
+    big = bytearray(1000)
+    assert echo.recv_into(big, timeout=10) == 1000
+    assert big == b"x" * 1000
+    assert echo.recv(timeout=10) == b"second"
+
+
+def test_posted_sends_complete_when_acknowledged(echo):
+    data = [np.full(100_000, i, dtype=np.uint8) for i in range(20)]
+    requests = [echo.post_send(d) for d in data]
+    for request in requests:
+        request.wait(timeout=10)
+        assert request.test()
+    for i in range(20):
+        assert echo.recv(timeout=10) == bytes([i]) * 100_000
+
+
+def test_stats_count_what_moved(echo):
+    echo.send(b"x" * 10)
+    echo.recv(timeout=10)
+    stats = echo.stats()
+    assert stats["messages_delivered"] == 1
+    assert stats["crc_failures"] == 0
+    assert set(stats) >= {"packets_sent", "retransmits_nak", "retransmits_timeout"}
+
+
+def test_bad_buffers_are_type_errors(echo):
+    with pytest.raises(TypeError, match="buffer protocol"):
+        echo.send("a str is not bytes")
+    with pytest.raises(TypeError, match="writable"):
+        echo.recv_into(b"read-only", timeout=1)
+    strided = np.zeros((8, 8), dtype=np.uint8)[:, ::2]
+    with pytest.raises(TypeError, match="contiguous"):
+        echo.send(strided)
+
+
+def test_a_message_over_the_limit_is_a_value_error(name, spawn):
+    spawn("echo", name)
+    with accept(name, max_message_bytes=1 << 20) as link:
+        with pytest.raises(ValueError, match="exceeds"):
+            link.send(bytes((1 << 20) + 1))
+        link.send(b"still works")
+        assert link.recv(timeout=10) == b"still works"
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (dict(role="listen"), "role"),
+        (dict(timeout=-1), "timeout"),
+        (dict(peer_timeout=0), "peer_timeout"),
+        (dict(mtu=10), "(?i)mtu"),
+        (dict(path="pigeon"), "path"),
+        (dict(psk_file="/nonexistent/psk", key_file="/k"), "one way"),
+        (dict(key_file="/k"), "peer_keys"),
+    ],
+)
+def test_bad_arguments_are_value_errors(name, args, match):
+    role = args.pop("role", "connect")
+    with pytest.raises(ValueError, match=match):
+        barlink.connect(name, role, **args)
+
+
+def test_an_empty_peer_is_a_value_error():
+    with pytest.raises(ValueError, match="empty peer"):
+        barlink.connect("")
+
+
+def test_nobody_listening_is_a_setup_error_within_the_timeout(name):
+    started = time.monotonic()
+    with pytest.raises(barlink.SetupError) as error:
+        barlink.connect(name, "connect", 0.5)
+    assert time.monotonic() - started < 5
+    assert isinstance(error.value, ConnectionError)
+
+
+def test_a_killed_peer_is_peer_lost_within_the_peer_timeout(name, spawn):
+    import subprocess
+
+    holder = spawn("hold", name, stdout=subprocess.PIPE)
+    link = accept(name, peer_timeout=1.0)
+    assert holder.stdout.readline().strip() == "linked"
+    holder.kill()
+    started = time.monotonic()
+    with pytest.raises(barlink.PeerLost) as error:
+        link.recv(timeout=30)
+    assert time.monotonic() - started < 3.0
+    assert "peer" in str(error.value)
+    assert isinstance(error.value, barlink.LinkFailed)
+    assert isinstance(error.value, ConnectionError)
+
+
+def test_a_peer_that_closes_delivers_everything_first(name, spawn):
+    sender = spawn("send", name, 50, 10_000)
+    link = accept(name)
+    for i in range(50):
+        assert link.recv(timeout=10) == payload(i, 10_000)
+    with pytest.raises(barlink.LinkClosed):
+        link.recv(timeout=10)
+    assert sender.wait(timeout=10) == 0
+
+
+def test_calls_after_close_raise_link_closed(echo):
+    echo.close()
+    assert echo.closed
+    with pytest.raises(barlink.LinkClosed):
+        echo.send(b"late")
+    with pytest.raises(barlink.LinkClosed):
+        echo.recv(timeout=0)
+    with pytest.raises(barlink.LinkClosed):
+        echo.stats()
+    echo.close()  # again: nothing
+
+
+def test_other_threads_run_while_recv_waits(echo):
+    ticks = 0
+    stop = threading.Event()
+
+    def count():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    with pytest.raises(TimeoutError):
+        echo.recv(timeout=0.3)
+    stop.set()
+    counter.join()
+    assert ticks > 50
+
+
+def test_one_thread_sends_while_another_receives(echo):
+    count = 500
+    got = []
+
+    def receive():
+        for _ in range(count):
+            got.append(echo.recv(timeout=10))
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    for i in range(count):
+        echo.send(payload(i, 5000))
+    receiver.join(timeout=30)
+    assert got == [payload(i, 5000) for i in range(count)]
+
+
+def test_ctrl_c_interrupts_a_wait(echo):
+    threading.Timer(0.2, _thread.interrupt_main).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        echo.recv()
+    assert time.monotonic() - started < 2
+
+
+def test_a_signal_handler_runs_during_a_wait(echo):
+    seen = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: seen.append(1))
+    try:
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        with pytest.raises(TimeoutError):
+            echo.recv(timeout=0.5)
+        assert seen == [1]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

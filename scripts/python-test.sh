@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The Python package as a new user gets it: a virtual environment under
+# target/ (kept, so reruns reuse it), `pip install ./python` (maturin comes
+# through pip's build isolation), the pytest suite against the installed
+# package, and `python -m barlink.bench --quick` once as a smoke run (its
+# figures are not checked). Ends with "python-test: N passed, M failed,
+# K skipped".
+#
+#   BARLINK_PYENV=target/pyenv   where the environment lives
+#   PYTHON=python3               the interpreter it is made from (>= 3.11)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+venv=${BARLINK_PYENV:-target/pyenv}
+python=${PYTHON:-python3}
+passed=0
+failed=0
+skipped=0
+ok() { passed=$((passed + 1)); echo "ok: $*"; }
+bad() { failed=$((failed + 1)); echo "FAILED: $*"; }
+summary() {
+    echo "python-test: $passed passed, $failed failed, $skipped skipped"
+    [ "$failed" -eq 0 ]
+    exit
+}
+
+if [ ! -x "$venv/bin/python" ]; then
+    if ! "$python" -m venv "$venv" 2>/dev/null; then
+        # Debian's python3 keeps venv in a package of its own.
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "installing python3-venv (apt-get)"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null 2>&1 ||
+                { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null 2>&1; }
+        fi
+        rm -rf "$venv"
+        "$python" -m venv "$venv" || { bad "$python -m venv $venv"; summary; }
+    fi
+fi
+if "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    ok "$("$venv/bin/python" --version) in $venv"
+else
+    bad "the package needs Python >= 3.11; $venv has $("$venv/bin/python" --version 2>&1) (set PYTHON)"
+    summary
+fi
+if "$venv/bin/pip" install -q --disable-pip-version-check "pytest>=8" "numpy>=1.26"; then
+    ok "pip install pytest numpy"
+else
+    bad "pip install pytest numpy"
+    summary
+fi
+started=$(date +%s)
+if "$venv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps ./python; then
+    ok "pip install ./python ($(($(date +%s) - started)) s)"
+else
+    bad "pip install ./python"
+    summary
+fi
+
+# From the repository root the tests import the installed package, not
+# python/barlink (which has no compiled module in a fresh clone).
+log=$(mktemp)
+"$venv/bin/pytest" -q -p no:cacheprovider python/tests 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+line=$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -1)
+count() { grep -oE "[0-9]+ $1" <<<"$line" | grep -oE '[0-9]+' || echo 0; }
+p=$(count passed)
+f=$(count failed)
+e=$(count error)
+k=$(count skipped)
+passed=$((passed + p))
+failed=$((failed + f + e))
+skipped=$((skipped + k))
+if [ "$status" -ne 0 ] && [ $((f + e)) -eq 0 ]; then bad "pytest exited $status"; fi
+rm -f "$log"
+
+cli=(--no-cli)
+[ -x target/release/barlink ] && cli=(--barlink target/release/barlink)
+if "$venv/bin/python" -m barlink.bench --quick --rounds 1 --sizes 64,64K,1M "${cli[@]}"; then
+    ok "python -m barlink.bench --quick (smoke: figures not checked)"
+else
+    bad "python -m barlink.bench --quick"
+fi
+summary
