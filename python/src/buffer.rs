@@ -11,12 +11,13 @@
 
 use std::ffi::c_int;
 use std::mem::MaybeUninit;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 /// One exporter's buffer, contiguous bytes, held until dropped.
 pub struct BufferView {
@@ -137,41 +138,114 @@ impl Drop for BufferView {
     }
 }
 
+/// Items handed from calls that run without the GIL to the next call that
+/// holds it: a list behind a mutex, with a count read first so that most
+/// calls, finding nothing, take no lock.
+#[derive(Debug)]
+struct Handoff<T> {
+    items: Mutex<Vec<T>>,
+    count: AtomicUsize,
+    limit: usize,
+}
+
+impl<T> Handoff<T> {
+    fn new(limit: usize) -> Handoff<T> {
+        Handoff {
+            items: Mutex::new(Vec::new()),
+            count: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Keeps `item`, or drops it if `limit` items wait already.
+    fn put(&self, item: T) {
+        let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
+        if items.len() < self.limit {
+            items.push(item);
+            self.count.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Everything put so far (a put racing this call is taken now or by
+    /// the next call).
+    fn take_all(&self) -> Vec<T> {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        self.count.store(0, Ordering::Relaxed);
+        std::mem::take(&mut *self.items.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
 /// Views a link no longer needs, kept until a call that holds the GIL
 /// releases them: the engine drops a zero-copy message when its peer
 /// acknowledges it, inside calls that run without the GIL.
-#[derive(Debug, Default)]
-pub struct Graveyard {
-    views: Mutex<Vec<BufferView>>,
-    /// Views buried and not yet released: most calls find none and take
-    /// no lock.
-    buried: AtomicUsize,
+#[derive(Debug)]
+pub struct Graveyard(Handoff<BufferView>);
+
+impl Default for Graveyard {
+    fn default() -> Self {
+        Graveyard(Handoff::new(usize::MAX))
+    }
 }
 
 impl Graveyard {
     pub fn bury(&self, view: BufferView) {
-        self.views
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(view);
-        self.buried.fetch_add(1, Ordering::Release);
+        self.0.put(view);
     }
 
     /// Releases what was buried (call with the GIL held).
     pub fn release(&self, _py: Python<'_>) {
-        if self.buried.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        self.buried.store(0, Ordering::Relaxed);
-        let views = std::mem::take(
-            &mut *self
-                .views
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        drop(views);
+        drop(self.0.take_all());
     }
 }
+
+/// A new `bytes` holding a copy of `data`, copied without the GIL when it
+/// is large (`detach_from` bytes or more). Unlike `PyBytes::new_with`, the
+/// object's memory is not zeroed first: it is written once.
+pub fn bytes_from<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    detach_from: usize,
+) -> PyResult<Bound<'py, PyBytes>> {
+    if data.len() < detach_from {
+        return Ok(PyBytes::new(py, data));
+    }
+    let len = ffi::Py_ssize_t::try_from(data.len())
+        .map_err(|_| PyBufferError::new_err("a message too large for bytes"))?;
+    // SAFETY: a NULL source asks CPython for an uninitialised object of
+    // `len` bytes; the GIL is held (`py`).
+    let raw = unsafe { ffi::PyBytes_FromStringAndSize(std::ptr::null(), len) };
+    // SAFETY: `raw` is a new reference or NULL with an exception set.
+    let bytes = unsafe { Bound::from_owned_ptr_or_err(py, raw)? }.cast_into::<PyBytes>()?;
+    let target = SendPtr(
+        // SAFETY: `bytes` is a bytes object; its buffer holds `len` bytes.
+        unsafe { ffi::PyBytes_AsString(bytes.as_ptr()) }.cast::<u8>(),
+    );
+    py.detach(move || {
+        // SAFETY: nobody else sees the new object yet, so writing its
+        // `len` bytes (from Rust memory, no overlap) races nothing; the
+        // object stays alive (`bytes`) across this call.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), target.get(), data.len()) }
+    });
+    Ok(bytes)
+}
+
+/// A pointer into a new, unshared object, carried into a call that runs
+/// without the GIL.
+struct SendPtr(*mut u8);
+
+impl SendPtr {
+    fn get(&self) -> *mut u8 {
+        self.0
+    }
+}
+
+// SAFETY: the object it points into is reachable from no other thread
+// until the call that writes through it returns.
+unsafe impl Send for SendPtr {}
+// SAFETY: as for Send: only the one call holds it.
+unsafe impl Sync for SendPtr {}
 
 /// Fills `view` to export `len` bytes at `ptr`, read-only, owned by
 /// `owner` (a Message), for its `__getbuffer__`.
@@ -208,28 +282,19 @@ pub unsafe fn export_readonly(
 
 /// Received buffers given back by dropped Messages and copied-out
 /// receives, for the link to reuse (no allocation, no page faults for the
-/// next message of the size).
-#[derive(Debug, Default)]
-pub struct Spares {
-    buffers: Mutex<Vec<Vec<u8>>>,
-    /// Buffers kept and not yet given back: most calls find none and take
-    /// no lock.
-    kept: AtomicUsize,
-}
+/// next message of the size). The engine keeps its own within its budget.
+#[derive(Debug)]
+pub struct Spares(Handoff<Vec<u8>>);
 
-/// Spares kept at most; the engine keeps its own within its budget.
-const MAX_SPARES: usize = 8;
+impl Default for Spares {
+    fn default() -> Self {
+        Spares(Handoff::new(8))
+    }
+}
 
 impl Spares {
     pub fn keep(&self, buffer: Vec<u8>) {
-        let mut buffers = self
-            .buffers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if buffers.len() < MAX_SPARES {
-            buffers.push(buffer);
-            self.kept.fetch_add(1, Ordering::Release);
-        }
+        self.0.put(buffer);
     }
 
     /// Hands what was kept to the link.
@@ -237,17 +302,7 @@ impl Spares {
         let Some(conn) = conn else {
             return;
         };
-        if self.kept.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        self.kept.store(0, Ordering::Relaxed);
-        let buffers = std::mem::take(
-            &mut *self
-                .buffers
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        for buffer in buffers {
+        for buffer in self.0.take_all() {
             conn.recycle(buffer);
         }
     }

@@ -12,9 +12,9 @@ use barlink::{Connection, SendError};
 use barlink_transport::link::IoError;
 use pyo3::exceptions::{PyBlockingIOError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::PyDict;
 
-use crate::buffer::{BufferView, Graveyard, Message, Spares};
+use crate::buffer::{self, BufferView, Graveyard, Message, Spares};
 use crate::errors::{self, closed_here};
 
 /// Longest one wait runs without the GIL before it checks for signals.
@@ -154,9 +154,12 @@ impl State {
                     Err(SendError::TooLong { len, max, .. }) => {
                         return Err(Failure::Io(IoError::TooLong { len, max }));
                     }
-                    Err(_) => {
-                        conn.flush(Duration::ZERO)?;
-                        return Err(Failure::Io(IoError::Closed(barlink::LinkError::LocalClose)));
+                    // Closed or closing: the link's own send names why.
+                    Err(refused) => {
+                        let why = conn.send(refused.into_buf(), Duration::ZERO).err();
+                        return Err(Failure::Io(
+                            why.unwrap_or(IoError::Closed(barlink::LinkError::LocalClose)),
+                        ));
                     }
                 }
             }
@@ -436,14 +439,7 @@ impl Link {
                 .into_any()
                 .unbind());
         }
-        let bytes = if message.len() <= COPY_WITH_GIL_UP_TO {
-            PyBytes::new(py, &message)
-        } else {
-            PyBytes::new_with(py, message.len(), |out| {
-                py.detach(|| out.copy_from_slice(&message));
-                Ok(())
-            })?
-        };
+        let bytes = buffer::bytes_from(py, &message, COPY_WITH_GIL_UP_TO + 1)?;
         self.shared.spares.keep(message);
         Ok(bytes.into_any().unbind())
     }

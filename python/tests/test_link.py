@@ -232,6 +232,9 @@ def test_a_peer_that_closes_delivers_everything_first(name, spawn):
         assert link.recv(timeout=10) == payload(i, 10_000)
     with pytest.raises(barlink.LinkClosed):
         link.recv(timeout=10)
+    # A send after it names who closed.
+    with pytest.raises(barlink.LinkClosed, match="peer closed"):
+        link.send(b"too late")
     assert sender.wait(timeout=10) == 0
 
 
