@@ -12,7 +12,7 @@ def test_asyncio_sends_and_receives_while_the_loop_runs(name, spawn):
     spawn("echo", name)
 
     async def main():
-        link = await barlink.connect_async(name, "accept", 10.0, peer_timeout=1.0)
+        link = await barlink.connect_async(name, "accept", 10.0, peer_timeout=10.0)
         ticks = 0
 
         async def tick():
