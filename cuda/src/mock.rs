@@ -1,0 +1,59 @@
+//! A stand-in CUDA driver for tests on machines without a GPU
+//! (`tests/mock/libcuda.c`): device memory is host memory, every device
+//! range is checked against the live allocations, IPC and dma-buf export
+//! are refused. It proves barlink's calls, bounds and error paths; a real
+//! GPU proves the rest (`scripts/gpu-check.sh`).
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The stand-in's C source.
+pub const SOURCE: &str = include_str!("../tests/mock/libcuda.c");
+
+/// Which stand-in to build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MockKind {
+    /// One device, 1 GiB, no IPC, no dma-buf.
+    OneDevice,
+    /// `cuInit` answers `CUDA_ERROR_NO_DEVICE`.
+    NoDevice,
+}
+
+/// Compiles the stand-in into `dir` with the C compiler (`$CC`, else `cc`)
+/// and returns the library's path; an error says why it could not (no
+/// compiler), for the caller to report as a visible skip.
+pub fn build(dir: &Path, kind: MockKind) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let (name, defines): (&str, &[&str]) = match kind {
+        MockKind::OneDevice => ("libcuda-mock.so", &[]),
+        MockKind::NoDevice => ("libcuda-mock-nodevice.so", &["-DMOCK_NO_DEVICE"]),
+    };
+    // Tests build it in parallel: each compiles its own copy and renames it
+    // into place, so no one loads a half-written file.
+    let unique = format!("{}.{:?}", std::process::id(), std::thread::current().id())
+        .replace(|c: char| !c.is_ascii_alphanumeric() && c != '.', "");
+    let source = dir.join(format!("libcuda-mock.{unique}.c"));
+    std::fs::write(&source, SOURCE).map_err(|e| format!("writing {}: {e}", source.display()))?;
+    let built = dir.join(format!("{name}.{unique}.tmp"));
+    let library = dir.join(name);
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let output = Command::new(&compiler)
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&built)
+        .arg(&source)
+        .args(defines)
+        .arg("-lpthread")
+        .output()
+        .map_err(|e| format!("no C compiler ({compiler}: {e})"))?;
+    let _ = std::fs::remove_file(&source);
+    if !output.status.success() {
+        return Err(format!(
+            "{compiler} failed on the mock driver: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    std::fs::rename(&built, &library)
+        .map_err(|e| format!("renaming {} into place: {e}", built.display()))?;
+    Ok(library)
+}
