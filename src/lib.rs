@@ -11,12 +11,15 @@
 //! - [`vfio`]: VFIO devices and BAR windows (VFIO regions, sysfs
 //!   `resourceN`), the windows BAR links run over;
 //! - [`rdma`]: ibverbs loaded at run time, RC queue pairs and RDMA links;
+//! - [`gpu`]: device memory (the CUDA driver loaded at run time) as a
+//!   link's message source and destination;
 //! - [`connect()`]: one call that picks BAR P2P, a host-memory bounce or
 //!   RDMA for a peer and says why.
 //!
 //! See `docs/ARCHITECTURE.md` for how they fit together.
 #![forbid(unsafe_code)]
 
+pub use barlink_cuda as cuda;
 pub use barlink_rdma as rdma;
 pub use barlink_topology as topology;
 pub use barlink_transport as transport;
@@ -27,6 +30,7 @@ pub use barlink_vfio as vfio;
 
 pub mod connect;
 pub mod doctor;
+pub mod gpu;
 pub use connect::{
     BarEnds, BarRef, ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Peer, Role,
     choose_path, connect,

@@ -1,0 +1,123 @@
+//! Device buffers as a link's messages, against the stand-in CUDA driver
+//! (`cuda/tests/mock/libcuda.c`, device memory in host memory): the staged
+//! route's bookkeeping, bounds and errors. A real GPU runs the same route
+//! in `barlink bench --gpu` and `barlink validate --gpu`
+//! (`scripts/gpu-check.sh`).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::thread;
+use std::time::Duration;
+
+use barlink::cuda::mock::{self, MockKind};
+use barlink::gpu::{
+    Cuda, DeviceRecvError, Staged, StagingPool, recv_into_device, send_from_device,
+};
+use barlink::{ConnectOptions, Peer, Role, connect};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn mock_cuda(test: &str) -> Option<Cuda> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-mock");
+    match mock::build(&dir, MockKind::OneDevice) {
+        Ok(path) => Some(Cuda::load_from(&path).expect("the mock driver loads")),
+        Err(why) => {
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+            None
+        }
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[test]
+fn device_ranges_cross_a_link_intact_and_staging_is_reused() {
+    let Some(cuda) = mock_cuda("device_ranges_cross_a_link_intact_and_staging_is_reused") else {
+        return;
+    };
+    let context = cuda.device(0).unwrap().context().unwrap();
+    let sizes = [1usize, 4095, 4096, 65_536, 1 << 20, 3_000_001];
+    let peer = Peer::Local {
+        name: format!("gpu-test-{}", std::process::id()),
+    };
+    let receiver = {
+        let (peer, context) = (peer.clone(), context.clone());
+        thread::spawn(move || {
+            let mut link =
+                connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
+            let landing = context.alloc(4 << 20).unwrap();
+            for (index, &size) in sizes.iter().enumerate() {
+                let len = recv_into_device(&mut link, &landing, 7, TIMEOUT).unwrap();
+                assert_eq!(len, size);
+                let mut back = vec![0u8; size];
+                landing.read(7, &mut back).unwrap();
+                assert!(
+                    back == pattern(size, index as u8),
+                    "message {index} changed"
+                );
+            }
+            link.send(b"done".to_vec(), TIMEOUT).unwrap();
+            link.flush(TIMEOUT).unwrap();
+        })
+    };
+    let mut link = connect::<Staged>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
+    let pool = StagingPool::new(context.clone(), 64 << 20);
+    let source = context.alloc(4 << 20).unwrap();
+    for (index, &size) in sizes.iter().enumerate() {
+        source.write(100, &pattern(size, index as u8)).unwrap();
+        // Staging copied the range: the next write to the source, before
+        // the peer has the message, must not change what it receives.
+        send_from_device(&mut link, &pool, &source, 100, size, TIMEOUT).unwrap();
+    }
+    link.flush(TIMEOUT).unwrap();
+    assert_eq!(link.recv(TIMEOUT).unwrap(), b"done");
+    receiver.join().unwrap();
+    // Every staged buffer came back once the peer acknowledged it.
+    assert!(pool.spare_bytes() >= 4 << 20, "{}", pool.spare_bytes());
+    assert_eq!(link.stats().crc_failures, 0);
+}
+
+#[test]
+fn a_message_too_large_for_the_device_buffer_is_handed_back() {
+    let Some(cuda) = mock_cuda("a_message_too_large_for_the_device_buffer_is_handed_back") else {
+        return;
+    };
+    let context = cuda.device(0).unwrap().context().unwrap();
+    let peer = Peer::Local {
+        name: format!("gpu-test-large-{}", std::process::id()),
+    };
+    let sender = {
+        let peer = peer.clone();
+        thread::spawn(move || {
+            let mut link =
+                connect::<Vec<u8>>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
+            link.send(pattern(10_000, 9), TIMEOUT).unwrap();
+            link.send(b"x".to_vec(), TIMEOUT).unwrap();
+            link.flush(TIMEOUT).unwrap();
+            link.recv(TIMEOUT).unwrap()
+        })
+    };
+    let mut link = connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
+    let small = context.alloc(8192).unwrap();
+    match recv_into_device(&mut link, &small, 0, TIMEOUT) {
+        Err(DeviceRecvError::TooLarge { message, room }) => {
+            assert_eq!(room, 8192);
+            assert_eq!(message, pattern(10_000, 9));
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    // An offset past the end leaves no room, and says so.
+    match recv_into_device(&mut link, &small, 9000, TIMEOUT) {
+        Err(DeviceRecvError::TooLarge { message, room }) => {
+            assert_eq!((message.as_slice(), room), (&b"x"[..], 0));
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    link.send(b"ok".to_vec(), TIMEOUT).unwrap();
+    link.flush(TIMEOUT).unwrap();
+    assert_eq!(sender.join().unwrap(), b"ok");
+}
