@@ -38,6 +38,9 @@ enum Command {
     /// The receiving process of `barlink bench` (started by it).
     #[command(hide = true)]
     BenchPeer(cli::bench::shm::PeerPlan),
+    /// The receiving process of `barlink bench --gpu` (started by it).
+    #[command(hide = true)]
+    BenchGpuPeer(cli::bench::gpu::plan::GpuPeerPlan),
 }
 
 /// Logs to stderr as `BARLINK_LOG` says: a level (`debug`), or targets
@@ -80,6 +83,9 @@ fn main() -> ExitCode {
         Command::BenchPeer(plan) => cli::bench::shm::run_child(&plan)
             .map(|()| cli::Status::Ok)
             .map_err(|e| cli::CommandError::environment(format!("bench peer: {e}"))),
+        Command::BenchGpuPeer(plan) => cli::bench::gpu::run_child(&plan)
+            .map(|()| cli::Status::Ok)
+            .map_err(|e| cli::CommandError::environment(format!("bench --gpu peer: {e}"))),
     };
     match outcome {
         Ok(status) => status.into(),

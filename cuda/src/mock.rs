@@ -18,6 +18,8 @@ pub enum MockKind {
     OneDevice,
     /// `cuInit` answers `CUDA_ERROR_NO_DEVICE`.
     NoDevice,
+    /// One device whose device-to-host copies flip a bit now and then.
+    FlipReads,
 }
 
 /// Compiles the stand-in into `dir` with the C compiler (`$CC`, else `cc`)
@@ -28,6 +30,7 @@ pub fn build(dir: &Path, kind: MockKind) -> Result<PathBuf, String> {
     let (name, defines): (&str, &[&str]) = match kind {
         MockKind::OneDevice => ("libcuda-mock.so", &[]),
         MockKind::NoDevice => ("libcuda-mock-nodevice.so", &["-DMOCK_NO_DEVICE"]),
+        MockKind::FlipReads => ("libcuda-mock-flip.so", &["-DMOCK_FLIP_READS"]),
     };
     // Tests build it in parallel: each compiles its own copy and renames it
     // into place, so no one loads a half-written file.

@@ -4,6 +4,7 @@
 pub mod args;
 pub mod bench;
 pub mod doctor;
+pub mod gpu;
 pub mod keygen;
 pub mod soak;
 pub mod topo;

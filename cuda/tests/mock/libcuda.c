@@ -7,6 +7,9 @@
  *
  * Built by the tests with: cc -shared -fPIC -o libcuda-mock.so libcuda.c
  *   -DMOCK_NO_DEVICE   cuInit answers CUDA_ERROR_NO_DEVICE
+ *   -DMOCK_FLIP_READS  every 5th device-to-host copy of 64 bytes or more
+ *                      flips one bit of what it delivers (a bad path that
+ *                      the validator must catch)
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -228,6 +231,11 @@ CUresult cuMemcpyDtoH_v2(void *to, CUdeviceptr from, size_t len) {
     NEED_CONTEXT();
     if (!inside(from, len)) return INVALID_VALUE;
     memcpy(to, (const void *)(uintptr_t)from, len);
+#ifdef MOCK_FLIP_READS
+    static unsigned long reads;
+    if (len >= 64 && __atomic_add_fetch(&reads, 1, __ATOMIC_SEQ_CST) % 5 == 0)
+        ((unsigned char *)to)[len / 2] ^= 0x10;
+#endif
     return SUCCESS;
 }
 

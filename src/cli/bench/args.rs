@@ -87,6 +87,20 @@ pub struct BenchArgs {
     pub paths: Vec<ProcPath>,
     #[command(flatten)]
     pub remote: RemoteArgs,
+    /// Device buffers at both ends (CUDA): barlink's staged route between
+    /// two processes against cuMemcpy staging and CUDA IPC on the same GPU.
+    /// Exits 3 saying what is missing without a driver or a GPU. Default
+    /// sizes 4K,64K,1M,16M; with --quick 64K,1M.
+    #[arg(long, conflicts_with = "remote")]
+    pub gpu: bool,
+    /// With --gpu: the CUDA device ordinal.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        env = "BARLINK_GPU_DEVICE"
+    )]
+    pub gpu_device: usize,
 }
 
 /// What one run measures, from the options and the `--quick` defaults.
@@ -131,11 +145,15 @@ fn parse_sizes(text: &str) -> Result<Vec<usize>, String> {
 
 impl BenchArgs {
     pub fn plan(&self) -> Result<Plan, CommandError> {
-        let default_sizes = if self.quick {
+        self.plan_with_sizes(if self.quick {
             "64,4K,64K,1M"
         } else {
             "8,64,512,4K,64K,1M,16M"
-        };
+        })
+    }
+
+    /// The plan, with `default_sizes` where `--sizes` is not given.
+    pub fn plan_with_sizes(&self, default_sizes: &str) -> Result<Plan, CommandError> {
         let sizes = parse_sizes(self.sizes.as_deref().unwrap_or(default_sizes))
             .map_err(|e| CommandError::usage(format!("--sizes: {e}")))?;
         if sizes.is_empty() {

@@ -7,13 +7,16 @@
 //!   in-memory medium, against memcpy: the protocol's own cost;
 //! - `--rdma` ([`rdma`]): between two machines, against perftest;
 //! - `--tcp` ([`tcp`]): between two machines, against iperf3 and a plain
-//!   TCP ping-pong.
+//!   TCP ping-pong;
+//! - `--gpu` ([`gpu`]): device buffers at both ends, against cuMemcpy
+//!   staging and CUDA IPC.
 //!
 //! Figures are medians over timed windows, as the machine is shared and
 //! noisy.
 
 mod args;
 mod engine_mem;
+pub mod gpu;
 mod rdma;
 mod remote;
 mod report;
@@ -26,6 +29,9 @@ use args::BenchPath;
 use super::{CommandError, Status};
 
 pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
+    if args.gpu {
+        return gpu::run(args);
+    }
     if args.remote.rdma || args.remote.tcp {
         return remote::run(args);
     }

@@ -28,6 +28,12 @@ Verdicts and exit status:
         delivered something wrong (impossible by design: report it).
   Exit 2 on bad usage, 3 when the device cannot be found, opened or mapped.
 
+GPU memory:
+  --gpu [--gpu-device N]  the GPU's memory through the CUDA driver: patterns
+                       copied host->device and device->device and read back,
+                       then messages device->device through a link. Exit 3
+                       without a CUDA driver or GPU.
+
 Devices:
   --device BDF         one device: both rings in the two halves of one BAR.
   --device BDF,BDF     two devices: each BAR is one side's receive window, as
@@ -141,4 +147,18 @@ pub struct ValidateArgs {
     pub quick: bool,
     #[command(flatten)]
     pub output: JsonArg,
+    /// Test a GPU's memory instead of windows (CUDA): patterns through the
+    /// copy engines and device-to-device copies, then messages from device
+    /// memory to device memory through a link. Exits 3 saying what is
+    /// missing without a driver or a GPU. --size defaults to 256M (quick 16M).
+    #[arg(long, conflicts_with_all = ["device", "inject_faults"])]
+    pub gpu: bool,
+    /// With --gpu: the CUDA device ordinal.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        env = "BARLINK_GPU_DEVICE"
+    )]
+    pub gpu_device: usize,
 }

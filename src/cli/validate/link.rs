@@ -34,7 +34,7 @@ impl Stream {
 
     /// Message `index`'s length: mostly small and medium, some large (mixed
     /// sizes cross packet boundaries at every alignment).
-    fn len(&self, index: u64) -> usize {
+    pub(super) fn len(&self, index: u64) -> usize {
         let mut rng = self.rng(index);
         let max = self.max_size.max(8) as u64;
         let len = 8 + match rng.below(10) {
@@ -48,7 +48,7 @@ impl Stream {
 
     /// Message `index`: its index (8 bytes, little-endian), then the
     /// pattern `index % 3` keyed by the index.
-    fn message(&self, index: u64, buf: &mut Vec<u8>) {
+    pub(super) fn message(&self, index: u64, buf: &mut Vec<u8>) {
         let len = self.len(index);
         buf.clear();
         buf.resize(len, 0);

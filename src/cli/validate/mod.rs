@@ -23,12 +23,15 @@
 //! barlink repaired it), FAIL (raw errors, a failed link, or — should be
 //! impossible — a wrong delivery).
 //!
+//! `--gpu` tests a GPU's memory instead ([`gpu`]).
+//!
 //! `--inject-faults RATE` wraps the windows in a bit-flipping
 //! [`FaultWindow`] to show that the validator catches corruption: the raw
 //! phase must then find errors and the link must catch CRC failures and
 //! still deliver everything intact.
 
 mod args;
+mod gpu;
 mod link;
 mod patterns;
 mod progress;
@@ -57,6 +60,10 @@ use super::{CommandError, Status, print_document};
 
 pub fn run(args: &ValidateArgs) -> Result<Status, CommandError> {
     check(args)?;
+    if args.gpu {
+        let [device_to_device, _] = streams(args);
+        return gpu::run(args, device_to_device);
+    }
     let config = engine_config(args);
     config
         .validate()

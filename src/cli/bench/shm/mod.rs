@@ -40,6 +40,7 @@ use crate::cli::{CommandError, Status, human_size};
 
 pub use plan::{PeerPlan, ProcPath};
 pub use schedule::{Measured, RunError, run_child, run_parent};
+pub(in crate::cli::bench) use watch::watch_parent;
 
 /// Every two-process path, in the order the rows' ratios index them.
 const ALL: [ProcPath; 5] = [
