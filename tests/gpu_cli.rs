@@ -165,3 +165,64 @@ fn validate_gpu_passes_a_sound_device_and_fails_one_whose_reads_flip_bits() {
         "{document}"
     );
 }
+
+/// The peer process's pid, found by the link name its parent gave it.
+fn bench_peer_of(parent: u32) -> Option<i32> {
+    let name = format!("--name=barlink-bench-gpu-{parent}");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            let is_peer = args.contains(&&b"bench-gpu-peer"[..]) && args.contains(&name.as_bytes());
+            is_peer.then_some(pid)
+        })
+}
+
+#[test]
+fn bench_gpu_reports_a_peer_that_dies_within_the_peer_timeout() {
+    let Some(library) = mock_library(
+        "bench_gpu_reports_a_peer_that_dies_within_the_peer_timeout",
+        MockKind::OneDevice,
+    ) else {
+        return;
+    };
+    let parent = Command::new(env!("CARGO_BIN_EXE_barlink"))
+        .args(["bench", "--gpu", "--sizes", "1M", "--windows", "1000"])
+        .env("BARLINK_CUDA_LIBRARY", &library)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let peer = loop {
+        if let Some(pid) = bench_peer_of(parent.id()) {
+            break pid;
+        }
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "the bench's peer never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // Let it get into its windows, then kill it outright.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let killed = Command::new("kill")
+        .args(["-9", &peer.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let killed_at = std::time::Instant::now();
+    let output = parent.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("peer lost"), "{stderr}");
+    // The link's peer timeout is 2 s; allow for a loaded machine.
+    assert!(
+        killed_at.elapsed().as_secs() < 10,
+        "{:?}",
+        killed_at.elapsed()
+    );
+}

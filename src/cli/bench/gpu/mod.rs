@@ -19,7 +19,8 @@ pub mod plan;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::time::Instant;
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::time::{Duration, Instant};
 
 use barlink::gpu::{
     DeviceBuffer, IpcHandle, Staged, StagingPool, recv_into_device, send_from_device,
@@ -139,8 +140,10 @@ fn measure_with_child(
     config: &EngineConfig,
     child: &mut Child,
 ) -> Result<(Gpu, Vec<Measured>, Option<String>), String> {
-    let mut lines = BufReader::new(child.stdout.take().ok_or("the peer has no stdout")?);
-    let first = read_line(&mut lines)?;
+    let lines = peer_lines(child.stdout.take().ok_or("the peer has no stdout")?);
+    let first = lines
+        .recv_timeout(STEP_TIMEOUT)
+        .map_err(|_| "the peer did not start (its error is above)".to_string())??;
     let max = plan.max_size();
     let context = gpu.context.clone();
     let imported = match first.split_once(' ') {
@@ -173,7 +176,9 @@ fn measure_with_child(
     for (&size, &count) in plan.sizes.iter().zip(&plan.counts) {
         results.push(measure_size(&mut parent, plan, size, count)?);
     }
-    let last = read_line(&mut lines)?;
+    // The peer's counts come on its stdout once everything it sent is
+    // acknowledged, which needs this side to keep driving the link.
+    let last = wait_line(&lines, &mut parent.link)?;
     let child_wrong: Vec<u64> = last
         .strip_prefix("wrong ")
         .and_then(|list| list.split(',').map(|n| n.parse().ok()).collect())
@@ -183,16 +188,68 @@ fn measure_with_child(
         measured.wrong[0] += wrong;
     }
     parent.link.close(STEP_TIMEOUT).map_err(|e| e.to_string())?;
+    wait_exit(child, &mut parent.link)?;
     let note = parent.imported.as_ref().err().cloned();
     Ok((parent.gpu, results, note))
 }
 
-fn read_line(lines: &mut BufReader<ChildStdout>) -> Result<String, String> {
-    let mut line = String::new();
-    match lines.read_line(&mut line) {
-        Ok(0) => Err("the peer process ended early (its error is above)".to_string()),
-        Ok(_) => Ok(line.trim_end().to_string()),
-        Err(e) => Err(format!("reading from the peer: {e}")),
+/// The peer's stdout, line by line, from a thread (so that waiting for a
+/// line never stops this side from driving the link).
+fn peer_lines(stdout: ChildStdout) -> Receiver<Result<String, String>> {
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let line = line.map_err(|e| format!("reading from the peer: {e}"));
+            if sender.send(line).is_err() {
+                return;
+            }
+        }
+        let _ = sender.send(Err(
+            "the peer process ended early (its error is above)".to_string()
+        ));
+    });
+    receiver
+}
+
+/// The peer's next line, driving the link while it comes.
+fn wait_line(
+    lines: &Receiver<Result<String, String>>,
+    link: &mut barlink::Connection<Staged>,
+) -> Result<String, String> {
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    loop {
+        match lines.try_recv() {
+            Ok(line) => return line,
+            Err(TryRecvError::Disconnected) => return Err("the peer's output ended".to_string()),
+            Err(TryRecvError::Empty) if Instant::now() > deadline => {
+                return Err(format!("the peer said nothing for {STEP_TIMEOUT:?}"));
+            }
+            Err(TryRecvError::Empty) => {
+                link.progress().map_err(|e| e.to_string())?;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+}
+
+/// Waits for the peer to exit, answering its close meanwhile; an exit
+/// other than success is the run's failure.
+fn wait_exit(child: &mut Child, link: &mut barlink::Connection<Staged>) -> Result<(), String> {
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => return Err(format!("the peer process failed: {status}")),
+            Ok(None) if Instant::now() > deadline => {
+                return Err(format!("the peer did not exit within {STEP_TIMEOUT:?}"));
+            }
+            Ok(None) => {
+                // Closed on this side: progress only answers the peer.
+                let _ = link.progress();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(e) => return Err(format!("waiting for the peer: {e}")),
+        }
     }
 }
 

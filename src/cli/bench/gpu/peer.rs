@@ -6,8 +6,7 @@ use std::io::Write;
 use std::path::Path;
 
 use barlink::gpu::{Staged, StagingPool, recv_into_device, send_from_device};
-use barlink::transport::link::IoError;
-use barlink::{ConnectOptions, LinkError, Peer, Role, connect};
+use barlink::{ConnectOptions, Peer, Role, connect};
 
 use super::plan::{GpuPeerPlan, STEP_TIMEOUT, payload};
 use super::{engine_config, hex};
@@ -67,14 +66,5 @@ pub fn run_child(plan: &GpuPeerPlan) -> Result<(), String> {
     writeln!(stdout, "wrong {}", wrong.join(","))
         .and_then(|()| stdout.flush())
         .map_err(|e| format!("writing to the parent: {e}"))?;
-    // The parent closes first, once it has read the counts; waiting for
-    // that keeps this side answering until the parent's close is through.
-    match link.recv(STEP_TIMEOUT) {
-        Err(IoError::Closed(LinkError::PeerClosed)) => Ok(()),
-        Ok(message) => Err(format!(
-            "a {} byte message after the last window",
-            message.len()
-        )),
-        Err(error) => Err(format!("waiting for the parent to close: {error}")),
-    }
+    link.close(STEP_TIMEOUT).map_err(|e| e.to_string())
 }
