@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The GPU checks, in one run of under 8 minutes on a machine with an NVIDIA
+# GPU: the CUDA layer's device tests, `barlink validate --gpu`, and
+# `barlink bench --gpu` with its baselines; it prints the GPU's name, driver
+# and BAR1 size first and which routes the device allowed last.
+#
+#   scripts/gpu-check.sh            build with cargo here, then run
+#   scripts/gpu-check.sh --build    only build: release binaries, stripped,
+#                                   into target/gpu-check/ (to copy to a GPU
+#                                   machine that has no Rust toolchain)
+#   scripts/gpu-check.sh --run      only run, from target/gpu-check/
+#
+# Output also goes to $OUT (or target/gpu-check/out) as gpu-check.log and
+# bench-gpu.jsonl. Ends with "gpu-check: N passed, M failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dir=target/gpu-check
+mode=${1:-all}
+
+build() {
+    echo "== building release binaries into $dir"
+    mkdir -p "$dir"
+    cargo build --release --bin barlink || return 1
+    cp target/release/barlink "$dir/barlink"
+    # The CUDA layer's real-device tests, as an executable that runs without cargo.
+    local test_exe
+    test_exe=$(cargo test --release -p barlink-cuda --test device --no-run --message-format=json 2>/dev/null |
+        sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+    [ -n "$test_exe" ] || { echo "could not build the device tests"; return 1; }
+    cp "$test_exe" "$dir/cuda-device-tests"
+    strip "$dir/barlink" "$dir/cuda-device-tests" 2>/dev/null || true
+    ls -la "$dir"
+}
+
+case $mode in
+    --build) build; exit $? ;;
+    --run) ;;
+    all) build || exit 1 ;;
+    *) echo "usage: scripts/gpu-check.sh [--build|--run]" >&2; exit 2 ;;
+esac
+
+out=${OUT:-$dir/out}
+mkdir -p "$out"
+exec > >(tee "$out/gpu-check.log") 2>&1
+passed=0
+failed=0
+check() { # name, timeout in seconds, command...
+    local name=$1 limit=$2
+    shift 2
+    echo
+    echo "== $name"
+    if timeout "$limit" "$@"; then
+        passed=$((passed + 1)); echo "ok: $name"
+    else
+        failed=$((failed + 1)); echo "FAILED: $name (exit $?)"
+    fi
+}
+
+echo "== the GPU"
+grep -m1 'model name' /proc/cpuinfo
+echo "cpu features: $(grep -m1 -ow 'avx512f\|vpclmulqdq' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,pci.bus_id,memory.total --format=csv
+    nvidia-smi -q -d MEMORY | sed -n '/BAR1/,/Free/p'
+    nvidia-smi topo -m 2>/dev/null | head -5
+else
+    echo "nvidia-smi: not found"
+fi
+for gpu in /sys/bus/pci/devices/*; do
+    [ "$(cat "$gpu/vendor" 2>/dev/null)" = 0x10de ] || continue
+    echo "sysfs $(basename "$gpu"): resource1 $(ls -la "$gpu/resource1" 2>&1 | awk '{print $1, $5}'), resource1_wc $([ -e "$gpu/resource1_wc" ] && echo present || echo absent)"
+done
+
+check "CUDA layer on the device (cuda-device-tests)" 120 "$dir/cuda-device-tests" --nocapture --test-threads=1
+check "barlink validate --gpu" 180 "$dir/barlink" validate --gpu
+check "barlink bench --gpu (table)" 180 "$dir/barlink" bench --gpu
+check "barlink bench --gpu --json" 120 sh -c "'$dir/barlink' bench --gpu --json --windows 5 > '$out/bench-gpu.jsonl'"
+echo
+echo "== the platform as barlink sees it"
+timeout 30 "$dir/barlink" topo 2>&1 | head -40
+timeout 30 "$dir/barlink" doctor 2>&1 | head -60
+echo
+echo "== routes the device allowed (from the tests above)"
+grep -E '^(dma-buf export|CUDA IPC export):' "$out/gpu-check.log" || echo "(the device tests did not run)"
+grep -E '^# cuda-ipc: not measured' "$out/gpu-check.log" || true
+echo
+echo "gpu-check: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
