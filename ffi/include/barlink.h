@@ -156,14 +156,15 @@ typedef struct barlink_config {
   uint32_t struct_size;
   // A `barlink_transport` value; 0 = default (shared memory).
   uint32_t transport;
-  // Bytes of each side's receive ring window; 0 = default (4 MiB plus
-  // the control block).
+  // Bytes of each side's receive ring window (at most 4 GiB); 0 =
+  // default (4 MiB plus the control block). Packets in flight: as many as
+  // the ring holds, 4 to 256.
   uint64_t window_bytes;
   // Longest message either side sends; 0 = default (1 GiB). Both sides
   // should agree.
   uint64_t max_message_bytes;
-  // Largest packet, header included (256 to 16 MiB); 0 = default (4096).
-  // Both sides must agree.
+  // Largest packet, header included (256 to 16 MiB); 0 = default (128
+  // KiB: a 64 KiB message is one packet). Both sides must agree.
   uint32_t mtu;
   // Silence after which the peer counts as lost, in ms; 0 = default
   // (2000).

@@ -200,7 +200,7 @@ pub unsafe extern "C" fn barlink_config_init(config: *mut barlink_config) -> bar
             transport: 0,
             window_bytes: barlink_transport::link::LinkConfig::default().window_len as u64,
             max_message_bytes: barlink_transport::engine::EngineConfig::default().max_message_len,
-            mtu: barlink_transport::engine::EngineConfig::default().mtu as u32,
+            mtu: crate::link::DEFAULT_MTU as u32,
             peer_timeout_ms: barlink_transport::engine::EngineConfig::default()
                 .peer_timeout
                 .as_millis() as u32,

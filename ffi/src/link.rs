@@ -36,6 +36,15 @@ use crate::types::{
 /// name is an argument error rather than a setup failure.
 const MAX_NAME_LEN: usize = 100;
 
+/// The default largest packet: as `barlink bench` and the Python package
+/// use, so the C face moves data at their speed out of the box (a 64 KiB
+/// message is one packet).
+pub(crate) const DEFAULT_MTU: usize = 128 << 10;
+
+/// The largest ring window a config may ask for: beyond it the request is
+/// a mistake (the window is memory each side maps), not a tuning.
+const MAX_WINDOW_BYTES: u64 = 4 << 30;
+
 /// Checks a caller's config (already widened to this library's layout) and
 /// turns it into the transport's.
 pub(crate) fn link_config(config: &barlink_config) -> Result<LinkConfig> {
@@ -69,10 +78,13 @@ pub(crate) fn link_config(config: &barlink_config) -> Result<LinkConfig> {
         return Err(Error::invalid("the reserved field must be zero"));
     }
     let mut link = LinkConfig::default();
-    let mut engine = EngineConfig::default();
-    if config.mtu != 0 {
-        engine.mtu = config.mtu as usize;
-    }
+    let mut engine = EngineConfig {
+        mtu: match config.mtu {
+            0 => DEFAULT_MTU,
+            mtu => mtu as usize,
+        },
+        ..EngineConfig::default()
+    };
     if config.max_message_bytes != 0 {
         engine.max_message_len = config.max_message_bytes;
     }
@@ -85,17 +97,28 @@ pub(crate) fn link_config(config: &barlink_config) -> Result<LinkConfig> {
     if config.window_bytes != 0 {
         link.window_len = usize::try_from(config.window_bytes)
             .ok()
-            .filter(|&len| len <= isize::MAX as usize)
+            .filter(|_| config.window_bytes <= MAX_WINDOW_BYTES)
             .ok_or_else(|| {
-                Error::invalid(format!("window_bytes {} is too large", config.window_bytes))
+                Error::invalid(format!(
+                    "window_bytes {} is larger than {MAX_WINDOW_BYTES} (4 GiB), the most a ring window may map",
+                    config.window_bytes
+                ))
             })?;
     }
-    Geometry::for_window(link.window_len, engine.mtu).map_err(|error| {
+    let geometry = Geometry::for_window(link.window_len, engine.mtu).map_err(|error| {
         Error::invalid(format!(
             "window_bytes {} with mtu {} (the control block takes {CONTROL_LEN} bytes): {error}",
             link.window_len, engine.mtu
         ))
     })?;
+    // Packets in flight: as many as the peer's ring holds, as the bench
+    // and the Python package choose.
+    let window = geometry.slot_count.clamp(4, 256);
+    engine.send_window = window;
+    engine.recv_window = window;
+    engine
+        .validate()
+        .map_err(|error| Error::invalid(format!("config: {error}")))?;
     if config.flags & BARLINK_CONFIG_HUGE_PAGES != 0 {
         link.shm = ShmOptions::default().with_huge_pages(HugePages::ReservedOrTransparent);
     }

@@ -110,14 +110,15 @@ pub struct barlink_config {
     pub struct_size: u32,
     /// A `barlink_transport` value; 0 = default (shared memory).
     pub transport: u32,
-    /// Bytes of each side's receive ring window; 0 = default (4 MiB plus
-    /// the control block).
+    /// Bytes of each side's receive ring window (at most 4 GiB); 0 =
+    /// default (4 MiB plus the control block). Packets in flight: as many as
+    /// the ring holds, 4 to 256.
     pub window_bytes: u64,
     /// Longest message either side sends; 0 = default (1 GiB). Both sides
     /// should agree.
     pub max_message_bytes: u64,
-    /// Largest packet, header included (256 to 16 MiB); 0 = default (4096).
-    /// Both sides must agree.
+    /// Largest packet, header included (256 to 16 MiB); 0 = default (128
+    /// KiB: a 64 KiB message is one packet). Both sides must agree.
     pub mtu: u32,
     /// Silence after which the peer counts as lost, in ms; 0 = default
     /// (2000).

@@ -158,6 +158,17 @@ int main(void) {
     bad = config;
     bad.mtu = 3;
     check("listen(mtu 3)", barlink_listen(name, &bad, &listener), BARLINK_INVALID_ARGUMENT);
+    bad = config;
+    bad.window_bytes = (uint64_t)1 << 62;
+    check("listen(window_bytes 2^62)", barlink_listen(name, &bad, &listener),
+          BARLINK_INVALID_ARGUMENT);
+    check_true("the refusal names window_bytes",
+               strstr(barlink_last_error(), "window_bytes") != NULL);
+    bad = config;
+    bad.window_bytes = 1000;
+    check("listen(window_bytes 1000: no room for two packets)",
+          barlink_listen(name, &bad, &listener), BARLINK_INVALID_ARGUMENT);
+    check_true("the defaults carry a 64 KiB message in one packet", config.mtu >= 65536 + 80);
     check_true("a failed listen leaves *listener NULL", listener == NULL);
     barlink_buffer *buffer = NULL;
     check("register_buffer(NULL ptr)", barlink_register_buffer(NULL, 8, &buffer),
