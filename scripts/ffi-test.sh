@@ -10,7 +10,8 @@
 #   5. the C misuse test (ffi/tests/c/misuse.c) and the C++ KV-cache example
 #      (examples/cpp/kv_transfer.cpp), built with gcc/g++ through
 #      `pkg-config --cflags --libs barlink` against the shared library (and
-#      the example must exit 1 when decode expects other data);
+#      the example must exit 1 when decode expects other data); the
+#      library's SONAME carries the ABI major;
 #   6. both again against the static library under AddressSanitizer and
 #      UndefinedBehaviorSanitizer (leak detection on).
 # Prints one line per check (ok: / FAILED: / SKIPPED:) and a summary line;
@@ -73,6 +74,11 @@ EOF
 build_library() {
     if logged "$logs/build.log" cargo build --release -p barlink-ffi; then
         if [[ -f "$libdir/libbarlink_c.so" && -f "$libdir/libbarlink_c.a" ]]; then
+            # Programs linked against the library name its SONAME
+            # (libbarlink_c.so.MAJOR): give it that name beside the file.
+            local soname
+            soname=$(objdump -p "$libdir/libbarlink_c.so" 2>/dev/null | awk '$1 == "SONAME" {print $2}')
+            [[ -n "$soname" ]] && ln -sf libbarlink_c.so "$libdir/$soname"
             write_pkgconfig
             ok "library built: $libdir/libbarlink_c.so, libbarlink_c.a; pkg-config file $libdir/barlink.pc"
             return 0
@@ -136,6 +142,15 @@ if command -v nm >/dev/null 2>&1; then
     fi
 else
     skip "exported symbols: nm is not installed"
+fi
+
+# The SONAME carries the ABI's major version (barlink_abi_version() >> 16).
+major=$(sed -n 's/^pub const BARLINK_ABI_VERSION_MAJOR: u32 = \([0-9]*\);/\1/p' "$root/ffi/src/types.rs")
+soname=$(objdump -p "$libdir/libbarlink_c.so" 2>/dev/null | awk '$1 == "SONAME" {print $2}')
+if [[ "$soname" == "libbarlink_c.so.$major" && -e "$libdir/$soname" ]]; then
+    ok "libbarlink_c.so has the SONAME $soname (ABI major $major), linked beside it"
+else
+    fail "libbarlink_c.so's SONAME is '${soname:-none}', expected libbarlink_c.so.$major"
 fi
 
 # --- 4. the Rust tests of ffi/ ----------------------------------------------
