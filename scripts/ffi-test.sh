@@ -7,8 +7,9 @@
 #      the pkg-config file barlink.pc is written next to it, and the .so
 #      exports exactly the functions the header declares;
 #   4. the Rust tests of ffi/ (misuse through the extern functions);
-#   5. the C misuse test (ffi/tests/c/misuse.c) and the C++ KV-cache example
-#      (examples/cpp/kv_transfer.cpp), built with gcc/g++ through
+#   5. the C misuse test (ffi/tests/c/misuse.c), the C++ KV-cache example
+#      (examples/cpp/kv_transfer.cpp) and a smoke run of the C ABI
+#      benchmark (ffi/bench/ffi_bench.c), built with gcc/g++ through
 #      `pkg-config --cflags --libs barlink` against the shared library (and
 #      the example must exit 1 when decode expects other data); the
 #      library's SONAME carries the ABI major;
@@ -223,6 +224,15 @@ if run_check "C++ KV-cache example builds (g++ -std=c++17 -Werror, shared librar
         fail "C++ KV-cache example did not report a mismatch (exit $code)"
         show "$logs/kv-mismatch.log"
     fi
+fi
+
+# The C ABI benchmark (scripts/ffi-bench.sh runs it for figures): it builds
+# with -Werror and a short run moves every mode's messages intact.
+# shellcheck disable=SC2086
+if run_check "C ABI benchmark builds (gcc -std=c11 -Werror, shared library)" "$logs/bench-build.log" \
+    gcc -std=c11 -O2 -Wall -Wextra -Werror $cflags ffi/bench/ffi_bench.c -o "$work/ffi_bench" $libs $rpath; then
+    run_check "C ABI benchmark smoke run (64 B and 64 KiB, every mode, checked by the receiver)" "$logs/bench.log" \
+        "$work/ffi_bench" --sizes 64,65536 --windows 1 --bytes-per-window 1048576 --lat-iters 10 || true
 fi
 
 # --- 6. under AddressSanitizer and UndefinedBehaviorSanitizer -----------------

@@ -1,0 +1,238 @@
+/* barlink's C ABI between two processes, the way a C/C++ server drives it:
+ * throughput per message size with blocking barlink_send, with
+ * barlink_post_send + barlink_poll (copying), and with
+ * barlink_post_send_buffer (zero-copy from a registered buffer); and the
+ * one-way latency of a message there and back, halved. The child receives
+ * with barlink_recv into its own buffer and checks the first and last
+ * bytes of every message. Default config throughout (barlink_config_init).
+ *
+ *   ffi_bench [--sizes 64,4096,65536,1048576,16777216] [--windows 5]
+ *             [--bytes-per-window 67108864] [--lat-iters 500] [--json]
+ *
+ * scripts/ffi-bench.sh builds it and runs it beside `barlink bench --paths
+ * barlink` (the Rust link) in the same run, for the ratios. One JSON object
+ * per line with --json: path, size_bytes, gbps, lat_p50_us.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "barlink.h"
+
+#define TIMEOUT_MS 60000
+#define MAX_SIZES 32
+#define IN_FLIGHT 64
+
+enum mode { BLOCKING, POSTED, REGISTERED, MODES };
+static const char *mode_names[MODES] = {"c-send", "c-post-send", "c-post-send-buffer"};
+
+static size_t sizes[MAX_SIZES] = {64, 4096, 65536, 1048576, 16777216};
+static int size_count = 5;
+static int windows = 5;
+static size_t bytes_per_window = 64u << 20;
+static int lat_iters = 500;
+static int json = 0;
+
+static void die(const char *what, barlink_status status) {
+    fprintf(stderr, "ffi_bench: %s: %s (%s)\n", what, barlink_status_string(status),
+            barlink_last_error());
+    exit(1);
+}
+
+#define TRY(what, call)                         \
+    do {                                        \
+        barlink_status s_ = (call);             \
+        if (s_ != BARLINK_OK) die((what), s_);  \
+    } while (0)
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int compare(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *values, int n) {
+    qsort(values, (size_t)n, sizeof *values, compare);
+    return values[n / 2];
+}
+
+static size_t count_for(size_t size) {
+    size_t n = bytes_per_window / size;
+    return n < 16 ? 16 : n;
+}
+
+static void fill(unsigned char *buf, size_t len) {
+    for (size_t i = 0; i < len; i++) buf[i] = (unsigned char)(i * 131 + 7);
+}
+
+/* The receiver: for every size, windows of each mode (count messages, then
+ * a one-byte "got them"), then the latency round trips. */
+static void child(const char *name, unsigned char *buf, size_t max) {
+    barlink_link *link = NULL;
+    TRY("connect", barlink_connect(name, NULL, TIMEOUT_MS, &link));
+    unsigned char expect[2];
+    for (int s = 0; s < size_count; s++) {
+        size_t size = sizes[s], count = count_for(size), len = 0;
+        fill(buf, size);
+        expect[0] = buf[0];
+        expect[1] = buf[size - 1];
+        for (int w = 0; w < windows * MODES; w++) {
+            for (size_t i = 0; i < count; i++) {
+                TRY("recv", barlink_recv(link, buf, max, &len, TIMEOUT_MS));
+                if (len != size || buf[0] != expect[0] || buf[size - 1] != expect[1]) {
+                    fprintf(stderr, "ffi_bench: message of %zu bytes arrived wrong\n", size);
+                    exit(1);
+                }
+            }
+            TRY("send ack", barlink_send(link, "k", 1, TIMEOUT_MS));
+        }
+        for (int i = 0; i < lat_iters; i++) {
+            TRY("recv ping", barlink_recv(link, buf, max, &len, TIMEOUT_MS));
+            TRY("send pong", barlink_send(link, buf, len, TIMEOUT_MS));
+        }
+    }
+    TRY("flush", barlink_flush(link, TIMEOUT_MS));
+    /* The parent closes first; answering until then lets its close finish. */
+    size_t len = 0;
+    barlink_status s = barlink_recv(link, buf, max, &len, TIMEOUT_MS);
+    if (s != BARLINK_CLOSED) die("waiting for the parent's close", s);
+    barlink_close(link, 1000);
+}
+
+/* Sends one window in `mode`; returns when the child confirmed it. */
+static void window(barlink_link *link, enum mode mode, const unsigned char *data,
+                   barlink_buffer *registered, size_t size, size_t count) {
+    uint64_t request;
+    size_t in_flight = 0, got, len;
+    barlink_completion done[IN_FLIGHT];
+    unsigned char ack[8];
+    for (size_t i = 0; i < count; i++) {
+        if (mode == BLOCKING) {
+            TRY("send", barlink_send(link, data, size, TIMEOUT_MS));
+            continue;
+        }
+        for (;;) {
+            barlink_status s = mode == POSTED
+                                   ? barlink_post_send(link, data, size, i, &request)
+                                   : barlink_post_send_buffer(link, registered, 0, size, i, &request);
+            if (s == BARLINK_OK && ++in_flight < IN_FLIGHT) break;
+            if (s != BARLINK_OK && s != BARLINK_WOULD_BLOCK) die("post_send", s);
+            TRY("poll", barlink_poll(link, done, IN_FLIGHT, &got));
+            for (size_t c = 0; c < got; c++)
+                if (done[c].status != BARLINK_OK) die("a posted send", done[c].status);
+            in_flight -= got;
+            if (s == BARLINK_OK) break;
+        }
+    }
+    TRY("recv ack", barlink_recv(link, ack, sizeof ack, &len, TIMEOUT_MS));
+    while (in_flight > 0) {
+        TRY("poll", barlink_poll(link, done, IN_FLIGHT, &got));
+        in_flight -= got;
+    }
+}
+
+static void parse(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else if (i + 1 < argc && !strcmp(argv[i], "--sizes")) {
+            size_count = 0;
+            for (char *p = strtok(argv[++i], ","); p && size_count < MAX_SIZES; p = strtok(NULL, ","))
+                sizes[size_count++] = strtoull(p, NULL, 10);
+        } else if (i + 1 < argc && !strcmp(argv[i], "--windows")) {
+            windows = atoi(argv[++i]);
+        } else if (i + 1 < argc && !strcmp(argv[i], "--bytes-per-window")) {
+            bytes_per_window = strtoull(argv[++i], NULL, 10);
+        } else if (i + 1 < argc && !strcmp(argv[i], "--lat-iters")) {
+            lat_iters = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: ffi_bench [--sizes N,N..] [--windows N] "
+                            "[--bytes-per-window N] [--lat-iters N] [--json]\n");
+            exit(2);
+        }
+    }
+    for (int s = 0; s < size_count; s++)
+        if (sizes[s] < 2) { fprintf(stderr, "ffi_bench: sizes must be at least 2\n"); exit(2); }
+    if (windows < 1 || lat_iters < 1 || size_count < 1) {
+        fprintf(stderr, "ffi_bench: --windows, --lat-iters and --sizes need at least 1\n");
+        exit(2);
+    }
+}
+
+int main(int argc, char **argv) {
+    parse(argc, argv);
+    size_t max = 0;
+    for (int s = 0; s < size_count; s++) max = sizes[s] > max ? sizes[s] : max;
+    unsigned char *data = malloc(max), *back = malloc(max);
+    if (!data || !back) return 1;
+    char name[64];
+    snprintf(name, sizeof name, "ffi-bench-%d", (int)getpid());
+    barlink_listener *listener = NULL;
+    TRY("listen", barlink_listen(name, NULL, &listener));
+    pid_t pid = fork();
+    if (pid == 0) {
+        child(name, back, max);
+        _exit(0);
+    }
+    barlink_link *link = NULL;
+    TRY("accept", barlink_accept(listener, TIMEOUT_MS, &link));
+    TRY("listener_close", barlink_listener_close(listener));
+    barlink_buffer *registered = NULL;
+    TRY("register_buffer", barlink_register_buffer(data, max, &registered));
+    if (!json) {
+        printf("# ffi_bench: barlink's C ABI (%s), default config, two processes\n",
+               barlink_version());
+        printf("# %10s  %-20s %9s %12s\n", "size", "path", "GB/s", "lat p50 us");
+    }
+    double gbps[MODES][64], lat[4096];
+    for (int s = 0; s < size_count; s++) {
+        size_t size = sizes[s], count = count_for(size), len;
+        fill(data, size);
+        for (int w = 0; w < windows; w++) {
+            for (int m = 0; m < MODES; m++) { /* the modes take turns */
+                double t0 = now();
+                window(link, (enum mode)m, data, registered, size, count);
+                gbps[m][w % 64] = (double)(size * count) / (now() - t0) / 1e9;
+            }
+        }
+        int iters = lat_iters < 4096 ? lat_iters : 4096;
+        for (int i = 0; i < lat_iters; i++) {
+            double t0 = now();
+            TRY("send ping", barlink_send(link, data, size, TIMEOUT_MS));
+            TRY("recv pong", barlink_recv(link, back, max, &len, TIMEOUT_MS));
+            if (i < iters) lat[i] = (now() - t0) / 2 * 1e6;
+        }
+        double lat_p50 = median(lat, iters);
+        for (int m = 0; m < MODES; m++) {
+            double g = median(gbps[m], windows < 64 ? windows : 64);
+            if (json)
+                printf("{\"path\":\"%s\",\"size_bytes\":%zu,\"gbps\":%.3f,\"lat_p50_us\":%.3f}\n",
+                       mode_names[m], size, g, lat_p50);
+            else
+                printf("  %10zu  %-20s %9.2f %12.2f\n", size, mode_names[m], g, lat_p50);
+        }
+        fflush(stdout);
+    }
+    TRY("flush", barlink_flush(link, TIMEOUT_MS));
+    TRY("close", barlink_close(link, TIMEOUT_MS));
+    int status = 0;
+    waitpid(pid, &status, 0);
+    barlink_deregister_buffer(registered);
+    free(data);
+    free(back);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "ffi_bench: the receiving process failed\n");
+        return 1;
+    }
+    return 0;
+}

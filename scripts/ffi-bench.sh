@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The C ABI against the Rust link, between two processes, in the same run:
+# ffi/bench/ffi_bench.c (blocking barlink_send, barlink_post_send + poll,
+# zero-copy barlink_post_send_buffer; default config) and `barlink bench
+# --paths barlink` (the Rust link the C face wraps) take turns, ROUNDS
+# times; each round's ratio is C / Rust at each size, and the medians of
+# the rounds are printed with the CPU they ran on.
+#
+#   scripts/ffi-bench.sh [--rounds 3] [--sizes 64,4K,64K,1M,16M] [--quick]
+#
+# --quick: 64,64K,1M, 2 rounds of 3 windows of 8 MiB (under a minute).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+rounds=3 sizes=64,4K,64K,1M,16M windows=5 bytes=64M lat=500
+while [ $# -gt 0 ]; do
+    case $1 in
+        --rounds) rounds=$2; shift 2 ;;
+        --sizes) sizes=$2; shift 2 ;;
+        --quick) rounds=2 sizes=64,64K,1M windows=3 bytes=8M lat=200; shift ;;
+        *) echo "usage: scripts/ffi-bench.sh [--rounds N] [--sizes LIST] [--quick]" >&2; exit 2 ;;
+    esac
+done
+target="${CARGO_TARGET_DIR:-$root/target}"
+./scripts/ffi-test.sh --build >/dev/null
+cargo build --release --quiet --bin barlink
+work="$target/ffi-bench"
+mkdir -p "$work"
+gcc -O2 -Wall -Wextra -std=c11 -I ffi/include ffi/bench/ffi_bench.c \
+    -L "$target/release" -lbarlink_c -Wl,-rpath,"$target/release" -o "$work/ffi_bench"
+bytes_of() { # 64K -> 65536, as barlink bench reads sizes
+    python3 -c 'import sys
+u={"":1,"K":1<<10,"M":1<<20,"G":1<<30}
+print(",".join(str(int(s.rstrip("KMG"))*u[s[len(s.rstrip("KMG")):]]) for s in sys.argv[1].split(",")))' "$1"
+}
+c_sizes=$(bytes_of "$sizes")
+c_bytes=$(bytes_of "$bytes")
+echo "# scripts/ffi-bench.sh: C ABI / Rust link, $rounds rounds, sizes $sizes, $windows windows of $bytes"
+"$target/release/barlink" bench --paths barlink --sizes 64 --windows 1 --lat-iters 1 | grep '^# cpu'
+for round in $(seq "$rounds"); do
+    "$target/release/barlink" bench --paths barlink --sizes "$sizes" --windows "$windows" \
+        --bytes-per-window "$bytes" --lat-iters "$lat" --json >"$work/rust.$round.jsonl"
+    "$work/ffi_bench" --sizes "$c_sizes" --windows "$windows" --bytes-per-window "$c_bytes" \
+        --lat-iters "$lat" --json >"$work/c.$round.jsonl"
+done
+python3 - "$work" "$rounds" <<'PY'
+import json, statistics, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+def rows(path):
+    return [json.loads(line) for line in open(path) if line.startswith("{")]
+ratio, lat_delta, rust_gbps, c_gbps = {}, {}, {}, {}
+for r in range(1, rounds + 1):
+    rust = {row["size_bytes"]: row for row in rows(f"{work}/rust.{r}.jsonl") if row["path"] == "barlink"}
+    for row in rows(f"{work}/c.{r}.jsonl"):
+        base = rust[row["size_bytes"]]
+        key = (row["size_bytes"], row["path"])
+        ratio.setdefault(key, []).append(row["gbps"] / base["gbps"])
+        c_gbps.setdefault(key, []).append(row["gbps"])
+        rust_gbps.setdefault(row["size_bytes"], []).append(base["gbps"])
+        lat_delta.setdefault(row["size_bytes"], []).append(row["lat_p50_us"] - base["lat_p50_us"])
+print(f"# {'size':>10}  {'C path':<20} {'C GB/s':>8} {'Rust GB/s':>10} {'C/Rust':>7}  (rounds' ratios)   one-way p50 C - Rust")
+for (size, path), values in sorted(ratio.items()):
+    print(f"  {size:>10}  {path:<20} {statistics.median(c_gbps[(size, path)]):>8.2f} "
+          f"{statistics.median(rust_gbps[size]):>10.2f} {statistics.median(values):>7.2f}  "
+          f"({', '.join(f'{v:.2f}' for v in values)})   {statistics.median(lat_delta[size]):+.2f} us")
+PY
