@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "barlink.h"
@@ -279,6 +281,48 @@ int main(void) {
     int status = 0;
     waitpid(child, &status, 0);
     check_true("the peer saw the close and exited 0", WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    /* A peer that dies mid-transfer: reported as lost within the peer
+     * timeout (500 ms here), never a hang. */
+    char dying_name[64];
+    snprintf(dying_name, sizeof dying_name, "misuse-c-dying-%d", (int)getpid());
+    barlink_config quick = config;
+    quick.peer_timeout_ms = 500;
+    barlink_listener *dying_listener = NULL;
+    check("listen (for a peer that dies)", barlink_listen(dying_name, &quick, &dying_listener),
+          BARLINK_OK);
+    pid_t dying = fork();
+    if (dying == 0) {
+        barlink_link *mine = NULL;
+        if (barlink_connect(dying_name, &quick, 10000, &mine) != BARLINK_OK) _exit(1);
+        char chunk[65536] = {0};
+        for (;;) barlink_send(mine, chunk, sizeof chunk, 10000); /* until killed */
+    }
+    barlink_link *victim = NULL;
+    check("accept (a peer that will die)", barlink_accept(dying_listener, 10000, &victim),
+          BARLINK_OK);
+    check("recv from it while it lives", barlink_recv(victim, big, sizeof big, &len, 10000),
+          BARLINK_BUFFER_TOO_SMALL);
+    kill(dying, SIGKILL);
+    waitpid(dying, &status, 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    barlink_status lost = BARLINK_OK;
+    char *sink = malloc(65536);
+    while (lost == BARLINK_OK || lost == BARLINK_TIMEOUT) {
+        /* Messages that arrived before the death are still received. */
+        lost = barlink_recv(victim, sink, 65536, &len, 200);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (t1.tv_sec - t0.tv_sec > 10) break;
+    }
+    free(sink);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    check("recv after the peer was killed", lost, BARLINK_PEER_LOST);
+    check_true("reported within 5 s of the kill (peer timeout 500 ms)", waited < 5.0);
+    check_true("the message says the peer was lost", strstr(barlink_last_error(), "lost") != NULL);
+    check("send to the dead peer", barlink_send(victim, "x", 1, 1000), BARLINK_PEER_LOST);
+    check("close a link whose peer died (frees it)", barlink_close(victim, 1000), BARLINK_OK);
+    check("listener_close", barlink_listener_close(dying_listener), BARLINK_OK);
 
     printf("misuse: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
