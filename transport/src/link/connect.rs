@@ -112,9 +112,14 @@ pub struct Listener {
     name: String,
     socket: UnixListener,
     stats: Mutex<ListenerStats>,
+    /// Connections welcomed and waiting for their descriptor, kept from one
+    /// accept to the next: peers that connect together are all served, one
+    /// per accept, rather than dropped when the first is taken.
+    pending: Mutex<VecDeque<Pending>>,
 }
 
 /// A connection the listener welcomed and waits on for a descriptor.
+#[derive(Debug)]
 struct Pending {
     stream: UnixStream,
     peer: PeerCredentials,
@@ -147,6 +152,7 @@ impl Listener {
             name: name.to_string(),
             socket,
             stats: Mutex::new(ListenerStats::default()),
+            pending: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -181,7 +187,8 @@ impl Listener {
         let allow = config.allow.resolve()?;
         let own_uid = own_uid();
         let deadline = Instant::now() + config.setup_timeout;
-        let mut pending: VecDeque<Pending> = VecDeque::new();
+        // Accepts on other threads wait here: one serves the queue at a time.
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let mut last_failure: Option<String> = None;
         loop {
             let mut busy = false;
