@@ -32,12 +32,14 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod acceptor;
 pub mod channel;
 mod medium;
 mod resume;
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use channel::{Channel, ChannelError, ChannelListener, ChannelOptions};
@@ -49,6 +51,7 @@ pub use medium::{
 use crate::auth::PeerAuth;
 use crate::engine::EngineConfig;
 use crate::link::{Link, MediumError, SetupError};
+use acceptor::{Acceptor, Want};
 use resume::{Rejoin, Resume};
 
 /// The port a TCP link listens on unless told otherwise.
@@ -252,23 +255,24 @@ impl TcpHello {
     }
 }
 
-/// The server side of TCP links.
+/// The server side of TCP links: accepts any number of peers on one port,
+/// and the links it accepted take their peers back on the same port.
 #[derive(Debug)]
 pub struct TcpServer {
-    listener: ChannelListener,
+    acceptor: Arc<Acceptor>,
 }
 
 impl TcpServer {
     /// Listens on `addr` (`0.0.0.0:18616`; port 0 picks one).
     pub fn bind(addr: impl ToSocketAddrs) -> Result<TcpServer, TcpSetupError> {
         Ok(TcpServer {
-            listener: ChannelListener::bind(addr)?,
+            acceptor: Arc::new(Acceptor::new(ChannelListener::bind(addr)?)),
         })
     }
 
     /// Where it listens.
     pub fn local_addr(&self) -> Result<SocketAddr, TcpSetupError> {
-        Ok(self.listener.local_addr()?)
+        Ok(self.acceptor.listener().local_addr()?)
     }
 
     /// Waits at most `timeout` for a client that authenticates, then sets
@@ -280,13 +284,17 @@ impl TcpServer {
         options: &TcpLinkOptions,
     ) -> Result<TcpLink<B>, TcpSetupError> {
         let auth = check_options(options)?;
-        let channel = self
-            .listener
-            .accept_authenticated(timeout, &options.channel, &auth)?;
+        let arrival = self
+            .acceptor
+            .next(Want::New, timeout, &options.channel, &auth)?
+            .ok_or(ChannelError::Timeout {
+                operation: "waiting for the peer to connect",
+                after: timeout,
+            })?;
         let rejoin = Rejoin::Reaccept {
-            listener: self.listener.try_clone()?,
+            acceptor: Arc::clone(&self.acceptor),
         };
-        establish(channel, options, auth, rejoin)
+        establish(arrival.channel, Some(arrival.hello), options, auth, rejoin)
     }
 }
 
@@ -302,7 +310,7 @@ pub fn connect<B: AsRef<[u8]>>(
     let rejoin = Rejoin::Redial {
         addr: channel.peer_addr()?,
     };
-    establish(channel, options, auth, rejoin)
+    establish(channel, None, options, auth, rejoin)
 }
 
 /// The authentication to use, and whether the options can work with it.
@@ -333,18 +341,25 @@ fn check_options(options: &TcpLinkOptions) -> Result<PeerAuth, TcpSetupError> {
     Ok(auth)
 }
 
-/// The hello both ways over the authenticated channel, then the medium on
-/// the same connection.
+/// The hello both ways over the authenticated channel (the peer's already
+/// read when the acceptor took the connection), then the medium on the
+/// same connection.
 fn establish<B: AsRef<[u8]>>(
     mut channel: Channel,
+    peer_hello: Option<TcpHello>,
     options: &TcpLinkOptions,
     auth: PeerAuth,
     rejoin: Rejoin,
 ) -> Result<TcpLink<B>, TcpSetupError> {
     let mut ours = TcpHello::of(options);
     channel.send_sealed(&ours.encode(), "sending the TCP link hello")?;
-    let bytes = channel.recv_sealed("waiting for the peer's TCP link hello")?;
-    let peer = TcpHello::decode(&bytes).map_err(|detail| TcpSetupError::Hello { detail })?;
+    let peer = match peer_hello {
+        Some(peer) => peer,
+        None => {
+            let bytes = channel.recv_sealed("waiting for the peer's TCP link hello")?;
+            TcpHello::decode(&bytes).map_err(|detail| TcpSetupError::Hello { detail })?
+        }
+    };
     ours.check_agreement(&peer)
         .map_err(|detail| TcpSetupError::Hello { detail })?;
     if peer.resume {

@@ -9,7 +9,10 @@
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use super::channel::{self, Channel, ChannelListener, ChannelOptions};
+use std::sync::Arc;
+
+use super::acceptor::{Acceptor, Want};
+use super::channel::{self, Channel, ChannelOptions};
 use super::{HELLO_LEN, TcpHello};
 use crate::auth::{PeerAuth, Session};
 
@@ -22,8 +25,9 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
 pub(super) enum Rejoin {
     /// This side connected: it dials `addr` again.
     Redial { addr: SocketAddr },
-    /// This side accepted: it takes a new connection on its listener.
-    Reaccept { listener: ChannelListener },
+    /// This side accepted: it takes its peer's new connection on the
+    /// server's socket.
+    Reaccept { acceptor: Arc<Acceptor> },
 }
 
 /// What an attempt needs.
@@ -66,19 +70,20 @@ impl Resume {
                 self.check(&peer)?;
                 Ok(Some(channel.into_parts()))
             }
-            Rejoin::Reaccept { listener } => {
-                let Ok(mut channel) = listener.accept(Duration::ZERO, &options) else {
+            Rejoin::Reaccept { acceptor } => {
+                let want = Want::Resume(self.hello.link_id);
+                let Some(mut arrival) = acceptor
+                    .next(want, Duration::ZERO, &options, &self.auth)
+                    .map_err(|e| e.to_string())?
+                else {
                     return Ok(None);
                 };
-                channel
-                    .authenticate(&self.auth, false)
-                    .map_err(|e| e.to_string())?;
-                let peer = Self::peer_hello(&mut channel)?;
-                self.check(&peer)?;
-                channel
+                self.check(&arrival.hello)?;
+                arrival
+                    .channel
                     .send_sealed(&ours.encode(), "answering the resume hello")
                     .map_err(|e| e.to_string())?;
-                Ok(Some(channel.into_parts()))
+                Ok(Some(arrival.channel.into_parts()))
             }
         }
     }

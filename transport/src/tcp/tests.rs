@@ -429,3 +429,63 @@ fn hellos_are_checked() {
             .contains("MTU differs")
     );
 }
+
+/// One port, several peers: while a link accepted on it takes its peer back
+/// after a cut connection, new peers connect to the same port. Each
+/// connection must reach its taker (the resuming link, or the server's
+/// accept), so the resumed link loses nothing and every new peer is served.
+#[test]
+fn new_peers_and_a_resuming_link_share_one_port() {
+    let options = options(psk(3), false);
+    let server = TcpServer::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap();
+    let through_relay = relay(addr, Fault::Cut(2_000_000));
+    let resuming_client = {
+        let options = options.clone();
+        thread::spawn(move || {
+            let mut client: TcpLink = connect(through_relay, &options).unwrap();
+            for index in 0..200 {
+                client.send_blocking(message(7, index), TIMEOUT).unwrap();
+            }
+            client.flush(TIMEOUT).unwrap();
+            client.medium().stats().reconnects
+        })
+    };
+    let mut resumed: TcpLink = server.accept(TIMEOUT, &options).unwrap();
+    let receiver = thread::spawn(move || {
+        for index in 0..200 {
+            let data = resumed.recv(TIMEOUT).unwrap();
+            assert_eq!(data, message(7, index), "message {index} is wrong");
+        }
+        let _ = resumed.flush(Duration::from_secs(5));
+        resumed.medium().stats().reconnects
+    });
+    let new_clients: Vec<_> = (0..4u8)
+        .map(|index| {
+            let options = options.clone();
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(20 * u64::from(index)));
+                let mut client: TcpLink = connect(addr, &options).unwrap();
+                client.send_blocking(vec![index; 3000], TIMEOUT).unwrap();
+                let echo = client.recv(TIMEOUT).unwrap();
+                client.close(TIMEOUT).unwrap();
+                echo == vec![index; 3000]
+            })
+        })
+        .collect();
+    for _ in 0..4 {
+        let mut link: TcpLink = server.accept(TIMEOUT, &options).unwrap();
+        let data = link.recv(TIMEOUT).unwrap();
+        link.send_blocking(data, TIMEOUT).unwrap();
+        link.flush(TIMEOUT).unwrap();
+    }
+    for client in new_clients {
+        assert!(client.join().unwrap(), "a new peer got someone else's echo");
+    }
+    let server_reconnects = receiver.join().unwrap();
+    let client_reconnects = resuming_client.join().unwrap();
+    assert!(
+        server_reconnects >= 1 && client_reconnects >= 1,
+        "{server_reconnects} {client_reconnects}"
+    );
+}
