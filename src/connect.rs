@@ -28,16 +28,15 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use barlink_rdma::RdmaLink;
-use barlink_rdma::oob::OobListener;
 use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
 use barlink_topology::{Bdf, PathChoice, PathPolicy, Topology};
 use barlink_transport::auth::PeerAuth;
 use barlink_transport::engine::MessageId;
 use barlink_transport::link::{
-    AllowedPeers, IoError, LinkConfig, Listener, RingLink, SetupError, pair_windows,
+    AllowedPeers, IoError, LinkConfig, RingLink, SetupError, pair_windows,
 };
-use barlink_transport::tcp::{self, TcpLink, TcpLinkOptions, TcpServer};
-use barlink_transport::window::ShmWindow;
+use barlink_transport::tcp::{self, TcpLink, TcpLinkOptions};
+use barlink_transport::window::{ShmOptions, ShmWindow};
 use barlink_transport::{EngineConfig, SendError, Stats};
 use barlink_vfio::open::{BarOpenError, BarRoute, open_bar_range};
 use barlink_vfio::{BarWindow, DeviceSpec};
@@ -204,6 +203,11 @@ pub struct ConnectOptions {
     /// `None`: `rdma.oob.auth` or `tcp.channel.auth`, else the
     /// environment's (`BARLINK_PSK_FILE`, ...).
     pub auth: Option<PeerAuth>,
+    /// Bytes of each side's receive window on a link over host memory
+    /// (control block plus slots).
+    pub window_len: usize,
+    /// How a link over host memory backs its windows (huge pages, ...).
+    pub shm: ShmOptions,
 }
 
 impl Default for ConnectOptions {
@@ -220,6 +224,8 @@ impl Default for ConnectOptions {
             tcp: TcpLinkOptions::default(),
             encrypt: false,
             auth: None,
+            window_len: LinkConfig::default().window_len,
+            shm: ShmOptions::default(),
         }
     }
 }
@@ -529,16 +535,28 @@ fn open_bar(bar: &BarRef, root: &Path) -> Result<BarWindow, String> {
     })
 }
 
-/// Picks the path to `peer` ([`choose_path`]), sets up the link over it and
-/// returns it with the decision.
-pub fn connect<B: AsRef<[u8]>>(
-    peer: &Peer,
-    role: Role,
-    options: &ConnectOptions,
-) -> Result<Connection<B>, ConnectError> {
+/// The path chosen for a peer, and each remote medium's options with the
+/// authentication setup will use.
+pub(crate) struct Prepared {
+    pub(crate) decision: PathDecision,
+    pub(crate) rdma: RdmaLinkOptions,
+    pub(crate) tcp: TcpLinkOptions,
+}
+
+impl fmt::Debug for Prepared {
+    /// The decision only: the options hold the setup's keys.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prepared")
+            .field("decision", &self.decision)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Chooses the path ([`choose_path`]) and settles how setup with another
+/// node is authenticated (unless asked otherwise by name), saying so in the
+/// decision.
+pub(crate) fn prepare(peer: &Peer, options: &ConnectOptions) -> Result<Prepared, ConnectError> {
     let mut decision = choose_path(peer, options)?;
-    // Setup with another node is authenticated unless asked otherwise by
-    // name, and the decision says how.
     let mut rdma = RdmaLinkOptions {
         engine: options.engine.clone(),
         ..options.rdma.clone()
@@ -571,78 +589,104 @@ pub fn connect<B: AsRef<[u8]>>(
         rdma.oob.auth = Some(auth.clone());
         tcp_options.channel.auth = Some(auth);
     }
+    check_reach(&decision, peer)?;
+    Ok(Prepared {
+        decision,
+        rdma,
+        tcp: tcp_options,
+    })
+}
+
+/// Refuses a path that cannot reach the peer where it is.
+fn check_reach(decision: &PathDecision, peer: &Peer) -> Result<(), ConnectError> {
+    let failed = |detail: String| ConnectError::Setup {
+        decision: decision.clone(),
+        detail,
+    };
+    match (decision.path, peer) {
+        (PathKind::HostBounce | PathKind::BarP2p, Peer::Local { .. })
+        | (PathKind::Rdma, Peer::Remote { .. } | Peer::Rdma { .. })
+        | (PathKind::Tcp, Peer::Remote { .. } | Peer::Tcp { .. }) => Ok(()),
+        (path, Peer::Remote { .. } | Peer::Rdma { .. } | Peer::Tcp { .. }) => Err(failed(format!(
+            "{path} cannot reach a peer on another node: only RDMA or TCP can"
+        ))),
+        (PathKind::Rdma | PathKind::Tcp, Peer::Local { .. }) => Err(failed(format!(
+            "{} to a peer on this host needs its address: give {}://HOST:PORT",
+            decision.path, decision.path
+        ))),
+    }
+}
+
+/// The ring configuration of a link over host memory.
+pub(crate) fn local_config(options: &ConnectOptions) -> LinkConfig {
+    LinkConfig {
+        engine: options.engine.clone(),
+        setup_timeout: options.setup_timeout,
+        allow: options.allow.clone(),
+        window_len: options.window_len,
+        shm: options.shm.clone(),
+        ..LinkConfig::default()
+    }
+}
+
+/// The link over two BAR windows ([`ConnectOptions::bars`]); both sides
+/// set it up the same way.
+pub(crate) fn bar_link<B: AsRef<[u8]>>(
+    options: &ConnectOptions,
+    failed: impl Fn(String) -> ConnectError,
+) -> Result<RingLink<BarWindow, B>, ConnectError> {
+    let Some(bars) = &options.bars else {
+        return Err(failed(
+            "BAR P2P needs the two BAR windows (ConnectOptions::bars)".into(),
+        ));
+    };
+    let own = open_bar(&bars.own, &options.sysfs_root).map_err(&failed)?;
+    let peer_window = open_bar(&bars.peer, &options.sysfs_root).map_err(&failed)?;
+    let place = PathBuf::from(format!("BAR {} of {}", bars.peer.bar, bars.peer.device));
+    pair_windows(
+        own,
+        peer_window,
+        options.engine.clone(),
+        options.setup_timeout,
+        &place,
+    )
+    .map_err(|e| failed(e.to_string()))
+}
+
+/// Picks the path to `peer` ([`choose_path`]), sets up the link over it and
+/// returns it with the decision. [`Role::Accept`] takes one link; a
+/// [`crate::Listener`] takes many.
+pub fn connect<B: AsRef<[u8]>>(
+    peer: &Peer,
+    role: Role,
+    options: &ConnectOptions,
+) -> Result<Connection<B>, ConnectError> {
+    if role == Role::Accept {
+        return crate::Listener::bind(peer, options)?.accept();
+    }
+    let Prepared {
+        decision,
+        rdma,
+        tcp: tcp_options,
+    } = prepare(peer, options)?;
     tracing::info!(path = %decision.path, reason = %decision.reason, ?role, "path chosen");
     let failed = |detail: String| ConnectError::Setup {
         decision: decision.clone(),
         detail,
     };
     let link = match (decision.path, peer) {
-        (PathKind::HostBounce, Peer::Local { name }) => {
-            let config = LinkConfig {
-                engine: options.engine.clone(),
-                setup_timeout: options.setup_timeout,
-                allow: options.allow.clone(),
-                ..LinkConfig::default()
-            };
-            let link = match role {
-                Role::Accept => Listener::bind(name).and_then(|l| l.accept(&config)),
-                Role::Connect => barlink_transport::link::connect(name, &config),
-            };
-            AnyLink::HostBounce(link.map_err(|e: SetupError| failed(e.to_string()))?)
-        }
-        (PathKind::BarP2p, Peer::Local { .. }) => {
-            let Some(bars) = &options.bars else {
-                return Err(failed(
-                    "BAR P2P needs the two BAR windows (ConnectOptions::bars)".into(),
-                ));
-            };
-            let own = open_bar(&bars.own, &options.sysfs_root).map_err(&failed)?;
-            let peer_window = open_bar(&bars.peer, &options.sysfs_root).map_err(&failed)?;
-            let place = PathBuf::from(format!("BAR {} of {}", bars.peer.bar, bars.peer.device));
-            AnyLink::BarP2p(
-                pair_windows(
-                    own,
-                    peer_window,
-                    options.engine.clone(),
-                    options.setup_timeout,
-                    &place,
-                )
-                .map_err(|e| failed(e.to_string()))?,
-            )
-        }
-        (PathKind::Rdma, Peer::Remote { addr } | Peer::Rdma { addr }) => {
-            let link = match role {
-                Role::Accept => OobListener::bind(addr.as_str())
-                    .map_err(|e| failed(e.to_string()))
-                    .and_then(|listener| {
-                        verbs_queue::accept(&listener, options.setup_timeout, &rdma)
-                            .map_err(|e| failed(e.to_string()))
-                    }),
-                Role::Connect => {
-                    verbs_queue::connect(addr.as_str(), &rdma).map_err(|e| failed(e.to_string()))
-                }
-            };
-            AnyLink::Rdma(Box::new(link?))
-        }
-        (PathKind::Tcp, Peer::Remote { addr } | Peer::Tcp { addr }) => {
-            let link = match role {
-                Role::Accept => TcpServer::bind(addr.as_str())
-                    .and_then(|server| server.accept(options.setup_timeout, &tcp_options)),
-                Role::Connect => tcp::connect(addr.as_str(), &tcp_options),
-            };
-            AnyLink::Tcp(link.map_err(|e| failed(e.to_string()))?)
-        }
-        (path, Peer::Remote { .. } | Peer::Rdma { .. } | Peer::Tcp { .. }) => {
-            return Err(failed(format!(
-                "{path} cannot reach a peer on another node: only RDMA or TCP can"
-            )));
-        }
-        (PathKind::Rdma | PathKind::Tcp, Peer::Local { .. }) => {
-            return Err(failed(format!(
-                "{} to a peer on this host needs its address: give {}://HOST:PORT",
-                decision.path, decision.path
-            )));
-        }
+        (PathKind::HostBounce, Peer::Local { name }) => AnyLink::HostBounce(
+            barlink_transport::link::connect(name, &local_config(options))
+                .map_err(|e: SetupError| failed(e.to_string()))?,
+        ),
+        (PathKind::BarP2p, _) => AnyLink::BarP2p(bar_link(options, failed)?),
+        (PathKind::Rdma, Peer::Remote { addr } | Peer::Rdma { addr }) => AnyLink::Rdma(Box::new(
+            verbs_queue::connect(addr.as_str(), &rdma).map_err(|e| failed(e.to_string()))?,
+        )),
+        (PathKind::Tcp, Peer::Remote { addr } | Peer::Tcp { addr }) => AnyLink::Tcp(
+            tcp::connect(addr.as_str(), &tcp_options).map_err(|e| failed(e.to_string()))?,
+        ),
+        _ => unreachable!("prepare refused a path that cannot reach the peer"),
     };
     Ok(Connection { link, decision })
 }

@@ -31,7 +31,9 @@ pub use barlink_vfio as vfio;
 pub mod connect;
 pub mod doctor;
 pub mod gpu;
+pub mod listen;
 pub use connect::{
     BarEnds, BarRef, ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Peer, Role,
     choose_path, connect,
 };
+pub use listen::Listener;

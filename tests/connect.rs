@@ -247,3 +247,68 @@ fn a_remote_peer_without_rdma_goes_over_tcp_sealed_when_asked() {
     }
     assert!(matches!(client.link, barlink::connect::AnyLink::Tcp(_)));
 }
+
+/// One listener serves peer after peer, on a link name and on a TCP port,
+/// each accepted link saying its path; a second listener on the same name
+/// is refused.
+#[test]
+fn a_listener_accepts_many_peers_on_a_name_and_on_a_tcp_port() {
+    use barlink::Listener;
+    use barlink::transport::auth::{PeerAuth, SecretKey};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let options = ConnectOptions {
+        auth: Some(PeerAuth::PreSharedKey {
+            key: SecretKey::from_hex(&"3c".repeat(32)).unwrap(),
+            source: "the test".to_string(),
+        }),
+        ..ConnectOptions::default()
+    };
+    let mut peers = vec![Peer::Local {
+        name: format!("listener-test-{}", std::process::id()),
+    }];
+    if barlink::rdma::device::devices().is_ok_and(|d| !d.is_empty()) {
+        eprintln!("SKIPPED a_listener_accepts_many_peers (the TCP part): this host has RDMA");
+    } else {
+        peers.push(Peer::Tcp {
+            addr: format!("127.0.0.1:{port}"),
+        });
+    }
+    for peer in peers {
+        let listener = Listener::bind(&peer, &options).unwrap();
+        if let Peer::Local { .. } = peer {
+            let again = Listener::bind(&peer, &options).unwrap_err();
+            assert!(again.to_string().contains("in use"), "{again}");
+        }
+        let clients: Vec<_> = (0..3u8)
+            .map(|index| {
+                let (peer, options) = (peer.clone(), options.clone());
+                thread::spawn(move || {
+                    let mut link = connect::<Vec<u8>>(&peer, Role::Connect, &options).unwrap();
+                    link.send(vec![index; 1000], TIMEOUT).unwrap();
+                    assert_eq!(link.recv(TIMEOUT).unwrap(), vec![index + 100; 10]);
+                    link.close(TIMEOUT).unwrap();
+                    link.decision.path
+                })
+            })
+            .collect();
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let mut link = listener.accept::<Vec<u8>>().unwrap();
+            assert_eq!(link.decision.path, listener.decision().path);
+            let got = link.recv(TIMEOUT).unwrap();
+            assert_eq!(got.len(), 1000);
+            seen.push(got[0]);
+            link.send(vec![got[0] + 100; 10], TIMEOUT).unwrap();
+            link.flush(TIMEOUT).unwrap();
+        }
+        for client in clients {
+            assert_eq!(client.join().unwrap(), listener.decision().path);
+        }
+        seen.sort();
+        assert_eq!(seen, [0, 1, 2], "{peer:?}");
+    }
+}
