@@ -439,7 +439,29 @@ macro_rules! each_link {
     };
 }
 
+macro_rules! each_link_ref {
+    ($self:expr, $link:ident => $body:expr) => {
+        match &$self.link {
+            AnyLink::HostBounce($link) => $body,
+            AnyLink::BarP2p($link) => $body,
+            AnyLink::Rdma($link) => $body,
+            AnyLink::Tcp($link) => $body,
+        }
+    };
+}
+
 impl<B: AsRef<[u8]>> Connection<B> {
+    /// The engine's counters, without copying them.
+    pub fn engine_stats(&self) -> &Stats {
+        each_link_ref!(self, link => link.engine().stats())
+    }
+
+    /// Whether the two sides have heard each other (each knows the other's
+    /// session), so a close reaches the peer.
+    pub fn is_connected(&self) -> bool {
+        each_link_ref!(self, link => link.engine().is_connected())
+    }
+
     /// Queues a message, waiting at most `timeout` for room.
     pub fn send(&mut self, data: B, timeout: Duration) -> Result<(), IoError> {
         each_link!(self, link => link.send_blocking(data, timeout).map(|_| ()))

@@ -53,7 +53,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 2
+#define BARLINK_ABI_VERSION_MINOR 3
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -128,13 +128,16 @@ typedef enum barlink_status {
 
 // Which medium a link uses (`barlink_config.transport`).
 typedef enum barlink_transport {
-  // The best available one: shared memory today.
+  // The path barlink picks for the peer: shared memory for a link name,
+  // RDMA for an address where this host has an RDMA device, else TCP.
   BARLINK_TRANSPORT_DEFAULT = 0,
-  // Shared-memory windows between processes on one host (memfd).
+  // Shared-memory windows between processes on one host (memfd): what a
+  // link name gets.
   BARLINK_TRANSPORT_SHM = 1,
-  // PCIe BAR windows over VFIO: not available yet.
+  // PCIe BAR windows over VFIO: not available through the C ABI yet.
   BARLINK_TRANSPORT_BAR = 2,
-  // RDMA over ibverbs: not available yet.
+  // RDMA over ibverbs, and nothing else: an address without an RDMA
+  // device here is `BARLINK_NOT_AVAILABLE` rather than TCP.
   BARLINK_TRANSPORT_RDMA = 3,
 } barlink_transport;
 
@@ -264,11 +267,16 @@ const char *barlink_status_string(int32_t status);
 // `config` is NULL (refused) or points to a writable `barlink_config`.
 enum barlink_status barlink_config_init(struct barlink_config *config);
 
-// Claims `name` for accepting links (an abstract Unix socket
-// `@barlink/<name>`: nothing stays behind after a crash). `config` may be
-// NULL for the defaults; accepted links use it. On success `*listener` is
-// a new handle (close it with `barlink_listener_close`); on failure it is
-// set to NULL.
+// Claims `name` for accepting links. `name` is a peer as every barlink
+// face takes it: a link name on this host (`kv` or `local:kv`: an abstract
+// Unix socket `@barlink/kv`, nothing stays behind after a crash), or an
+// address to listen on for peers on other nodes (`tcp://0.0.0.0:18616`,
+// `rdma://0.0.0.0:18515`, or `0.0.0.0:18515`: RDMA where this host has an
+// RDMA device, else TCP). Setup with other nodes is authenticated as
+// `BARLINK_PSK_FILE` (or the other `BARLINK_*` key variables) say; without
+// any, the listen fails saying so. `config` may be NULL for the defaults;
+// accepted links use it. On success `*listener` is a new handle (close it
+// with `barlink_listener_close`); on failure it is set to NULL.
 //
 // # Safety
 // `name` is NULL or NUL-terminated; `config` is NULL or a `barlink_config`
@@ -293,10 +301,14 @@ enum barlink_status barlink_accept(struct barlink_listener *listener,
 // afterwards; closing it again returns `BARLINK_INVALID_HANDLE`.
 enum barlink_status barlink_listener_close(struct barlink_listener *listener);
 
-// Connects to the listener under `name`, retrying for at most
-// `timeout_ms` while nobody listens, and sets up the link. `config` may be
-// NULL; both sides should use the same `mtu` and `max_message_bytes`. On
-// success `*link` is a new handle; on failure NULL.
+// Connects to the peer `name` names (as `barlink_listen` takes it: a link
+// name, or `tcp://HOST:PORT`, `rdma://HOST:PORT`, `HOST:PORT`), retrying
+// for at most `timeout_ms` while nobody listens, and sets up the link over
+// the path barlink picks (`barlink_link_path` says which and why).
+// `config` may be NULL; both sides should use the same `mtu` and
+// `max_message_bytes`. On success `*link` is a new handle; on failure
+// NULL, with `BARLINK_NOT_AVAILABLE` when no path reaches the peer (an
+// rdma:// peer without an RDMA device here, say).
 //
 // # Safety
 // `name` is NULL or NUL-terminated; `config` is NULL or a `barlink_config`
@@ -315,6 +327,30 @@ enum barlink_status barlink_connect(const char *name,
 // memory any more. Calls on other threads still inside a call on the link
 // return `BARLINK_CLOSED`.
 enum barlink_status barlink_close(struct barlink_link *link, uint32_t timeout_ms);
+
+// Writes the path a link took and why (e.g. `"tcp: the peer is on another
+// node, ...; setup authenticated with a pre-shared key ..."`) into `buf`
+// as a NUL-terminated string. `*len` gets the bytes the text needs,
+// NUL included; `BARLINK_BUFFER_TOO_SMALL` when `capacity` is less (call
+// again with a larger buffer). Works on a link that has ended, until it
+// is closed.
+//
+// # Safety
+// Unless `capacity` is 0, `buf` points to `capacity` writable bytes; `len`
+// is NULL (refused) or writable.
+enum barlink_status barlink_link_path(struct barlink_link *link,
+                                      char *buf,
+                                      size_t capacity,
+                                      size_t *len);
+
+// As `barlink_link_path`, for the path a listener's links take.
+//
+// # Safety
+// As `barlink_link_path`.
+enum barlink_status barlink_listener_path(struct barlink_listener *listener,
+                                          char *buf,
+                                          size_t capacity,
+                                          size_t *len);
 
 // Sends `len` bytes at `data`: copies them (the caller may reuse `data` at
 // once), queues the message and drives the link; waits at most

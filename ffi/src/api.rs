@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result, boundary, last_error_ptr};
-use crate::link::{ListenerCell, connect_link, link_config};
 use crate::payload::Region;
+use crate::peer::{ListenerCell, Setup, connect_link};
 use crate::registry;
 use crate::types::barlink_status::{self, *};
 use crate::types::{
@@ -216,11 +216,16 @@ pub unsafe extern "C" fn barlink_config_init(config: *mut barlink_config) -> bar
 
 // ------------------------------------------------------------------ links
 
-/// Claims `name` for accepting links (an abstract Unix socket
-/// `@barlink/<name>`: nothing stays behind after a crash). `config` may be
-/// NULL for the defaults; accepted links use it. On success `*listener` is
-/// a new handle (close it with `barlink_listener_close`); on failure it is
-/// set to NULL.
+/// Claims `name` for accepting links. `name` is a peer as every barlink
+/// face takes it: a link name on this host (`kv` or `local:kv`: an abstract
+/// Unix socket `@barlink/kv`, nothing stays behind after a crash), or an
+/// address to listen on for peers on other nodes (`tcp://0.0.0.0:18616`,
+/// `rdma://0.0.0.0:18515`, or `0.0.0.0:18515`: RDMA where this host has an
+/// RDMA device, else TCP). Setup with other nodes is authenticated as
+/// `BARLINK_PSK_FILE` (or the other `BARLINK_*` key variables) say; without
+/// any, the listen fails saying so. `config` may be NULL for the defaults;
+/// accepted links use it. On success `*listener` is a new handle (close it
+/// with `barlink_listener_close`); on failure it is set to NULL.
 ///
 /// # Safety
 /// `name` is NULL or NUL-terminated; `config` is NULL or a `barlink_config`
@@ -238,8 +243,8 @@ pub unsafe extern "C" fn barlink_listen(
         // SAFETY: forwarded caller contracts.
         let name = unsafe { name_arg(name)? };
         // SAFETY: forwarded caller contract.
-        let config = link_config(&unsafe { read_config(config)? })?;
-        let cell = ListenerCell::bind(&name, config)?;
+        let setup = Setup::new(&unsafe { read_config(config)? })?;
+        let cell = ListenerCell::bind(&name, setup)?;
         let value = registry::insert_listener(Arc::new(cell))?;
         // SAFETY: as above.
         unsafe { put(listener, handle(value)) };
@@ -284,10 +289,14 @@ pub extern "C" fn barlink_listener_close(listener: *mut barlink_listener) -> bar
     })
 }
 
-/// Connects to the listener under `name`, retrying for at most
-/// `timeout_ms` while nobody listens, and sets up the link. `config` may be
-/// NULL; both sides should use the same `mtu` and `max_message_bytes`. On
-/// success `*link` is a new handle; on failure NULL.
+/// Connects to the peer `name` names (as `barlink_listen` takes it: a link
+/// name, or `tcp://HOST:PORT`, `rdma://HOST:PORT`, `HOST:PORT`), retrying
+/// for at most `timeout_ms` while nobody listens, and sets up the link over
+/// the path barlink picks (`barlink_link_path` says which and why).
+/// `config` may be NULL; both sides should use the same `mtu` and
+/// `max_message_bytes`. On success `*link` is a new handle; on failure
+/// NULL, with `BARLINK_NOT_AVAILABLE` when no path reaches the peer (an
+/// rdma:// peer without an RDMA device here, say).
 ///
 /// # Safety
 /// `name` is NULL or NUL-terminated; `config` is NULL or a `barlink_config`
@@ -306,8 +315,8 @@ pub unsafe extern "C" fn barlink_connect(
         // SAFETY: forwarded caller contracts.
         let name = unsafe { name_arg(name)? };
         // SAFETY: forwarded caller contract.
-        let config = link_config(&unsafe { read_config(config)? })?;
-        let cell = connect_link(&name, config, millis(timeout_ms))?;
+        let setup = Setup::new(&unsafe { read_config(config)? })?;
+        let cell = connect_link(&name, setup, millis(timeout_ms))?;
         let value = registry::insert_link(Arc::new(cell))?;
         // SAFETY: as above.
         unsafe { put(link, handle(value)) };
@@ -329,6 +338,82 @@ pub extern "C" fn barlink_close(link: *mut barlink_link, timeout_ms: u32) -> bar
         let cell = registry::remove_link(key(link))?;
         cell.close(millis(timeout_ms))
     })
+}
+
+/// Writes the path a link took and why (e.g. `"tcp: the peer is on another
+/// node, ...; setup authenticated with a pre-shared key ..."`) into `buf`
+/// as a NUL-terminated string. `*len` gets the bytes the text needs,
+/// NUL included; `BARLINK_BUFFER_TOO_SMALL` when `capacity` is less (call
+/// again with a larger buffer). Works on a link that has ended, until it
+/// is closed.
+///
+/// # Safety
+/// Unless `capacity` is 0, `buf` points to `capacity` writable bytes; `len`
+/// is NULL (refused) or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_link_path(
+    link: *mut barlink_link,
+    buf: *mut c_char,
+    capacity: usize,
+    len: *mut usize,
+) -> barlink_status {
+    boundary("barlink_link_path", || {
+        let cell = registry::link(key(link))?;
+        let text = cell.lock()?.path().to_string();
+        // SAFETY: forwarded caller contract.
+        unsafe { write_text(&text, buf, capacity, len) }
+    })
+}
+
+/// As `barlink_link_path`, for the path a listener's links take.
+///
+/// # Safety
+/// As `barlink_link_path`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_listener_path(
+    listener: *mut barlink_listener,
+    buf: *mut c_char,
+    capacity: usize,
+    len: *mut usize,
+) -> barlink_status {
+    boundary("barlink_listener_path", || {
+        let cell = registry::listener(key(listener))?;
+        let text = cell.decision();
+        // SAFETY: forwarded caller contract.
+        unsafe { write_text(&text, buf, capacity, len) }
+    })
+}
+
+/// Copies `text` and a NUL into the caller's `buf`, or says how much room
+/// it needs.
+///
+/// # Safety
+/// Unless `capacity` is 0, `buf` points to `capacity` writable bytes; `len`
+/// is NULL or writable.
+unsafe fn write_text(text: &str, buf: *mut c_char, capacity: usize, len: *mut usize) -> Result<()> {
+    check_out(len, "len")?;
+    let needed = text.len() + 1;
+    // SAFETY: checked; writable by contract.
+    unsafe { put(len, needed) };
+    if capacity > 0 && buf.is_null() {
+        return Err(Error::invalid(format!(
+            "buf is NULL but capacity is {capacity}"
+        )));
+    }
+    if capacity < needed {
+        return Err(Error::new(
+            BARLINK_BUFFER_TOO_SMALL,
+            format!("the text needs {needed} bytes, the buffer has {capacity}"),
+        )
+        .with_needed(needed));
+    }
+    // SAFETY: `buf` has `capacity >= needed` writable bytes (contract,
+    // non-null since capacity > 0); the text is ours and cannot overlap.
+    unsafe {
+        ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+        buf.add(text.len()).write(0);
+    }
+    Ok(())
 }
 
 // ----------------------------------------------------------- blocking I/O

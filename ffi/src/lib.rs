@@ -12,7 +12,9 @@
 //!   returns a `barlink_status` with stable numbers and leaves a message in
 //!   a thread-local for `barlink_last_error`. Every body runs inside
 //!   `catch_unwind`: no panic crosses into C.
-//! - **Links** (`link`): a transport `RingLink` behind a mutex, with the
+//! - **Peers** (`peer`): a link name on this host or a node's address,
+//!   set up by the transport (local names) or the facade's `connect`.
+//! - **Links** (`link`): the facade's `Connection` behind a mutex, with the
 //!   messages delivered but not yet taken (a too-small buffer loses
 //!   nothing), the non-blocking requests and their completions, and why the
 //!   link ended. Calls drive progress; blocking calls unlock between steps.
@@ -28,6 +30,7 @@ mod api;
 mod error;
 mod link;
 mod payload;
+mod peer;
 mod registry;
 mod types;
 

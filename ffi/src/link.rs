@@ -19,10 +19,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use barlink::Connection;
 use barlink_transport::engine::{EngineConfig, LinkError, MessageId, SendError, Stats};
-use barlink_transport::link::{IoError, LinkConfig, Listener, RingLink, SetupError, connect};
+use barlink_transport::link::{IoError, LinkConfig};
 use barlink_transport::ring::{CONTROL_LEN, Geometry};
-use barlink_transport::window::{HugePages, ShmOptions, ShmWindow};
+use barlink_transport::window::{HugePages, ShmOptions};
 
 use crate::error::{Error, Result};
 use crate::payload::{Payload, Region};
@@ -31,10 +32,6 @@ use crate::types::{
     BARLINK_CONFIG_ALLOW_ANY_USER, BARLINK_CONFIG_HUGE_PAGES, BARLINK_MAX_ALLOWED_IDS,
     barlink_completion, barlink_config, barlink_stats,
 };
-
-/// Link names: what the transport accepts, checked here first so that a bad
-/// name is an argument error rather than a setup failure.
-const MAX_NAME_LEN: usize = 100;
 
 /// The default largest packet: as `barlink bench` and the Python package
 /// use, so the C face moves data at their speed out of the box (a 64 KiB
@@ -56,12 +53,8 @@ pub(crate) fn link_config(config: &barlink_config) -> Result<LinkConfig> {
                 "BARLINK_TRANSPORT_BAR: BAR windows over VFIO are not available in this build yet",
             ));
         }
-        3 => {
-            return Err(Error::new(
-                BARLINK_NOT_AVAILABLE,
-                "BARLINK_TRANSPORT_RDMA: RDMA over ibverbs is not available in this build yet",
-            ));
-        }
+        // RDMA is a forced path for rdma:// and HOST:PORT peers (peer.rs).
+        3 => {}
         other => {
             return Err(Error::invalid(format!(
                 "transport {other} is not a barlink_transport value"
@@ -152,30 +145,6 @@ fn allowed_ids(field: &str, ids: &[u32; BARLINK_MAX_ALLOWED_IDS], count: u32) ->
     Ok(ids[..count].to_vec())
 }
 
-pub(crate) fn check_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(Error::invalid(format!(
-            "link name {name:?} must be 1 to {MAX_NAME_LEN} bytes"
-        )));
-    }
-    Ok(())
-}
-
-fn setup_error(error: SetupError) -> Error {
-    let status = match &error {
-        SetupError::NameInUse { .. } => BARLINK_NAME_IN_USE,
-        SetupError::NoListener { .. } => BARLINK_NO_LISTENER,
-        SetupError::Timeout { .. } => BARLINK_TIMEOUT,
-        SetupError::Config(_) | SetupError::AllowList { .. } => BARLINK_INVALID_ARGUMENT,
-        SetupError::PeerNotAllowed { .. } | SetupError::RefusedByPeer { .. } => {
-            BARLINK_PEER_NOT_ALLOWED
-        }
-        SetupError::Io { .. } | SetupError::Window(_) => BARLINK_IO_ERROR,
-        _ => BARLINK_SETUP_FAILED,
-    };
-    Error::new(status, error.to_string())
-}
-
 /// Why a link ended, as the C API reports it.
 fn end_of(error: &IoError) -> (barlink_status, String) {
     let status = match error {
@@ -186,42 +155,6 @@ fn end_of(error: &IoError) -> (barlink_status, String) {
         _ => BARLINK_LINK_FAILED,
     };
     (status, error.to_string())
-}
-
-/// The accepting side of a name, with the config its links get.
-#[derive(Debug)]
-pub(crate) struct ListenerCell {
-    listener: Listener,
-    config: LinkConfig,
-}
-
-impl ListenerCell {
-    pub(crate) fn bind(name: &str, config: LinkConfig) -> Result<ListenerCell> {
-        check_name(name)?;
-        let listener = Listener::bind(name).map_err(setup_error)?;
-        Ok(ListenerCell { listener, config })
-    }
-
-    pub(crate) fn accept(&self, timeout: Duration) -> Result<LinkCell> {
-        let start = Instant::now();
-        let mut config = self.config.clone();
-        config.setup_timeout = timeout;
-        let link = self.listener.accept(&config).map_err(setup_error)?;
-        LinkCell::established(link, &config, start + timeout)
-    }
-}
-
-/// Connects to the listener under `name`, waiting at most `timeout`.
-pub(crate) fn connect_link(
-    name: &str,
-    mut config: LinkConfig,
-    timeout: Duration,
-) -> Result<LinkCell> {
-    check_name(name)?;
-    let start = Instant::now();
-    config.setup_timeout = timeout;
-    let link = connect(name, &config).map_err(setup_error)?;
-    LinkCell::established(link, &config, start + timeout)
 }
 
 /// A link handle's object.
@@ -242,7 +175,7 @@ struct Request {
 #[derive(Debug)]
 pub(crate) struct LinkState {
     /// `None` once the link ended: dropping it released every payload.
-    link: Option<RingLink<ShmWindow, Payload>>,
+    link: Option<Connection<Payload>>,
     /// `barlink_close` ran: calls still inside return `BARLINK_CLOSED`.
     closed_by_handle: bool,
     /// Delivered messages not yet taken.
@@ -259,6 +192,8 @@ pub(crate) struct LinkState {
     any_failed: bool,
     /// The engine's counters when the link ended.
     final_stats: Stats,
+    /// The path the link took and why (`barlink_link_path`).
+    path: String,
     message_bytes_sent: u64,
     message_bytes_received: u64,
     max_message_len: u64,
@@ -277,12 +212,12 @@ impl LinkCell {
     /// Wraps a set-up link once it has heard its peer (so both sides know
     /// each other's epoch: a close right after setup reaches the peer),
     /// driving it until `deadline` at most.
-    fn established(
-        link: RingLink<ShmWindow, Payload>,
-        config: &LinkConfig,
+    pub(crate) fn established(
+        link: Connection<Payload>,
+        max_message_len: u64,
         deadline: Instant,
     ) -> Result<LinkCell> {
-        let cell = LinkCell::new(link, config);
+        let cell = LinkCell::new(link, max_message_len);
         {
             let mut state = cell.lock()?;
             loop {
@@ -290,11 +225,7 @@ impl LinkCell {
                 if let Some(error) = state.end_error() {
                     return Err(error);
                 }
-                if state
-                    .link
-                    .as_ref()
-                    .is_some_and(|l| l.engine().is_connected())
-                {
+                if state.link.as_ref().is_some_and(Connection::is_connected) {
                     break;
                 }
                 if Instant::now() >= deadline {
@@ -311,9 +242,11 @@ impl LinkCell {
         Ok(cell)
     }
 
-    fn new(link: RingLink<ShmWindow, Payload>, config: &LinkConfig) -> LinkCell {
+    fn new(link: Connection<Payload>, max_message_len: u64) -> LinkCell {
+        let path = link.decision.to_string();
         LinkCell {
             state: Mutex::new(LinkState {
+                path,
                 link: Some(link),
                 closed_by_handle: false,
                 received: VecDeque::new(),
@@ -325,7 +258,7 @@ impl LinkCell {
                 final_stats: Stats::default(),
                 message_bytes_sent: 0,
                 message_bytes_received: 0,
-                max_message_len: config.engine.max_message_len,
+                max_message_len,
             }),
         }
     }
@@ -428,7 +361,7 @@ impl LinkState {
         let Some(link) = self.link.as_mut() else {
             return false;
         };
-        let before = activity(link.engine().stats());
+        let before = activity(link.engine_stats());
         let mut ended = None;
         loop {
             match link.try_recv() {
@@ -443,14 +376,14 @@ impl LinkState {
                 }
             }
         }
-        let moved = activity(link.engine().stats()) != before;
+        let moved = activity(link.engine_stats()) != before;
         self.collect(ended);
         moved
     }
 
     /// Turns released payloads into completions; ends the link on `ended`.
     fn collect(&mut self, ended: Option<IoError>) {
-        let Some(link) = self.link.as_ref() else {
+        let Some(link) = self.link.as_mut() else {
             return;
         };
         let completed = link.completed();
@@ -458,7 +391,7 @@ impl LinkState {
         self.completed_seen = completed;
         if let Some(error) = ended {
             self.end = Some(end_of(&error));
-            self.final_stats = link.engine().stats().clone();
+            self.final_stats = link.engine_stats().clone();
             // Dropping the link drops every payload it held: from here on
             // barlink reads none of the caller's memory.
             self.link = None;
@@ -513,7 +446,7 @@ impl LinkState {
             return Err(Error::new(BARLINK_CLOSED, "the link is closed"));
         };
         let len = payload.as_ref().len() as u64;
-        match link.send(payload) {
+        match link.try_send(payload) {
             Ok(MessageId(id)) => {
                 self.requests.insert(
                     id,
@@ -728,9 +661,15 @@ impl LinkState {
         }
     }
 
+    /// The path the link took and why, e.g. `tcp: the peer is on another
+    /// node ...`.
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
     pub(crate) fn stats(&self) -> barlink_stats {
         let engine = match &self.link {
-            Some(link) => link.engine().stats(),
+            Some(link) => link.engine_stats(),
             None => &self.final_stats,
         };
         barlink_stats {

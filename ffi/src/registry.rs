@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
 
 use crate::error::{Error, Result};
-use crate::link::{LinkCell, ListenerCell};
+use crate::link::LinkCell;
 use crate::payload::Region;
+use crate::peer::ListenerCell;
 use crate::types::barlink_status::BARLINK_INVALID_HANDLE;
 
 /// What a handle names.

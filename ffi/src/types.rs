@@ -13,7 +13,7 @@
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
 /// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 2;
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 3;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.
@@ -90,13 +90,16 @@ pub enum barlink_status {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum barlink_transport {
-    /// The best available one: shared memory today.
+    /// The path barlink picks for the peer: shared memory for a link name,
+    /// RDMA for an address where this host has an RDMA device, else TCP.
     BARLINK_TRANSPORT_DEFAULT = 0,
-    /// Shared-memory windows between processes on one host (memfd).
+    /// Shared-memory windows between processes on one host (memfd): what a
+    /// link name gets.
     BARLINK_TRANSPORT_SHM = 1,
-    /// PCIe BAR windows over VFIO: not available yet.
+    /// PCIe BAR windows over VFIO: not available through the C ABI yet.
     BARLINK_TRANSPORT_BAR = 2,
-    /// RDMA over ibverbs: not available yet.
+    /// RDMA over ibverbs, and nothing else: an address without an RDMA
+    /// device here is `BARLINK_NOT_AVAILABLE` rather than TCP.
     BARLINK_TRANSPORT_RDMA = 3,
 }
 

@@ -194,7 +194,7 @@ fn bad_arguments_are_refused() {
         expect(
             barlink_listen(c"".as_ptr(), ptr::null(), &mut listener),
             BARLINK_INVALID_ARGUMENT,
-            "1 to 100",
+            "an empty peer: give local:NAME",
         );
         let long = std::ffi::CString::new("x".repeat(200)).unwrap();
         expect(

@@ -13,7 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -79,6 +82,95 @@ static int peer(const char *name) {
     }
     barlink_close(link, 1000);
     return 0;
+}
+
+/* A free TCP port on loopback (bound and released: the listener takes it). */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof addr;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
+        getsockname(fd, (struct sockaddr *)&addr, &size) != 0)
+        return -1;
+    close(fd);
+    return ntohs(addr.sin_port);
+}
+
+/* Peers by address: a listener on tcp://127.0.0.1:PORT serves two peers in
+ * turn, each link says its path, and what is wrong with an address or with
+ * the setup's keys is a clear status. */
+static void tcp_peers(const barlink_config *config) {
+    char name[64], path[512];
+    size_t len = 0;
+    barlink_listener *listener = NULL;
+    int port = free_port();
+    check_true("a free TCP port", port > 0);
+    snprintf(name, sizeof name, "tcp://127.0.0.1:%d", port);
+    unsetenv("BARLINK_PSK");
+    check("listen(tcp://) without a key", barlink_listen(name, config, &listener),
+          BARLINK_INVALID_ARGUMENT);
+    check_true("the refusal says how to configure a key",
+               strstr(barlink_last_error(), "BARLINK_PSK_FILE") != NULL);
+    setenv("BARLINK_PSK", "6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b", 1);
+    check("listen(tcp://127.0.0.1:PORT)", barlink_listen(name, config, &listener), BARLINK_OK);
+    check("listener_path", barlink_listener_path(listener, path, sizeof path, &len), BARLINK_OK);
+    check_true("the listener's path is tcp, with its reason",
+               strncmp(path, "tcp: ", 5) == 0 && strstr(path, "pre-shared key") != NULL);
+    for (int round = 0; round < 2; round++) {
+        pid_t client = fork();
+        if (client == 0) {
+            barlink_link *mine = NULL;
+            char message[70000];
+            memset(message, 'a' + round, sizeof message);
+            if (barlink_connect(name, config, 10000, &mine) != BARLINK_OK) _exit(1);
+            if (barlink_send(mine, message, sizeof message, 10000) != BARLINK_OK) _exit(2);
+            size_t got = 0;
+            if (barlink_recv(mine, message, sizeof message, &got, 10000) != BARLINK_OK) _exit(3);
+            char mine_path[512];
+            if (barlink_link_path(mine, mine_path, sizeof mine_path, &got) != BARLINK_OK ||
+                strncmp(mine_path, "tcp: ", 5) != 0)
+                _exit(4);
+            barlink_close(mine, 5000);
+            _exit(0);
+        }
+        barlink_link *link = NULL;
+        check("accept a peer over TCP", barlink_accept(listener, 10000, &link), BARLINK_OK);
+        char *message = malloc(70000);
+        check("recv 70000 bytes over TCP", barlink_recv(link, message, 70000, &len, 10000),
+              BARLINK_OK);
+        check_true("the message arrived whole", len == 70000 && message[0] == 'a' + round &&
+                                                     message[69999] == 'a' + round);
+        free(message);
+        check("reply", barlink_send(link, "ok", 2, 5000), BARLINK_OK);
+        check("link_path(capacity 4)", barlink_link_path(link, path, 4, &len),
+              BARLINK_BUFFER_TOO_SMALL);
+        check_true("link_path says the size it needs", len > 4);
+        check("link_path", barlink_link_path(link, path, sizeof path, &len), BARLINK_OK);
+        check_true("the accepted link's path is tcp", strncmp(path, "tcp: ", 5) == 0 &&
+                                                          strlen(path) + 1 == len);
+        check("flush", barlink_flush(link, 10000), BARLINK_OK);
+        int status = 0;
+        waitpid(client, &status, 0);
+        check_true("the TCP peer got its reply, its path said tcp, and it exited 0",
+                   WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        barlink_close(link, 1000);
+    }
+    check("listen(the same port again)", barlink_listen(name, config, &(barlink_listener *){NULL}),
+          BARLINK_NAME_IN_USE);
+    check("listener_close (tcp)", barlink_listener_close(listener), BARLINK_OK);
+    check("connect(tcp://host without a port)",
+          barlink_connect("tcp://127.0.0.1", config, 1000, &(barlink_link *){NULL}),
+          BARLINK_SETUP_FAILED);
+    if (access("/sys/class/infiniband", F_OK) != 0) {
+        check("connect(rdma://) on a host without RDMA",
+              barlink_connect("rdma://127.0.0.1:18515", config, 1000, &(barlink_link *){NULL}),
+              BARLINK_NOT_AVAILABLE);
+        check_true("the refusal says RDMA is missing", strstr(barlink_last_error(), "RDMA") != NULL);
+    }
+    unsetenv("BARLINK_PSK");
 }
 
 int main(void) {
@@ -323,6 +415,8 @@ int main(void) {
     check("send to the dead peer", barlink_send(victim, "x", 1, 1000), BARLINK_PEER_LOST);
     check("close a link whose peer died (frees it)", barlink_close(victim, 1000), BARLINK_OK);
     check("listener_close", barlink_listener_close(dying_listener), BARLINK_OK);
+
+    tcp_peers(&config);
 
     printf("misuse: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;

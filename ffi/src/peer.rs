@@ -1,0 +1,230 @@
+//! Setting links up: a peer named as `barlink::connect` takes it — a local
+//! link name (`NAME` or `local:NAME`), `tcp://HOST:PORT`, `rdma://HOST:PORT`
+//! or `HOST:PORT` (RDMA where this host has it, else TCP) — and the
+//! listeners that accept them.
+//!
+//! Local names go straight to the transport, whose setup errors are typed
+//! (name in use, no listener, a peer not allowed); peers on other nodes go
+//! through the facade's path choice and its authenticated setup (a
+//! pre-shared key or pinned keys from `BARLINK_PSK_FILE`, ...).
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use barlink::connect::AnyLink;
+use barlink::{ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Peer, Role};
+use barlink_transport::link::{LinkConfig, Listener, SetupError};
+
+use crate::error::{Error, Result};
+use crate::link::{LinkCell, link_config};
+use crate::payload::Payload;
+use crate::types::barlink_config;
+use crate::types::barlink_status::*;
+
+/// Link names: what the transport accepts, checked here first so that a bad
+/// name is an argument error rather than a setup failure.
+const MAX_NAME_LEN: usize = 100;
+
+/// `barlink_transport` values.
+const TRANSPORT_RDMA: u32 = 3;
+
+/// A caller's config, checked: the ring and engine settings, and the
+/// transport it asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct Setup {
+    link: LinkConfig,
+    transport: u32,
+}
+
+impl Setup {
+    pub(crate) fn new(config: &barlink_config) -> Result<Setup> {
+        Ok(Setup {
+            link: link_config(config)?,
+            transport: config.transport,
+        })
+    }
+
+    /// The facade's options for a peer on another node.
+    fn connect_options(&self, timeout: Duration) -> ConnectOptions {
+        ConnectOptions {
+            engine: self.link.engine.clone(),
+            setup_timeout: timeout,
+            allow: self.link.allow.clone(),
+            window_len: self.link.window_len,
+            shm: self.link.shm.clone(),
+            force: (self.transport == TRANSPORT_RDMA).then_some(PathKind::Rdma),
+            ..ConnectOptions::default()
+        }
+    }
+}
+
+/// Who a name points at.
+enum Target {
+    /// A link name on this host.
+    Local(String),
+    /// A peer on another node.
+    Remote(Peer),
+}
+
+fn target(name: &str, setup: &Setup) -> Result<Target> {
+    let peer: Peer = name
+        .parse()
+        .map_err(|e: ConnectError| Error::invalid(e.to_string()))?;
+    match peer {
+        Peer::Local { name } => {
+            if name.is_empty() || name.len() > MAX_NAME_LEN {
+                return Err(Error::invalid(format!(
+                    "link name {name:?} must be 1 to {MAX_NAME_LEN} bytes"
+                )));
+            }
+            if setup.transport == TRANSPORT_RDMA {
+                return Err(Error::new(
+                    BARLINK_NOT_AVAILABLE,
+                    format!(
+                        "BARLINK_TRANSPORT_RDMA reaches peers on other nodes: give rdma://HOST:PORT, not the local name {name:?}"
+                    ),
+                ));
+            }
+            Ok(Target::Local(name))
+        }
+        remote => Ok(Target::Remote(remote)),
+    }
+}
+
+fn setup_error(error: SetupError) -> Error {
+    let status = match &error {
+        SetupError::NameInUse { .. } => BARLINK_NAME_IN_USE,
+        SetupError::NoListener { .. } => BARLINK_NO_LISTENER,
+        SetupError::Timeout { .. } => BARLINK_TIMEOUT,
+        SetupError::Config(_) | SetupError::AllowList { .. } => BARLINK_INVALID_ARGUMENT,
+        SetupError::PeerNotAllowed { .. } | SetupError::RefusedByPeer { .. } => {
+            BARLINK_PEER_NOT_ALLOWED
+        }
+        SetupError::Io { .. } | SetupError::Window(_) => BARLINK_IO_ERROR,
+        _ => BARLINK_SETUP_FAILED,
+    };
+    Error::new(status, error.to_string())
+}
+
+/// The status of a failed setup with another node. The facade says what
+/// failed in words; the status follows the kinds a caller acts on.
+fn connect_error(error: ConnectError) -> Error {
+    let status = match &error {
+        ConnectError::NoPath { .. } => BARLINK_NOT_AVAILABLE,
+        ConnectError::Usage { .. } => BARLINK_INVALID_ARGUMENT,
+        ConnectError::Setup { detail, .. } => {
+            let says = |words: &[&str]| words.iter().any(|w| detail.contains(w));
+            if says(&["no authentication is configured", "is not a key"]) {
+                BARLINK_INVALID_ARGUMENT
+            } else if says(&["in use"]) {
+                BARLINK_NAME_IN_USE
+            } else if says(&["refused", "not listed", "authenticat", "wrong key"]) {
+                BARLINK_PEER_NOT_ALLOWED
+            } else if says(&["timed out", "did not answer", "within"]) {
+                BARLINK_TIMEOUT
+            } else if says(&["libibverbs", "no RDMA", "needs"]) {
+                BARLINK_NOT_AVAILABLE
+            } else {
+                BARLINK_SETUP_FAILED
+            }
+        }
+        _ => BARLINK_SETUP_FAILED,
+    };
+    Error::new(status, error.to_string())
+}
+
+/// A link over host memory, as the facade's connection.
+fn local_connection(
+    link: barlink_transport::link::RingLink<barlink_transport::window::ShmWindow, Payload>,
+) -> Connection<Payload> {
+    Connection {
+        link: AnyLink::HostBounce(link),
+        decision: PathDecision {
+            path: PathKind::HostBounce,
+            reason: "a link name on this host: rings in host shared memory".to_string(),
+        },
+    }
+}
+
+/// The accepting side of a name or an address, with the config its links
+/// get.
+#[derive(Debug)]
+pub(crate) enum ListenerCell {
+    Local {
+        listener: Listener,
+        setup: Setup,
+    },
+    Remote {
+        /// Boxed: it holds the setup options of every medium.
+        listener: Box<barlink::Listener>,
+        setup: Setup,
+    },
+}
+
+impl ListenerCell {
+    pub(crate) fn bind(name: &str, setup: Setup) -> Result<ListenerCell> {
+        Ok(match target(name, &setup)? {
+            Target::Local(name) => ListenerCell::Local {
+                listener: Listener::bind(&name).map_err(setup_error)?,
+                setup,
+            },
+            Target::Remote(peer) => {
+                let options = setup.connect_options(setup.link.setup_timeout);
+                ListenerCell::Remote {
+                    listener: Box::new(
+                        barlink::Listener::bind(&peer, &options).map_err(connect_error)?,
+                    ),
+                    setup,
+                }
+            }
+        })
+    }
+
+    pub(crate) fn accept(&self, timeout: Duration) -> Result<LinkCell> {
+        let start = Instant::now();
+        let (link, setup) = match self {
+            ListenerCell::Local { listener, setup } => {
+                let config = LinkConfig {
+                    setup_timeout: timeout,
+                    ..setup.link.clone()
+                };
+                let link = listener.accept(&config).map_err(setup_error)?;
+                (local_connection(link), setup)
+            }
+            ListenerCell::Remote { listener, setup } => {
+                let link = listener.accept_within(timeout).map_err(connect_error)?;
+                (link, setup)
+            }
+        };
+        LinkCell::established(link, setup.link.engine.max_message_len, start + timeout)
+    }
+
+    /// The path accepted links take, and why.
+    pub(crate) fn decision(&self) -> String {
+        match self {
+            ListenerCell::Local { .. } => {
+                "host-bounce: a link name on this host: rings in host shared memory".to_string()
+            }
+            ListenerCell::Remote { listener, .. } => listener.decision().to_string(),
+        }
+    }
+}
+
+/// Connects to the peer `name` names, waiting at most `timeout`.
+pub(crate) fn connect_link(name: &str, setup: Setup, timeout: Duration) -> Result<LinkCell> {
+    let start = Instant::now();
+    let link = match target(name, &setup)? {
+        Target::Local(name) => {
+            let config = LinkConfig {
+                setup_timeout: timeout,
+                ..setup.link.clone()
+            };
+            local_connection(barlink_transport::link::connect(&name, &config).map_err(setup_error)?)
+        }
+        Target::Remote(peer) => {
+            barlink::connect(&peer, Role::Connect, &setup.connect_options(timeout))
+                .map_err(connect_error)?
+        }
+    };
+    LinkCell::established(link, setup.link.engine.max_message_len, start + timeout)
+}
