@@ -64,6 +64,11 @@
 // user, `allow_uids`/`allow_gids` and `BARLINK_ALLOW_UIDS`/`_GIDS` are.
 #define BARLINK_CONFIG_ALLOW_ANY_USER 2
 
+// Config flag: drive the link from a thread of its own, so packets move,
+// acknowledgements go out and peer loss is noticed while the caller
+// computes between calls (by default the caller's calls drive it).
+#define BARLINK_CONFIG_PROGRESS_THREAD 4
+
 // Most entries of `allow_uids` and of `allow_gids`.
 #define BARLINK_MAX_ALLOWED_IDS 8
 

@@ -271,7 +271,7 @@ pub unsafe extern "C" fn barlink_accept(
         unsafe { put(link, ptr::null_mut()) };
         let cell = registry::listener(key(listener))?;
         let accepted = cell.accept(millis(timeout_ms))?;
-        let value = registry::insert_link(Arc::new(accepted))?;
+        let value = registry::insert_link(accepted)?;
         // SAFETY: as above.
         unsafe { put(link, handle(value)) };
         Ok(())
@@ -317,7 +317,7 @@ pub unsafe extern "C" fn barlink_connect(
         // SAFETY: forwarded caller contract.
         let setup = Setup::new(&unsafe { read_config(config)? })?;
         let cell = connect_link(&name, setup, millis(timeout_ms))?;
-        let value = registry::insert_link(Arc::new(cell))?;
+        let value = registry::insert_link(cell)?;
         // SAFETY: as above.
         unsafe { put(link, handle(value)) };
         Ok(())

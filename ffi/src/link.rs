@@ -29,8 +29,8 @@ use crate::error::{Error, Result};
 use crate::payload::{Payload, Region};
 use crate::types::barlink_status::{self, *};
 use crate::types::{
-    BARLINK_CONFIG_ALLOW_ANY_USER, BARLINK_CONFIG_HUGE_PAGES, BARLINK_MAX_ALLOWED_IDS,
-    barlink_completion, barlink_config, barlink_stats,
+    BARLINK_CONFIG_ALLOW_ANY_USER, BARLINK_CONFIG_HUGE_PAGES, BARLINK_CONFIG_PROGRESS_THREAD,
+    BARLINK_MAX_ALLOWED_IDS, barlink_completion, barlink_config, barlink_stats,
 };
 
 /// The default largest packet: as `barlink bench` and the Python package
@@ -61,7 +61,12 @@ pub(crate) fn link_config(config: &barlink_config) -> Result<LinkConfig> {
             )));
         }
     }
-    if config.flags & !(BARLINK_CONFIG_HUGE_PAGES | BARLINK_CONFIG_ALLOW_ANY_USER) != 0 {
+    if config.flags
+        & !(BARLINK_CONFIG_HUGE_PAGES
+            | BARLINK_CONFIG_ALLOW_ANY_USER
+            | BARLINK_CONFIG_PROGRESS_THREAD)
+        != 0
+    {
         return Err(Error::invalid(format!(
             "flags {:#x} has bits this library does not know",
             config.flags
@@ -307,6 +312,25 @@ impl LinkCell {
                 }
             }
         }
+    }
+
+    /// Wraps the cell for the registry; with `progress_thread`, starts the
+    /// thread that drives it (`BARLINK_CONFIG_PROGRESS_THREAD`).
+    pub(crate) fn start(self, progress_thread: bool) -> Result<Arc<LinkCell>> {
+        let cell = Arc::new(self);
+        if progress_thread {
+            let weak = Arc::downgrade(&cell);
+            std::thread::Builder::new()
+                .name("barlink-progress".into())
+                .spawn(move || drive(&weak))
+                .map_err(|error| {
+                    Error::new(
+                        BARLINK_OUT_OF_MEMORY,
+                        format!("starting the link's progress thread: {error}"),
+                    )
+                })?;
+        }
+        Ok(cell)
     }
 
     /// Ends the link in order (queued messages first, then the peer is
@@ -688,6 +712,41 @@ impl LinkState {
             credit_stalls: engine.credit_stalls,
             requests_in_flight: (self.requests.values().filter(|r| r.report).count()
                 + self.done.len()) as u64,
+        }
+    }
+}
+
+/// The progress thread: one step at a time under the lock, so calls on
+/// the link interleave with it; yields while idle, then naps, so an idle
+/// link costs little CPU. Ends when the handle is closed or the link
+/// ended (what arrived stays for the caller to receive).
+fn drive(cell: &std::sync::Weak<LinkCell>) {
+    /// Idle rounds that only yield before the thread starts napping.
+    const YIELDS_BEFORE_NAPS: u32 = 64;
+    /// A nap between idle rounds.
+    const NAP: Duration = Duration::from_micros(50);
+    let mut idle_rounds: u32 = 0;
+    loop {
+        let Some(cell) = cell.upgrade() else {
+            return;
+        };
+        let moved = {
+            let Ok(mut state) = cell.state.lock() else {
+                return;
+            };
+            if state.closed_by_handle || state.link.is_none() {
+                return;
+            }
+            state.step()
+        };
+        drop(cell);
+        if moved {
+            idle_rounds = 0;
+        } else if idle_rounds < YIELDS_BEFORE_NAPS {
+            idle_rounds += 1;
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(NAP);
         }
     }
 }

@@ -9,6 +9,7 @@
 //! pre-shared key or pinned keys from `BARLINK_PSK_FILE`, ...).
 #![forbid(unsafe_code)]
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use barlink::connect::AnyLink;
@@ -18,8 +19,8 @@ use barlink_transport::link::{LinkConfig, Listener, SetupError};
 use crate::error::{Error, Result};
 use crate::link::{LinkCell, link_config};
 use crate::payload::Payload;
-use crate::types::barlink_config;
 use crate::types::barlink_status::*;
+use crate::types::{BARLINK_CONFIG_PROGRESS_THREAD, barlink_config};
 
 /// Link names: what the transport accepts, checked here first so that a bad
 /// name is an argument error rather than a setup failure.
@@ -34,6 +35,7 @@ const TRANSPORT_RDMA: u32 = 3;
 pub(crate) struct Setup {
     link: LinkConfig,
     transport: u32,
+    progress_thread: bool,
 }
 
 impl Setup {
@@ -41,6 +43,7 @@ impl Setup {
         Ok(Setup {
             link: link_config(config)?,
             transport: config.transport,
+            progress_thread: config.flags & BARLINK_CONFIG_PROGRESS_THREAD != 0,
         })
     }
 
@@ -180,7 +183,7 @@ impl ListenerCell {
         })
     }
 
-    pub(crate) fn accept(&self, timeout: Duration) -> Result<LinkCell> {
+    pub(crate) fn accept(&self, timeout: Duration) -> Result<Arc<LinkCell>> {
         let start = Instant::now();
         let (link, setup) = match self {
             ListenerCell::Local { listener, setup } => {
@@ -196,7 +199,8 @@ impl ListenerCell {
                 (link, setup)
             }
         };
-        LinkCell::established(link, setup.link.engine.max_message_len, start + timeout)
+        LinkCell::established(link, setup.link.engine.max_message_len, start + timeout)?
+            .start(setup.progress_thread)
     }
 
     /// The path accepted links take, and why.
@@ -211,7 +215,7 @@ impl ListenerCell {
 }
 
 /// Connects to the peer `name` names, waiting at most `timeout`.
-pub(crate) fn connect_link(name: &str, setup: Setup, timeout: Duration) -> Result<LinkCell> {
+pub(crate) fn connect_link(name: &str, setup: Setup, timeout: Duration) -> Result<Arc<LinkCell>> {
     let start = Instant::now();
     let link = match target(name, &setup)? {
         Target::Local(name) => {
@@ -226,5 +230,6 @@ pub(crate) fn connect_link(name: &str, setup: Setup, timeout: Duration) -> Resul
                 .map_err(connect_error)?
         }
     };
-    LinkCell::established(link, setup.link.engine.max_message_len, start + timeout)
+    LinkCell::established(link, setup.link.engine.max_message_len, start + timeout)?
+        .start(setup.progress_thread)
 }

@@ -22,6 +22,10 @@ pub const BARLINK_CONFIG_HUGE_PAGES: u32 = 1;
 /// every user and checks them by other means). Without it only the same
 /// user, `allow_uids`/`allow_gids` and `BARLINK_ALLOW_UIDS`/`_GIDS` are.
 pub const BARLINK_CONFIG_ALLOW_ANY_USER: u32 = 2;
+/// Config flag: drive the link from a thread of its own, so packets move,
+/// acknowledgements go out and peer loss is noticed while the caller
+/// computes between calls (by default the caller's calls drive it).
+pub const BARLINK_CONFIG_PROGRESS_THREAD: u32 = 4;
 /// Most entries of `allow_uids` and of `allow_gids`.
 pub const BARLINK_MAX_ALLOWED_IDS: usize = 8;
 

@@ -173,6 +173,52 @@ static void tcp_peers(const barlink_config *config) {
     unsetenv("BARLINK_PSK");
 }
 
+/* BARLINK_CONFIG_PROGRESS_THREAD: a sender posts 16 MiB (four rings' worth)
+ * and computes for 3 s without calling barlink; its link's own thread must
+ * move the message, so the receiver has it well before the sender's next
+ * call. Without the flag only the first ring's worth would go out. */
+static void progress_thread(const barlink_config *base) {
+    enum { BIG = 16 << 20 };
+    char name[64];
+    snprintf(name, sizeof name, "misuse-c-progress-%d", (int)getpid());
+    barlink_config config = *base;
+    config.flags |= BARLINK_CONFIG_PROGRESS_THREAD;
+    barlink_listener *listener = NULL;
+    check("listen (progress thread)", barlink_listen(name, &config, &listener), BARLINK_OK);
+    pid_t sender = fork();
+    if (sender == 0) {
+        barlink_link *mine = NULL;
+        if (barlink_connect(name, &config, 10000, &mine) != BARLINK_OK) _exit(1);
+        char *message = malloc(BIG);
+        memset(message, 0x5a, BIG);
+        uint64_t request = 0;
+        if (barlink_post_send(mine, message, BIG, 0, &request) != BARLINK_OK) _exit(2);
+        sleep(3); /* computing: no barlink call */
+        if (barlink_wait(mine, request, 10000) != BARLINK_OK) _exit(3);
+        barlink_close(mine, 5000);
+        free(message);
+        _exit(0);
+    }
+    barlink_link *link = NULL;
+    check("accept (progress thread)", barlink_accept(listener, 10000, &link), BARLINK_OK);
+    char *got = malloc(BIG);
+    size_t len = 0;
+    check("recv 16 MiB while the sender computes (2.5 s)",
+          barlink_recv(link, got, BIG, &len, 2500), BARLINK_OK);
+    check_true("16 MiB arrived whole", len == BIG && got[0] == 0x5a && got[BIG - 1] == 0x5a);
+    free(got);
+    int status = 0;
+    waitpid(sender, &status, 0);
+    check_true("the sender's wait saw the message acknowledged",
+               WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    check("close (progress thread)", barlink_close(link, 5000), BARLINK_OK);
+    check("listener_close (progress thread)", barlink_listener_close(listener), BARLINK_OK);
+    barlink_config bad = *base;
+    bad.flags = 0x80;
+    check("an unknown flag is still refused", barlink_listen(name, &bad, &listener),
+          BARLINK_INVALID_ARGUMENT);
+}
+
 int main(void) {
     char name[64];
     snprintf(name, sizeof name, "misuse-c-%d", (int)getpid());
@@ -417,6 +463,7 @@ int main(void) {
     check("listener_close", barlink_listener_close(dying_listener), BARLINK_OK);
 
     tcp_peers(&config);
+    progress_thread(&config);
 
     printf("misuse: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
