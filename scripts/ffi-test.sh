@@ -209,7 +209,7 @@ fi
 if run_check "C++ KV-cache example builds (g++ -std=c++17 -Werror, shared library)" "$logs/kv-build.log" \
     g++ -std=c++17 -O2 -g -Wall -Wextra -Werror $cflags examples/cpp/kv_transfer.cpp -o "$work/kv_transfer" $libs $rpath; then
     if logged "$logs/kv.log" "$work/kv_transfer"; then
-        ok "C++ KV-cache example: $(grep '^decode:' "$logs/kv.log")"
+        ok "C++ KV-cache example: $(grep '^decode: received' "$logs/kv.log")"
         echo "    $(grep '^prefill:' "$logs/kv.log")"
     else
         fail "C++ KV-cache example"
@@ -223,6 +223,22 @@ if run_check "C++ KV-cache example builds (g++ -std=c++17 -Werror, shared librar
     else
         fail "C++ KV-cache example did not report a mismatch (exit $code)"
         show "$logs/kv-mismatch.log"
+    fi
+fi
+
+# The same example with the two sides over TCP (a peer by address, keys
+# from the environment): the path says tcp and every block arrives intact.
+if [[ -x "$work/kv_transfer" ]]; then
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+        echo $((20000 + RANDOM % 20000)))
+    BARLINK_PSK=$(printf '5e%.0s' $(seq 32)) logged "$logs/kv-tcp.log" \
+        "$work/kv_transfer" --layers 8 --blocks 32 --name "tcp://127.0.0.1:$port"
+    code=$?
+    if [[ $code == 0 ]] && grep -q '^decode: path tcp: ' "$logs/kv-tcp.log"; then
+        ok "C++ KV-cache example over tcp://127.0.0.1:$port: $(grep '^decode: received' "$logs/kv-tcp.log")"
+    else
+        fail "C++ KV-cache example over TCP (exit $code)"
+        show "$logs/kv-tcp.log"
     fi
 fi
 
@@ -273,7 +289,7 @@ if gcc $sanitize "$work/probe.c" -o "$work/probe" >/dev/null 2>&1; then
         g++ -std=c++17 -O1 -g -Wall -Wextra -Werror $sanitize $cflags examples/cpp/kv_transfer.cpp \
         -o "$work/kv_transfer-asan" "$libdir/libbarlink_c.a" $static_deps; then
         if logged "$logs/kv-asan.log" "$work/kv_transfer-asan" --layers 8 --blocks 32; then
-            ok "C++ KV-cache example under $what: $(grep '^decode:' "$logs/kv-asan.log" | sed 's/ in [0-9.]* s: [0-9.]* GB\/s//')"
+            ok "C++ KV-cache example under $what: $(grep '^decode: received' "$logs/kv-asan.log" | sed 's/ in [0-9.]* s: [0-9.]* GB\/s//')"
         else
             fail "C++ KV-cache example under $what"
             show "$logs/kv-asan.log"

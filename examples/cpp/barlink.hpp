@@ -130,6 +130,16 @@ public:
         return Link(handle);
     }
 
+    // The path the link took and why ("tcp: the peer is on another node, ...").
+    std::string path() const {
+        size_t len = 0;
+        barlink_link_path(handle_, nullptr, 0, &len);  // BUFFER_TOO_SMALL: len is the size
+        std::string text(len, '\0');
+        check(barlink_link_path(handle_, text.data(), text.size(), &len), "barlink_link_path");
+        text.resize(len > 0 ? len - 1 : 0);
+        return text;
+    }
+
     // Copies and queues; OK or TIMEOUT (queue still full).
     barlink_status send(const void* data, size_t len, uint32_t timeout_ms) {
         return check(barlink_send(handle_, data, len, timeout_ms), "barlink_send",

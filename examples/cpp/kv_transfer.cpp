@@ -9,9 +9,14 @@
 // in order and exactly once), verifies every byte against the pattern,
 // reports the verdict back, and prints the throughput.
 //
-//   kv_transfer [--layers N] [--blocks N] [--block-tokens N] [--name NAME]
+//   kv_transfer [--layers N] [--blocks N] [--block-tokens N] [--name PEER]
 //               [--role both|prefill|decode] [--seed S] [--inflight N]
 //               [--expect-seed S]
+//
+// --name PEER is where decode listens and prefill connects: a link name on
+// this host (the default), or tcp://HOST:PORT or rdma://HOST:PORT to run
+// the two on different nodes (setup authenticated with the key file that
+// BARLINK_PSK_FILE names, the same on both). Decode prints the path taken.
 //
 // --expect-seed makes decode verify against another seed than the one the
 // plan names: every block then mismatches (a test that mismatches are caught).
@@ -163,6 +168,7 @@ int decode(const std::string& name, const uint64_t* expect_seed) {
     barlink::Listener listener(name, link_config());
     barlink::Link link = listener.accept(10000);
     link.set_close_timeout_ms(5000);
+    std::printf("decode: path %s\n", link.path().c_str());
 
     Plan plan;
     size_t len = 0;
