@@ -263,6 +263,13 @@ int main(void) {
     check("accept(NULL listener)", barlink_accept(NULL, 0, &(barlink_link *){NULL}),
           BARLINK_INVALID_HANDLE);
     check("listener_close(NULL)", barlink_listener_close(NULL), BARLINK_INVALID_HANDLE);
+    char text[64];
+    check("link_path(NULL link)", barlink_link_path(NULL, text, sizeof text, &len),
+          BARLINK_INVALID_HANDLE);
+    check("listener_path(NULL listener)", barlink_listener_path(NULL, text, sizeof text, &len),
+          BARLINK_INVALID_HANDLE);
+    check("link_path(forged)", barlink_link_path((barlink_link *)small, text, sizeof text, &len),
+          BARLINK_INVALID_HANDLE);
     check("deregister_buffer(NULL)", barlink_deregister_buffer(NULL), BARLINK_INVALID_HANDLE);
     check("post_send_buffer(NULL, NULL)",
           barlink_post_send_buffer(NULL, NULL, 0, 1, 0, &request), BARLINK_INVALID_HANDLE);
@@ -401,6 +408,18 @@ int main(void) {
     free(memory);
 
     check("get_stats", barlink_get_stats(link, &stats), BARLINK_OK);
+    check("link_path(NULL len)", barlink_link_path(link, big, sizeof big, NULL),
+          BARLINK_INVALID_ARGUMENT);
+    check("link_path(NULL buf, capacity 8)", barlink_link_path(link, NULL, 8, &len),
+          BARLINK_INVALID_ARGUMENT);
+    check("link_path(NULL buf, capacity 0) reports the size", barlink_link_path(link, NULL, 0, &len),
+          BARLINK_BUFFER_TOO_SMALL);
+    check_true("the size counts the NUL", len > 1);
+    check("link handle passed as a listener (listener_path)",
+          barlink_listener_path((barlink_listener *)(void *)link, big, sizeof big, &len),
+          BARLINK_INVALID_HANDLE);
+    check("link_path", barlink_link_path(link, big, sizeof big, &len), BARLINK_OK);
+    check_true("a link name's path is host-bounce", strncmp(big, "host-bounce: ", 13) == 0);
     check_true("stats: struct_size written back", stats.struct_size == sizeof stats);
     check_true("stats: one posted message acknowledged", stats.messages_sent >= 1);
 
@@ -414,6 +433,10 @@ int main(void) {
           BARLINK_INVALID_HANDLE);
     check("poll after close", barlink_poll(link, completions, 4, &count), BARLINK_INVALID_HANDLE);
     check("get_stats after close", barlink_get_stats(link, &stats), BARLINK_INVALID_HANDLE);
+    check("link_path after close", barlink_link_path(link, big, sizeof big, &len),
+          BARLINK_INVALID_HANDLE);
+    check("listener_path(a closed listener)", barlink_listener_path(listener, big, sizeof big, &len),
+          BARLINK_INVALID_HANDLE);
     check("version after everything", barlink_config_init(&config), BARLINK_OK);
 
     int status = 0;
