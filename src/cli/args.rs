@@ -18,6 +18,19 @@ pub struct JsonArg {
     pub json: bool,
 }
 
+/// `--gpu-device`: which GPU the `--gpu` modes use.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct GpuDeviceArg {
+    /// With --gpu: the CUDA device ordinal.
+    #[arg(
+        long = "gpu-device",
+        value_name = "N",
+        default_value_t = 0,
+        env = "BARLINK_GPU_DEVICE"
+    )]
+    pub ordinal: usize,
+}
+
 /// `--sysfs-root`: where the platform is read.
 #[derive(Debug, Clone, Args)]
 pub struct SysfsRootArg {

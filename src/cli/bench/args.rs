@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 
 use super::remote::args::RemoteArgs;
 use super::shm::plan::{ProcPath, ProgressMode};
-use crate::cli::args::JsonArg;
+use crate::cli::args::{GpuDeviceArg, JsonArg};
 use crate::cli::{CommandError, parse_size};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -93,14 +93,8 @@ pub struct BenchArgs {
     /// sizes 4K,64K,1M,16M; with --quick 64K,1M.
     #[arg(long, conflicts_with = "remote")]
     pub gpu: bool,
-    /// With --gpu: the CUDA device ordinal.
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 0,
-        env = "BARLINK_GPU_DEVICE"
-    )]
-    pub gpu_device: usize,
+    #[command(flatten)]
+    pub gpu_device: GpuDeviceArg,
 }
 
 /// What one run measures, from the options and the `--quick` defaults.

@@ -2,7 +2,7 @@
 
 use clap::{Args, ValueEnum};
 
-use crate::cli::args::{JsonArg, SysfsRootArg};
+use crate::cli::args::{GpuDeviceArg, JsonArg, SysfsRootArg};
 use crate::cli::parse_size;
 
 /// What `barlink validate --help` adds below the options.
@@ -153,12 +153,6 @@ pub struct ValidateArgs {
     /// missing without a driver or a GPU. --size defaults to 256M (quick 16M).
     #[arg(long, conflicts_with_all = ["device", "inject_faults"])]
     pub gpu: bool,
-    /// With --gpu: the CUDA device ordinal.
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 0,
-        env = "BARLINK_GPU_DEVICE"
-    )]
-    pub gpu_device: usize,
+    #[command(flatten)]
+    pub gpu_device: GpuDeviceArg,
 }

@@ -49,7 +49,7 @@ struct LinkResult {
 }
 
 pub fn run(args: &ValidateArgs, stream: Stream) -> Result<Status, CommandError> {
-    let gpu = gpu::open(args.gpu_device, &args.sysfs.sysfs_root)?;
+    let gpu = gpu::open(args.gpu_device.ordinal, &args.sysfs.sysfs_root)?;
     let size = args
         .size
         .unwrap_or(if args.quick { 16 << 20 } else { 256 << 20 });

@@ -86,7 +86,7 @@ struct Parent {
 }
 
 pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
-    let gpu = gpu::open(args.gpu_device, Path::new("/"))?;
+    let gpu = gpu::open(args.gpu_device.ordinal, Path::new("/"))?;
     let plan = args.plan_with_sizes(if args.quick {
         "64K,1M"
     } else {
@@ -109,7 +109,7 @@ pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
         lat_iters: plan.lat_iters,
         mtu: config.mtu,
         window: config.send_window,
-        gpu_device: args.gpu_device,
+        gpu_device: args.gpu_device.ordinal,
     };
     if !args.output.json {
         print_header(&gpu, &config, &plan);
@@ -271,15 +271,7 @@ fn measure_size(
     for _ in 0..plan.windows {
         let started = Instant::now();
         for _ in 0..count {
-            send_from_device(
-                &mut parent.link,
-                &parent.pool,
-                &parent.source,
-                0,
-                size,
-                STEP_TIMEOUT,
-            )
-            .map_err(|e| e.to_string())?;
+            barlink_send(parent, size)?;
         }
         parent.link.recv(STEP_TIMEOUT).map_err(|e| e.to_string())?;
         measured.gbps[0].push(bytes / started.elapsed().as_secs_f64() / 1e9);
@@ -297,16 +289,7 @@ fn measure_size(
 
         if let Ok(imported) = &parent.imported {
             let started = Instant::now();
-            for _ in 0..count {
-                imported
-                    .copy_from(0, &parent.source, 0, size)
-                    .map_err(|e| e.to_string())?;
-            }
-            parent
-                .gpu
-                .context
-                .synchronize()
-                .map_err(|e| e.to_string())?;
+            ipc_copies(parent, imported, size, count)?;
             measured.gbps[2].push(bytes / started.elapsed().as_secs_f64() / 1e9);
             imported.read(0, &mut back).map_err(|e| e.to_string())?;
             measured.wrong[2] += u64::from(back != expected);
@@ -314,15 +297,7 @@ fn measure_size(
     }
     for _ in 0..plan.lat_iters {
         let started = Instant::now();
-        send_from_device(
-            &mut parent.link,
-            &parent.pool,
-            &parent.source,
-            0,
-            size,
-            STEP_TIMEOUT,
-        )
-        .map_err(|e| e.to_string())?;
+        barlink_send(parent, size)?;
         recv_into_device(&mut parent.link, &parent.landing, 0, STEP_TIMEOUT)
             .map_err(|e| e.to_string())?;
         measured.latency_us[0].push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
@@ -333,14 +308,7 @@ fn measure_size(
 
         if let Ok(imported) = &parent.imported {
             let started = Instant::now();
-            imported
-                .copy_from(0, &parent.source, 0, size)
-                .map_err(|e| e.to_string())?;
-            parent
-                .gpu
-                .context
-                .synchronize()
-                .map_err(|e| e.to_string())?;
+            ipc_copies(parent, imported, size, 1)?;
             measured.latency_us[2].push(started.elapsed().as_secs_f64() * 1e6);
         }
     }
@@ -350,6 +318,35 @@ fn measure_size(
         .map_err(|e| e.to_string())?;
     measured.wrong[0] += u64::from(back != expected);
     Ok(measured)
+}
+
+/// barlink's one message: the source's first `size` bytes to the peer.
+fn barlink_send(parent: &mut Parent, size: usize) -> Result<(), String> {
+    send_from_device(
+        &mut parent.link,
+        &parent.pool,
+        &parent.source,
+        0,
+        size,
+        STEP_TIMEOUT,
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// The CUDA IPC baseline: `count` device-to-device copies into the peer's
+/// buffer, finished.
+fn ipc_copies(
+    parent: &Parent,
+    imported: &DeviceBuffer,
+    size: usize,
+    count: usize,
+) -> Result<(), String> {
+    for _ in 0..count {
+        imported
+            .copy_from(0, &parent.source, 0, size)
+            .map_err(|e| e.to_string())?;
+    }
+    parent.gpu.context.synchronize().map_err(|e| e.to_string())
 }
 
 /// The staging baseline's one message: device → pinned → device.
