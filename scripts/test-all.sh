@@ -20,7 +20,7 @@ passed=0
 failed=0
 skipped=0
 
-step() { printf '\n=== %s\n' "$*"; }
+step() { printf '\n=== %s [%dm%02ds into the run]\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 ok() { passed=$((passed + 1)); echo "ok: $*"; }
 bad() { failed=$((failed + 1)); echo "FAILED: $*"; }
 skip() { skipped=$((skipped + 1)); echo "SKIPPED: $*"; }
@@ -165,6 +165,7 @@ fi
 total_passed=$((tests_passed + passed))
 total_failed=$((tests_failed + failed))
 echo
+echo "took $((SECONDS / 60))m$((SECONDS % 60))s"
 echo "checks: $passed passed, $failed failed (tests counted separately: $tests_passed passed, $tests_failed failed, $tests_skipped skipped)"
 echo "test-all: $total_passed passed, $total_failed failed, $skipped skipped"
 rm -rf "$log"
