@@ -116,6 +116,7 @@ static void window(barlink_link *link, enum mode mode, const unsigned char *data
     size_t in_flight = 0, got, len;
     barlink_completion done[IN_FLIGHT];
     unsigned char ack[8];
+    double deadline = now() + TIMEOUT_MS / 1000.0; /* nothing waits forever */
     for (size_t i = 0; i < count; i++) {
         if (mode == BLOCKING) {
             TRY("send", barlink_send(link, data, size, TIMEOUT_MS));
@@ -127,6 +128,7 @@ static void window(barlink_link *link, enum mode mode, const unsigned char *data
                                    : barlink_post_send_buffer(link, registered, 0, size, i, &request);
             if (s == BARLINK_OK && ++in_flight < IN_FLIGHT) break;
             if (s != BARLINK_OK && s != BARLINK_WOULD_BLOCK) die("post_send", s);
+            if (now() > deadline) die("a window's posts (no completions within the timeout)", BARLINK_TIMEOUT);
             TRY("poll", barlink_poll(link, done, IN_FLIGHT, &got));
             for (size_t c = 0; c < got; c++)
                 if (done[c].status != BARLINK_OK) die("a posted send", done[c].status);
@@ -136,6 +138,7 @@ static void window(barlink_link *link, enum mode mode, const unsigned char *data
     }
     TRY("recv ack", barlink_recv(link, ack, sizeof ack, &len, TIMEOUT_MS));
     while (in_flight > 0) {
+        if (now() > deadline) die("a window's last completions", BARLINK_TIMEOUT);
         TRY("poll", barlink_poll(link, done, IN_FLIGHT, &got));
         in_flight -= got;
     }
