@@ -4,7 +4,6 @@
 //! in `barlink bench --gpu` and `barlink validate --gpu`
 //! (`scripts/gpu-check.sh`).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::thread;
 use std::time::Duration;
@@ -19,13 +18,8 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 
 fn mock_cuda(test: &str) -> Option<Cuda> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-mock");
-    match mock::build(&dir, MockKind::OneDevice) {
-        Ok(path) => Some(Cuda::load_from(&path).expect("the mock driver loads")),
-        Err(why) => {
-            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
-            None
-        }
-    }
+    let path = mock::build_or_skip(&dir, MockKind::OneDevice, test)?;
+    Some(Cuda::load_from(&path).expect("the mock driver loads"))
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {

@@ -3,7 +3,6 @@
 //! stand-in driver (`cuda/tests/mock/libcuda.c`) the whole of each command:
 //! rows with the GPU named, a PASS, and a FAIL where device reads flip bits.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -19,13 +18,7 @@ fn barlink(library: &std::path::Path, args: &[&str]) -> Output {
 
 fn mock_library(test: &str, kind: MockKind) -> Option<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-mock");
-    match mock::build(&dir, kind) {
-        Ok(path) => Some(path),
-        Err(why) => {
-            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
-            None
-        }
-    }
+    mock::build_or_skip(&dir, kind, test)
 }
 
 fn text(bytes: &[u8]) -> String {

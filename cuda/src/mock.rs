@@ -60,3 +60,17 @@ pub fn build(dir: &Path, kind: MockKind) -> Result<PathBuf, String> {
         .map_err(|e| format!("renaming {} into place: {e}", built.display()))?;
     Ok(library)
 }
+
+/// [`build`] for a test: the library, or `None` after saying on the real
+/// stderr (past the harness's capture) `SKIPPED <test>: <why>`, so the
+/// skip is counted, never a silent pass.
+pub fn build_or_skip(dir: &Path, kind: MockKind, test: &str) -> Option<PathBuf> {
+    match build(dir, kind) {
+        Ok(path) => Some(path),
+        Err(why) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+            None
+        }
+    }
+}

@@ -7,26 +7,14 @@ use std::path::PathBuf;
 use barlink_cuda::mock::{self, MockKind};
 use barlink_cuda::{Cuda, CudaError};
 
-/// Says on the real stderr, past the harness's capture, why a test checked
-/// nothing, so a skip is never a silent pass.
-fn skipped(test: &str, why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
-}
-
 fn scratch() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-mock")
 }
 
 /// The stand-in driver, or `None` after a visible skip.
 fn mock_driver(test: &str, kind: MockKind) -> Option<Cuda> {
-    match mock::build(&scratch(), kind) {
-        Ok(path) => Some(Cuda::load_from(&path).expect("the mock driver loads")),
-        Err(why) => {
-            skipped(test, &why);
-            None
-        }
-    }
+    let path = mock::build_or_skip(&scratch(), kind, test)?;
+    Some(Cuda::load_from(&path).expect("the mock driver loads"))
 }
 
 #[test]
@@ -139,13 +127,11 @@ fn routes_the_device_refuses_say_why() {
 
 #[test]
 fn a_driver_without_a_gpu_says_no_device() {
-    let Some(path) = (match mock::build(&scratch(), MockKind::NoDevice) {
-        Ok(path) => Some(path),
-        Err(why) => {
-            skipped("a_driver_without_a_gpu_says_no_device", &why);
-            None
-        }
-    }) else {
+    let Some(path) = mock::build_or_skip(
+        &scratch(),
+        MockKind::NoDevice,
+        "a_driver_without_a_gpu_says_no_device",
+    ) else {
         return;
     };
     let error = Cuda::load_from(&path).unwrap_err();
