@@ -491,6 +491,14 @@ impl<B: AsRef<[u8]>> Connection<B> {
         each_link!(self, link => link.completed())
     }
 
+    /// Why the link can carry no more messages, if it cannot (the peer
+    /// was lost, closed, or a send failed). `progress` records such an
+    /// end without returning it: a caller waiting on
+    /// [`Connection::completed`] asks here.
+    pub fn check_open(&mut self) -> Result<(), IoError> {
+        each_link!(self, link => link.check_open())
+    }
+
     /// Whether a queued message has packets that never went out (waiting
     /// for the window, the peer's credit, or the next round of progress).
     pub fn has_unsent(&mut self) -> bool {

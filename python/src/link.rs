@@ -573,7 +573,11 @@ impl Request {
             return Ok(true);
         }
         conn.progress()?;
-        Ok(conn.completed() > self.index)
+        if conn.completed() > self.index {
+            return Ok(true);
+        }
+        conn.check_open()?;
+        Ok(false)
     }
 }
 

@@ -211,7 +211,8 @@ def test_nobody_listening_is_a_setup_error_within_the_timeout(name):
     assert isinstance(error.value, ConnectionError)
 
 
-def test_a_killed_peer_is_peer_lost_within_the_peer_timeout(name, spawn):
+@pytest.mark.parametrize("waiting_for", ["a message", "an acknowledgement"])
+def test_a_killed_peer_is_peer_lost_within_the_peer_timeout(name, spawn, waiting_for):
     import subprocess
 
     holder = spawn("hold", name, stdout=subprocess.PIPE)
@@ -220,7 +221,11 @@ def test_a_killed_peer_is_peer_lost_within_the_peer_timeout(name, spawn):
     holder.kill()
     started = time.monotonic()
     with pytest.raises(barlink.PeerLost) as error:
-        link.recv(timeout=30)
+        if waiting_for == "a message":
+            link.recv(timeout=30)
+        else:
+            # A posted send's wait learns it too, though no message is due.
+            link.post_send(bytes(1 << 20)).wait(timeout=30)
     assert time.monotonic() - started < 3.0
     assert "peer" in str(error.value)
     assert isinstance(error.value, barlink.LinkFailed)

@@ -823,7 +823,11 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         Some(data)
     }
 
-    fn check_open(&self) -> Result<(), IoError> {
+    /// Why the link can carry no more messages, if it cannot. `progress`
+    /// records a close or a failed send without returning it; a caller
+    /// that waits on [`Link::completed`] after `progress` asks here, or
+    /// it would wait on a dead link for its own timeout.
+    pub fn check_open(&self) -> Result<(), IoError> {
         if let Some(detail) = &self.medium_error {
             return Err(IoError::Medium(detail.clone()));
         }
