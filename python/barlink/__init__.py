@@ -16,28 +16,34 @@ import json as _json
 
 from . import _barlink
 from ._barlink import (
+    Exchange,
     LinkClosed,
     LinkFailed,
     Link,
     Message,
+    Mismatch,
     PeerLost,
     Request,
     SetupError,
     __version__,
+    combine,
     connect,
 )
 from .aio import AsyncLink, connect_async
 
 __all__ = [
     "AsyncLink",
+    "Exchange",
     "Link",
     "LinkClosed",
     "LinkFailed",
     "Message",
+    "Mismatch",
     "PeerLost",
     "Request",
     "SetupError",
     "__version__",
+    "combine",
     "connect",
     "connect_async",
     "cpu",

@@ -93,6 +93,13 @@ impl BufferView {
         self.view.len as usize
     }
 
+    /// Where the bytes lie, as addresses, to tell whether two views
+    /// overlap.
+    pub fn span(&self) -> std::ops::Range<usize> {
+        let start = self.view.buf as usize;
+        start..start + self.len()
+    }
+
     /// Whether the exporter allows no writes (bytes, a read-only
     /// memoryview): such memory cannot change while the view is held.
     pub fn is_readonly(&self) -> bool {
@@ -108,6 +115,24 @@ impl BufferView {
         // (PyBUF_SIMPLE), valid until the view is released, which happens
         // only when `self` is dropped; the borrow ends before that.
         unsafe { std::slice::from_raw_parts(self.view.buf.cast::<u8>(), self.len()) }
+    }
+
+    /// The bytes, to write in place (a view got `writable`). Python code
+    /// may touch the same memory meanwhile, as it may during any C
+    /// extension's write; the collectives that use this hold the tensors.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        assert!(
+            self.view.readonly == 0,
+            "the buffer was checked to be writable"
+        );
+        if self.len() == 0 {
+            return &mut [];
+        }
+        // SAFETY: the view is writable (PyBUF_WRITABLE was granted) and
+        // holds `len` contiguous bytes at `buf`, valid until the view is
+        // released in `drop`; `&mut self` keeps this the only slice made
+        // from it while the borrow lasts.
+        unsafe { std::slice::from_raw_parts_mut(self.view.buf.cast::<u8>(), self.len()) }
     }
 
     /// Copies `src` to the start of the buffer (a view got `writable`).

@@ -38,6 +38,15 @@ create_exception!(
      before the close was delivered."
 );
 
+create_exception!(
+    barlink,
+    Mismatch,
+    PyValueError,
+    "A collective's ranks disagree: a peer called another operation, or gave a tensor \
+     of another shape or dtype. Nothing was combined with its data; the group's links \
+     are out of step afterwards."
+);
+
 /// The exception for a failed link call.
 pub fn io_error(error: IoError) -> PyErr {
     let text = error.to_string();

@@ -10,9 +10,11 @@
 #![deny(unsafe_code)]
 
 mod buffer;
+mod collective;
 mod errors;
 mod link;
 mod options;
+mod reduce;
 
 use pyo3::prelude::*;
 
@@ -24,12 +26,15 @@ fn _barlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("LinkFailed", py.get_type::<errors::LinkFailed>())?;
     m.add("PeerLost", py.get_type::<errors::PeerLost>())?;
     m.add("LinkClosed", py.get_type::<errors::LinkClosed>())?;
+    m.add("Mismatch", py.get_type::<errors::Mismatch>())?;
     m.add_class::<link::Link>()?;
     m.add_class::<link::Request>()?;
     m.add_class::<buffer::Message>()?;
+    m.add_class::<collective::Exchange>()?;
     m.add_function(wrap_pyfunction!(options::connect, m)?)?;
     m.add_function(wrap_pyfunction!(options::topology_json, m)?)?;
     m.add_function(wrap_pyfunction!(options::doctor_json, m)?)?;
     m.add_function(wrap_pyfunction!(options::cpu_json, m)?)?;
+    m.add_function(wrap_pyfunction!(collective::combine, m)?)?;
     Ok(())
 }

@@ -36,13 +36,18 @@ pub enum Payload {
     Copied(Vec<u8>),
     /// The caller's memory, read in place.
     Held(HeldView),
+    /// A range of the caller's memory, one of several messages cut from
+    /// one buffer (a collective's chunks); the view is released when the
+    /// last of them is acknowledged.
+    HeldRange(Arc<HeldView>, std::ops::Range<usize>),
 }
 
 impl AsRef<[u8]> for Payload {
     fn as_ref(&self) -> &[u8] {
         match self {
             Payload::Copied(bytes) => bytes,
-            Payload::Held(held) => held.view.as_ref().map_or(&[], BufferView::bytes),
+            Payload::Held(held) => held.bytes(),
+            Payload::HeldRange(held, range) => held.bytes().get(range.clone()).unwrap_or(&[]),
         }
     }
 }
@@ -55,6 +60,24 @@ pub struct HeldView {
     graveyard: Arc<Graveyard>,
 }
 
+impl HeldView {
+    pub fn new(view: BufferView, graveyard: Arc<Graveyard>) -> HeldView {
+        HeldView {
+            view: Some(view),
+            graveyard,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.view.as_ref().map_or(&[], BufferView::bytes)
+    }
+
+    /// Where the held bytes lie (see `BufferView::span`).
+    pub fn span(&self) -> std::ops::Range<usize> {
+        self.view.as_ref().map_or(0..0, BufferView::span)
+    }
+}
+
 impl Drop for HeldView {
     fn drop(&mut self) {
         if let Some(view) = self.view.take() {
@@ -64,20 +87,24 @@ impl Drop for HeldView {
 }
 
 /// Why a call on the link failed, made into an exception with the GIL.
-enum Failure {
+#[derive(Debug)]
+pub enum Failure {
     Io(IoError),
     ClosedHere,
     Busy,
+    /// A collective's peer sent what this side did not expect.
+    Mismatch(String),
 }
 
 impl Failure {
-    fn into_py(self) -> PyErr {
+    pub fn into_py(self) -> PyErr {
         match self {
             Failure::Io(error) => errors::io_error(error),
             Failure::ClosedHere => closed_here(),
             Failure::Busy => PyBlockingIOError::new_err(
                 "the send queue is full: wait on an earlier request, or call progress()",
             ),
+            Failure::Mismatch(why) => errors::Mismatch::new_err(why),
         }
     }
 }
@@ -89,8 +116,8 @@ impl From<IoError> for Failure {
 }
 
 #[derive(Debug)]
-struct State {
-    conn: Option<Connection<Payload>>,
+pub struct State {
+    pub conn: Option<Connection<Payload>>,
     /// Messages queued so far: the next one's index.
     queued: u64,
     /// A message `recv_into` could not take (too large): first in line.
@@ -101,7 +128,7 @@ struct State {
 }
 
 impl State {
-    fn conn(&mut self) -> Result<&mut Connection<Payload>, Failure> {
+    pub fn conn(&mut self) -> Result<&mut Connection<Payload>, Failure> {
         self.conn.as_mut().ok_or(Failure::ClosedHere)
     }
 
@@ -122,14 +149,14 @@ impl State {
 
     /// Queues `payload` (retrying while the queue is full, for at most
     /// `slice`); its index, or the payload back if there was no room.
-    fn queue(
+    pub fn queue(
         &mut self,
         payload: Payload,
         slice: Duration,
     ) -> Result<Result<u64, Payload>, Failure> {
         let copied = match &payload {
             Payload::Copied(bytes) => bytes.len(),
-            Payload::Held(_) => 0,
+            Payload::Held(_) | Payload::HeldRange(..) => 0,
         };
         let started = Instant::now();
         let mut payload = payload;
@@ -178,13 +205,13 @@ impl State {
 /// The clock is read only once a first wait came back empty: a call that
 /// completes at once reads none.
 #[derive(Clone, Copy)]
-struct Deadline {
+pub struct Deadline {
     at: Option<Instant>,
     timeout: Option<Duration>,
 }
 
 impl Deadline {
-    fn new(timeout: Option<f64>) -> PyResult<Deadline> {
+    pub fn new(timeout: Option<f64>) -> PyResult<Deadline> {
         let timeout = match timeout {
             None => None,
             Some(seconds) if seconds.is_finite() && seconds >= 0.0 => {
@@ -200,7 +227,7 @@ impl Deadline {
     }
 
     /// How long the next wait may run.
-    fn slice(&self) -> Duration {
+    pub fn slice(&self) -> Duration {
         match (self.timeout, self.at) {
             (None, _) => SLICE,
             (Some(timeout), None) => timeout.min(SLICE),
@@ -209,7 +236,7 @@ impl Deadline {
     }
 
     /// After a wait of `slice` came back empty: whether the time is up.
-    fn passed(&mut self, slice: Duration) -> bool {
+    pub fn passed(&mut self, slice: Duration) -> bool {
         let Some(timeout) = self.timeout else {
             return false;
         };
@@ -218,7 +245,7 @@ impl Deadline {
         now >= at
     }
 
-    fn error(&self, what: &str) -> PyErr {
+    pub fn error(&self, what: &str) -> PyErr {
         let after = self.timeout.unwrap_or_default();
         PyTimeoutError::new_err(format!("{what}: timed out after {after:?}"))
     }
@@ -227,12 +254,12 @@ impl Deadline {
 #[derive(Debug)]
 pub struct Shared {
     state: Mutex<State>,
-    graveyard: Arc<Graveyard>,
-    spares: Arc<Spares>,
+    pub graveyard: Arc<Graveyard>,
+    pub spares: Arc<Spares>,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -269,7 +296,7 @@ impl Shared {
     }
 
     /// The next message, `None` past the slice.
-    fn next_message(state: &mut State, slice: Duration) -> Result<Option<Vec<u8>>, Failure> {
+    pub fn next_message(state: &mut State, slice: Duration) -> Result<Option<Vec<u8>>, Failure> {
         if let Some(message) = state.pending.take() {
             return Ok(Some(message));
         }
@@ -360,10 +387,12 @@ impl Link {
     }
 
     fn held(&self, view: BufferView) -> Payload {
-        Payload::Held(HeldView {
-            view: Some(view),
-            graveyard: self.shared.graveyard.clone(),
-        })
+        Payload::Held(HeldView::new(view, self.shared.graveyard.clone()))
+    }
+
+    /// The link's state, shared with its requests.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 }
 
