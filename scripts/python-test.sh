@@ -3,11 +3,14 @@
 # target/ (kept, so reruns reuse it), `pip install ./python` (maturin comes
 # through pip's build isolation), the pytest suite against the installed
 # package, and `python -m barlink.bench --quick` once as a smoke run (its
-# figures are not checked). Ends with "python-test: N passed, M failed,
-# K skipped".
+# figures are not checked). torch (CPU use only; pip brings its CUDA
+# runtime wheels, ~7 GB, kept in the environment for reruns) is installed
+# for the torch.distributed backend's tests. Ends with "python-test: N
+# passed, M failed, K skipped".
 #
 #   BARLINK_PYENV=target/pyenv   where the environment lives
 #   PYTHON=python3               the interpreter it is made from (>= 3.11)
+#   BARLINK_TORCH=0              leave torch out: its tests say SKIPPED
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +50,17 @@ if "$venv/bin/pip" install -q --disable-pip-version-check "pytest>=8" "numpy>=1.
 else
     bad "pip install pytest numpy"
     summary
+fi
+if [ "${BARLINK_TORCH:-1}" = 0 ]; then
+    skipped=$((skipped + 1))
+    echo "SKIPPED: pip install torch (BARLINK_TORCH=0): the torch backend's tests say SKIPPED"
+else
+    started=$(date +%s)
+    if "$venv/bin/pip" install -q --disable-pip-version-check "torch>=2.4"; then
+        ok "pip install torch: $("$venv/bin/python" -c 'import torch; print(torch.__version__)') ($(($(date +%s) - started)) s)"
+    else
+        bad "pip install torch (set BARLINK_TORCH=0 to run without the torch backend's tests)"
+    fi
 fi
 started=$(date +%s)
 if "$venv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps ./python; then

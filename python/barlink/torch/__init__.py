@@ -1,0 +1,30 @@
+"""barlink as a torch.distributed backend.
+
+    import torch.distributed as dist
+    import barlink.torch  # registers the backend "barlink"
+
+    dist.init_process_group("barlink", init_method="env://")
+    dist.all_reduce(tensor)
+
+Ranks find each other through the torch Store and link every pair over the
+path ``barlink.connect`` picks (shared memory between processes of one
+host), so every message of every collective travels in CRC-checked packets
+and is retransmitted until intact. Operations take CPU tensors.
+
+Tunables, read when a group is made:
+
+- ``BARLINK_PEER_TIMEOUT`` (seconds, default 10): how long a silent rank
+  may stay silent before the others' operations fail with an error naming
+  it. A background thread keeps idle links alive, so a rank that computes
+  between collectives is never taken for dead.
+- ``BARLINK_CHUNK_BYTES`` (default 1 MiB): the pipeline's chunk.
+"""
+
+import torch.distributed as _dist
+
+from ._group import ProcessGroupBarlink, create
+
+__all__ = ["ProcessGroupBarlink", "create"]
+
+if "barlink" not in _dist.Backend.backend_list:
+    _dist.Backend.register_backend("barlink", create, devices=["cpu"])

@@ -1,0 +1,493 @@
+"""The process group: a link between every pair of ranks, and the
+collectives built over them from one primitive, ``barlink.Exchange`` (send
+one buffer while receiving another, in chunks, combining on arrival).
+
+Every operation runs on the calling thread when it is called, in the order
+the ranks call them, and returns a completed Work, except the two whose
+completion depends on the peer's timing: a send completes when the peer
+acknowledged it (its Work waits for that), and a receive is taken when its
+Work is waited on or tested, or when a later operation needs the same link
+(so ``irecv`` before ``send`` on both ranks cannot deadlock).
+
+Each exchange starts with a short descriptor (operation, sequence number,
+dtype, element count), so ranks that called different operations, or gave
+tensors of different shapes or dtypes, get ``barlink.Mismatch`` instead of
+combining garbage. After any failure the group closes its links (the other
+ranks' pending operations then fail at once instead of waiting for their
+timeout) and every later operation raises why the group failed.
+"""
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+import barlink
+
+from . import _algorithms as algo
+
+_REDUCE_OPS = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.AVG: "sum",
+    dist.ReduceOp.PRODUCT: "product",
+    dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.BAND: "band",
+    dist.ReduceOp.BOR: "bor",
+    dist.ReduceOp.BXOR: "bxor",
+}
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        parsed = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
+    if not parsed > 0:
+        raise ValueError(f"{name}={value!r} must be > 0")
+    return parsed
+
+
+def _host_id() -> str:
+    """Names this host's kernel, so ranks that share memory know it."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+class _Work(dist._Work):
+    """A Work whose completion is `finish(timeout)` (a receive taken or a
+    send acknowledged); `poll()` says whether it is complete without
+    waiting."""
+
+    def __init__(self, group, finish, poll, result):
+        super().__init__()
+        self._group = group
+        self._finish = finish
+        self._poll = poll
+        self._result = result
+        self._future = Future()
+        self._done = False
+
+    def _complete(self):
+        if not self._done:
+            self._done = True
+            self._future.set_result(self._result)
+
+    def wait(self, timeout=None):
+        if self._done:
+            return True
+        seconds = self._group._seconds(timeout)
+        self._group._guard(lambda: self._finish(seconds))
+        self._complete()
+        return True
+
+    def is_completed(self):
+        if not self._done and self._group._guard(self._poll):
+            self._complete()
+        return self._done
+
+    def is_success(self):
+        return self._done
+
+    def get_future(self):
+        if not self._done:
+            # Completion needs this side to drive the link: a future that
+            # nobody drives would never be set.
+            self.wait()
+        return self._future
+
+    def result(self):
+        return self._result
+
+
+def _completed(result=None) -> dist._Work:
+    future = Future()
+    future.set_result(result)
+    return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+class ProcessGroupBarlink(dist.ProcessGroup):
+    """torch.distributed over barlink links; see the module's docstring."""
+
+    def __init__(self, store, rank: int, size: int, timeout):
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._timeout = timeout.total_seconds() if timeout is not None else 1800.0
+        self._peer_timeout = _env_float("BARLINK_PEER_TIMEOUT", 10.0)
+        chunk = int(os.environ.get("BARLINK_CHUNK_BYTES", 1 << 20))
+        if chunk < 64 or chunk % 64:
+            raise ValueError(f"BARLINK_CHUNK_BYTES={chunk} must be a multiple of 64 bytes")
+        self._chunk = chunk
+        self._seq = 0
+        self._p2p_sent = [0] * size
+        self._p2p_received = [0] * size
+        # Receives posted by irecv and not yet taken, per peer, in order.
+        self._pending = [deque() for _ in range(size)]
+        self._failed = None
+        self._lock = threading.RLock()
+        self._links = self._link_all(store)
+        self._stop = threading.Event()
+        self._keepalive = threading.Thread(
+            target=self._keep_alive, name="barlink-keepalive", daemon=True
+        )
+        self._keepalive.start()
+
+    # -- setup ---------------------------------------------------------
+
+    def _link_all(self, store):
+        rank, size = self._rank, self._size
+        if size == 1:
+            return [None]
+        hosts = []
+        store.set(f"barlink/host/{rank}", _host_id())
+        if rank == 0:
+            store.set("barlink/job", uuid.uuid4().hex[:16])
+        job = store.get("barlink/job").decode()
+        for r in range(size):
+            hosts.append(store.get(f"barlink/host/{r}").decode())
+        for r in range(size):
+            if hosts[r] != hosts[rank]:
+                raise barlink.SetupError(
+                    f"rank {r} runs on host {hosts[r].split('/')[0]} and rank {rank} on "
+                    f"{hosts[rank].split('/')[0]}: this version of the barlink backend links "
+                    "ranks of one host only (over shared memory); use gloo across hosts"
+                )
+        options = {"peer_timeout": self._peer_timeout}
+
+        def link(peer: int):
+            low, high = min(rank, peer), max(rank, peer)
+            name = f"local:bltorch-{job}-{low}-{high}"
+            role = "accept" if rank == low else "connect"
+            return barlink.connect(name, role, timeout=min(self._timeout, 300.0), **options)
+
+        peers = [r for r in range(size) if r != rank]
+        links = [None] * size
+        with ThreadPoolExecutor(max_workers=len(peers)) as pool:
+            for peer, made in zip(peers, pool.map(link, peers)):
+                links[peer] = made
+        return links
+
+    def _keep_alive(self):
+        """Drives idle links now and then, so a rank computing between
+        operations still answers its peers within their peer timeout."""
+        period = self._peer_timeout / 5
+        while not self._stop.wait(period):
+            if not self._lock.acquire(blocking=False):
+                continue  # an operation is driving the links
+            try:
+                for link in self._links:
+                    if link is not None and not link.closed:
+                        link.progress()
+            except Exception:
+                pass  # the next operation on the link reports why
+            finally:
+                self._lock.release()
+
+    # -- torch.distributed plumbing ------------------------------------
+
+    def getBackendName(self):
+        return "barlink"
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+    def __repr__(self):
+        return f"ProcessGroupBarlink(rank={self._rank}, size={self._size})"
+
+    def _seconds(self, timeout=None) -> float:
+        if timeout is None:
+            return self._timeout
+        if hasattr(timeout, "total_seconds"):
+            seconds = timeout.total_seconds()
+            return seconds if seconds > 0 else self._timeout
+        return float(timeout)
+
+    def _guard(self, body):
+        """Runs `body` with the group's lock; on failure closes every link
+        and remembers why, so later operations raise it at once."""
+        with self._lock:
+            if self._failed is not None:
+                raise barlink.LinkFailed(f"the process group failed earlier: {self._failed}")
+            try:
+                return body()
+            except BaseException as error:
+                # Bad arguments are refused before anything moves; any
+                # other failure leaves the links out of step.
+                refused = isinstance(error, (ValueError, TypeError))
+                if refused and not isinstance(error, barlink.Mismatch):
+                    raise
+                self._failed = f"{type(error).__name__}: {error}"
+                self._abort()
+                raise
+
+    def _abort(self):
+        for link in self._links:
+            if link is not None:
+                try:
+                    link.close(timeout=0.1)
+                except Exception:
+                    pass
+
+    def shutdown(self):
+        self._stop.set()
+        with self._lock:
+            for link in self._links:
+                if link is not None:
+                    try:
+                        link.close(timeout=2.0)
+                    except Exception:
+                        pass
+
+    def abort(self):
+        self._stop.set()
+        with self._lock:
+            self._failed = self._failed or "aborted"
+            self._abort()
+
+    def __del__(self):
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+
+    def link(self, peer: int):
+        peer %= self._size
+        return self._links[peer]
+
+    def rank_of(self, link) -> int:
+        for rank, candidate in enumerate(self._links):
+            if candidate is link:
+                return rank
+        return -1
+
+    def drain(self, peer: int):
+        """Takes the receives irecv posted from `peer` before anything else
+        reads that link."""
+        pending = self._pending[peer % self._size]
+        while pending:
+            pending[0].wait()
+
+    def tag(self, op: str, tensor=None, extra: str = "") -> bytes:
+        """The descriptor every rank of one collective must agree on."""
+        if tensor is None:
+            return f"{op}#{self._seq}{extra}".encode()
+        return f"{op}#{self._seq} {str(tensor.dtype)[6:]}x{tensor.numel()}{extra}".encode()
+
+    def next_seq(self):
+        self._seq += 1
+
+    def _collective(self, name, body, opts=None):
+        def run():
+            for peer in range(self._size):
+                self.drain(peer)
+            try:
+                return body()
+            finally:
+                self.next_seq()
+
+        self._guard(run)
+        return _completed()
+
+    @staticmethod
+    def _reduce_op(opts) -> str:
+        op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
+        for known, name in _REDUCE_OPS.items():
+            if op == known:
+                return name
+        raise ValueError(f"the barlink backend cannot reduce with {op}: it takes SUM, AVG, "
+                         "PRODUCT, MIN, MAX, BAND, BOR, BXOR")
+
+    @staticmethod
+    def _one(tensors, what):
+        if len(tensors) != 1:
+            raise ValueError(f"{what}: the barlink backend takes one tensor per rank, not {len(tensors)}")
+        tensor = tensors[0]
+        if tensor.device.type != "cpu":
+            raise ValueError(f"{what}: the barlink backend takes CPU tensors, not {tensor.device}")
+        return tensor
+
+    # -- collectives -----------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        tensor = self._one(tensors, "all_reduce")
+        op = self._reduce_op(opts)
+        average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
+        return self._collective(
+            "all_reduce", lambda: algo.all_reduce(self, tensor, op, average)
+        )
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = self._reduce_op(opts)
+        average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
+
+        def body():
+            for tensor in tensors:
+                algo.all_reduce(self, tensor, op, average)
+                self.next_seq()
+
+        return self._collective("all_reduce_coalesced", body)
+
+    def broadcast(self, tensors, opts=None):
+        tensor = self._one(tensors, "broadcast")
+        return self._collective(
+            "broadcast", lambda: algo.broadcast(self, tensor, _root(opts))
+        )
+
+    def reduce(self, tensors, opts=None):
+        tensor = self._one(tensors, "reduce")
+        op = self._reduce_op(opts)
+        average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
+        return self._collective(
+            "reduce", lambda: algo.reduce(self, tensor, op, average, _root(opts))
+        )
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        tensor = self._one(input_tensors, "all_gather")
+        if len(output_tensors) != 1:
+            raise ValueError("all_gather: the barlink backend takes one list of outputs per rank")
+        outputs = output_tensors[0]
+        return self._collective("all_gather", lambda: algo.all_gather(self, outputs, tensor))
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._collective(
+            "all_gather_into_tensor", lambda: algo.all_gather_into(self, output, input)
+        )
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        output = self._one(output_tensors, "reduce_scatter")
+        inputs = input_tensors[0]
+        op = self._reduce_op(opts)
+        average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
+        return self._collective(
+            "reduce_scatter",
+            lambda: algo.reduce_scatter(self, output, list(inputs), op, average),
+        )
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        op = self._reduce_op(opts)
+        average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
+        return self._collective(
+            "reduce_scatter_tensor",
+            lambda: algo.reduce_scatter_into(self, output, input, op, average),
+        )
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self._collective(
+            "all_to_all_single",
+            lambda: algo.all_to_all_single(
+                self, output, input, list(output_split_sizes), list(input_split_sizes)
+            ),
+        )
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return self._collective(
+            "all_to_all", lambda: algo.all_to_all(self, list(output_tensors), list(input_tensors))
+        )
+
+    def barrier(self, opts=None):
+        return self._collective("barrier", lambda: algo.barrier(self))
+
+    # -- point to point --------------------------------------------------
+
+    def send(self, tensors, dst: int, tag: int):
+        tensor = self._one(tensors, "send")
+        self._check_peer(dst, "send")
+
+        def post():
+            n = self._p2p_sent[dst]
+            self._p2p_sent[dst] += 1
+            return algo.post_send(self, dst, tensor, f"p2p#{n} tag{tag}")
+
+        requests = self._guard(post)
+
+        def finish(seconds):
+            # Acknowledged in order: the last one completes them all.
+            last = requests[-1]
+            deadline = time.monotonic() + seconds
+            # The peer may be waiting, before it takes this message, for a
+            # receive posted here: take those while waiting.
+            while any(self._pending):
+                if last.test():
+                    return
+                for pending in self._pending:
+                    if pending:
+                        pending[0].is_completed()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"send to rank {dst}: not acknowledged within {seconds} s")
+            last.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+        def poll():
+            return requests[-1].test()
+
+        return _Work(self, finish, poll, [tensor])
+
+    def recv(self, tensors, src: int, tag: int):
+        tensor = self._one(tensors, "recv")
+        self._check_peer(src, "recv")
+        n = self._p2p_received[src]
+        self._p2p_received[src] += 1
+        receive = algo.Receive(self, src, tensor, f"p2p#{n} tag{tag}")
+        pending = self._pending[src]
+
+        def earlier_done(wait: bool) -> bool:
+            # Receives from one peer are taken in the order they were posted.
+            for earlier in list(pending):
+                if earlier is work:
+                    return True
+                if wait:
+                    earlier.wait()
+                elif not earlier.is_completed():
+                    return False
+            return True
+
+        def finish(seconds):
+            earlier_done(wait=True)
+            receive.wait(seconds)
+            pending.remove(work)
+
+        def poll():
+            if earlier_done(wait=False) and receive.test():
+                pending.remove(work)
+                return True
+            return False
+
+        work = _Work(self, finish, poll, [tensor])
+        pending.append(work)
+        return work
+
+    def recv_anysource(self, tensors, tag: int):
+        raise ValueError(
+            "recv from any source is not offered by the barlink backend: name the source rank"
+        )
+
+    def _check_peer(self, peer: int, what: str):
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise ValueError(
+                f"{what}: rank {peer} is not another rank of this group of {self._size}"
+            )
+
+
+def _root(opts) -> int:
+    return 0 if opts is None else opts.rootRank
+
+
+def create(store, rank, size, timeout):
+    """The backend's constructor, as torch.distributed calls it."""
+    return ProcessGroupBarlink(store, rank, size, timeout)

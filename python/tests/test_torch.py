@@ -1,0 +1,110 @@
+"""The torch.distributed backend: ranks as separate processes on this host
+(`torch_ranks.py`), every result checked against one computed locally."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (scripts/python-test.sh installs it)")
+
+RANKS = Path(__file__).with_name("torch_ranks.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(scenario: str, world: int, timeout: float = 240, peer_timeout: float = 3.0):
+    """Starts `world` ranks of `scenario`; their exit codes and output."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    env = dict(os.environ, BARLINK_PEER_TIMEOUT=str(peer_timeout))
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(RANKS), scenario, str(r), str(world), init],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )
+        for r in range(world)
+    ]
+    outputs = []
+    deadline = time.monotonic() + timeout
+    for rank in ranks:
+        try:
+            out, _ = rank.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in ranks:
+                other.kill()
+            out, _ = rank.communicate()
+            out += f"\n(killed after {timeout} s)"
+        outputs.append(out)
+    return [rank.returncode for rank in ranks], outputs
+
+
+def report(codes, outputs) -> str:
+    return "\n".join(f"--- rank {r} exited {c}:\n{o[-3000:]}" for r, (c, o) in enumerate(zip(codes, outputs)))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_operation_dtype_and_reduction_matches_a_local_result(world):
+    codes, outputs = run_ranks("matrix", world)
+    assert codes == [0] * world, report(codes, outputs)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_irecv_posted_before_isend_and_work_objects(world):
+    codes, outputs = run_ranks("async", world)
+    assert codes == [0] * world, report(codes, outputs)
+
+
+def test_a_subgroup_beside_the_world_group():
+    codes, outputs = run_ranks("groups", 3)
+    assert codes == [0] * 3, report(codes, outputs)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_tensors_of_another_shape_or_dtype_raise_mismatch(world):
+    codes, outputs = run_ranks("mismatch", world)
+    assert codes == [0] * world, report(codes, outputs)
+    text = "\n".join(outputs)
+    assert "shape: Mismatch" in text and "dtype: Mismatch" in text, text
+
+
+def test_a_rank_that_dies_fails_the_others_within_the_peer_timeout():
+    codes, outputs = run_ranks("dies", 3, timeout=60, peer_timeout=2.0)
+    assert codes[:2] == [0, 0], report(codes, outputs)
+    assert all("rank 2" in out or "closed" in out for out in outputs[:2]), report(codes, outputs)
+
+
+def test_torchrun_starts_the_ranks():
+    port = free_port()
+    env = dict(os.environ, BARLINK_PEER_TIMEOUT="3")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(port),
+         str(RANKS), "groups", "env", "env", "env"],
+        capture_output=True, text=True, timeout=240, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count(": ok") == 2, result.stdout
+
+
+def test_the_benchmark_checks_what_it_measured():
+    result = subprocess.run(
+        [sys.executable, "-m", "barlink.torch.bench", "--quick", "--json",
+         "--ops", "all_reduce,all_gather,send_recv"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    import json
+
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    rows = [row for row in lines if "op" in row]
+    assert {row["backend"] for row in rows} == {"barlink", "gloo"}
+    assert all(row["wrong"] == 0 for row in rows), rows
+    assert "cpu" in lines[0]["header"]

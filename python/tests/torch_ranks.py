@@ -1,0 +1,222 @@
+"""One rank of a torch.distributed test over the barlink backend:
+`python torch_ranks.py SCENARIO RANK WORLD INIT_METHOD` (RANK and WORLD
+may be "env" under torchrun). Exits 0 when every check held; prints what
+differed and exits 1 otherwise.
+
+matrix     every operation, dtype and reduction against a local result
+async      isend/irecv both ways (receives posted first), Work objects
+groups     a subgroup made by new_group beside the world group
+mismatch   ranks give all_reduce tensors of different shapes, then of
+           different dtypes of one size: each rank gets barlink.Mismatch
+dies       the last rank exits before an all_reduce: the others get an
+           error naming it, within the peer timeout
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import barlink
+import barlink.torch  # noqa: F401  (registers "barlink")
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+          torch.int32, torch.int64, torch.uint8]
+OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "avg": dist.ReduceOp.AVG,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+    "product": dist.ReduceOp.PRODUCT,
+}
+failures = []
+
+
+def check(what, got, want):
+    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+        failures.append(f"{what}: got {got.flatten()[:6].tolist()}.. want {want.flatten()[:6].tolist()}..")
+
+
+def values(rank, count, dtype):
+    """Small integers, so every dtype holds every result exactly."""
+    return ((torch.arange(count) + rank) % 3 + 1).to(dtype)
+
+
+def reduce_locally(world, count, dtype, op):
+    everyone = torch.stack([values(r, count, dtype).to(torch.float64) for r in range(world)])
+    result = {
+        "sum": lambda: everyone.sum(0),
+        "avg": lambda: everyone.sum(0) / world,
+        "min": lambda: everyone.min(0).values,
+        "max": lambda: everyone.max(0).values,
+        "product": lambda: everyone.prod(0),
+    }[op]()
+    if op == "avg" and not dtype.is_floating_point:
+        result = torch.trunc(result)
+    return result.to(dtype)
+
+
+def matrix(rank, world):
+    # Below and above the size where small all_reduces change algorithm,
+    # and a count that does not split evenly over the ranks.
+    for count in (1, 37, 40_001):
+        for dtype in DTYPES:
+            for name, op in OPS.items():
+                if name == "product" and count > 1000:
+                    continue
+                t = values(rank, count, dtype)
+                dist.all_reduce(t, op=op)
+                check(f"all_reduce {name} {dtype} x{count}", t, reduce_locally(world, count, dtype, name))
+            t = values(rank, count, dtype)
+            dist.reduce(t, dst=world - 1)
+            if rank == world - 1:
+                check(f"reduce {dtype}", t, reduce_locally(world, count, dtype, "sum"))
+            else:
+                check(f"reduce leaves non-root input {dtype}", t, values(rank, count, dtype))
+            t = values(rank, count, dtype)
+            dist.broadcast(t, src=1 % world)
+            check(f"broadcast {dtype} x{count}", t, values(1 % world, count, dtype))
+            outs = [torch.zeros(count, dtype=dtype) for _ in range(world)]
+            dist.all_gather(outs, values(rank, count, dtype))
+            for r in range(world):
+                check(f"all_gather {dtype} from {r}", outs[r], values(r, count, dtype))
+            flat = torch.zeros(world * count, dtype=dtype)
+            dist.all_gather_into_tensor(flat, values(rank, count, dtype))
+            check(f"all_gather_into_tensor {dtype}", flat,
+                  torch.cat([values(r, count, dtype) for r in range(world)]))
+            full = values(rank, world * count, dtype)
+            out = torch.zeros(count, dtype=dtype)
+            dist.reduce_scatter_tensor(out, full)
+            want = reduce_locally(world, world * count, dtype, "sum")[rank * count:(rank + 1) * count]
+            check(f"reduce_scatter_tensor {dtype}", out, want)
+            out = torch.zeros(count, dtype=dtype)
+            dist.reduce_scatter(out, list(full.chunk(world)))
+            check(f"reduce_scatter {dtype}", out, want)
+            out = torch.zeros(world * count, dtype=dtype)
+            dist.all_to_all_single(out, values(rank, world * count, dtype))
+            want = torch.cat([values(r, world * count, dtype)[rank * count:(rank + 1) * count]
+                              for r in range(world)])
+            check(f"all_to_all_single {dtype}", out, want)
+    # Uneven splits: rank r sends r+1 rows to everyone.
+    rows = [r + 1 for r in range(world)]
+    source = torch.full((world * (rank + 1), 3), float(rank))
+    out = torch.zeros(sum(rows), 3)
+    dist.all_to_all_single(out, source, output_split_sizes=rows, input_split_sizes=[rank + 1] * world)
+    check("all_to_all_single uneven", out,
+          torch.cat([torch.full((r + 1, 3), float(r)) for r in range(world)]))
+    # A non-contiguous tensor is written back where it lives.
+    base = torch.zeros(8, 4)
+    view = base[:, 1]
+    view.copy_(torch.arange(8.0) + rank)
+    dist.all_reduce(view)
+    check("all_reduce of a strided view", base[:, 1], sum(torch.arange(8.0) + r for r in range(world)))
+    check("all_reduce of a strided view leaves the rest", base[:, 0], torch.zeros(8))
+    dist.barrier()
+
+
+def async_ops(rank, world):
+    peer = (rank + 1) % world
+    source = (rank - 1) % world
+    big = torch.full((1 << 20,), float(rank))
+    got = torch.zeros(1 << 20)
+    # Both ranks post the receive first: it must wait for its Work.
+    receive = dist.irecv(got, src=source)
+    send = dist.isend(big, dst=peer)
+    send.wait()
+    receive.wait()
+    check("irecv before isend", got, torch.full((1 << 20,), float(source)))
+    t = torch.ones(10)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    if not work.is_completed():
+        failures.append("all_reduce Work not completed after wait()")
+    check("async all_reduce", t, torch.full((10,), float(world)))
+    future = dist.all_reduce(torch.ones(3), async_op=True).get_future()
+    future.wait()
+    small = torch.zeros(5)
+    receive = dist.irecv(small, src=source)
+    dist.send(torch.full((5,), 7.0 + rank), dst=peer)
+    deadline = time.monotonic() + 20
+    while not receive.is_completed():
+        if time.monotonic() > deadline:
+            failures.append("irecv never completed by polling is_completed()")
+            break
+    check("irecv polled", small, torch.full((5,), 7.0 + source))
+
+
+def groups(rank, world):
+    members = [0, world - 1]
+    group = dist.new_group(members, backend="barlink")
+    t = torch.full((4,), float(rank + 1))
+    if rank in members:
+        dist.all_reduce(t, group=group)
+        check("subgroup all_reduce", t, torch.full((4,), float(1 + world)))
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    check("world all_reduce after the subgroup", t, torch.full((4,), float(world)))
+
+
+def mismatch(rank, world):
+    for label, tensor in (
+        ("shape", torch.ones(10 + rank)),
+        ("dtype", torch.ones(10, dtype=torch.float32 if rank == 0 else torch.int32)),
+    ):
+        # A group of its own: a group is out of step after a mismatch.
+        group = dist.new_group(backend="barlink")
+        try:
+            dist.all_reduce(tensor, group=group)
+        except barlink.Mismatch as error:
+            print(f"rank {rank} {label}: Mismatch: {error}", flush=True)
+        except barlink.LinkFailed as error:
+            # A rank that found the mismatch closed its links: a rank that
+            # did not see it itself learns so.
+            print(f"rank {rank} {label}: {type(error).__name__}: {error}", flush=True)
+            if world == 2:
+                failures.append(f"{label} mismatch with two ranks: {error!r}, not Mismatch")
+        else:
+            failures.append(f"{label} mismatch: all_reduce returned {tensor[:3].tolist()}")
+
+
+def dies(rank, world):
+    dist.barrier()
+    if rank == world - 1:
+        os._exit(0)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1 << 16))
+    except (barlink.LinkFailed, TimeoutError) as error:
+        took = time.monotonic() - started
+        print(f"rank {rank}: {type(error).__name__} after {took:.1f} s: {error}", flush=True)
+        if f"rank {world - 1}" not in str(error) and "closed" not in str(error):
+            failures.append(f"the error does not name rank {world - 1}: {error}")
+        if took > 15:
+            failures.append(f"the error came after {took:.1f} s, past the peer timeout")
+    else:
+        failures.append("all_reduce returned with a rank gone")
+    os._exit(1 if failures else 0)
+
+
+def main():
+    scenario, rank, world, init = sys.argv[1:5]
+    if rank == "env":
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        kwargs = {}
+    else:
+        rank, world = int(rank), int(world)
+        kwargs = {"init_method": init, "rank": rank, "world_size": world}
+    dist.init_process_group("barlink", **kwargs)
+    run = {"matrix": matrix, "async": async_ops, "groups": groups, "mismatch": mismatch,
+           "dies": dies}[scenario]
+    run(rank, world)
+    dist.barrier()
+    if failures:
+        print(f"rank {rank}: {len(failures)} check(s) failed:", *failures, sep="\n  ", file=sys.stderr)
+        sys.exit(1)
+    print(f"rank {rank}: ok", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
