@@ -6,13 +6,13 @@
 # and userspace through apt; pytest, numpy and maturin into target/pyenv).
 # Ends with "test-all: N passed, M failed, K skipped".
 #
-#   FUZZ_SECONDS=30     seconds per fuzz target (0 skips the fuzz stage, visibly)
+#   FUZZ_SECONDS=20     seconds per fuzz target (0 skips the fuzz stage, visibly)
 #   PROPTEST_CASES=512  cases per property test
 #   SOAK_DURATION=20s   length of the soak run
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 export PROPTEST_CASES=${PROPTEST_CASES:-512}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 log=$(mktemp -d)
