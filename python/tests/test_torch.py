@@ -21,10 +21,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(scenario: str, world: int, timeout: float = 240, peer_timeout: float = 3.0):
+def run_ranks(scenario: str, world: int, timeout: float = 240, peer_timeout: float = 3.0,
+              **env_vars):
     """Starts `world` ranks of `scenario`; their exit codes and output."""
     init = f"tcp://127.0.0.1:{free_port()}"
-    env = dict(os.environ, BARLINK_PEER_TIMEOUT=str(peer_timeout))
+    env = dict(os.environ, BARLINK_PEER_TIMEOUT=str(peer_timeout), **env_vars)
     ranks = [
         subprocess.Popen(
             [sys.executable, str(RANKS), scenario, str(r), str(world), init],
@@ -79,6 +80,32 @@ def test_a_rank_that_dies_fails_the_others_within_the_peer_timeout():
     codes, outputs = run_ranks("dies", 3, timeout=60, peer_timeout=2.0)
     assert codes[:2] == [0, 0], report(codes, outputs)
     assert all("rank 2" in out or "closed" in out for out in outputs[:2]), report(codes, outputs)
+
+
+def test_ranks_linked_over_tcp_with_a_pre_shared_key(tmp_path):
+    # As ranks on different hosts would be: TCP links, set up only with the key.
+    key = tmp_path / "psk"
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, os.urandom(32).hex().encode())
+    os.close(fd)
+    codes, outputs = run_ranks("tcp", 3, BARLINK_TORCH_TRANSPORT="tcp", BARLINK_PSK_FILE=str(key))
+    assert codes == [0] * 3, report(codes, outputs)
+    assert all("paths" in out for out in outputs), report(codes, outputs)
+
+
+def test_ranks_on_tcp_without_a_key_are_refused_with_the_reason():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BARLINK_PSK")}
+    init = f"tcp://127.0.0.1:{free_port()}"
+    env.update(BARLINK_TORCH_TRANSPORT="tcp", BARLINK_PEER_TIMEOUT="3")
+    ranks = [
+        subprocess.Popen([sys.executable, str(RANKS), "groups", str(r), "2", init],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for r in range(2)
+    ]
+    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    assert all(rank.returncode != 0 for rank in ranks), outputs
+    text = "\n".join(outputs)
+    assert "SetupError" in text and "BARLINK_PSK" in text, text[-3000:]
 
 
 def test_torchrun_starts_the_ranks():

@@ -10,6 +10,8 @@ mismatch   ranks give all_reduce tensors of different shapes, then of
            different dtypes of one size: each rank gets barlink.Mismatch
 dies       the last rank exits before an all_reduce: the others get an
            error naming it, within the peer timeout
+tcp        (BARLINK_TORCH_TRANSPORT=tcp) every pair linked over TCP, then
+           collectives and irecv-before-isend over those links
 """
 
 import os
@@ -198,6 +200,24 @@ def dies(rank, world):
     os._exit(1 if failures else 0)
 
 
+def over_tcp(rank, world):
+    # torch keeps a backend written as a ProcessGroup as the group itself.
+    paths = dist.group.WORLD.link_paths()
+    print(f"rank {rank} paths: {paths}", flush=True)
+    if sorted(paths) != [r for r in range(world) if r != rank]:
+        failures.append(f"links to {sorted(paths)}, not to every other rank")
+    for peer, path in paths.items():
+        if not path.startswith("tcp"):
+            failures.append(f"the link to rank {peer} took {path}, not TCP")
+    big = values(rank, 300_001, torch.float32)
+    dist.all_reduce(big)
+    check("all_reduce over TCP", big, reduce_locally(world, 300_001, torch.float32, "sum"))
+    t = values(rank, 1000, torch.bfloat16)
+    dist.broadcast(t, src=world - 1)
+    check("broadcast over TCP", t, values(world - 1, 1000, torch.bfloat16))
+    async_ops(rank, world)
+
+
 def main():
     scenario, rank, world, init = sys.argv[1:5]
     if rank == "env":
@@ -208,7 +228,7 @@ def main():
         kwargs = {"init_method": init, "rank": rank, "world_size": world}
     dist.init_process_group("barlink", **kwargs)
     run = {"matrix": matrix, "async": async_ops, "groups": groups, "mismatch": mismatch,
-           "dies": dies}[scenario]
+           "dies": dies, "tcp": over_tcp}[scenario]
     run(rank, world)
     dist.barrier()
     if failures:

@@ -8,8 +8,10 @@
 
 Ranks find each other through the torch Store and link every pair over the
 path ``barlink.connect`` picks (shared memory between processes of one
-host), so every message of every collective travels in CRC-checked packets
-and is retransmitted until intact. Operations take CPU tensors.
+host; RDMA or TCP between hosts, authenticated by the pre-shared key in
+``BARLINK_PSK_FILE``), so every message of every collective travels in
+CRC-checked packets and is retransmitted until intact. Operations take CPU
+tensors.
 
 Tunables, read when a group is made:
 
@@ -18,6 +20,10 @@ Tunables, read when a group is made:
   it. A background thread keeps idle links alive, so a rank that computes
   between collectives is never taken for dead.
 - ``BARLINK_CHUNK_BYTES`` (default 1 MiB): the pipeline's chunk.
+- ``BARLINK_TORCH_TRANSPORT`` (``auto`` or ``tcp``): ``tcp`` links every
+  pair over TCP, on one host too.
+- ``BARLINK_TORCH_ADDR``: the address ranks on other hosts reach this one
+  at (default: the interface that routes to ``MASTER_ADDR``).
 """
 
 import torch.distributed as _dist

@@ -68,6 +68,31 @@ def _host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+def _free_port() -> int:
+    """A port nobody listens on now (the listener binds it just after)."""
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def _own_address() -> str:
+    """The address peers on other hosts reach this rank at:
+    BARLINK_TORCH_ADDR, else the interface that routes to MASTER_ADDR,
+    else what this host's name resolves to."""
+    chosen = os.environ.get("BARLINK_TORCH_ADDR")
+    if chosen:
+        return chosen
+    master = os.environ.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((master, 9))  # no packet is sent
+                return probe.getsockname()[0]
+        except OSError:
+            pass
+    return socket.gethostbyname(socket.gethostname())
+
+
 class _Work(dist._Work):
     """A Work whose completion is `finish(timeout)` (a receive taken or a
     send acknowledged); `poll()` says whether it is complete without
@@ -153,34 +178,59 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         rank, size = self._rank, self._size
         if size == 1:
             return [None]
-        hosts = []
+        transport = os.environ.get("BARLINK_TORCH_TRANSPORT", "auto")
+        if transport not in ("auto", "tcp"):
+            raise ValueError(f"BARLINK_TORCH_TRANSPORT={transport!r} is not auto or tcp")
         store.set(f"barlink/host/{rank}", _host_id())
         if rank == 0:
             store.set("barlink/job", uuid.uuid4().hex[:16])
         job = store.get("barlink/job").decode()
-        for r in range(size):
-            hosts.append(store.get(f"barlink/host/{r}").decode())
-        for r in range(size):
-            if hosts[r] != hosts[rank]:
-                raise barlink.SetupError(
-                    f"rank {r} runs on host {hosts[r].split('/')[0]} and rank {rank} on "
-                    f"{hosts[rank].split('/')[0]}: this version of the barlink backend links "
-                    "ranks of one host only (over shared memory); use gloo across hosts"
-                )
+        hosts = [store.get(f"barlink/host/{r}").decode() for r in range(size)]
+
+        def remote(peer: int) -> bool:
+            return transport == "tcp" or hosts[peer] != hosts[rank]
+
+        # Every pair's lower rank accepts. For a peer on another host it
+        # listens on a free port and publishes where; all of it is
+        # published before anyone reads, so no rank waits on another's
+        # reading.
+        prefix = "tcp://" if transport == "tcp" else ""
+        plan = {}
+        for peer in range(rank + 1, size):
+            if remote(peer):
+                port = _free_port()
+                host = "127.0.0.1" if hosts[peer] == hosts[rank] else _own_address()
+                store.set(f"barlink/addr/{rank}-{peer}", f"{host}:{port}")
+                plan[peer] = (f"{prefix}0.0.0.0:{port}", "accept")
+            else:
+                plan[peer] = (f"local:bltorch-{job}-{rank}-{peer}", "accept")
+        for peer in range(rank):
+            if remote(peer):
+                where = store.get(f"barlink/addr/{peer}-{rank}").decode()
+                plan[peer] = (f"{prefix}{where}", "connect")
+            else:
+                plan[peer] = (f"local:bltorch-{job}-{peer}-{rank}", "connect")
         options = {"peer_timeout": self._peer_timeout}
 
         def link(peer: int):
-            low, high = min(rank, peer), max(rank, peer)
-            name = f"local:bltorch-{job}-{low}-{high}"
-            role = "accept" if rank == low else "connect"
-            return barlink.connect(name, role, timeout=min(self._timeout, 300.0), **options)
+            name, role = plan[peer]
+            try:
+                return barlink.connect(name, role, timeout=min(self._timeout, 300.0), **options)
+            except barlink.SetupError as error:
+                raise barlink.SetupError(
+                    f"rank {rank} linking to rank {peer} ({name}, {role}): {error}"
+                ) from error
 
-        peers = [r for r in range(size) if r != rank]
+        peers = sorted(plan)
         links = [None] * size
         with ThreadPoolExecutor(max_workers=len(peers)) as pool:
             for peer, made in zip(peers, pool.map(link, peers)):
                 links[peer] = made
         return links
+
+    def link_paths(self) -> dict:
+        """The path each peer's link took, and why (`barlink.Link.path`)."""
+        return {r: link.path for r, link in enumerate(self._links) if link is not None}
 
     def _keep_alive(self):
         """Drives idle links now and then, so a rank computing between
