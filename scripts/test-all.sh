@@ -6,13 +6,13 @@
 # and userspace through apt; pytest, numpy and maturin into target/pyenv).
 # Ends with "test-all: N passed, M failed, K skipped".
 #
-#   FUZZ_SECONDS=20     seconds per fuzz target (0 skips the fuzz stage, visibly)
+#   FUZZ_SECONDS=10     seconds per fuzz target (0 skips the fuzz stage, visibly)
 #   PROPTEST_CASES=512  cases per property test
 #   SOAK_DURATION=20s   length of the soak run
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+FUZZ_SECONDS=${FUZZ_SECONDS:-10}
 export PROPTEST_CASES=${PROPTEST_CASES:-512}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 log=$(mktemp -d)
@@ -99,7 +99,7 @@ step "C ABI: header current, library, pkg-config, C misuse test, C++ example, ag
 ./scripts/ffi-test.sh 2>&1 | tee "$log/ffi.txt"
 count_suite ffi-test "$log/ffi.txt" "${PIPESTATUS[0]}"
 
-step "Python package: pip install ./python into target/pyenv, pytest, python -m barlink.bench --quick (scripts/python-test.sh)"
+step "Python package: pip install ./python and torch into target/pyenv, pytest (the torch backend included), python -m barlink.bench --quick (scripts/python-test.sh)"
 ./scripts/python-test.sh 2>&1 | tee "$log/python.txt"
 count_suite python-test "$log/python.txt" "${PIPESTATUS[0]}"
 
