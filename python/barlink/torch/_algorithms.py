@@ -82,8 +82,6 @@ def _run(pg, send_to=None, send_buf=None, recv_from=None, recv_buf=None, **kw):
 
 
 def _average(tensor, n: int):
-    if tensor.dtype == torch.bool:
-        raise ValueError("AVG of bool tensors is not defined")
     if tensor.is_floating_point():
         tensor.div_(n)
     else:
@@ -128,8 +126,7 @@ def doubling_all_reduce(pg, buf, op: str, dtype: str, tag: bytes):
 
 def all_reduce(pg, tensor, op: str, average: bool):
     dtype = reducible(tensor)
-    if average:
-        _check(tensor.dtype != torch.bool, "AVG of bool tensors is not defined")
+    _check(not average or tensor.dtype != torch.bool, "AVG of bool tensors is not defined")
     n = pg._size
     if n > 1:
         out = Out(tensor)
@@ -238,6 +235,7 @@ def _ring_reduce_scatter(pg, work, count: int, esize: int, op: str, dtype: str, 
 def reduce_scatter(pg, output, inputs, op: str, average: bool):
     n = pg._size
     dtype = reducible(output)
+    _check(not average or output.dtype != torch.bool, "AVG of bool tensors is not defined")
     _check(len(inputs) == n, f"reduce_scatter: {len(inputs)} input tensors for {n} ranks")
     _same(inputs, output, "reduce_scatter")
     work = torch.cat([t.reshape(-1) for t in inputs]) if n > 1 else inputs[0].reshape(-1)
@@ -253,6 +251,7 @@ def reduce_scatter(pg, output, inputs, op: str, average: bool):
 def reduce_scatter_into(pg, output, tensor, op: str, average: bool):
     n = pg._size
     dtype = reducible(output)
+    _check(not average or output.dtype != torch.bool, "AVG of bool tensors is not defined")
     _check(
         output.dtype == tensor.dtype and tensor.numel() == n * output.numel(),
         f"reduce_scatter_tensor: the input must hold {n} x {output.numel()} elements of "

@@ -270,7 +270,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             return seconds if seconds > 0 else self._timeout
         return float(timeout)
 
-    def _guard(self, body):
+    def _guard(self, body, what: str = ""):
         """Runs `body` with the group's lock; on failure closes every link
         and remembers why, so later operations raise it at once."""
         with self._lock:
@@ -284,27 +284,26 @@ class ProcessGroupBarlink(dist.ProcessGroup):
                 refused = isinstance(error, (ValueError, TypeError))
                 if refused and not isinstance(error, barlink.Mismatch):
                     raise
-                self._failed = f"{type(error).__name__}: {error}"
+                self._failed = f"{what}{': ' if what else ''}{type(error).__name__}: {error}"
                 self._abort()
                 raise
 
-    def _abort(self):
+    def _close_links(self, timeout: float):
         for link in self._links:
             if link is not None:
                 try:
-                    link.close(timeout=0.1)
+                    link.close(timeout=timeout)
                 except Exception:
-                    pass
+                    pass  # closing what failed: nothing more to say
+
+    def _abort(self):
+        # Briefly: the peers learn it from the close, or from the silence.
+        self._close_links(0.1)
 
     def shutdown(self):
         self._stop.set()
         with self._lock:
-            for link in self._links:
-                if link is not None:
-                    try:
-                        link.close(timeout=2.0)
-                    except Exception:
-                        pass
+            self._close_links(2.0)
 
     def abort(self):
         self._stop.set()
@@ -343,7 +342,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     def next_seq(self):
         self._seq += 1
 
-    def _collective(self, name, body, opts=None):
+    def _collective(self, name, body):
         def run():
             for peer in range(self._size):
                 self.drain(peer)
@@ -352,7 +351,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             finally:
                 self.next_seq()
 
-        self._guard(run)
+        self._guard(run, name)
         return _completed()
 
     @staticmethod
