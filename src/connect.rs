@@ -37,7 +37,7 @@ use barlink_transport::link::{
 };
 use barlink_transport::tcp::{self, TcpLink, TcpLinkOptions};
 use barlink_transport::window::{ShmOptions, ShmWindow};
-use barlink_transport::{EngineConfig, SendError, Stats};
+use barlink_transport::{Delivery, EngineConfig, PostId, PostedRecv, RecvTarget, SendError, Stats};
 use barlink_vfio::open::{BarOpenError, BarRoute, open_bar_range};
 use barlink_vfio::{BarWindow, DeviceSpec};
 
@@ -483,6 +483,31 @@ impl<B: AsRef<[u8]>> Connection<B> {
     /// no page faults for the next message of its size).
     pub fn recycle(&mut self, buf: Vec<u8>) {
         each_link!(self, link => link.recycle(buf))
+    }
+
+    /// Lends `target` for a coming message to land in, with no copy after
+    /// the checked one out of the medium (see `Engine::post_recv`). Take
+    /// messages with [`Connection::try_recv_delivery`].
+    pub fn post_recv(&mut self, target: Box<dyn RecvTarget>) -> PostId {
+        each_link!(self, link => link.post_recv(target))
+    }
+
+    /// Takes back a posted target that no delivered message was handed
+    /// over in; after this the link never touches it again.
+    pub fn unpost_recv(&mut self, id: PostId) -> Option<PostedRecv> {
+        each_link!(self, link => link.unpost_recv(id))
+    }
+
+    /// A delivered message if one is ready (after one round of progress),
+    /// in a posted target or in a buffer of the link's.
+    pub fn try_recv_delivery(&mut self) -> Result<Option<Delivery>, IoError> {
+        each_link!(self, link => link.try_recv_delivery())
+    }
+
+    /// The next delivered message, wherever it landed, waiting at most
+    /// `timeout`.
+    pub fn recv_delivery(&mut self, timeout: Duration) -> Result<Delivery, IoError> {
+        each_link!(self, link => link.recv_delivery(timeout))
     }
 
     /// Messages the peer acknowledged completely, so far; messages

@@ -48,7 +48,7 @@ pub mod window;
 pub mod wire;
 
 pub use engine::{
-    ConfigError, Engine, EngineConfig, Event, LinkError, MessageId, PacketError, SendError, Stats,
-    Transmit,
+    ConfigError, Delivery, Engine, EngineConfig, Event, LinkError, MessageId, PacketError, PostId,
+    PostedRecv, RecvTarget, SendError, Stats, Transmit,
 };
 pub use time::Time;

@@ -15,7 +15,9 @@ use barlink_transport::rng::SplitMix64;
 use barlink_transport::sim::{Faults, PairSide, ReceivePath, SimPair, hand_over};
 use barlink_transport::wire::{self, Packet};
 use barlink_transport::{Engine, EngineConfig, Event, LinkError, Time};
-use common::{SideLog, assert_delivery_is_exact, drain_events, exchange, payloads};
+use common::{
+    SideLog, assert_delivery_is_exact, drain_events, exchange, exchange_into_posted, payloads,
+};
 use proptest::prelude::*;
 
 fn faults() -> impl Strategy<Value = Faults> {
@@ -100,6 +102,33 @@ proptest! {
         if damaged.corrupted + damaged.truncated == 0 {
             prop_assert_eq!(rejected, 0);
         }
+    }
+
+    /// Whatever targets the receiver lends and takes back, whenever: every
+    /// message arrives exactly, in a target or in an engine buffer.
+    #[test]
+    fn every_message_arrives_exactly_whatever_targets_the_receiver_lends(
+        seed in any::<u64>(),
+        faults in faults(),
+        config in config(),
+        sizes in prop::collection::vec(0usize..20_000, 0..24),
+        max_target in 0usize..24_000,
+        path in receive_path(),
+    ) {
+        let mut pair =
+            SimPair::new(config.clone(), config, faults, Faults::none(), seed).unwrap();
+        pair.receive_path = path;
+        let out = exchange_into_posted(
+            &mut pair,
+            payloads(&sizes, seed),
+            Duration::from_secs(600),
+            seed,
+            max_target,
+        );
+        assert_delivery_is_exact(&out.sent_a, &out.b.delivered, &out.a.completed);
+        prop_assert!(out.b.closed.is_none(), "B closed: {:?}", out.b.closed);
+        prop_assert_eq!(out.a.completed.len(), sizes.len());
+        prop_assert_eq!(out.b.delivered.len(), sizes.len());
     }
 
     /// Heavy faults may end the link; then the error says why, and what was

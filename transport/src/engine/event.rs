@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use super::error::LinkError;
+use super::posted::{PostedRecv, Room};
 use super::recv::Completed;
 
 /// Identifies a message within one engine's sending side; the receiving
@@ -27,6 +28,13 @@ pub enum Event<B> {
     Connected { peer_epoch: u32 },
     /// A message arrived whole and intact, in order, exactly once.
     Message { id: MessageId, data: Vec<u8> },
+    /// A message arrived whole and intact, in order, exactly once, in the
+    /// first `len` bytes of a target the caller posted.
+    Landed {
+        id: MessageId,
+        recv: PostedRecv,
+        len: usize,
+    },
     /// The peer acknowledged every fragment; the buffer is yours again.
     SendComplete { id: MessageId, buf: B },
     /// The message will not be delivered by this session; the buffer is
@@ -76,7 +84,7 @@ impl<B> EventQueue<B> {
     pub(super) fn push_back(&mut self, queued: Queued<B>) {
         let entry = (self.next, queued);
         self.next += 1;
-        if matches!(entry.1.event, Event::Message { .. }) {
+        if matches!(entry.1.event, Event::Message { .. } | Event::Landed { .. }) {
             self.messages.push_back(entry);
         } else {
             self.others.push_back(entry);
@@ -102,13 +110,18 @@ impl<B> EventQueue<B> {
 /// Queues a completed message for the caller (a free function so that the
 /// receiver can call it while the engine's other fields are borrowed).
 pub(super) fn queue_delivered<B>(events: &mut EventQueue<B>, completed: Completed) {
-    let bytes = completed.data.len();
-    events.push_back(Queued {
-        event: Event::Message {
-            id: MessageId(completed.msg_id),
-            data: completed.data,
+    let id = MessageId(completed.msg_id);
+    let event = match completed.data {
+        Room::Owned(data) => Event::Message { id, data },
+        Room::Lent(recv) => Event::Landed {
+            id,
+            recv,
+            len: completed.len,
         },
+    };
+    events.push_back(Queued {
+        event,
         packets: completed.packets,
-        bytes,
+        bytes: completed.len,
     });
 }

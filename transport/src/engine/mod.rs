@@ -13,7 +13,10 @@
 //! - [`Engine::poll_timeout`] says when to call [`Engine::handle_timeout`]
 //!   if nothing arrives before then;
 //! - [`Engine::poll_event`] yields delivered messages, completed and failed
-//!   sends, and changes of the peer's state.
+//!   sends, and changes of the peer's state;
+//! - [`Engine::post_recv`] lends caller memory for the next message to be
+//!   assembled in (optional: without it, messages arrive in buffers of the
+//!   engine's).
 //!
 //! # Protocol in brief
 //! Each message is cut into fragments of `mtu - HEADER_LEN` bytes, one per
@@ -34,6 +37,7 @@
 mod config;
 mod error;
 mod event;
+mod posted;
 mod recv;
 mod send;
 mod serial;
@@ -45,6 +49,7 @@ use std::time::Duration;
 pub use config::{ConfigError, EngineConfig, MAX_MTU, MIN_MTU};
 pub use error::{LinkError, PacketError, SendError, Violation};
 pub use event::{Event, MessageId};
+pub use posted::{Delivery, PostId, PostedRecv, RecvTarget};
 pub use stats::Stats;
 
 use crate::crc::Crc32c;
@@ -806,13 +811,75 @@ impl<B: AsRef<[u8]>> Engine<B> {
 
     /// The next delivered message, skipping other events (which stay
     /// queued for [`Engine::poll_other_event`]). Like `poll_event`, taking
-    /// it frees its credit.
+    /// it frees its credit. A message that landed in a posted target comes
+    /// as a copy, and the target is dropped: a caller that posts targets
+    /// takes messages with [`Engine::poll_delivery`].
     pub fn poll_message(&mut self) -> Option<(MessageId, Vec<u8>)> {
+        match self.poll_delivery()? {
+            Delivery::Message { id, data } => Some((id, data)),
+            Delivery::Landed { id, mut recv, len } => Some((id, recv.bytes_mut()[..len].to_vec())),
+        }
+    }
+
+    /// The next delivered message, wherever it landed (see
+    /// [`Engine::post_recv`]); as [`Engine::poll_message`] otherwise.
+    pub fn poll_delivery(&mut self) -> Option<Delivery> {
         let (_, queued) = self.events.messages.pop_front()?;
         match self.take(queued) {
-            Event::Message { id, data } => Some((id, data)),
+            Event::Message { id, data } => Some(Delivery::Message { id, data }),
+            Event::Landed { id, recv, len } => Some(Delivery::Landed { id, recv, len }),
             _ => unreachable!("the message queue holds only messages"),
         }
+    }
+
+    /// Lends `target` for a message to land in: the next message that
+    /// starts in order while it is the first target posted, and fits it,
+    /// is assembled in it and delivered as [`Event::Landed`] (or
+    /// [`Delivery::Landed`]); nothing is copied again on its way to the
+    /// caller. Targets are taken in the order posted, one per message. A
+    /// message that does not fit the first target, or began before it was
+    /// posted (or ahead of a gap, after a loss), arrives in a buffer of the
+    /// engine's as before, and the target stays posted: a caller that
+    /// wants every message in its targets copies such a one itself.
+    pub fn post_recv(&mut self, target: Box<dyn RecvTarget>) -> PostId {
+        self.receiver.post(target)
+    }
+
+    /// Takes back posted target `id`, unless it was handed over already
+    /// (with its message, by [`Engine::poll_delivery`] or
+    /// [`Engine::poll_event`]). A message being assembled in it moves to a
+    /// buffer of the engine's and goes on arriving; one delivered in it
+    /// and not yet taken is copied out and stays first in line, in order.
+    /// After this returns, the engine never touches the target again.
+    pub fn unpost_recv(&mut self, id: PostId) -> Option<PostedRecv> {
+        if let Some(posted) = self.receiver.unpost(id) {
+            return Some(posted);
+        }
+        for (_, queued) in &mut self.events.messages {
+            let landed_here =
+                matches!(&queued.event, Event::Landed { recv, .. } if recv.id() == id);
+            if !landed_here {
+                continue;
+            }
+            let placeholder = Event::Message {
+                id: MessageId(0),
+                data: Vec::new(),
+            };
+            let Event::Landed { id, mut recv, len } =
+                std::mem::replace(&mut queued.event, placeholder)
+            else {
+                unreachable!("checked above")
+            };
+            let data = recv.bytes_mut()[..len].to_vec();
+            queued.event = Event::Message { id, data };
+            return Some(recv);
+        }
+        None
+    }
+
+    /// Targets posted and not yet holding a delivered message.
+    pub fn posted_recvs(&self) -> usize {
+        self.receiver.posted_count()
     }
 
     /// The next event that is not a delivered message. Delivered messages
@@ -830,8 +897,13 @@ impl<B: AsRef<[u8]>> Engine<B> {
     }
 
     fn take(&mut self, queued: Queued<B>) -> Event<B> {
-        if let Event::Message { .. } = queued.event {
-            self.stats.messages_delivered += 1;
+        match queued.event {
+            Event::Message { .. } => self.stats.messages_delivered += 1,
+            Event::Landed { .. } => {
+                self.stats.messages_delivered += 1;
+                self.stats.messages_landed += 1;
+            }
+            _ => {}
         }
         if queued.packets > 0 || queued.bytes > 0 {
             self.receiver

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::config::EngineConfig;
 use super::error::{PacketError, Violation};
+use super::posted::{PostId, Posted, PostedRecv, RecvTarget, Room};
 use super::stats::Stats;
 use crate::time::Time;
 use crate::wire::{Fragment, Repr, flags};
@@ -60,14 +61,14 @@ struct Assembly {
     /// room (a recycled buffer keeps its old length, so steady state never
     /// zeroes memory), where the next fragment may already have been copied
     /// before its CRC was checked.
-    data: Vec<u8>,
+    data: Room,
     filled: usize,
 }
 
 impl Assembly {
     /// A message whose first fragment (`len` bytes) is or will be at the
     /// start of `data`, nothing of it consumed yet.
-    fn first(fragment: &Fragment, len: usize, data: Vec<u8>) -> Assembly {
+    fn first(fragment: &Fragment, len: usize, data: Room) -> Assembly {
         Assembly {
             msg_id: fragment.msg_id,
             msg_len: fragment.msg_len,
@@ -98,8 +99,8 @@ impl Assembly {
         if end > limit || (fragment.is_last() && end != limit) {
             return None;
         }
-        make_room(&mut self.data, end, end, limit).ok()?;
-        Some(&mut self.data[start..end])
+        self.data.make_room(end, end, limit).ok()?;
+        Some(&mut self.data.bytes_mut()[start..end])
     }
 }
 
@@ -151,7 +152,9 @@ impl Payload<'_> {
 #[derive(Debug)]
 pub(super) struct Completed {
     pub(super) msg_id: u64,
-    pub(super) data: Vec<u8>,
+    /// The message is `data`'s first `len` bytes.
+    pub(super) data: Room,
+    pub(super) len: usize,
     pub(super) packets: u32,
 }
 
@@ -197,7 +200,9 @@ pub(super) struct Receiver {
     spares: Spares,
     /// The buffer the next message starts in, once [`Receiver::place`] has
     /// copied its first fragment there.
-    staged: Option<Vec<u8>>,
+    staged: Option<Room>,
+    /// Targets the caller lent for the next messages.
+    posted: Posted,
 }
 
 /// Given-back buffers are kept while they hold at most this many receive
@@ -219,11 +224,25 @@ fn first_reservation(msg_len: usize, first_len: usize) -> usize {
     )
 }
 
+/// Where the next message is assembled: the first posted target if the
+/// message fits it, else a spare buffer.
+fn room_for_next(posted: &mut Posted, spares: &mut Spares, len: usize) -> Room {
+    match posted.take_if_fits(len) {
+        Some(lent) => Room::Lent(lent),
+        None => Room::Owned(spares.take(len)),
+    }
+}
+
 /// Makes `data[..need]` initialized room, reporting allocation failure
 /// instead of aborting. A new allocation takes `want` bytes (at least
 /// `need`); later ones double, never past `limit` (the message length), so
 /// memory follows the data that actually arrives.
-fn make_room(data: &mut Vec<u8>, need: usize, want: usize, limit: usize) -> Result<(), usize> {
+pub(super) fn make_room(
+    data: &mut Vec<u8>,
+    need: usize,
+    want: usize,
+    limit: usize,
+) -> Result<(), usize> {
     if data.len() >= need {
         return Ok(());
     }
@@ -357,7 +376,7 @@ impl Receiver {
 
     /// Bytes held for the caller or ahead of a gap (memory accounting).
     pub(super) fn buffered_bytes(&self) -> usize {
-        let spare = self.spares.bytes + self.staged.as_ref().map_or(0, Vec::capacity);
+        let spare = self.spares.bytes + self.staged.as_ref().map_or(0, Room::capacity);
         spare
             + self.ahead_bytes
             + self.undelivered_bytes
@@ -442,8 +461,8 @@ impl Receiver {
                 if !fits {
                     return None;
                 }
-                make_room(&mut assembly.data, end, end, limit).ok()?;
-                Some(&mut assembly.data[assembly.filled..end])
+                assembly.data.make_room(end, end, limit).ok()?;
+                Some(&mut assembly.data.bytes_mut()[assembly.filled..end])
             }
             None => {
                 if fragment.index != 0 || len > limit {
@@ -460,10 +479,13 @@ impl Receiver {
                     // this is a duplicate, and must not touch that buffer.
                     return None;
                 }
-                let spares = &mut self.spares;
-                let data = self.staged.get_or_insert_with(|| spares.take(limit));
-                make_room(data, len, first_reservation(limit, len), limit).ok()?;
-                Some(&mut data[..len])
+                let (posted, spares) = (&mut self.posted, &mut self.spares);
+                let data = self
+                    .staged
+                    .get_or_insert_with(|| room_for_next(posted, spares, limit));
+                data.make_room(len, first_reservation(limit, len), limit)
+                    .ok()?;
+                Some(&mut data.bytes_mut()[..len])
             }
         }
     }
@@ -558,7 +580,7 @@ impl Receiver {
             self.ahead_bytes += len;
             return Held::Bytes(data);
         }
-        let assembly = Assembly::first(fragment, len, data);
+        let assembly = Assembly::first(fragment, len, Room::Owned(data));
         self.later.insert(
             fragment.msg_id,
             Later {
@@ -616,8 +638,8 @@ impl Receiver {
                             // that message's, with the fragment already at
                             // the front (no second copy).
                             let len = bytes.len();
-                            if let Some(unused) = self.staged.replace(bytes) {
-                                self.recycle(unused, config);
+                            if let Some(unused) = self.staged.replace(Room::Owned(bytes)) {
+                                self.release(unused, config);
                             }
                             self.consume(
                                 self.next_seq,
@@ -738,9 +760,11 @@ impl Receiver {
                         drop(stale);
                         match self.staged.take() {
                             Some(data) => data,
-                            None => self
-                                .spares
-                                .take(usize::try_from(fragment.msg_len).unwrap_or(usize::MAX)),
+                            None => room_for_next(
+                                &mut self.posted,
+                                &mut self.spares,
+                                usize::try_from(fragment.msg_len).unwrap_or(usize::MAX),
+                            ),
                         }
                     }
                 };
@@ -787,8 +811,11 @@ impl Receiver {
                 } else {
                     end
                 };
-                make_room(&mut assembly.data, end, want, msg_len).map_err(out_of_memory)?;
-                assembly.data[assembly.filled..end].copy_from_slice(bytes);
+                assembly
+                    .data
+                    .make_room(end, want, msg_len)
+                    .map_err(out_of_memory)?;
+                assembly.data.bytes_mut()[assembly.filled..end].copy_from_slice(bytes);
             }
             // `place` copied it to exactly there.
             Payload::Placed(_) => {
@@ -816,13 +843,16 @@ impl Receiver {
                 });
             }
             let mut assembly = self.assembly.take().expect("matched above");
-            assembly.data.truncate(assembly.filled);
+            if let Room::Owned(data) = &mut assembly.data {
+                data.truncate(assembly.filled);
+            }
             self.expected_msg_id = Some(assembly.msg_id.wrapping_add(1));
             self.undelivered_packets += u64::from(assembly.count);
-            self.undelivered_bytes += assembly.data.len();
+            self.undelivered_bytes += assembly.filled;
             deliver(Completed {
                 msg_id: assembly.msg_id,
                 data: assembly.data,
+                len: assembly.filled,
                 packets: assembly.count,
             });
         }
@@ -842,15 +872,86 @@ impl Receiver {
         );
     }
 
+    /// Keeps a buffer a message took and did not keep: an owned one as a
+    /// spare, a lent one posted again, first in line (it was when taken).
+    fn release(&mut self, room: Room, config: &EngineConfig) {
+        match room {
+            Room::Owned(buf) => self.recycle(buf, config),
+            Room::Lent(posted) => self.posted.put_back(posted),
+        }
+    }
+
+    /// Lends `target` for a coming message (see [`super::posted`]).
+    pub(super) fn post(&mut self, target: Box<dyn RecvTarget>) -> PostId {
+        self.posted.post(target)
+    }
+
+    /// Targets posted and not yet holding a delivered message.
+    pub(super) fn posted_count(&self) -> usize {
+        self.posted.len()
+            + usize::from(
+                self.staged
+                    .as_ref()
+                    .is_some_and(|room| room.posted_id().is_some()),
+            )
+            + usize::from(
+                self.assembly
+                    .as_ref()
+                    .is_some_and(|assembly| assembly.data.posted_id().is_some()),
+            )
+    }
+
+    /// Takes back target `id` if no delivered message is in it. A message
+    /// being assembled in it moves to a buffer of the engine's, with every
+    /// byte placed so far, and goes on arriving there.
+    pub(super) fn unpost(&mut self, id: PostId) -> Option<PostedRecv> {
+        if let Some(posted) = self.posted.remove(id) {
+            return Some(posted);
+        }
+        if self.staged.as_ref().and_then(Room::posted_id) == Some(id) {
+            // Room only: nothing counted is in it yet.
+            let Some(Room::Lent(posted)) = self.staged.take() else {
+                unreachable!("checked above")
+            };
+            return Some(posted);
+        }
+        let assembly = self.assembly.as_mut()?;
+        if assembly.data.posted_id() != Some(id) {
+            return None;
+        }
+        // Fragments placed ahead of the gap sit anywhere before the
+        // message's end: keep all of it.
+        let extent = usize::try_from(assembly.msg_len)
+            .unwrap_or(usize::MAX)
+            .min(assembly.data.len());
+        let mut owned = self.spares.take(extent);
+        owned.clear();
+        owned.extend_from_slice(&assembly.data.bytes_mut()[..extent]);
+        match std::mem::replace(&mut assembly.data, Room::Owned(owned)) {
+            Room::Lent(posted) => Some(posted),
+            Room::Owned(_) => unreachable!("checked above"),
+        }
+    }
+
     /// Ends the session: a partly assembled message and everything buffered
     /// ahead of a gap are dropped, never delivered. Messages already
-    /// delivered but not yet taken stay counted until taken.
+    /// delivered but not yet taken stay counted until taken. Posted
+    /// targets stay posted, in order.
     pub(super) fn reset(&mut self) {
+        let mut posted = std::mem::take(&mut self.posted);
+        if let Some(Assembly {
+            data: Room::Lent(lent),
+            ..
+        }) = self.assembly.take()
+        {
+            posted.put_back(lent);
+        }
         *self = Receiver {
             undelivered_packets: self.undelivered_packets,
             undelivered_bytes: self.undelivered_bytes,
             spares: std::mem::take(&mut self.spares),
             staged: self.staged.take(),
+            posted,
             ..Receiver::default()
         };
     }

@@ -23,6 +23,9 @@ pub struct Stats {
     pub messages_sent: u64,
     /// Messages delivered whole to this side's caller.
     pub messages_delivered: u64,
+    /// Of those, messages that landed in a target the caller posted (no
+    /// copy out of the engine's buffers).
+    pub messages_landed: u64,
     /// Retransmissions because the peer reported a corrupt packet (NAK).
     pub retransmits_nak: u64,
     /// Retransmissions because an acknowledgement never came (timeout).
@@ -59,7 +62,7 @@ pub struct Stats {
 impl Stats {
     /// Every counter with its name, in declaration order: for faces that
     /// report them as a table or a dictionary (Python's `Link.stats()`).
-    pub fn fields(&self) -> [(&'static str, u64); 24] {
+    pub fn fields(&self) -> [(&'static str, u64); 25] {
         [
             ("packets_sent", self.packets_sent),
             ("bytes_sent", self.bytes_sent),
@@ -70,6 +73,7 @@ impl Stats {
             ("payload_bytes_received", self.payload_bytes_received),
             ("messages_sent", self.messages_sent),
             ("messages_delivered", self.messages_delivered),
+            ("messages_landed", self.messages_landed),
             ("retransmits_nak", self.retransmits_nak),
             ("retransmits_timeout", self.retransmits_timeout),
             ("retransmits_sack", self.retransmits_sack),

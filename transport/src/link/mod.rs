@@ -36,7 +36,10 @@ pub use connect::{LinkConfig, Listener, ListenerStats, connect, connect_windows}
 pub use credentials::{ALLOW_GIDS_VAR, ALLOW_UIDS_VAR, AllowedPeers, PeerCredentials};
 
 use crate::clock::Clock;
-use crate::engine::{ConfigError, Engine, EngineConfig, Event, LinkError, MessageId, SendError};
+use crate::engine::{
+    ConfigError, Delivery, Engine, EngineConfig, Event, LinkError, MessageId, PostId, PostedRecv,
+    RecvTarget, SendError,
+};
 use crate::ring::{self, Consumer, Geometry, Producer, RingError};
 use crate::time::Time;
 use crate::window::{Window, WindowError};
@@ -810,7 +813,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
                 } => {
                     tracing::info!(old_epoch, new_epoch, "peer restarted: a new session");
                 }
-                Event::Message { .. } => {}
+                Event::Message { .. } | Event::Landed { .. } => {}
             }
         }
     }
@@ -902,6 +905,53 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     /// Gives a received message's buffer back for reuse.
     pub fn recycle(&mut self, buf: Vec<u8>) {
         self.engine.recycle_buffer(buf);
+    }
+
+    /// Lends `target` for a coming message to land in, without a copy out
+    /// of the engine (see [`Engine::post_recv`]); take messages with
+    /// [`Link::try_recv_delivery`] or [`Link::recv_delivery`], and take the
+    /// target back with [`Link::unpost_recv`] if it is still posted.
+    pub fn post_recv(&mut self, target: Box<dyn RecvTarget>) -> PostId {
+        self.quiet = None;
+        self.engine.post_recv(target)
+    }
+
+    /// Takes back a posted target not handed over yet (see
+    /// [`Engine::unpost_recv`]).
+    pub fn unpost_recv(&mut self, id: PostId) -> Option<PostedRecv> {
+        self.engine.unpost_recv(id)
+    }
+
+    /// A delivered message if one is ready (after one round of progress),
+    /// wherever it landed.
+    pub fn try_recv_delivery(&mut self) -> Result<Option<Delivery>, IoError> {
+        if self.engine.messages_ready() == 0 {
+            self.progress()?;
+        }
+        if let Some(delivery) = self.take_delivery() {
+            return Ok(Some(delivery));
+        }
+        self.check_open()?;
+        Ok(None)
+    }
+
+    /// The next delivered message, wherever it landed, driving the link
+    /// for at most `timeout`.
+    pub fn recv_delivery(&mut self, timeout: Duration) -> Result<Delivery, IoError> {
+        let mut deadline = None;
+        loop {
+            if let Some(delivery) = self.take_delivery() {
+                return Ok(delivery);
+            }
+            self.check_open()?;
+            self.wait_step(&mut deadline, timeout, Round::UntilDelivery)?;
+        }
+    }
+
+    fn take_delivery(&mut self) -> Option<Delivery> {
+        let delivery = self.engine.poll_delivery()?;
+        self.quiet = None;
+        Some(delivery)
     }
 
     /// Drives the link until every packet of every queued message has been

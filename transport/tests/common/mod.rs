@@ -10,7 +10,7 @@ use barlink_transport::EngineConfig;
 use barlink_transport::rng::SplitMix64;
 use barlink_transport::sim::{Faults, SimPair};
 use barlink_transport::wire::Repr;
-use barlink_transport::{Event, LinkError, SendError, Time};
+use barlink_transport::{Event, LinkError, PostId, RecvTarget, SendError, Time};
 
 /// Everything one side observed.
 #[derive(Debug, Default)]
@@ -21,6 +21,8 @@ pub struct SideLog {
     pub closed: Option<(Time, LinkError)>,
     pub restarts: Vec<(u32, u32)>,
     pub connected: u32,
+    /// Delivered messages that landed in a posted target.
+    pub landed: usize,
 }
 
 impl SideLog {
@@ -61,6 +63,11 @@ pub fn drain_events(engine: &mut barlink_transport::Engine, now: Time, log: &mut
                 // Give the buffer back with its old bytes: later messages,
                 // shorter or longer, are assembled over them.
                 engine.recycle_buffer(data);
+            }
+            Event::Landed { id, recv, len } => {
+                log.delivered
+                    .push((id.0, recv.into_target().bytes_mut()[..len].to_vec()));
+                log.landed += 1;
             }
             Event::SendComplete { id, .. } => log.completed.push(id.0),
             Event::SendFailed { id, error, .. } => log.failed.push((id.0, error)),
@@ -112,6 +119,52 @@ pub fn exchange(
         }
         drain_events(&mut pair.a, pair.now, &mut outcome.a);
         drain_events(&mut pair.b, pair.now, &mut outcome.b);
+    }
+    outcome.finished_at = pair.now;
+    outcome
+}
+
+/// As [`exchange`], from A to B only, while B lends targets: before each
+/// step it posts, one time in two, a target of `max_target` bytes or of a
+/// random length below (at most four at once), and one time in eight takes back a
+/// random one of those it posted. Whatever B lends, every message must
+/// arrive exactly as [`assert_delivery_is_exact`] says.
+pub fn exchange_into_posted(
+    pair: &mut SimPair,
+    to_b: Vec<Vec<u8>>,
+    limit: Duration,
+    seed: u64,
+    max_target: usize,
+) -> Outcome {
+    let mut rng = SplitMix64::new(seed);
+    let mut outcome = Outcome::default();
+    let count = to_b.len();
+    let mut pending: VecDeque<Vec<u8>> = to_b.into();
+    let mut posted: Vec<PostId> = Vec::new();
+    let deadline = pair.now + limit;
+    loop {
+        offer(&mut pair.a, &mut pending, &mut outcome.sent_a);
+        if rng.chance(0.5) && pair.b.posted_recvs() < 4 {
+            let len = if rng.chance(0.5) {
+                max_target
+            } else {
+                rng.below(max_target as u64 + 1) as usize
+            };
+            let target: Box<dyn RecvTarget> = Box::new(vec![0xa5u8; len]);
+            posted.push(pair.b.post_recv(target));
+        }
+        if rng.chance(0.125) && !posted.is_empty() {
+            let at = rng.below(posted.len() as u64) as usize;
+            let id = posted.swap_remove(at);
+            // None: already handed over with its message.
+            let _ = pair.b.unpost_recv(id);
+        }
+        let alive = pair.step();
+        drain_events(&mut pair.a, pair.now, &mut outcome.a);
+        drain_events(&mut pair.b, pair.now, &mut outcome.b);
+        if outcome.a.resolved() == count || !alive || pair.now >= deadline {
+            break;
+        }
     }
     outcome.finished_at = pair.now;
     outcome

@@ -1,0 +1,185 @@
+//! Receiving into memory the caller lends (`Engine::post_recv`): a message
+//! lands in the first posted target it fits, nothing else in it changes,
+//! and a target taken back is never touched again while its message still
+//! arrives, intact and in order.
+
+mod common;
+
+use barlink_transport::sim::{ReceivePath, SimPair};
+use barlink_transport::{Delivery, Engine, EngineConfig, Event, RecvTarget};
+use common::{connected_pair, payloads};
+
+const FILL: u8 = 0xa5;
+
+fn config(send_window: u32) -> EngineConfig {
+    EngineConfig {
+        mtu: 1024,
+        send_window,
+        ..EngineConfig::default()
+    }
+}
+
+fn target(len: usize) -> Box<dyn RecvTarget> {
+    Box::new(vec![FILL; len])
+}
+
+fn bytes(target: Box<dyn RecvTarget>) -> Vec<u8> {
+    let mut target = target;
+    target.bytes_mut().to_vec()
+}
+
+/// Steps the pair until B has a delivery ready, and takes it.
+fn next_delivery(pair: &mut SimPair) -> Delivery {
+    for _ in 0..10_000 {
+        if let Some(delivery) = pair.b.poll_delivery() {
+            return delivery;
+        }
+        assert!(pair.step(), "the pair stalled");
+    }
+    panic!("nothing delivered")
+}
+
+fn landed(delivery: Delivery) -> (Vec<u8>, usize) {
+    match delivery {
+        Delivery::Landed { recv, len, .. } => (bytes(recv.into_target()), len),
+        Delivery::Message { data, .. } => {
+            panic!("{} bytes arrived in an engine buffer", data.len())
+        }
+    }
+}
+
+fn in_buffer(delivery: Delivery) -> Vec<u8> {
+    match delivery {
+        Delivery::Message { data, .. } => data,
+        Delivery::Landed { len, .. } => panic!("{len} bytes landed in a posted target"),
+    }
+}
+
+#[test]
+fn a_message_lands_in_the_posted_target_and_nothing_past_it_changes() {
+    for path in [ReceivePath::Contiguous, ReceivePath::FromMedium] {
+        let mut pair = connected_pair(config(64));
+        pair.receive_path = path;
+        let message = payloads(&[7_000], 1).remove(0);
+        pair.b.post_recv(target(10_000));
+        assert_eq!(pair.b.posted_recvs(), 1);
+        pair.a.send(message.clone()).unwrap();
+        let (target, len) = landed(next_delivery(&mut pair));
+        assert_eq!(len, message.len(), "{path:?}");
+        assert!(target[..len] == message[..], "{path:?}: contents differ");
+        assert!(
+            target[len..].iter().all(|&b| b == FILL),
+            "{path:?}: bytes past the message changed"
+        );
+        assert_eq!(pair.b.posted_recvs(), 0);
+        assert_eq!(pair.b.stats().messages_delivered, 1);
+        assert_eq!(pair.b.stats().messages_landed, 1);
+    }
+}
+
+#[test]
+fn targets_are_taken_in_order_one_per_message() {
+    let mut pair = connected_pair(config(64));
+    let messages = payloads(&[3_000, 0, 2_500], 2);
+    for len in [3_000, 100, 4_000] {
+        pair.b.post_recv(target(len));
+    }
+    for message in &messages {
+        pair.a.send(message.clone()).unwrap();
+    }
+    for (index, message) in messages.iter().enumerate() {
+        let (target, len) = landed(next_delivery(&mut pair));
+        assert_eq!(len, message.len(), "message {index}");
+        assert!(target[..len] == message[..], "message {index}");
+        assert_eq!(
+            target.len(),
+            [3_000, 100, 4_000][index],
+            "message {index} in its own target"
+        );
+    }
+}
+
+#[test]
+fn a_message_too_large_for_the_first_target_arrives_in_a_buffer_and_the_target_waits() {
+    let mut pair = connected_pair(config(64));
+    let messages = payloads(&[5_000, 50], 3);
+    pair.b.post_recv(target(100));
+    for message in &messages {
+        pair.a.send(message.clone()).unwrap();
+    }
+    assert_eq!(in_buffer(next_delivery(&mut pair)), messages[0]);
+    let (target, len) = landed(next_delivery(&mut pair));
+    assert_eq!(&target[..len], &messages[1][..]);
+}
+
+/// A message half assembled in a target moves to an engine buffer when the
+/// target is taken back, and still arrives whole.
+#[test]
+fn a_target_taken_back_mid_message_hands_the_message_to_an_engine_buffer() {
+    for path in [ReceivePath::Contiguous, ReceivePath::FromMedium] {
+        // Four packets per round trip: the message is under way for a while.
+        let mut pair = connected_pair(config(4));
+        pair.receive_path = path;
+        let message = payloads(&[20_000], 4).remove(0);
+        let id = pair.b.post_recv(target(32_768));
+        pair.a.send(message.clone()).unwrap();
+        pair.step();
+        assert!(pair.b.poll_delivery().is_none(), "{path:?}: not yet whole");
+        let back = pair.b.unpost_recv(id).expect("still posted");
+        assert_eq!(back.id(), id);
+        assert_eq!(pair.b.posted_recvs(), 0);
+        assert!(pair.b.unpost_recv(id).is_none(), "taken back once");
+        assert_eq!(
+            in_buffer(next_delivery(&mut pair)),
+            message,
+            "{path:?}: the message arrived whole in an engine buffer"
+        );
+    }
+}
+
+/// A message that landed and was not taken yet is copied out when its
+/// target is taken back, and stays first in line.
+#[test]
+fn a_landed_message_taken_back_unread_is_copied_and_keeps_its_place() {
+    let mut pair = connected_pair(config(64));
+    let messages = payloads(&[1_500, 700], 5);
+    let id = pair.b.post_recv(target(2_000));
+    for message in &messages {
+        pair.a.send(message.clone()).unwrap();
+    }
+    for _ in 0..100 {
+        pair.step();
+    }
+    assert!(pair.b.unpost_recv(id).is_some());
+    assert_eq!(in_buffer(next_delivery(&mut pair)), messages[0]);
+    assert_eq!(in_buffer(next_delivery(&mut pair)), messages[1]);
+}
+
+/// `poll_event` hands a landed message over as `Event::Landed`;
+/// `poll_message` copies it (for callers that never post).
+#[test]
+fn landed_messages_come_through_every_polling_call() {
+    let mut pair = connected_pair(config(64));
+    let messages = payloads(&[900, 1_100], 6);
+    pair.b.post_recv(target(1_000));
+    pair.b.post_recv(target(2_000));
+    for message in &messages {
+        pair.a.send(message.clone()).unwrap();
+    }
+    for _ in 0..100 {
+        pair.step();
+    }
+    let event = std::iter::from_fn(|| pair.b.poll_event())
+        .find(|event| matches!(event, Event::Landed { .. } | Event::Message { .. }));
+    let Some(Event::Landed { len, recv, .. }) = event else {
+        panic!("the first message landed: {event:?}");
+    };
+    assert_eq!(bytes(recv.into_target())[..len], messages[0][..]);
+    let (_, data) = poll_message(&mut pair.b);
+    assert_eq!(data, messages[1]);
+}
+
+fn poll_message(engine: &mut Engine) -> (u64, Vec<u8>) {
+    let (id, data) = engine.poll_message().expect("a message is ready");
+    (id.0, data)
+}
