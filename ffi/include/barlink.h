@@ -378,9 +378,17 @@ enum barlink_status barlink_send(struct barlink_link *link,
 // the next message's size). Messages that arrived before the link ended
 // are still received; then the call returns why it ended.
 //
+// For the length of the call `buf` is lent to the link: a message that
+// fits is assembled there as it arrives, checked packet by packet, with
+// no copy after the one out of the ring. barlink writes `buf` only during
+// the call; on any status but `BARLINK_OK` its contents are unspecified
+// (part of a message may have landed there, and that message is kept
+// whole for the next call).
+//
 // # Safety
-// Unless `capacity` is 0, `buf` points to `capacity` writable bytes; `len`
-// is NULL (refused) or writable.
+// Unless `capacity` is 0, `buf` points to `capacity` writable bytes that
+// nothing else reads or writes during the call; `len` is NULL (refused)
+// or writable.
 enum barlink_status barlink_recv(struct barlink_link *link,
                                  void *buf,
                                  size_t capacity,

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result, boundary, last_error_ptr};
+use crate::link::RecvInto;
 use crate::payload::Region;
 use crate::peer::{ListenerCell, Setup, connect_link};
 use crate::registry;
@@ -450,9 +451,17 @@ pub unsafe extern "C" fn barlink_send(
 /// the next message's size). Messages that arrived before the link ended
 /// are still received; then the call returns why it ended.
 ///
+/// For the length of the call `buf` is lent to the link: a message that
+/// fits is assembled there as it arrives, checked packet by packet, with
+/// no copy after the one out of the ring. barlink writes `buf` only during
+/// the call; on any status but `BARLINK_OK` its contents are unspecified
+/// (part of a message may have landed there, and that message is kept
+/// whole for the next call).
+///
 /// # Safety
-/// Unless `capacity` is 0, `buf` points to `capacity` writable bytes; `len`
-/// is NULL (refused) or writable.
+/// Unless `capacity` is 0, `buf` points to `capacity` writable bytes that
+/// nothing else reads or writes during the call; `len` is NULL (refused)
+/// or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn barlink_recv(
     link: *mut barlink_link,
@@ -480,12 +489,20 @@ pub unsafe extern "C" fn barlink_recv(
             // SAFETY: `message.len() <= capacity` (recv_step checks it) and
             // `buf` is writable for `capacity` bytes by contract (non-null
             // when capacity > 0; nothing is copied when the message is
-            // empty). barlink's buffer cannot overlap the caller's.
+            // empty). The message is in barlink's buffer or in another
+            // call's, never in this one's.
             unsafe { ptr::copy_nonoverlapping(message.as_ptr(), buf.cast::<u8>(), message.len()) }
         };
+        // The buffer is lent to the link for the call: the message lands
+        // in it. It is taken back below before returning, whatever the
+        // outcome, so barlink writes it only during the call.
+        let mut into = RecvInto::new(buf.cast::<u8>(), capacity);
         let result = cell.blocking(millis(timeout_ms), |state| {
-            state.recv_step(capacity, &mut deliver)
+            state.recv_step(&mut into, &mut deliver)
         });
+        if let Some(id) = into.posted.take() {
+            cell.reclaim(id);
+        }
         match result {
             Ok(n) => {
                 // SAFETY: as above.

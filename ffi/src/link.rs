@@ -20,13 +20,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use barlink::Connection;
-use barlink_transport::engine::{EngineConfig, LinkError, MessageId, SendError, Stats};
+use barlink_transport::engine::{
+    Delivery, EngineConfig, LinkError, MessageId, PostId, SendError, Stats,
+};
 use barlink_transport::link::{IoError, LinkConfig};
 use barlink_transport::ring::{CONTROL_LEN, Geometry};
 use barlink_transport::window::{HugePages, ShmOptions};
 
 use crate::error::{Error, Result};
-use crate::payload::{Payload, Region};
+use crate::payload::{CallerMemory, Payload, Region};
 use crate::types::barlink_status::{self, *};
 use crate::types::{
     BARLINK_CONFIG_ALLOW_ANY_USER, BARLINK_CONFIG_HUGE_PAGES, BARLINK_CONFIG_PROGRESS_THREAD,
@@ -183,8 +185,9 @@ pub(crate) struct LinkState {
     link: Option<Connection<Payload>>,
     /// `barlink_close` ran: calls still inside return `BARLINK_CLOSED`.
     closed_by_handle: bool,
-    /// Delivered messages not yet taken.
-    received: VecDeque<Vec<u8>>,
+    /// Delivered messages not yet taken: in buffers of the link's, or in
+    /// the buffer of a `barlink_recv` call still in progress.
+    received: VecDeque<Delivery>,
     /// Messages the engine holds, by message id.
     requests: BTreeMap<u64, Request>,
     /// Completions of posted sends not yet reported, by request id.
@@ -202,6 +205,27 @@ pub(crate) struct LinkState {
     message_bytes_sent: u64,
     message_bytes_received: u64,
     max_message_len: u64,
+}
+
+/// The buffer of one `barlink_recv` call, and whether it is posted to
+/// the link.
+pub(crate) struct RecvInto {
+    /// Not yet posted (`None` once posted, or when there is no room).
+    target: Option<CallerMemory>,
+    capacity: usize,
+    pub(crate) posted: Option<PostId>,
+}
+
+impl RecvInto {
+    /// `buf` is the caller's buffer of `capacity` bytes (checked by the
+    /// extern function); an empty one is never posted.
+    pub(crate) fn new(buf: *mut u8, capacity: usize) -> RecvInto {
+        RecvInto {
+            target: (capacity > 0).then(|| CallerMemory::new(buf, capacity)),
+            capacity,
+            posted: None,
+        }
+    }
 }
 
 /// What a blocking loop does after one step.
@@ -314,6 +338,16 @@ impl LinkCell {
         }
     }
 
+    /// Takes a `barlink_recv` call's buffer back (see
+    /// [`LinkState::reclaim`]), also from a link that `barlink_close` is
+    /// closing (it still drives the link) or that failed inside.
+    pub(crate) fn reclaim(&self, id: PostId) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reclaim(id);
+    }
+
     /// Wraps the cell for the registry; with `progress_thread`, starts the
     /// thread that drives it (`BARLINK_CONFIG_PROGRESS_THREAD`).
     pub(crate) fn start(self, progress_thread: bool) -> Result<Arc<LinkCell>> {
@@ -388,10 +422,10 @@ impl LinkState {
         let before = activity(link.engine_stats());
         let mut ended = None;
         loop {
-            match link.try_recv() {
-                Ok(Some(message)) => {
-                    self.message_bytes_received += message.len() as u64;
-                    self.received.push_back(message);
+            match link.try_recv_delivery() {
+                Ok(Some(delivery)) => {
+                    self.message_bytes_received += delivery.len() as u64;
+                    self.received.push_back(delivery);
                 }
                 Ok(None) => break,
                 Err(error) => {
@@ -582,32 +616,62 @@ impl LinkState {
         Ok((payload, released))
     }
 
-    /// One step of a receive: hands the next message to `deliver` if it
-    /// fits in `capacity`; reports the needed size if not, keeping it.
+    /// One step of a receive into `into`: the next message lands in the
+    /// caller's buffer (posted to the link on the first step, so the
+    /// message is assembled there), or is copied there by `deliver` if it
+    /// arrived elsewhere; a message larger than the buffer is kept and its
+    /// size reported. The call that owns `into` must [`LinkState::reclaim`]
+    /// it before returning, whatever the outcome.
     pub(crate) fn recv_step(
         &mut self,
-        capacity: usize,
+        into: &mut RecvInto,
         deliver: &mut dyn FnMut(&[u8]),
     ) -> Result<Step<usize>> {
         let mut moved = false;
         if self.received.is_empty() {
+            if let (Some(link), None, Some(target)) =
+                (self.link.as_mut(), into.posted, into.target.take())
+            {
+                into.posted = Some(link.post_recv(Box::new(target)));
+            }
             moved = self.step();
         }
-        if let Some(message) = self.received.front() {
-            let len = message.len();
-            if len > capacity {
+        if let Some(front) = self.received.front() {
+            let ours =
+                matches!(front, Delivery::Landed { recv, .. } if Some(recv.id()) == into.posted);
+            if ours {
+                into.posted = None;
+                let delivery = self.received.pop_front().expect("checked above");
+                return Ok(Step::Done(delivery.len()));
+            }
+            // It arrived elsewhere: take the buffer back before copying
+            // into it, so that nothing else lands there meanwhile.
+            if let Some(id) = into.posted.take() {
+                self.reclaim(id);
+            }
+            let len = self.received.front().map_or(0, Delivery::len);
+            if len > into.capacity {
                 return Err(Error::new(
                     BARLINK_BUFFER_TOO_SMALL,
                     format!(
-                        "the next message has {len} bytes, the buffer {capacity}: it is kept for the next call"
+                        "the next message has {len} bytes, the buffer {}: it is kept for the next call",
+                        into.capacity
                     ),
                 )
                 .with_needed(len));
             }
-            let message = self.received.pop_front().expect("checked above");
-            deliver(&message);
-            if let Some(link) = self.link.as_mut() {
-                link.recycle(message);
+            match self.received.pop_front().expect("checked above") {
+                Delivery::Message { data, .. } => {
+                    deliver(&data);
+                    if let Some(link) = self.link.as_mut() {
+                        link.recycle(data);
+                    }
+                }
+                // Another call's buffer, still in that call: read it now.
+                Delivery::Landed { recv, len, .. } => {
+                    let mut target = recv.into_target();
+                    deliver(&target.bytes_mut()[..len]);
+                }
             }
             return Ok(Step::Done(len));
         }
@@ -615,6 +679,36 @@ impl LinkState {
             return Err(error);
         }
         Ok(Step::Again { moved })
+    }
+
+    /// Takes posted buffer `id` back from the link, and out of the
+    /// delivered messages: one that landed there and was not taken is
+    /// copied out and keeps its place. Afterwards barlink never writes
+    /// that buffer again.
+    pub(crate) fn reclaim(&mut self, id: PostId) {
+        if let Some(link) = self.link.as_mut()
+            && link.unpost_recv(id).is_some()
+        {
+            return;
+        }
+        for delivery in &mut self.received {
+            let Delivery::Landed { id: msg, recv, len } = delivery else {
+                continue;
+            };
+            if recv.id() != id {
+                continue;
+            }
+            let (msg, len) = (*msg, *len);
+            let placeholder = Delivery::Message {
+                id: msg,
+                data: Vec::new(),
+            };
+            if let Delivery::Landed { recv, .. } = std::mem::replace(delivery, placeholder) {
+                let data = recv.into_target().bytes_mut()[..len].to_vec();
+                *delivery = Delivery::Message { id: msg, data };
+            }
+            return;
+        }
     }
 
     /// Drives progress once and takes up to `max` completions.

@@ -190,3 +190,37 @@ impl Drop for Payload {
         self.released.store(true, Ordering::Release);
     }
 }
+
+/// The caller's buffer of a `barlink_recv` call, lent to the engine as a
+/// posted receive target for the length of the call, so that the message
+/// lands in it with no copy after the checked one out of the medium.
+pub(crate) struct CallerMemory {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: only the address and length are stored; writing through them is
+// governed by `barlink_recv`'s contract (the buffer is barlink's to write
+// for the length of the call), which holds whichever thread drives the
+// link — under the link's lock.
+unsafe impl Send for CallerMemory {}
+
+impl CallerMemory {
+    /// The caller (the extern function) has checked that `ptr` is non-null
+    /// and that `ptr + len` stays in the address space.
+    pub(crate) fn new(ptr: *mut u8, len: usize) -> CallerMemory {
+        CallerMemory { ptr, len }
+    }
+}
+
+impl barlink_transport::RecvTarget for CallerMemory {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr..ptr+len` is the buffer of a `barlink_recv` call in
+        // progress: non-null, in the address space (checked by the caller
+        // of `new`) and, by that function's contract, writable and not
+        // touched by the caller until it returns. The call takes the target
+        // back from the link (`LinkState::reclaim`) before it returns, and
+        // a link that ends drops it; so this runs only during the call.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}

@@ -425,6 +425,39 @@ fn too_small_buffers_lose_nothing() {
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
 
+/// `barlink_recv` lends its buffer to the link for the call: a message
+/// that began landing there and did not finish moves to barlink's memory
+/// when the call returns, and arrives whole in a later call's buffer;
+/// nothing writes the first buffer after its call returned.
+#[test]
+fn a_receive_that_returned_never_writes_its_buffer_again() {
+    let (a, b) = pair(None);
+    let message: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+    // Queued and driven once: the first packets are in b's ring, the rest
+    // wait for a's next round.
+    assert_eq!(send(a, &message), BARLINK_OK);
+    let mut first = vec![0u8; message.len()];
+    let (status, _) = recv(b, &mut first, 0);
+    expect(status, BARLINK_TIMEOUT, "timed out");
+    assert!(
+        first.iter().any(|&byte| byte != 0),
+        "the message began landing in the first buffer"
+    );
+    first.fill(0x5a);
+    let driver = drive(a);
+    let mut second = vec![0u8; message.len()];
+    let (status, len) = recv(b, &mut second, 5000);
+    assert_eq!((status, len), (BARLINK_OK, message.len()));
+    assert!(second == message, "the message arrived whole");
+    assert!(
+        first.iter().all(|&byte| byte == 0x5a),
+        "the first call's buffer was written after it returned"
+    );
+    drop(driver);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
 #[test]
 fn message_too_long() {
     let mut config = barlink_config::default();
