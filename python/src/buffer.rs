@@ -135,6 +135,27 @@ impl BufferView {
         unsafe { std::slice::from_raw_parts_mut(self.view.buf.cast::<u8>(), self.len()) }
     }
 
+    /// Lends `range` of the buffer (a view got `writable`) to a link as a
+    /// receive target, so that a message lands there with no copy after
+    /// the checked one out of the medium.
+    ///
+    /// # Safety
+    /// The caller keeps this view alive and leaves `range` alone (no
+    /// slice of it from [`BufferView::bytes_mut`] and no other lent range
+    /// over it) until the link has handed the target back or dropped it:
+    /// the link writes the range whenever it is driven until then.
+    pub unsafe fn lend(&mut self, range: std::ops::Range<usize>) -> LentRange {
+        assert!(
+            self.view.readonly == 0 && range.start <= range.end && range.end <= self.len(),
+            "the buffer was checked to be writable, and the range lies in it"
+        );
+        LentRange {
+            // In bounds: checked above.
+            ptr: self.view.buf.cast::<u8>().wrapping_add(range.start),
+            len: range.end - range.start,
+        }
+    }
+
     /// Copies `src` to the start of the buffer (a view got `writable`).
     pub fn write_prefix(&mut self, src: &[u8]) {
         assert!(
@@ -150,6 +171,31 @@ impl BufferView {
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.view.buf.cast::<u8>(), src.len());
         }
+    }
+}
+
+/// A range of a writable [`BufferView`] lent to a link as a receive
+/// target (see [`BufferView::lend`]).
+#[derive(Debug)]
+pub struct LentRange {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: only the address and length are stored; whichever thread
+// drives the link writes through them under the contract of
+// `BufferView::lend`, which does not depend on the thread.
+unsafe impl Send for LentRange {}
+
+impl barlink_transport::RecvTarget for LentRange {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: `ptr..ptr+len` lies in a writable view's memory (checked
+        // by `lend`), which by `lend`'s contract stays valid and is
+        // touched by nothing else while the link holds this target.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
@@ -389,5 +435,116 @@ impl Message {
         // SAFETY: the Message is frozen, so `data` never changes or moves
         // while it lives, and the view holds a reference to it.
         unsafe { export_readonly(slf.as_any(), view, ptr, len, flags) }
+    }
+}
+
+/// A writable view received into in order, its ranges lent to one link as
+/// receive targets: a range lent is not touched here until the link hands
+/// it back with its message ([`LandingView::landed`]) or this takes it back
+/// ([`LandingView::take_back_all`]), and dropping the view takes back
+/// whatever is still lent first. That is `BufferView::lend`'s contract,
+/// kept by construction.
+pub struct LandingView {
+    view: BufferView,
+    shared: std::sync::Arc<crate::link::Shared>,
+    /// Lent ranges, in the order posted.
+    lent: std::collections::VecDeque<(barlink_transport::PostId, std::ops::Range<usize>)>,
+}
+
+impl std::fmt::Debug for LandingView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LandingView")
+            .field("view", &self.view)
+            .field("lent", &self.lent.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LandingView {
+    /// `view` (got writable) receives over the link of `shared`.
+    pub fn new(view: BufferView, shared: std::sync::Arc<crate::link::Shared>) -> LandingView {
+        LandingView {
+            view,
+            shared,
+            lent: std::collections::VecDeque::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.view.len()
+    }
+
+    pub fn span(&self) -> std::ops::Range<usize> {
+        self.view.span()
+    }
+
+    /// Ranges lent and not yet handed back.
+    pub fn lent(&self) -> usize {
+        self.lent.len()
+    }
+
+    /// Lends `range` to the link of `conn` (the link `shared` holds,
+    /// locked by the caller) for the next message that fits it.
+    pub fn lend(
+        &mut self,
+        conn: &mut barlink::Connection<crate::link::Payload>,
+        range: std::ops::Range<usize>,
+    ) -> barlink_transport::PostId {
+        assert!(
+            self.lent
+                .iter()
+                .all(|(_, r)| range.end <= r.start || r.end <= range.start),
+            "a range is lent once"
+        );
+        // SAFETY: the view lives in `self`, whose drop takes the range back
+        // first; the range overlaps no other lent one (checked above); and
+        // `bytes_mut` refuses while anything is lent, so nothing here
+        // touches it until the link hands it back.
+        let target = unsafe { self.view.lend(range.clone()) };
+        let id = conn.post_recv(Box::new(target));
+        self.lent.push_back((id, range));
+        id
+    }
+
+    /// The link handed back target `id` with its message: the range it
+    /// was lent for, if `id` is the oldest range lent (targets are taken
+    /// in the order posted).
+    pub fn landed(&mut self, id: barlink_transport::PostId) -> Option<std::ops::Range<usize>> {
+        if self.lent.front().is_some_and(|(first, _)| *first == id) {
+            return self.lent.pop_front().map(|(_, range)| range);
+        }
+        None
+    }
+
+    /// Takes every lent range back from the link (`conn`, `None` once the
+    /// link ended: then it dropped them). A message that landed in one and
+    /// was not taken yet is copied out by the link and keeps its place.
+    pub fn take_back_all(&mut self, conn: Option<&mut barlink::Connection<crate::link::Payload>>) {
+        if let Some(conn) = conn {
+            for (id, _) in &self.lent {
+                let _ = conn.unpost_recv(*id);
+            }
+        }
+        self.lent.clear();
+    }
+
+    /// The bytes, to write in place; only while nothing is lent.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        assert!(
+            self.lent.is_empty(),
+            "lent ranges are taken back before the view is written here"
+        );
+        self.view.bytes_mut()
+    }
+}
+
+impl Drop for LandingView {
+    fn drop(&mut self) {
+        if self.lent.is_empty() {
+            return;
+        }
+        let shared = std::sync::Arc::clone(&self.shared);
+        let mut state = shared.lock();
+        self.take_back_all(state.conn.as_mut());
     }
 }

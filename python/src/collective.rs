@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::buffer::BufferView;
+use barlink::Connection;
+use barlink_transport::{Delivery, PostId};
+
+use crate::buffer::{BufferView, LandingView};
 use crate::link::{Deadline, Failure, HeldView, Link, Payload, Shared};
 use crate::reduce::{self, Dtype, Op};
 
@@ -85,35 +88,131 @@ impl Sending {
     }
 }
 
+/// Chunks lent to the link ahead of their arrival, at most: enough that
+/// the chunks a round of progress brings in find their place posted.
+const LENT_AHEAD: usize = 8;
+
 /// The receiving half: the tag the peer must send first, then chunks
-/// copied or combined into the buffer.
+/// landed, copied or combined into the buffer.
+///
+/// Chunks to be copied (no reduction) are lent to the link as receive
+/// targets before they arrive, so they land in the buffer with no copy
+/// after the checked one out of the medium; the tag gets a target of its
+/// own, first. A message that arrives anywhere else (it began before its
+/// target was posted) is copied, after every lent range is taken back, and
+/// lending starts again after it.
 #[derive(Debug)]
 struct Receiving {
     shared: Arc<Shared>,
-    view: BufferView,
+    view: LandingView,
     chunk: usize,
     tag: Option<Vec<u8>>,
+    /// The tag's own target, while lent.
+    tag_post: Option<PostId>,
     /// Bytes of the buffer written so far.
     done: usize,
+    /// Bytes of the buffer lent so far (`done` and beyond).
+    lent_to: usize,
     reduce: Option<(Dtype, Op)>,
 }
 
+/// Where a delivered message is, for the receiving half.
+enum Arrived {
+    /// In the range of the buffer it was lent for.
+    InPlace(std::ops::Range<usize>),
+    /// In the tag's own target, this long.
+    Tag(Vec<u8>),
+    /// Anywhere else: its bytes.
+    Elsewhere(Vec<u8>),
+}
+
 impl Receiving {
+    /// Lends the tag's target and the coming chunks' ranges, where the
+    /// chunks are copied, not combined.
+    fn lend_ahead(&mut self, conn: &mut Connection<Payload>) {
+        if self.reduce.is_some() {
+            return;
+        }
+        if let Some(tag) = &self.tag
+            && self.tag_post.is_none()
+            && self.view.lent() == 0
+        {
+            self.tag_post = Some(conn.post_recv(Box::new(vec![0u8; tag.len()])));
+        }
+        let len = self.view.len();
+        self.lent_to = self.lent_to.max(self.done);
+        while self.view.lent() < LENT_AHEAD && self.lent_to < len {
+            let end = (self.lent_to + self.chunk).min(len);
+            self.view.lend(conn, self.lent_to..end);
+            self.lent_to = end;
+        }
+    }
+
+    /// Takes back every target lent; lending starts again from `done`.
+    fn take_back(&mut self, conn: Option<&mut Connection<Payload>>) {
+        match conn {
+            Some(conn) => {
+                if let Some(id) = self.tag_post.take() {
+                    let _ = conn.unpost_recv(id);
+                }
+                self.view.take_back_all(Some(conn));
+            }
+            None => {
+                self.tag_post = None;
+                self.view.take_back_all(None);
+            }
+        }
+        self.lent_to = self.done;
+    }
+
+    /// Where `delivery` is; anything but the target lent first means the
+    /// lent targets are out of step with the messages: all are taken back.
+    fn arrived(&mut self, delivery: Delivery, conn: &mut Connection<Payload>) -> Arrived {
+        match delivery {
+            Delivery::Landed { recv, len, .. } => {
+                let id = recv.id();
+                if self.tag_post == Some(id) {
+                    self.tag_post = None;
+                    let mut target = recv.into_target();
+                    return Arrived::Tag(target.bytes_mut()[..len].to_vec());
+                }
+                if self.tag_post.is_none()
+                    && let Some(range) = self.view.landed(id)
+                {
+                    return Arrived::InPlace(range.start..range.start + len);
+                }
+                // Never expected (targets go in the order posted); read it
+                // into memory of its own before the view is written.
+                let bytes = recv.into_target().bytes_mut()[..len].to_vec();
+                self.take_back(Some(conn));
+                Arrived::Elsewhere(bytes)
+            }
+            Delivery::Message { data, .. } => {
+                self.take_back(Some(conn));
+                Arrived::Elsewhere(data)
+            }
+        }
+    }
+
     /// Takes every message that arrived: whether the buffer is complete,
     /// and whether anything moved.
     fn step(&mut self) -> Result<(bool, bool), Failure> {
-        let mut state = self.shared.lock();
-        self.shared.spares.give_back(&mut state.conn);
+        let shared = Arc::clone(&self.shared);
+        let mut state = shared.lock();
+        shared.spares.give_back(&mut state.conn);
         let mut moved = false;
         let len = self.view.len();
         loop {
             let complete = self.tag.is_none() && self.done >= len;
-            let message = if complete {
+            let delivery = if complete {
                 None
             } else {
-                Shared::next_message(&mut state, Duration::ZERO)?
+                if let Some(conn) = state.conn.as_mut() {
+                    self.lend_ahead(conn);
+                }
+                Shared::next_delivery(&mut state)?
             };
-            let Some(message) = message else {
+            let Some(delivery) = delivery else {
                 if moved {
                     // The engine holds its acknowledgement while a message
                     // waits for the caller; now that they are taken, let it
@@ -124,7 +223,17 @@ impl Receiving {
                 return Ok((complete, moved));
             };
             moved = true;
+            let arrived = self.arrived(delivery, state.conn()?);
             if let Some(want) = self.tag.take() {
+                let message = match arrived {
+                    Arrived::Tag(bytes) | Arrived::Elsewhere(bytes) => bytes,
+                    Arrived::InPlace(range) => {
+                        // A chunk's target took it: the tag's did not come
+                        // first, so the peer sent no tag of this length.
+                        self.take_back(state.conn.as_mut());
+                        self.view.bytes_mut()[range].to_vec()
+                    }
+                };
                 if message != want {
                     return Err(Failure::Mismatch(format!(
                         "the peer sent \"{}\" where this rank expected \"{}\"",
@@ -136,22 +245,44 @@ impl Receiving {
                 continue;
             }
             let want = (len - self.done).min(self.chunk);
-            if message.len() != want {
+            let got = match &arrived {
+                Arrived::InPlace(range) => range.len(),
+                Arrived::Tag(bytes) | Arrived::Elsewhere(bytes) => bytes.len(),
+            };
+            if got != want {
                 return Err(Failure::Mismatch(format!(
-                    "the peer sent a chunk of {} bytes where this rank expected {want} (at byte \
+                    "the peer sent a chunk of {got} bytes where this rank expected {want} (at byte \
                      {} of {len}): the ranks' tensors differ in size",
-                    message.len(),
                     self.done
                 )));
             }
-            let target = &mut self.view.bytes_mut()[self.done..self.done + want];
-            match self.reduce {
-                None => target.copy_from_slice(&message),
-                Some((dtype, op)) => reduce::combine(target, &message, dtype, op)
-                    .map_err(|e| Failure::Mismatch(e.to_string()))?,
+            match arrived {
+                Arrived::InPlace(range) => debug_assert_eq!(range.start, self.done),
+                Arrived::Tag(message) | Arrived::Elsewhere(message) => {
+                    let target = &mut self.view.bytes_mut()[self.done..self.done + want];
+                    match self.reduce {
+                        None => target.copy_from_slice(&message),
+                        Some((dtype, op)) => reduce::combine(target, &message, dtype, op)
+                            .map_err(|e| Failure::Mismatch(e.to_string()))?,
+                    }
+                    self.shared.spares.keep(message);
+                }
             }
             self.done += want;
-            self.shared.spares.keep(message);
+        }
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        // The tag's target is a Vec of its own; the view takes its lent
+        // ranges back itself. Taking the tag's back too keeps the link's
+        // next receive from landing in it.
+        if let Some(id) = self.tag_post.take() {
+            let mut state = self.shared.lock();
+            if let Some(conn) = state.conn.as_mut() {
+                let _ = conn.unpost_recv(id);
+            }
         }
     }
 }
@@ -178,12 +309,14 @@ impl Halves {
     fn drive(&mut self, slice: Duration) -> Result<bool, Failure> {
         let started = Instant::now();
         loop {
-            let (sent, send_moved) = match &mut self.sending {
-                Some(s) => s.step()?,
-                None => (true, false),
-            };
+            // Receiving first: it lends the buffer to the link before the
+            // sending half's progress can bring the first chunks in.
             let (received, recv_moved) = match &mut self.receiving {
                 Some(r) => r.step()?,
+                None => (true, false),
+            };
+            let (sent, send_moved) = match &mut self.sending {
+                Some(s) => s.step()?,
                 None => (true, false),
             };
             if sent && received {
@@ -314,12 +447,15 @@ impl Exchange {
                         view.len()
                     )));
                 }
+                let shared = link.shared().clone();
                 Ok(Receiving {
-                    shared: link.shared().clone(),
-                    view,
+                    view: LandingView::new(view, shared.clone()),
+                    shared,
                     chunk,
                     tag: tag.clone(),
+                    tag_post: None,
                     done: 0,
+                    lent_to: 0,
                     reduce,
                 })
             })

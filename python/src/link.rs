@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use barlink::{Connection, SendError};
 use barlink_transport::link::IoError;
+use barlink_transport::{Delivery, MessageId};
 use pyo3::exceptions::{PyBlockingIOError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::buffer::{self, BufferView, Graveyard, Message, Spares};
+use crate::buffer::{self, BufferView, Graveyard, LandingView, Message, Spares};
 use crate::errors::{self, closed_here};
 
 /// Longest one wait runs without the GIL before it checks for signals.
@@ -295,6 +296,34 @@ impl Shared {
         }
     }
 
+    /// The next delivered message if one is ready, wherever it landed
+    /// (after one round of progress).
+    pub fn next_delivery(state: &mut State) -> Result<Option<Delivery>, Failure> {
+        if let Some(data) = state.pending.take() {
+            return Ok(Some(Delivery::Message {
+                id: MessageId(0),
+                data,
+            }));
+        }
+        Ok(state.conn()?.try_recv_delivery()?)
+    }
+
+    /// The next delivered message, wherever it landed, `None` past the
+    /// slice.
+    pub fn next_delivery_within(
+        state: &mut State,
+        slice: Duration,
+    ) -> Result<Option<Delivery>, Failure> {
+        if slice.is_zero() || state.pending.is_some() {
+            return Shared::next_delivery(state);
+        }
+        match state.conn()?.recv_delivery(slice) {
+            Ok(delivery) => Ok(Some(delivery)),
+            Err(IoError::Timeout { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// The next message, `None` past the slice.
     pub fn next_message(state: &mut State, slice: Duration) -> Result<Option<Vec<u8>>, Failure> {
         if let Some(message) = state.pending.take() {
@@ -394,6 +423,57 @@ impl Link {
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
+
+    /// `recv_into` a large buffer: the buffer is lent to the link for the
+    /// call, so the message lands in it with no copy after the checked one
+    /// out of the medium; one that arrived elsewhere (it began before the
+    /// call, or is larger) is taken back and copied, as for small buffers.
+    fn recv_landing(
+        &self,
+        py: Python<'_>,
+        view: BufferView,
+        timeout: Option<f64>,
+    ) -> PyResult<usize> {
+        let capacity = view.len();
+        let mut landing = LandingView::new(view, self.shared.clone());
+        let mut lent = false;
+        let delivery = self.shared.wait(py, timeout, "recv_into", |state, slice| {
+            if !lent && state.pending.is_none() {
+                landing.lend(state.conn()?, 0..capacity);
+                lent = true;
+            }
+            Shared::next_delivery_within(state, slice)
+        });
+        let delivery = match delivery {
+            Ok(delivery) => delivery,
+            Err(error) => {
+                landing.take_back_all(self.shared.lock().conn.as_mut());
+                return Err(error);
+            }
+        };
+        if let Delivery::Landed { recv, len, .. } = &delivery
+            && landing.landed(recv.id()).is_some()
+        {
+            return Ok(*len);
+        }
+        landing.take_back_all(self.shared.lock().conn.as_mut());
+        let message = match delivery {
+            Delivery::Message { data, .. } => data,
+            // Not lent here (the link's other user lent it): read it out.
+            Delivery::Landed { recv, len, .. } => recv.into_target().bytes_mut()[..len].to_vec(),
+        };
+        let len = message.len();
+        if len > capacity {
+            self.shared.lock().pending = Some(message);
+            return Err(PyValueError::new_err(format!(
+                "the next message has {len} bytes and the buffer {capacity}: it stays first \
+                 in line; receive it with a buffer of at least {len} bytes"
+            )));
+        }
+        py.detach(|| landing.bytes_mut()[..len].copy_from_slice(&message));
+        self.shared.spares.keep(message);
+        Ok(len)
+    }
 }
 
 #[pymethods]
@@ -475,7 +555,9 @@ impl Link {
 
     /// Receives the next message into `buf` (a writable buffer: bytearray,
     /// numpy array) and returns its length. A message longer than `buf`
-    /// raises ValueError and stays first in line.
+    /// raises ValueError and stays first in line. A buffer over 64 KiB is
+    /// lent to the link for the call, so the message lands in it directly;
+    /// after an exception its contents are unspecified.
     #[pyo3(signature = (buf, timeout=None))]
     fn recv_into(
         &self,
@@ -485,6 +567,9 @@ impl Link {
     ) -> PyResult<usize> {
         let mut view = BufferView::get(buf, true)?;
         let capacity = view.len();
+        if capacity > COPY_WITH_GIL_UP_TO {
+            return self.recv_landing(py, view, timeout);
+        }
         let message = self
             .shared
             .wait(py, timeout, "recv_into", Shared::next_message)?;

@@ -130,6 +130,42 @@ def test_recv_into_fills_the_callers_buffer(echo):
     assert out[:n].tobytes() == data
 
 
+def test_a_large_buffer_is_lent_to_the_link_and_the_message_lands_there(echo):
+    # recv_into waits first, so its buffer is lent before the echo arrives.
+    out = np.zeros(3 << 20, dtype=np.uint8)
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(n=echo.recv_into(out, timeout=10)))
+    waiter.start()
+    time.sleep(0.3)
+    data = os.urandom(2 << 20)
+    echo.send(data, timeout=10)
+    waiter.join(timeout=20)
+    assert got["n"] == len(data)
+    assert out[: len(data)].tobytes() == data
+    assert echo.stats()["messages_landed"] == 1
+    # Too large for a lent buffer: it stays first in line, as for small ones.
+    echo.send(b"y" * (300 << 10), timeout=10)
+    small = bytearray(200 << 10)
+    with pytest.raises(ValueError, match="307200 bytes"):
+        echo.recv_into(small, timeout=10)
+    big = bytearray(300 << 10)
+    assert echo.recv_into(big, timeout=10) == 300 << 10
+    assert big == b"y" * (300 << 10)
+
+
+def test_a_lent_buffer_is_left_alone_once_recv_into_returned(echo):
+    first = bytearray(1 << 20)
+    with pytest.raises(TimeoutError):
+        echo.recv_into(first, timeout=0.2)
+    first[:] = b"\x5a" * len(first)
+    data = os.urandom(1 << 20)
+    echo.send(data, timeout=10)
+    second = bytearray(1 << 20)
+    assert echo.recv_into(second, timeout=10) == len(data)
+    assert second == data
+    assert first == b"\x5a" * len(first)
+
+
 def test_a_message_too_large_for_the_buffer_stays_first_in_line(echo):
     echo.send(b"x" * 1000)
     echo.send(b"second")
