@@ -11,6 +11,7 @@
 #   BARLINK_PYENV=target/pyenv   where the environment lives
 #   PYTHON=python3               the interpreter it is made from (>= 3.11)
 #   BARLINK_TORCH=0              leave torch out: its tests say SKIPPED
+#   BARLINK_PY_PROFILE=dev       cargo profile of the extension (release: as users get it)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,8 +64,14 @@ else
     fi
 fi
 started=$(date +%s)
-if "$venv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps ./python; then
-    ok "pip install ./python ($(($(date +%s) - started)) s)"
+# The tests build the extension in the dev profile (its own crate and the
+# transport optimized, see Cargo.toml), which shares the dependencies the
+# cargo tests built: the release profile's fat LTO is for figures.
+# BARLINK_PY_PROFILE=release builds what `pip install ./python` gives users.
+profile=${BARLINK_PY_PROFILE:-dev}
+if MATURIN_PEP517_ARGS="--profile $profile" "$venv/bin/pip" install -q --disable-pip-version-check \
+    --force-reinstall --no-deps ./python; then
+    ok "pip install ./python, $profile profile ($(($(date +%s) - started)) s)"
 else
     bad "pip install ./python"
     summary
@@ -90,7 +97,7 @@ rm -f "$log"
 cli=(--no-cli)
 [ -x target/release/barlink ] && cli=(--barlink target/release/barlink)
 if "$venv/bin/python" -m barlink.bench --quick --rounds 1 --sizes 64,64K,1M "${cli[@]}"; then
-    ok "python -m barlink.bench --quick (smoke: figures not checked)"
+    ok "python -m barlink.bench --quick (smoke of the $profile build: figures not checked)"
 else
     bad "python -m barlink.bench --quick"
 fi
