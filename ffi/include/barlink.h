@@ -53,7 +53,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 3
+#define BARLINK_ABI_VERSION_MINOR 4
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -192,18 +192,21 @@ typedef struct barlink_config {
   uint32_t allow_gid_count;
 } barlink_config;
 
-// One finished non-blocking send (`barlink_poll`). This struct is frozen:
-// it never changes size or layout.
+// One finished non-blocking send or receive (`barlink_poll`). This struct
+// is frozen: it never changes size or layout.
 typedef struct barlink_completion {
-  // The id `barlink_post_send*` returned.
+  // The id `barlink_post_send*` or `barlink_post_recv` returned.
   uint64_t request;
-  // The caller's tag given to `barlink_post_send*`.
+  // The caller's tag given with the request.
   uint64_t user_tag;
-  // The message's length in bytes.
+  // The message's length in bytes (for a receive too small: the length
+  // needed).
   uint64_t bytes;
-  // `BARLINK_OK` when the peer acknowledged the whole message; otherwise
-  // why it will not be delivered (the link ended). Either way barlink no
-  // longer reads the message's memory.
+  // A send: `BARLINK_OK` when the peer acknowledged the whole message;
+  // otherwise why it will not be delivered (the link ended). A receive:
+  // `BARLINK_OK` when the message is in the buffer,
+  // `BARLINK_BUFFER_TOO_SMALL`, or why the link ended. Either way barlink
+  // no longer reads or writes the request's memory.
   enum barlink_status status;
   // Zero.
   uint32_t reserved;
@@ -414,6 +417,32 @@ enum barlink_status barlink_flush(struct barlink_link *link, uint32_t timeout_ms
 enum barlink_status barlink_post_send(struct barlink_link *link,
                                       const void *data,
                                       size_t len,
+                                      uint64_t user_tag,
+                                      uint64_t *request);
+
+// Posts a receive without waiting: the next message not yet received
+// lands in `buf` (`capacity` bytes). Posted receives take messages in the
+// order they were posted, before any `barlink_recv` (which returns
+// `BARLINK_BUSY` while some are pending). `*request` gets an id (never 0)
+// that `barlink_poll`, `barlink_test` and `barlink_wait` report exactly
+// once: `BARLINK_OK` with `bytes` the message's length;
+// `BARLINK_BUFFER_TOO_SMALL` with `bytes` the length needed, the message
+// staying first in line for the next receive; or why the link ended.
+// `user_tag` comes back in the completion.
+//
+// While no delivered message waits, the buffers are lent to the link, so
+// the messages that come next are assembled in them as they arrive, with
+// no copy after the checked one out of the ring. barlink writes `buf`
+// until the completion is reported or the link is closed; its contents
+// are unspecified until then, and after any status but `BARLINK_OK`.
+//
+// # Safety
+// Unless `capacity` is 0, `buf` points to `capacity` writable bytes that
+// nothing else reads or writes until the completion is reported or
+// `barlink_close` returned; `request` is NULL (refused) or writable.
+enum barlink_status barlink_post_recv(struct barlink_link *link,
+                                      void *buf,
+                                      size_t capacity,
                                       uint64_t user_tag,
                                       uint64_t *request);
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result, boundary, last_error_ptr};
 use crate::link::RecvInto;
-use crate::payload::Region;
+use crate::payload::{CallerMemory, Region};
 use crate::peer::{ListenerCell, Setup, connect_link};
 use crate::registry;
 use crate::types::barlink_status::{self, *};
@@ -562,6 +562,57 @@ pub unsafe extern "C" fn barlink_post_send(
         let mut state = cell.lock()?;
         let (payload, released) = state.copy_payload(data)?;
         let id = state.post(payload, released, user_tag)?;
+        // SAFETY: as above.
+        unsafe { put(request, id) };
+        Ok(())
+    })
+}
+
+/// Posts a receive without waiting: the next message not yet received
+/// lands in `buf` (`capacity` bytes). Posted receives take messages in the
+/// order they were posted, before any `barlink_recv` (which returns
+/// `BARLINK_BUSY` while some are pending). `*request` gets an id (never 0)
+/// that `barlink_poll`, `barlink_test` and `barlink_wait` report exactly
+/// once: `BARLINK_OK` with `bytes` the message's length;
+/// `BARLINK_BUFFER_TOO_SMALL` with `bytes` the length needed, the message
+/// staying first in line for the next receive; or why the link ended.
+/// `user_tag` comes back in the completion.
+///
+/// While no delivered message waits, the buffers are lent to the link, so
+/// the messages that come next are assembled in them as they arrive, with
+/// no copy after the checked one out of the ring. barlink writes `buf`
+/// until the completion is reported or the link is closed; its contents
+/// are unspecified until then, and after any status but `BARLINK_OK`.
+///
+/// # Safety
+/// Unless `capacity` is 0, `buf` points to `capacity` writable bytes that
+/// nothing else reads or writes until the completion is reported or
+/// `barlink_close` returned; `request` is NULL (refused) or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_post_recv(
+    link: *mut barlink_link,
+    buf: *mut c_void,
+    capacity: usize,
+    user_tag: u64,
+    request: *mut u64,
+) -> barlink_status {
+    boundary("barlink_post_recv", || {
+        check_out(request, "request")?;
+        // SAFETY: checked; writable by contract.
+        unsafe { put(request, 0) };
+        if capacity > 0 && buf.is_null() {
+            return Err(Error::invalid(format!(
+                "buf is NULL but capacity is {capacity}"
+            )));
+        }
+        if capacity > isize::MAX as usize || buf.addr().checked_add(capacity).is_none() {
+            return Err(Error::invalid(format!(
+                "capacity {capacity} runs past the address space"
+            )));
+        }
+        let cell = registry::link(key(link))?;
+        let memory = CallerMemory::new(buf.cast::<u8>(), capacity);
+        let id = cell.lock()?.post_recv(memory, capacity, user_tag)?;
         // SAFETY: as above.
         unsafe { put(request, id) };
         Ok(())

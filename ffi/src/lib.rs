@@ -31,6 +31,7 @@ mod error;
 mod link;
 mod payload;
 mod peer;
+mod recv;
 mod registry;
 mod types;
 

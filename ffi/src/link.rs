@@ -29,6 +29,7 @@ use barlink_transport::window::{HugePages, ShmOptions};
 
 use crate::error::{Error, Result};
 use crate::payload::{CallerMemory, Payload, Region};
+use crate::recv::{PostedRecvs, RECV_REQUEST};
 use crate::types::barlink_status::{self, *};
 use crate::types::{
     BARLINK_CONFIG_ALLOW_ANY_USER, BARLINK_CONFIG_HUGE_PAGES, BARLINK_CONFIG_PROGRESS_THREAD,
@@ -190,6 +191,8 @@ pub(crate) struct LinkState {
     received: VecDeque<Delivery>,
     /// Messages the engine holds, by message id.
     requests: BTreeMap<u64, Request>,
+    /// Posted receives not yet completed (`barlink_post_recv`).
+    recvs: PostedRecvs,
     /// Completions of posted sends not yet reported, by request id.
     done: BTreeMap<u64, barlink_completion>,
     /// `RingLink::completed` when last looked at.
@@ -280,6 +283,7 @@ impl LinkCell {
                 closed_by_handle: false,
                 received: VecDeque::new(),
                 requests: BTreeMap::new(),
+                recvs: PostedRecvs::default(),
                 done: BTreeMap::new(),
                 completed_seen: 0,
                 end: None,
@@ -400,6 +404,7 @@ impl LinkCell {
         };
         state.link = None;
         state.requests.clear();
+        state.recvs = PostedRecvs::default();
         state.done.clear();
         state.received.clear();
         result
@@ -417,6 +422,7 @@ impl LinkState {
     /// collects completions. Returns whether anything moved.
     pub(crate) fn step(&mut self) -> bool {
         let Some(link) = self.link.as_mut() else {
+            self.settle_recvs();
             return false;
         };
         let before = activity(link.engine_stats());
@@ -436,7 +442,44 @@ impl LinkState {
         }
         let moved = activity(link.engine_stats()) != before;
         self.collect(ended);
+        self.settle_recvs();
         moved
+    }
+
+    /// Completes the posted receives that delivered messages are for, and
+    /// lends the rest's buffers to the link; once the link has ended, fails
+    /// those that no delivered message is left for.
+    fn settle_recvs(&mut self) {
+        if self.recvs.is_empty() {
+            return;
+        }
+        self.recvs
+            .settle(self.link.as_mut(), &mut self.received, &mut self.done);
+        if self.link.is_none()
+            && self.received.is_empty()
+            && let Some((status, _)) = &self.end
+        {
+            self.recvs.fail_all(*status, &mut self.done);
+        }
+    }
+
+    /// Posts a receive into `memory` (`capacity` bytes) without waiting;
+    /// returns the request id.
+    pub(crate) fn post_recv(
+        &mut self,
+        memory: CallerMemory,
+        capacity: usize,
+        user_tag: u64,
+    ) -> Result<u64> {
+        if self.link.is_none() && self.received.is_empty() {
+            return Err(self
+                .end_error()
+                .unwrap_or_else(|| Error::new(BARLINK_CLOSED, "the link is closed")));
+        }
+        let request = self.recvs.add(memory, capacity, user_tag);
+        self.step();
+        self.settle_recvs();
+        Ok(request)
     }
 
     /// Turns released payloads into completions; ends the link on `ended`.
@@ -627,6 +670,16 @@ impl LinkState {
         into: &mut RecvInto,
         deliver: &mut dyn FnMut(&[u8]),
     ) -> Result<Step<usize>> {
+        if !self.recvs.is_empty() {
+            return Err(Error::new(
+                BARLINK_BUSY,
+                format!(
+                    "{} posted receive(s) are pending and take the next messages first: \
+                     wait for their completions (barlink_poll) before barlink_recv",
+                    self.recvs.len()
+                ),
+            ));
+        }
         let mut moved = false;
         if self.received.is_empty() {
             if let (Some(link), None, Some(target)) =
@@ -686,29 +739,7 @@ impl LinkState {
     /// copied out and keeps its place. Afterwards barlink never writes
     /// that buffer again.
     pub(crate) fn reclaim(&mut self, id: PostId) {
-        if let Some(link) = self.link.as_mut()
-            && link.unpost_recv(id).is_some()
-        {
-            return;
-        }
-        for delivery in &mut self.received {
-            let Delivery::Landed { id: msg, recv, len } = delivery else {
-                continue;
-            };
-            if recv.id() != id {
-                continue;
-            }
-            let (msg, len) = (*msg, *len);
-            let placeholder = Delivery::Message {
-                id: msg,
-                data: Vec::new(),
-            };
-            if let Delivery::Landed { recv, .. } = std::mem::replace(delivery, placeholder) {
-                let data = recv.into_target().bytes_mut()[..len].to_vec();
-                *delivery = Delivery::Message { id: msg, data };
-            }
-            return;
-        }
+        crate::recv::reclaim(self.link.as_mut(), &mut self.received, id);
     }
 
     /// Drives progress once and takes up to `max` completions.
@@ -729,10 +760,14 @@ impl LinkState {
         if !self.done.contains_key(&request) {
             // Only posted requests have ids to test (a blocking send's
             // internal entry is not one).
-            let posted = request
-                .checked_sub(1)
-                .and_then(|index| self.requests.get(&index))
-                .is_some_and(|entry| entry.report);
+            let posted = if request & RECV_REQUEST != 0 {
+                self.recvs.contains(request)
+            } else {
+                request
+                    .checked_sub(1)
+                    .and_then(|index| self.requests.get(&index))
+                    .is_some_and(|entry| entry.report)
+            };
             if !posted {
                 return Err(Error::invalid(format!(
                     "request {request} is unknown on this link, or its completion was already reported"
@@ -742,6 +777,15 @@ impl LinkState {
         }
         match self.done.remove(&request) {
             Some(completion) if completion.status == BARLINK_OK => Ok(Step::Done(())),
+            Some(completion) if completion.status == BARLINK_BUFFER_TOO_SMALL => Err(Error::new(
+                BARLINK_BUFFER_TOO_SMALL,
+                format!(
+                    "request {request}: the next message has {} bytes, more than the posted \
+                     buffer holds; it stays first in line for the next receive",
+                    completion.bytes
+                ),
+            )
+            .with_needed(usize::try_from(completion.bytes).unwrap_or(usize::MAX))),
             Some(completion) => Err(self.end_error().unwrap_or_else(|| {
                 Error::new(
                     completion.status,

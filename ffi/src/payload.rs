@@ -191,36 +191,57 @@ impl Drop for Payload {
     }
 }
 
-/// The caller's buffer of a `barlink_recv` call, lent to the engine as a
-/// posted receive target for the length of the call, so that the message
-/// lands in it with no copy after the checked one out of the medium.
+/// A caller's receive buffer, lent to the engine as a posted receive
+/// target so that a message lands in it with no copy after the checked one
+/// out of the medium: the buffer of a `barlink_recv` call for the length of
+/// the call, or of a `barlink_post_recv` until its completion is reported.
+#[derive(Debug)]
 pub(crate) struct CallerMemory {
     ptr: *mut u8,
     len: usize,
 }
 
 // SAFETY: only the address and length are stored; writing through them is
-// governed by `barlink_recv`'s contract (the buffer is barlink's to write
-// for the length of the call), which holds whichever thread drives the
-// link — under the link's lock.
+// governed by the contracts of `barlink_recv` and `barlink_post_recv` (the
+// buffer is barlink's to write until the call returns, or the completion
+// is reported), which hold whichever thread drives the link — under the
+// link's lock.
 unsafe impl Send for CallerMemory {}
 
 impl CallerMemory {
     /// The caller (the extern function) has checked that `ptr` is non-null
-    /// and that `ptr + len` stays in the address space.
+    /// unless `len` is 0, and that `ptr + len` stays in the address space.
     pub(crate) fn new(ptr: *mut u8, len: usize) -> CallerMemory {
         CallerMemory { ptr, len }
+    }
+
+    /// A second handle to the same buffer: one is posted to the link, the
+    /// other kept to copy into once the link has given the first back.
+    /// Never are both written at once: a posted receive is taken back from
+    /// the link before its own handle is used.
+    pub(crate) fn duplicate(&self) -> CallerMemory {
+        CallerMemory {
+            ptr: self.ptr,
+            len: self.len,
+        }
     }
 }
 
 impl barlink_transport::RecvTarget for CallerMemory {
     fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
         // SAFETY: `ptr..ptr+len` is the buffer of a `barlink_recv` call in
-        // progress: non-null, in the address space (checked by the caller
-        // of `new`) and, by that function's contract, writable and not
-        // touched by the caller until it returns. The call takes the target
-        // back from the link (`LinkState::reclaim`) before it returns, and
-        // a link that ends drops it; so this runs only during the call.
+        // progress or of a `barlink_post_recv` not yet completed: non-null,
+        // in the address space (checked by the caller of `new`) and, by
+        // those functions' contracts, writable and not touched by the
+        // caller until then. A call takes its buffer back from the link
+        // before it returns (`LinkState::reclaim`); a posted receive's is
+        // taken back before it completes (`recv::PostedRecvs::settle`); a
+        // link that ends or closes drops every buffer it holds. Of the two
+        // handles of a posted receive only one is used at a time
+        // (`duplicate`).
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }

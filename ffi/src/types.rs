@@ -13,7 +13,7 @@
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
 /// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 3;
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 4;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.
@@ -183,20 +183,23 @@ pub struct barlink_stats {
     pub requests_in_flight: u64,
 }
 
-/// One finished non-blocking send (`barlink_poll`). This struct is frozen:
-/// it never changes size or layout.
+/// One finished non-blocking send or receive (`barlink_poll`). This struct
+/// is frozen: it never changes size or layout.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct barlink_completion {
-    /// The id `barlink_post_send*` returned.
+    /// The id `barlink_post_send*` or `barlink_post_recv` returned.
     pub request: u64,
-    /// The caller's tag given to `barlink_post_send*`.
+    /// The caller's tag given with the request.
     pub user_tag: u64,
-    /// The message's length in bytes.
+    /// The message's length in bytes (for a receive too small: the length
+    /// needed).
     pub bytes: u64,
-    /// `BARLINK_OK` when the peer acknowledged the whole message; otherwise
-    /// why it will not be delivered (the link ended). Either way barlink no
-    /// longer reads the message's memory.
+    /// A send: `BARLINK_OK` when the peer acknowledged the whole message;
+    /// otherwise why it will not be delivered (the link ended). A receive:
+    /// `BARLINK_OK` when the message is in the buffer,
+    /// `BARLINK_BUFFER_TOO_SMALL`, or why the link ended. Either way barlink
+    /// no longer reads or writes the request's memory.
     pub status: barlink_status,
     /// Zero.
     pub reserved: u32,

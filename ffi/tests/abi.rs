@@ -458,6 +458,142 @@ fn a_receive_that_returned_never_writes_its_buffer_again() {
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
 
+fn post_recv(link: *mut barlink_link, buf: &mut [u8], user_tag: u64) -> u64 {
+    let mut request = 0;
+    // SAFETY: buf outlives the request (each test waits for its
+    // completion or closes the link first); request is writable.
+    let status = unsafe {
+        barlink_post_recv(
+            link,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            user_tag,
+            &mut request,
+        )
+    };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    assert_ne!(request, 0);
+    request
+}
+
+/// Polls `link` until `count` completions came, for at most 10 s.
+fn completions(link: *mut barlink_link, count: usize) -> Vec<barlink_completion> {
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while got.len() < count {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {count} completions",
+            got.len()
+        );
+        let empty = barlink_completion {
+            request: 0,
+            user_tag: 0,
+            bytes: 0,
+            status: BARLINK_OK,
+            reserved: 0,
+        };
+        let mut batch = [empty; 8];
+        let mut n = 0;
+        // SAFETY: batch holds 8 writable completions; n is writable.
+        let status = unsafe { barlink_poll(link, batch.as_mut_ptr(), batch.len(), &mut n) };
+        assert_eq!(status, BARLINK_OK, "{}", last_error());
+        got.extend_from_slice(&batch[..n]);
+    }
+    got
+}
+
+/// Posted receives take messages in the order posted, each completing
+/// once with its tag and length, whether the message landed in the buffer
+/// or had arrived before it was posted; a message larger than the buffer
+/// completes it with BARLINK_BUFFER_TOO_SMALL and stays first in line.
+#[test]
+fn posted_receives_take_messages_in_order_and_complete_once() {
+    let (a, b) = pair(None);
+    let driver = drive(a);
+    let messages: Vec<Vec<u8>> = [50_000usize, 70_000, 10]
+        .iter()
+        .enumerate()
+        .map(|(m, &len)| (0..len).map(|i| (i * 7 + m * 13) as u8).collect())
+        .collect();
+    let mut buffers = vec![vec![0u8; 100_000]; 3];
+    let requests: Vec<u64> = buffers
+        .iter_mut()
+        .enumerate()
+        .map(|(i, buf)| post_recv(b, buf, 10 + i as u64))
+        .collect();
+    let mut busy = [0u8; 16];
+    expect(recv(b, &mut busy, 0).0, BARLINK_BUSY, "posted receive");
+    for message in &messages {
+        assert_eq!(send(a, message), BARLINK_OK);
+    }
+    let done = completions(b, 3);
+    for (i, request) in requests.iter().enumerate() {
+        let completion = done.iter().find(|c| c.request == *request).unwrap();
+        assert_eq!(completion.status, BARLINK_OK, "receive {i}");
+        assert_eq!(completion.user_tag, 10 + i as u64);
+        assert_eq!(completion.bytes, messages[i].len() as u64);
+        assert!(
+            buffers[i][..messages[i].len()] == messages[i][..],
+            "receive {i}"
+        );
+    }
+    // Arrived before the receive was posted: copied in.
+    assert_eq!(send(a, b"early"), BARLINK_OK);
+    let mut len = 0;
+    loop {
+        // SAFETY: a size query (NULL buffer, capacity 0); len is writable.
+        let status = unsafe { barlink_recv(b, ptr::null_mut(), 0, &mut len, 100) };
+        if status == BARLINK_BUFFER_TOO_SMALL {
+            break;
+        }
+        expect(status, BARLINK_TIMEOUT, "timed out");
+    }
+    let mut early = [0u8; 64];
+    let request = post_recv(b, &mut early, 7);
+    assert_eq!(barlink_wait(b, request, 5000), BARLINK_OK);
+    assert_eq!(&early[..5], b"early");
+    // Too small: the message stays for the next receive.
+    let big = vec![3u8; 1000];
+    let mut small = [0u8; 10];
+    let request = post_recv(b, &mut small, 8);
+    assert_eq!(send(a, &big), BARLINK_OK);
+    let status = barlink_wait(b, request, 5000);
+    expect(status, BARLINK_BUFFER_TOO_SMALL, "1000 bytes");
+    // Its completion was reported: the id is spent.
+    expect(
+        barlink_test(b, request),
+        BARLINK_INVALID_ARGUMENT,
+        "unknown",
+    );
+    let mut whole = vec![0u8; 1000];
+    assert_eq!(recv(b, &mut whole, 5000), (BARLINK_OK, 1000));
+    assert_eq!(whole, big);
+    drop(driver);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+/// A receive still posted when the peer closes completes with why the
+/// link ended; one posted on a closed link is refused.
+#[test]
+fn a_posted_receive_learns_that_the_link_ended() {
+    let (a, b) = pair(None);
+    let mut buf = vec![0u8; 4096];
+    let request = post_recv(b, &mut buf, 1);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    let done = completions(b, 1);
+    assert_eq!(done[0].request, request);
+    assert_eq!(done[0].status, BARLINK_CLOSED, "{done:?}");
+    let mut request = 0;
+    // SAFETY: valid buffer and out-pointer.
+    let status =
+        unsafe { barlink_post_recv(b, buf.as_mut_ptr().cast(), buf.len(), 2, &mut request) };
+    expect(status, BARLINK_CLOSED, "closed");
+    assert_eq!(request, 0);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
 #[test]
 fn message_too_long() {
     let mut config = barlink_config::default();

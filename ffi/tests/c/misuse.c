@@ -254,6 +254,8 @@ int main(void) {
           BARLINK_INVALID_HANDLE);
     check("post_send(NULL link)", barlink_post_send(NULL, "x", 1, 0, &request),
           BARLINK_INVALID_HANDLE);
+    check("post_recv(NULL link)", barlink_post_recv(NULL, small, sizeof small, 0, &request),
+          BARLINK_INVALID_HANDLE);
     check("poll(NULL link)", barlink_poll(NULL, completions, 4, &count), BARLINK_INVALID_HANDLE);
     check("test(NULL link)", barlink_test(NULL, 1), BARLINK_INVALID_HANDLE);
     check("wait(NULL link)", barlink_wait(NULL, 1, 0), BARLINK_INVALID_HANDLE);
@@ -365,6 +367,13 @@ int main(void) {
     check("send(NULL data, len 4)", barlink_send(link, NULL, 4, 0), BARLINK_INVALID_ARGUMENT);
     check("post_send(NULL request)", barlink_post_send(link, "x", 1, 0, NULL),
           BARLINK_INVALID_ARGUMENT);
+    check("post_recv(NULL request)", barlink_post_recv(link, big, sizeof big, 0, NULL),
+          BARLINK_INVALID_ARGUMENT);
+    check("post_recv(NULL buf, capacity 8)", barlink_post_recv(link, NULL, 8, 0, &request),
+          BARLINK_INVALID_ARGUMENT);
+    check_true("post_recv refused: request is 0", request == 0);
+    check("post_recv(capacity past the address space)",
+          barlink_post_recv(link, big, SIZE_MAX, 0, &request), BARLINK_INVALID_ARGUMENT);
     check("poll(NULL array, max 4)", barlink_poll(link, NULL, 4, &count),
           BARLINK_INVALID_ARGUMENT);
     check("poll(NULL count)", barlink_poll(link, completions, 4, NULL), BARLINK_INVALID_ARGUMENT);
@@ -423,13 +432,30 @@ int main(void) {
     check_true("stats: struct_size written back", stats.struct_size == sizeof stats);
     check_true("stats: one posted message acknowledged", stats.messages_sent >= 1);
 
+    /* Posted receives: one completed with the echo, one left pending when
+       the link closes (ASan: barlink writes neither after it is freed). */
+    char *posted = malloc(4096);
+    check("post_recv(4096 bytes)", barlink_post_recv(link, posted, 4096, 77, &request), BARLINK_OK);
+    check("recv while a receive is posted", barlink_recv(link, big, sizeof big, &len, 0),
+          BARLINK_BUSY);
+    check("send for the posted receive", barlink_send(link, "posted!", 7, 5000), BARLINK_OK);
+    check("wait(posted receive)", barlink_wait(link, request, 10000), BARLINK_OK);
+    check_true("the echo landed in the posted buffer", memcmp(posted, "posted!", 7) == 0);
+    char *pending = malloc(4096);
+    check("post_recv left pending at close", barlink_post_recv(link, pending, 4096, 78, &request),
+          BARLINK_OK);
+
     /* Close, double close, use after close. */
     check("close", barlink_close(link, 5000), BARLINK_OK);
+    free(pending);
+    free(posted);
     check("close again (double close)", barlink_close(link, 0), BARLINK_INVALID_HANDLE);
     check_true("the message says it was closed", strstr(barlink_last_error(), "closed") != NULL);
     check("send after close", barlink_send(link, "x", 1, 0), BARLINK_INVALID_HANDLE);
     check("recv after close", barlink_recv(link, big, sizeof big, &len, 0), BARLINK_INVALID_HANDLE);
     check("post_send after close", barlink_post_send(link, "x", 1, 0, &request),
+          BARLINK_INVALID_HANDLE);
+    check("post_recv after close", barlink_post_recv(link, big, sizeof big, 0, &request),
           BARLINK_INVALID_HANDLE);
     check("poll after close", barlink_poll(link, completions, 4, &count), BARLINK_INVALID_HANDLE);
     check("get_stats after close", barlink_get_stats(link, &stats), BARLINK_INVALID_HANDLE);
