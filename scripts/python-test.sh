@@ -12,8 +12,14 @@
 #   PYTHON=python3               the interpreter it is made from (>= 3.11)
 #   BARLINK_TORCH=0              leave torch out: its tests say SKIPPED
 #   BARLINK_PY_PROFILE=dev       cargo profile of the extension (release: as users get it)
+#
+#   scripts/python-test.sh --prepare   only the environment (venv, pytest,
+#                                      numpy, torch): test-all.sh runs it in
+#                                      the background while Rust compiles
 set -uo pipefail
 cd "$(dirname "$0")/.."
+prepare_only=0 summary_name=python-test
+[ "${1:-}" = --prepare ] && prepare_only=1 summary_name=python-prepare
 
 venv=${BARLINK_PYENV:-target/pyenv}
 python=${PYTHON:-python3}
@@ -23,7 +29,7 @@ skipped=0
 ok() { passed=$((passed + 1)); echo "ok: $*"; }
 bad() { failed=$((failed + 1)); echo "FAILED: $*"; }
 summary() {
-    echo "python-test: $passed passed, $failed failed, $skipped skipped"
+    echo "$summary_name: $passed passed, $failed failed, $skipped skipped"
     [ "$failed" -eq 0 ]
     exit
 }
@@ -62,6 +68,9 @@ else
     else
         bad "pip install torch (set BARLINK_TORCH=0 to run without the torch backend's tests)"
     fi
+fi
+if [ "$prepare_only" = 1 ]; then
+    summary
 fi
 started=$(date +%s)
 # The tests build the extension in the dev profile (its own crate and the

@@ -25,6 +25,11 @@ ok() { passed=$((passed + 1)); echo "ok: $*"; }
 bad() { failed=$((failed + 1)); echo "FAILED: $*"; }
 skip() { skipped=$((skipped + 1)); echo "SKIPPED: $*"; }
 
+# The Python stage's environment (mostly torch's download) is made in the
+# background while the Rust stages compile; that stage then finds it ready.
+./scripts/python-test.sh --prepare >"$log/python-prepare.txt" 2>&1 &
+python_prepare=$!
+
 step "format"
 if cargo fmt --version >/dev/null 2>&1; then
     if cargo fmt --all -- --check && (cd fuzz && cargo fmt -- --check); then ok "cargo fmt"; else bad "cargo fmt (run: cargo fmt --all)"; fi
@@ -100,6 +105,8 @@ step "C ABI: header current, library, pkg-config, C misuse test, C++ example, ag
 count_suite ffi-test "$log/ffi.txt" "${PIPESTATUS[0]}"
 
 step "Python package: pip install ./python and torch into target/pyenv, pytest (the torch backend included), python -m barlink.bench --quick (scripts/python-test.sh)"
+wait "$python_prepare"
+sed 's/^/  prepared in the background: /' "$log/python-prepare.txt"
 ./scripts/python-test.sh 2>&1 | tee "$log/python.txt"
 count_suite python-test "$log/python.txt" "${PIPESTATUS[0]}"
 
