@@ -498,6 +498,12 @@ impl<B: AsRef<[u8]>> Connection<B> {
         each_link!(self, link => link.unpost_recv(id))
     }
 
+    /// Takes back every posted target not handed over yet: before the
+    /// connection is closed somewhere the targets' owner cannot follow.
+    pub fn unpost_all(&mut self) -> Vec<PostedRecv> {
+        each_link!(self, link => link.unpost_all())
+    }
+
     /// A delivered message if one is ready (after one round of progress),
     /// in a posted target or in a buffer of the link's.
     pub fn try_recv_delivery(&mut self) -> Result<Option<Delivery>, IoError> {

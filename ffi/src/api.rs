@@ -443,6 +443,20 @@ pub unsafe extern "C" fn barlink_send(
     })
 }
 
+/// A `barlink_recv` call's buffer, taken back from the link when dropped.
+struct LentForCall<'a> {
+    cell: &'a crate::link::LinkCell,
+    into: RecvInto,
+}
+
+impl Drop for LentForCall<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.into.posted.take() {
+            self.cell.reclaim(id);
+        }
+    }
+}
+
 /// Receives the next message into `buf` (`capacity` bytes), waiting at most
 /// `timeout_ms` (0: do one round of progress and return). On `BARLINK_OK`,
 /// `*len` is the message's length. On `BARLINK_BUFFER_TOO_SMALL`, `*len`
@@ -494,15 +508,17 @@ pub unsafe extern "C" fn barlink_recv(
             unsafe { ptr::copy_nonoverlapping(message.as_ptr(), buf.cast::<u8>(), message.len()) }
         };
         // The buffer is lent to the link for the call: the message lands
-        // in it. It is taken back below before returning, whatever the
-        // outcome, so barlink writes it only during the call.
-        let mut into = RecvInto::new(buf.cast::<u8>(), capacity);
+        // in it. The guard takes it back before returning, whatever the
+        // outcome (a panic caught at the boundary included), so barlink
+        // writes it only during the call.
+        let mut into = LentForCall {
+            cell: &cell,
+            into: RecvInto::new(buf.cast::<u8>(), capacity),
+        };
         let result = cell.blocking(millis(timeout_ms), |state| {
-            state.recv_step(&mut into, &mut deliver)
+            state.recv_step(&mut into.into, &mut deliver)
         });
-        if let Some(id) = into.posted.take() {
-            cell.reclaim(id);
-        }
+        drop(into);
         match result {
             Ok(n) => {
                 // SAFETY: as above.

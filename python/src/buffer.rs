@@ -517,7 +517,8 @@ impl LandingView {
     }
 
     /// Takes every lent range back from the link (`conn`, `None` once the
-    /// link ended: then it dropped them). A message that landed in one and
+    /// link is gone from its `Shared`: it was dropped with them, or
+    /// `Link.close` took them back before closing it). A message that landed in one and
     /// was not taken yet is copied out by the link and keeps its place.
     pub fn take_back_all(&mut self, conn: Option<&mut barlink::Connection<crate::link::Payload>>) {
         if let Some(conn) = conn {

@@ -618,7 +618,16 @@ impl Link {
     #[pyo3(signature = (timeout=5.0))]
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         let deadline = Deadline::new(Some(timeout))?;
-        let conn = self.shared.lock().conn.take();
+        let conn = {
+            let mut state = self.shared.lock();
+            // The close below drives the link without the lock, so buffers
+            // lent to it (recv_into, an Exchange) come back first: their
+            // owners, on other threads, may release them at once.
+            if let Some(conn) = state.conn.as_mut() {
+                drop(conn.unpost_all());
+            }
+            state.conn.take()
+        };
         let Some(mut conn) = conn else {
             return Ok(());
         };

@@ -877,6 +877,22 @@ impl<B: AsRef<[u8]>> Engine<B> {
         None
     }
 
+    /// Takes back every posted target not handed over yet (see
+    /// [`Engine::unpost_recv`]): what an owner calls before it gives the
+    /// engine away (to close it elsewhere) while the targets' memory is
+    /// to be released.
+    pub fn unpost_all(&mut self) -> Vec<PostedRecv> {
+        let mut ids = self.receiver.posted_ids();
+        for (_, queued) in &self.events.messages {
+            if let Event::Landed { recv, .. } = &queued.event {
+                ids.push(recv.id());
+            }
+        }
+        ids.into_iter()
+            .filter_map(|id| self.unpost_recv(id))
+            .collect()
+    }
+
     /// Targets posted and not yet holding a delivered message.
     pub fn posted_recvs(&self) -> usize {
         self.receiver.posted_count()

@@ -221,4 +221,8 @@ impl Posted {
     pub(super) fn len(&self) -> usize {
         self.queue.len()
     }
+
+    pub(super) fn ids(&self) -> Vec<PostId> {
+        self.queue.iter().map(|posted| posted.id).collect()
+    }
 }

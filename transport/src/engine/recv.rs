@@ -224,6 +224,18 @@ fn first_reservation(msg_len: usize, first_len: usize) -> usize {
     )
 }
 
+/// A lent target staged for a message (by a packet that then failed its
+/// CRC, or before a session reset) goes back to the front of the posted
+/// ones if the message now starting, `msg_len` bytes, does not fit it: an
+/// owned buffer grows, a lent one cannot. Nothing counted is in it yet.
+fn release_if_too_small(staged: &mut Option<Room>, posted: &mut Posted, msg_len: usize) {
+    if matches!(staged, Some(Room::Lent(lent)) if lent.len() < msg_len)
+        && let Some(Room::Lent(lent)) = staged.take()
+    {
+        posted.put_back(lent);
+    }
+}
+
 /// Where the next message is assembled: the first posted target if the
 /// message fits it, else a spare buffer.
 fn room_for_next(posted: &mut Posted, spares: &mut Spares, len: usize) -> Room {
@@ -479,6 +491,7 @@ impl Receiver {
                     // this is a duplicate, and must not touch that buffer.
                     return None;
                 }
+                release_if_too_small(&mut self.staged, &mut self.posted, limit);
                 let (posted, spares) = (&mut self.posted, &mut self.spares);
                 let data = self
                     .staged
@@ -758,6 +771,8 @@ impl Receiver {
                         // Begun by a packet that is not this one: nothing
                         // of it counts (`place` did not use it either).
                         drop(stale);
+                        let msg_len = usize::try_from(fragment.msg_len).unwrap_or(usize::MAX);
+                        release_if_too_small(&mut self.staged, &mut self.posted, msg_len);
                         match self.staged.take() {
                             Some(data) => data,
                             None => room_for_next(
@@ -879,6 +894,14 @@ impl Receiver {
             Room::Owned(buf) => self.recycle(buf, config),
             Room::Lent(posted) => self.posted.put_back(posted),
         }
+    }
+
+    /// Every target posted and not yet holding a delivered message.
+    pub(super) fn posted_ids(&self) -> Vec<PostId> {
+        let mut ids = self.posted.ids();
+        ids.extend(self.staged.as_ref().and_then(Room::posted_id));
+        ids.extend(self.assembly.as_ref().and_then(|a| a.data.posted_id()));
+        ids
     }
 
     /// Lends `target` for a coming message (see [`super::posted`]).

@@ -922,6 +922,12 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         self.engine.unpost_recv(id)
     }
 
+    /// Takes back every posted target not handed over yet (see
+    /// [`Engine::unpost_all`]).
+    pub fn unpost_all(&mut self) -> Vec<PostedRecv> {
+        self.engine.unpost_all()
+    }
+
     /// A delivered message if one is ready (after one round of progress),
     /// wherever it landed.
     pub fn try_recv_delivery(&mut self) -> Result<Option<Delivery>, IoError> {
