@@ -56,6 +56,22 @@ fn check_out<T>(out: *mut T, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Checks a receive buffer of `capacity` bytes at `buf`: non-null unless
+/// empty, and within the address space (so a slice can be made of it).
+fn check_recv_buffer(buf: *mut c_void, capacity: usize) -> Result<()> {
+    if capacity > 0 && buf.is_null() {
+        return Err(Error::invalid(format!(
+            "buf is NULL but capacity is {capacity}"
+        )));
+    }
+    if capacity > isize::MAX as usize || buf.addr().checked_add(capacity).is_none() {
+        return Err(Error::invalid(format!(
+            "capacity {capacity} runs past the address space"
+        )));
+    }
+    Ok(())
+}
+
 /// Writes through a checked out-pointer.
 ///
 /// # Safety
@@ -488,16 +504,7 @@ pub unsafe extern "C" fn barlink_recv(
         check_out(len, "len")?;
         // SAFETY: checked; writable by contract.
         unsafe { put(len, 0) };
-        if capacity > 0 && buf.is_null() {
-            return Err(Error::invalid(format!(
-                "buf is NULL but capacity is {capacity}"
-            )));
-        }
-        if capacity > isize::MAX as usize || buf.addr().checked_add(capacity).is_none() {
-            return Err(Error::invalid(format!(
-                "capacity {capacity} runs past the address space"
-            )));
-        }
+        check_recv_buffer(buf, capacity)?;
         let cell = registry::link(key(link))?;
         let mut deliver = |message: &[u8]| {
             // SAFETY: `message.len() <= capacity` (recv_step checks it) and
@@ -616,16 +623,7 @@ pub unsafe extern "C" fn barlink_post_recv(
         check_out(request, "request")?;
         // SAFETY: checked; writable by contract.
         unsafe { put(request, 0) };
-        if capacity > 0 && buf.is_null() {
-            return Err(Error::invalid(format!(
-                "buf is NULL but capacity is {capacity}"
-            )));
-        }
-        if capacity > isize::MAX as usize || buf.addr().checked_add(capacity).is_none() {
-            return Err(Error::invalid(format!(
-                "capacity {capacity} runs past the address space"
-            )));
-        }
+        check_recv_buffer(buf, capacity)?;
         let cell = registry::link(key(link))?;
         let memory = CallerMemory::new(buf.cast::<u8>(), capacity);
         let id = cell.lock()?.post_recv(memory, capacity, user_tag)?;
