@@ -373,24 +373,17 @@ impl TcpMedium {
 
     /// Writes what the socket takes now.
     fn flush(&mut self) -> Result<(), MediumError> {
-        while self.out.len() > 0 {
-            match self.stream.write(self.out.readable()) {
-                Ok(0) => {
-                    return Err(MediumError::new(format!(
-                        "the TCP connection to {} takes no more bytes",
-                        self.peer
-                    )));
-                }
-                Ok(n) => {
-                    self.out.consume(n);
-                    self.stats.wire_bytes_sent += n as u64;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.lost("sending", &e)),
+        match flush_queue(&mut self.stream, &mut self.out) {
+            Ok(n) => {
+                self.stats.wire_bytes_sent += n as u64;
+                Ok(())
             }
+            Err(e) if e.kind() == ErrorKind::WriteZero => Err(MediumError::new(format!(
+                "the TCP connection to {} takes no more bytes",
+                self.peer
+            ))),
+            Err(e) => Err(self.lost("sending", &e)),
         }
-        Ok(())
     }
 
     /// Seals the staged frames into records.
@@ -558,23 +551,32 @@ impl TcpMedium {
         engine: &mut Engine<B>,
     ) -> Result<usize, MediumError> {
         self.flush()?;
+        // Once the socket refuses bytes, packets stay with the engine:
+        // queued here they would only be copied, and their retransmission
+        // timers would run while they wait for the socket.
+        let mut refused = self.out.len() > 0;
         let mut sent = 0;
-        while self.out.len() + self.staged.len() < self.out_limit {
+        while !refused && self.out.len() + self.staged.len() < self.out_limit {
             let encrypting = self.cipher.is_some();
             let (stream, out, staged) = (&mut self.stream, &mut self.out, &mut self.staged);
+            let refused_now = &mut refused;
             let framed = engine.poll_transmit_with(now, |transmit| {
-                if !encrypting && out.len() == 0 && transmit.payload().len() >= DIRECT_WRITE_FROM {
-                    // Nothing queued: straight from the caller's buffer to
-                    // the socket, and only what it does not take is copied.
-                    return write_direct(stream, transmit, out);
+                if encrypting || transmit.payload().len() < DIRECT_WRITE_FROM {
+                    queue_frame(if encrypting { staged } else { out }, transmit);
+                    return Ok(0);
                 }
-                let target = if encrypting { staged } else { out };
-                let len = transmit.len();
-                let space = target.space(FRAME_HEADER_LEN + len);
-                space[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(len));
-                transmit.write_to(&mut space[FRAME_HEADER_LEN..]);
-                target.commit(FRAME_HEADER_LEN + len);
-                Ok(0)
+                // Small frames batched before it go first; then it goes
+                // straight from the caller's buffer to the socket, and only
+                // what the socket does not take is copied.
+                let flushed = flush_queue(stream, out)?;
+                let written = if out.len() == 0 {
+                    write_direct(stream, transmit, out)?
+                } else {
+                    queue_frame(out, transmit);
+                    0
+                };
+                *refused_now = out.len() > 0;
+                Ok(flushed + written)
             });
             let Some(written) = framed else {
                 break;
@@ -585,6 +587,7 @@ impl TcpMedium {
             if self.staged.len() >= MAX_RECORD_PLAINTEXT {
                 self.seal_staged()?;
                 self.flush()?;
+                refused = self.out.len() > 0;
             }
         }
         self.seal_staged()?;
@@ -592,6 +595,33 @@ impl TcpMedium {
         self.stats.packets_sent += sent as u64;
         Ok(sent)
     }
+}
+
+/// Appends `transmit` to `queue` as a frame.
+fn queue_frame(queue: &mut ByteQueue, transmit: &Transmit<'_>) {
+    let len = transmit.len();
+    let space = queue.space(FRAME_HEADER_LEN + len);
+    space[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(len));
+    transmit.write_to(&mut space[FRAME_HEADER_LEN..]);
+    queue.commit(FRAME_HEADER_LEN + len);
+}
+
+/// Writes what the socket takes of `queue`; the bytes it took.
+fn flush_queue(stream: &mut TcpStream, queue: &mut ByteQueue) -> std::io::Result<usize> {
+    let mut written = 0;
+    while queue.len() > 0 {
+        match stream.write(queue.readable()) {
+            Ok(0) => return Err(std::io::Error::from(ErrorKind::WriteZero)),
+            Ok(n) => {
+                queue.consume(n);
+                written += n;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(written)
 }
 
 #[cfg(test)]
@@ -617,6 +647,55 @@ mod tests {
         }
         assert_eq!(next_frame(&bytes[..7], 4096).unwrap(), None);
         assert!(next_frame(&frame_header(0), 4096).is_err());
+    }
+
+    #[test]
+    fn packets_stay_with_the_engine_while_the_socket_is_full() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        // Accepted and never read: the socket fills.
+        let (_receiver, _) = listener.accept().unwrap();
+        let config = crate::engine::EngineConfig {
+            mtu: 64 * 1024,
+            ..crate::engine::EngineConfig::default()
+        };
+        let max_packet = config.mtu;
+        let mut engine = Engine::<Vec<u8>>::new(config.clone(), 1, Time::ZERO).unwrap();
+        // The peer's first packet grants the credit to send at all.
+        let mut peer = Engine::<Vec<u8>>::new(config, 2, Time::ZERO).unwrap();
+        let later = Time::from_nanos(1_000_000_000);
+        let mut packet = vec![0u8; max_packet];
+        for _ in 0..4 {
+            peer.handle_timeout(later);
+            engine.handle_timeout(later);
+            while let Some(len) = peer.poll_transmit(later, &mut packet) {
+                let _ = engine.handle_packet(later, &packet[..len]);
+            }
+            while let Some(len) = engine.poll_transmit(later, &mut packet) {
+                let _ = peer.handle_packet(later, &packet[..len]);
+            }
+        }
+        for _ in 0..256 {
+            engine.send(vec![7u8; max_packet - HEADER_LEN]).unwrap();
+        }
+        let mut medium = TcpMedium::new(sender, max_packet, None, None).unwrap();
+        for _ in 0..64 {
+            medium.transmit(later, &mut engine).unwrap();
+        }
+        assert!(
+            medium.stats.wire_bytes_sent > 1 << 20,
+            "only {} bytes went out: the engine was not allowed to send",
+            medium.stats.wire_bytes_sent
+        );
+        assert!(
+            engine.has_unsent(),
+            "the socket took 16 MiB without a reader: nothing was ever refused"
+        );
+        assert!(
+            medium.out.len() <= FRAME_HEADER_LEN + max_packet,
+            "{} bytes were copied to wait for the socket: more than the one frame it took part of",
+            medium.out.len()
+        );
     }
 
     #[test]
