@@ -4,6 +4,7 @@
 //! the server to print too.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use barlink::connect::Role;
@@ -32,7 +33,9 @@ use crate::cli::{CommandError, Status};
 
 /// A run in progress, client side.
 struct Client<'a> {
-    link: RdmaLink<VerbsQueue>,
+    /// Messages go out as shared buffers: the link reads the one buffer,
+    /// as perftest does.
+    link: RdmaLink<VerbsQueue, Arc<[u8]>>,
     ctx: RdmaBenchContext,
     config: EngineConfig,
     schedule: Schedule,
@@ -168,7 +171,7 @@ fn baseline_text(device: &Device, server_gid: &str, perf_port: u16, run_lat: boo
 impl Client<'_> {
     /// One size: barlink's windows and round trips, then perftest's; the rows.
     fn measure_size(&mut self, size: usize, count: usize) -> Result<Vec<Row>, CommandError> {
-        let message = message_of(size);
+        let message: Arc<[u8]> = message_of(size).into();
         let before = counters(&self.link);
         let mut windows = send_windows(&mut self.link, &message, count, self.schedule.windows)?;
         let iters = lat_iters_for(self.schedule.lat_iters, size);
@@ -330,7 +333,7 @@ impl Client<'_> {
 /// Runs our perftest, again (up to four times) while it fails only because
 /// the server's side is not listening yet; keeps the link moving meanwhile.
 fn run_with_retries(
-    link: &mut RdmaLink<VerbsQueue>,
+    link: &mut RdmaLink<VerbsQueue, Arc<[u8]>>,
     program: &Path,
     which: Baseline,
     args: &[String],

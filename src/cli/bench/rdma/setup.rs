@@ -96,14 +96,14 @@ pub fn connect_error(error: ConnectError) -> CommandError {
 }
 
 /// Sets up the link and takes the RDMA link out of the connection.
-pub fn link_up(
+pub fn link_up<B: AsRef<[u8]>>(
     args: &BenchArgs,
     device: &Device,
     peer: &str,
     role: Role,
-) -> Result<(RdmaLink<VerbsQueue>, PathDecision), CommandError> {
+) -> Result<(RdmaLink<VerbsQueue, B>, PathDecision), CommandError> {
     let options = connect_options(args, device)?;
-    let connection = barlink::connect(
+    let connection = barlink::connect::<B>(
         &Peer::Remote {
             addr: peer.to_string(),
         },

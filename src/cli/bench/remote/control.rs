@@ -186,18 +186,18 @@ pub struct Bye {
     pub bye: bool,
 }
 
-pub fn send_control<M: Medium>(
-    link: &mut Link<M>,
+pub fn send_control<M: Medium, B: AsRef<[u8]> + From<Vec<u8>>>(
+    link: &mut Link<M, B>,
     message: &impl Serialize,
 ) -> Result<(), CommandError> {
     let bytes = serde_json::to_vec(message).expect("control messages always serialize");
-    link.send_blocking(bytes, STEP_TIMEOUT)
+    link.send_blocking(B::from(bytes), STEP_TIMEOUT)
         .map(|_| ())
         .map_err(link_error("sending a control message"))
 }
 
-pub fn recv_control<T: DeserializeOwned, M: Medium>(
-    link: &mut Link<M>,
+pub fn recv_control<T: DeserializeOwned, M: Medium, B: AsRef<[u8]>>(
+    link: &mut Link<M, B>,
     timeout: Duration,
     what: &str,
 ) -> Result<T, CommandError> {
@@ -215,8 +215,8 @@ pub fn recv_control<T: DeserializeOwned, M: Medium>(
 
 /// As [`recv_control`], but sleeping between polls: for waits while
 /// perftest runs, which must not compete with a spinning receiver.
-pub fn recv_control_gently<T: DeserializeOwned, M: Medium>(
-    link: &mut Link<M>,
+pub fn recv_control_gently<T: DeserializeOwned, M: Medium, B: AsRef<[u8]>>(
+    link: &mut Link<M, B>,
     timeout: Duration,
     what: &str,
 ) -> Result<T, CommandError> {

@@ -59,7 +59,7 @@ pub fn link_error(what: &str) -> impl Fn(IoError) -> CommandError + '_ {
 }
 
 /// The link's retransmissions and CRC errors (malformed packets included).
-pub fn counters<M: Medium>(link: &Link<M>) -> (u64, u64) {
+pub fn counters<M: Medium, B: AsRef<[u8]>>(link: &Link<M, B>) -> (u64, u64) {
     let stats = link.engine().stats();
     (stats.retransmits(), stats.crc_failures + stats.malformed)
 }

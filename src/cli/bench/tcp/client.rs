@@ -5,6 +5,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use barlink::connect::Role;
@@ -31,7 +32,9 @@ use crate::cli::{CommandError, Status};
 const IPERF3_SECONDS: u32 = 3;
 
 struct Client {
-    link: TcpLink,
+    /// Messages go out as shared buffers: the link reads the one buffer,
+    /// as iperf3 does.
+    link: TcpLink<Arc<[u8]>>,
     schedule: Schedule,
     iperf3: Option<(PathBuf, u16)>,
     ping_pong: Option<SocketAddr>,
@@ -135,7 +138,7 @@ fn baseline_text(no_baseline: bool, iperf3_here: bool, server: &TcpServerInfo) -
 impl Client {
     /// One size: barlink's windows and round trips, then the baselines.
     fn measure_size(&mut self, size: usize, count: usize) -> Result<Vec<Row>, CommandError> {
-        let message = message_of(size);
+        let message: Arc<[u8]> = message_of(size).into();
         let before = counters(&self.link);
         let mut windows = send_windows(&mut self.link, &message, count, self.schedule.windows)?;
         let iters = lat_iters_for(self.schedule.lat_iters, size);

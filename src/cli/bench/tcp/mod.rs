@@ -91,13 +91,13 @@ fn connect_options(args: &BenchArgs) -> Result<ConnectOptions, CommandError> {
 }
 
 /// Sets up the link and takes the TCP link out of the connection.
-fn link_up(
+fn link_up<B: AsRef<[u8]>>(
     args: &BenchArgs,
     addr: &str,
     role: Role,
-) -> Result<(TcpLink, PathDecision), CommandError> {
+) -> Result<(TcpLink<B>, PathDecision), CommandError> {
     let options = connect_options(args)?;
-    let connection = barlink::connect(
+    let connection = barlink::connect::<B>(
         &Peer::Tcp {
             addr: addr.to_string(),
         },
