@@ -81,6 +81,7 @@ impl<B> EventQueue<B> {
         }
     }
 
+    #[inline]
     pub(super) fn push_back(&mut self, queued: Queued<B>) {
         let entry = (self.next, queued);
         self.next += 1;
