@@ -6,7 +6,8 @@
 mod common;
 
 use barlink_transport::sim::{ReceivePath, SimPair};
-use barlink_transport::{Delivery, Engine, EngineConfig, Event, RecvTarget};
+use barlink_transport::wire::{HEADER_LEN, Packet};
+use barlink_transport::{Delivery, Engine, EngineConfig, Event, PacketError, RecvTarget};
 use common::{connected_pair, payloads};
 
 const FILL: u8 = 0xa5;
@@ -182,4 +183,62 @@ fn landed_messages_come_through_every_polling_call() {
 fn poll_message(engine: &mut Engine) -> (u64, Vec<u8>) {
     let (id, data) = engine.poll_message().expect("a message is ready");
     (id.0, data)
+}
+
+/// Feeds `packet` to `engine` as a ring link does (`handle_packet_from`:
+/// the payload copied to where the engine places it, its CRC taken as it
+/// lands).
+fn feed_from_medium(
+    engine: &mut Engine,
+    now: barlink_transport::Time,
+    packet: &[u8],
+) -> Result<(), PacketError> {
+    let (header, payload) = packet.split_at(HEADER_LEN);
+    engine
+        .handle_packet_from::<()>(now, header, payload.len(), |offset, dst, crc| {
+            dst.copy_from_slice(&payload[offset..offset + dst.len()]);
+            if let Some(crc) = crc {
+                crc.update(dst);
+            }
+            Ok(())
+        })
+        .expect("the closure never fails")
+}
+
+#[test]
+fn a_target_staged_by_a_corrupt_header_goes_back_when_the_real_message_does_not_fit_it() {
+    // A first fragment whose length fields were corrupted to claim a
+    // message the posted target fits: the receiver stages the target for
+    // it and copies the payload there before the CRC fails. The real
+    // packet then starts a 2,000-byte message the 1,000-byte target cannot
+    // hold: it must be assembled in an engine buffer, and the target stay
+    // first in line for the next message.
+    let mut pair = connected_pair(config(64));
+    let now = pair.now;
+    pair.b.post_recv(target(1000));
+    let sizes = [2000, 500];
+    let sent = payloads(&sizes, 11);
+    pair.a.send(sent[0].clone()).unwrap();
+    let mut packets = Vec::new();
+    let mut buf = vec![0u8; 1024];
+    while let Some(len) = pair.a.poll_transmit(now, &mut buf) {
+        packets.push(buf[..len].to_vec());
+    }
+    assert_eq!(packets.len(), 3, "2,000 bytes in packets of 944");
+    let mut corrupt = packets[0].clone();
+    let mut header = Packet::new_unchecked(&mut corrupt[..]);
+    header.set_msg_len(944);
+    header.set_frag_count(1);
+    assert!(
+        feed_from_medium(&mut pair.b, now, &corrupt).is_err(),
+        "the altered header fails its CRC"
+    );
+    for packet in &packets {
+        feed_from_medium(&mut pair.b, now, packet).unwrap();
+    }
+    assert_eq!(in_buffer(next_delivery(&mut pair)), sent[0]);
+    assert_eq!(pair.b.posted_recvs(), 1, "the target is still posted");
+    pair.a.send(sent[1].clone()).unwrap();
+    let (landed_bytes, len) = landed(next_delivery(&mut pair));
+    assert_eq!(&landed_bytes[..len], &sent[1][..]);
 }
