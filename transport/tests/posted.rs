@@ -6,7 +6,7 @@
 mod common;
 
 use barlink_transport::sim::{ReceivePath, SimPair};
-use barlink_transport::wire::{HEADER_LEN, Packet};
+use barlink_transport::wire::{HEADER_LEN, Packet, WireError};
 use barlink_transport::{Delivery, Engine, EngineConfig, Event, PacketError, RecvTarget};
 use common::{connected_pair, payloads};
 
@@ -229,15 +229,17 @@ fn a_target_staged_by_a_corrupt_header_goes_back_when_the_real_message_does_not_
     let mut header = Packet::new_unchecked(&mut corrupt[..]);
     header.set_msg_len(944);
     header.set_frag_count(1);
+    let refused = feed_from_medium(&mut pair.b, now, &corrupt);
     assert!(
-        feed_from_medium(&mut pair.b, now, &corrupt).is_err(),
-        "the altered header fails its CRC"
+        matches!(refused, Err(PacketError::Wire(WireError::BadCrc { .. }))),
+        "the altered header must pass the header checks (so the target is staged) and fail \
+         its CRC: {refused:?}"
     );
     for packet in &packets {
         feed_from_medium(&mut pair.b, now, packet).unwrap();
     }
     assert_eq!(in_buffer(next_delivery(&mut pair)), sent[0]);
-    assert_eq!(pair.b.posted_recvs(), 1, "the target is still posted");
+    assert_eq!(pair.b.posted_recvs(), 1, "the target is still lent");
     pair.a.send(sent[1].clone()).unwrap();
     let (landed_bytes, len) = landed(next_delivery(&mut pair));
     assert_eq!(&landed_bytes[..len], &sent[1][..]);

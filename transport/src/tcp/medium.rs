@@ -373,17 +373,23 @@ impl TcpMedium {
 
     /// Writes what the socket takes now.
     fn flush(&mut self) -> Result<(), MediumError> {
-        match flush_queue(&mut self.stream, &mut self.out) {
-            Ok(n) => {
-                self.stats.wire_bytes_sent += n as u64;
-                Ok(())
-            }
-            Err(e) if e.kind() == ErrorKind::WriteZero => Err(MediumError::new(format!(
+        flush_queue(
+            &mut self.stream,
+            &mut self.out,
+            &mut self.stats.wire_bytes_sent,
+        )
+        .map_err(|e| self.send_failed(&e))
+    }
+
+    /// The connection failed while sending.
+    fn send_failed(&self, error: &std::io::Error) -> MediumError {
+        if error.kind() == ErrorKind::WriteZero {
+            return MediumError::new(format!(
                 "the TCP connection to {} takes no more bytes",
                 self.peer
-            ))),
-            Err(e) => Err(self.lost("sending", &e)),
+            ));
         }
+        self.lost("sending", error)
     }
 
     /// Seals the staged frames into records.
@@ -559,30 +565,29 @@ impl TcpMedium {
         while !refused && self.out.len() + self.staged.len() < self.out_limit {
             let encrypting = self.cipher.is_some();
             let (stream, out, staged) = (&mut self.stream, &mut self.out, &mut self.staged);
+            let wire_bytes_sent = &mut self.stats.wire_bytes_sent;
             let refused_now = &mut refused;
             let framed = engine.poll_transmit_with(now, |transmit| {
                 if encrypting || transmit.payload().len() < DIRECT_WRITE_FROM {
                     queue_frame(if encrypting { staged } else { out }, transmit);
-                    return Ok(0);
+                    return Ok(());
                 }
                 // Small frames batched before it go first; then it goes
                 // straight from the caller's buffer to the socket, and only
                 // what the socket does not take is copied.
-                let flushed = flush_queue(stream, out)?;
-                let written = if out.len() == 0 {
-                    write_direct(stream, transmit, out)?
+                flush_queue(stream, out, wire_bytes_sent)?;
+                if out.len() == 0 {
+                    *wire_bytes_sent += write_direct(stream, transmit, out)? as u64;
                 } else {
                     queue_frame(out, transmit);
-                    0
-                };
+                }
                 *refused_now = out.len() > 0;
-                Ok(flushed + written)
+                Ok(())
             });
-            let Some(written) = framed else {
+            let Some(framed) = framed else {
                 break;
             };
-            let written = written.map_err(|e| self.lost("sending", &e))?;
-            self.stats.wire_bytes_sent += written as u64;
+            framed.map_err(|e| self.send_failed(&e))?;
             sent += 1;
             if self.staged.len() >= MAX_RECORD_PLAINTEXT {
                 self.seal_staged()?;
@@ -606,22 +611,26 @@ fn queue_frame(queue: &mut ByteQueue, transmit: &Transmit<'_>) {
     queue.commit(FRAME_HEADER_LEN + len);
 }
 
-/// Writes what the socket takes of `queue`; the bytes it took.
-fn flush_queue(stream: &mut TcpStream, queue: &mut ByteQueue) -> std::io::Result<usize> {
-    let mut written = 0;
+/// Writes what the socket takes of `queue`, adding each write's bytes to
+/// `sent` as it goes (so an error later still leaves them counted).
+fn flush_queue(
+    stream: &mut TcpStream,
+    queue: &mut ByteQueue,
+    sent: &mut u64,
+) -> std::io::Result<()> {
     while queue.len() > 0 {
         match stream.write(queue.readable()) {
             Ok(0) => return Err(std::io::Error::from(ErrorKind::WriteZero)),
             Ok(n) => {
                 queue.consume(n);
-                written += n;
+                *sent += n as u64;
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(written)
+    Ok(())
 }
 
 #[cfg(test)]
