@@ -670,7 +670,8 @@ mod tests {
         };
         let max_packet = config.mtu;
         let mut engine = Engine::<Vec<u8>>::new(config.clone(), 1, Time::ZERO).unwrap();
-        // The peer's first packet grants the credit to send at all.
+        // The two trade their opening packets: the peer's grant the credit
+        // to send at all.
         let mut peer = Engine::<Vec<u8>>::new(config, 2, Time::ZERO).unwrap();
         let later = Time::from_nanos(1_000_000_000);
         let mut packet = vec![0u8; max_packet];

@@ -72,7 +72,8 @@ pub fn send_windows<M: Medium, B: AsRef<[u8]> + Clone>(
 }
 
 /// `iters` round trips of `message` (the server echoes each): one-way
-/// times in microseconds. An echo that differs sets `failed` and is noted.
+/// times in microseconds. Every echo is compared, after the clock stopped;
+/// any that differ set `failed`, and one note names how many and the first.
 pub fn round_trips<M: Medium, B: AsRef<[u8]> + Clone>(
     link: &mut Link<M, B>,
     message: &B,
@@ -83,6 +84,8 @@ pub fn round_trips<M: Medium, B: AsRef<[u8]> + Clone>(
     let expected = message.as_ref();
     let size = expected.len();
     let mut latencies = Vec::new();
+    let mut wrong = 0usize;
+    let mut first_wrong = None;
     for i in 0..iters {
         let outgoing = message.clone();
         let start = Instant::now();
@@ -92,20 +95,23 @@ pub fn round_trips<M: Medium, B: AsRef<[u8]> + Clone>(
             .recv(STEP_TIMEOUT)
             .map_err(link_error(&format!("size {size}: latency echo")))?;
         latencies.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
-        // Every echo is compared, after the clock stopped.
         if echo != expected {
-            *failed = true;
-            note(&format!(
-                "size {size}: echo {i} came back with {} bytes{}",
-                echo.len(),
-                if echo.len() == size {
-                    ", different ones"
-                } else {
-                    ""
-                }
-            ));
+            wrong += 1;
+            first_wrong.get_or_insert((i, echo.len()));
         }
         link.recycle(echo);
+    }
+    if let Some((index, len)) = first_wrong {
+        *failed = true;
+        let what = if len == size {
+            "different bytes"
+        } else {
+            "another length"
+        };
+        note(&format!(
+            "size {size}: {wrong} of {iters} echoes differed from what was sent; the first, \
+             echo {index}, came back with {len} bytes ({what})"
+        ));
     }
     Ok(latencies)
 }
