@@ -242,6 +242,38 @@ if [[ -x "$work/kv_transfer" ]]; then
     fi
 fi
 
+# The same example over BAR windows named on the command line: a fixture
+# sysfs tree whose two devices' resource2 files are ordinary files (mapped
+# as BARs are), so the path is bar-p2p and every block arrives intact.
+if [[ -x "$work/kv_transfer" ]]; then
+    bars="$work/sysfs-bars"
+    rm -rf "$bars"
+    for slot in 0 1; do
+        dev="$bars/sys/bus/pci/devices/0000:00:1$slot.0"
+        mkdir -p "$dev"
+        echo 0x1af4 >"$dev/vendor"
+        echo 0x1110 >"$dev/device"
+        echo 0x050000 >"$dev/class"
+        {
+            for i in 0 1; do echo "0x0000000000000000 0x0000000000000000 0x0000000000000000"; done
+            printf '0x00000000f%d000000 0x00000000f%dffffff 0x000000000014220c\n' "$slot" "$slot"
+            for i in $(seq 3 12); do echo "0x0000000000000000 0x0000000000000000 0x0000000000000000"; done
+        } >"$dev/resource"
+        truncate -s 16M "$dev/resource2"
+    done
+    logged "$logs/kv-bar.log" "$work/kv_transfer" --layers 8 --blocks 32 --sysfs-root "$bars" \
+        --own-bar 0000:00:10.0/2@0+8M --peer-bar 0000:00:11.0/2@0+8M
+    code=$?
+    if [[ $code == 0 ]] && grep -q '^decode: path bar-p2p: ' "$logs/kv-bar.log" &&
+        grep -q ' 0 corrupted' "$logs/kv-bar.log"; then
+        ok "C++ KV-cache example over two BAR windows (fixture files): $(grep '^decode: received' "$logs/kv-bar.log")"
+    else
+        fail "C++ KV-cache example over BAR windows (exit $code)"
+        show "$logs/kv-bar.log"
+    fi
+    rm -rf "$bars"
+fi
+
 # The C ABI benchmark (scripts/ffi-bench.sh runs it for figures): it builds
 # with -Werror and a short run moves every mode's messages intact.
 # shellcheck disable=SC2086

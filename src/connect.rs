@@ -27,6 +27,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use crate::bars::{BarEnds, BarRef};
+
 use barlink_rdma::RdmaLink;
 use barlink_rdma::verbs_queue::{self, RdmaLinkOptions, VerbsQueue};
 use barlink_topology::{Bdf, PathChoice, PathPolicy, Topology};
@@ -147,25 +149,6 @@ impl fmt::Display for PathDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.path, self.reason)
     }
-}
-
-/// A BAR window: bytes `offset..offset + len` of BAR `bar` of a device
-/// (an address like `0000:01:00.0`, or `vendor:device[#n]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BarRef {
-    pub device: String,
-    pub bar: u32,
-    pub offset: usize,
-    pub len: usize,
-}
-
-/// The BAR windows of the two sides on this host: each side reads its own
-/// ring in `own` and writes the peer's in `peer` (the peer names the same
-/// two, swapped).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BarEnds {
-    pub own: BarRef,
-    pub peer: BarRef,
 }
 
 /// How [`connect`] decides and sets up.
@@ -698,7 +681,7 @@ pub(crate) fn bar_link<B: AsRef<[u8]>>(
 ) -> Result<RingLink<BarWindow, B>, ConnectError> {
     let Some(bars) = &options.bars else {
         return Err(failed(
-            "BAR P2P needs the two BAR windows (ConnectOptions::bars)".into(),
+            "BAR P2P needs the two BAR windows (ConnectOptions::bars; own_bar and peer_bar in C and Python)".into(),
         ));
     };
     let own = open_bar(&bars.own, &options.sysfs_root).map_err(&failed)?;

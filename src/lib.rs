@@ -28,6 +28,7 @@ pub use barlink_transport::{
 };
 pub use barlink_vfio as vfio;
 
+pub mod bars;
 pub mod connect;
 pub mod doctor;
 pub mod gpu;

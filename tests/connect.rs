@@ -326,3 +326,52 @@ fn a_listener_accepts_many_peers_on_a_name_and_on_a_tcp_port() {
         assert_eq!(seen, [0, 1, 2], "{peer:?}");
     }
 }
+
+#[path = "support/bar_fixture.rs"]
+mod bar_fixture;
+
+/// Two threads name the two BAR windows of a fixture tree (ordinary files
+/// as `resource2`) in text, as the C config and Python do: the facade
+/// picks BAR P2P, says why, and messages cross intact.
+#[test]
+fn bar_windows_named_in_text_carry_a_link_between_two_threads() {
+    let fixture = bar_fixture::BarFixture::new("connect");
+    let len = 8 << 20;
+    let options = |own: usize| ConnectOptions {
+        bars: barlink::BarEnds::from_texts(
+            Some(&fixture.window(own, 0, len)),
+            Some(&fixture.window(1 - own, 0, len)),
+        )
+        .unwrap(),
+        sysfs_root: fixture.root.clone(),
+        setup_timeout: TIMEOUT,
+        ..ConnectOptions::default()
+    };
+    let decision = choose_path(&local(), &options(0)).unwrap();
+    assert_eq!(decision.path, PathKind::BarP2p, "{decision}");
+    assert!(decision.reason.contains("not GPUs"), "{decision}");
+    let accept_options = options(1);
+    let accepting = thread::spawn(move || {
+        let mut connection = connect(&local(), Role::Accept, &accept_options).unwrap();
+        for index in 0..200u32 {
+            let got = connection.recv(TIMEOUT).unwrap();
+            assert_eq!(got, vec![index as u8; index as usize * 997]);
+        }
+        connection.send(b"done".to_vec(), TIMEOUT).unwrap();
+        connection.flush(TIMEOUT).unwrap();
+        connection.decision
+    });
+    let mut connection = connect(&local(), Role::Connect, &options(0)).unwrap();
+    for index in 0..200u32 {
+        connection
+            .send(vec![index as u8; index as usize * 997], TIMEOUT)
+            .unwrap();
+    }
+    assert_eq!(connection.recv(TIMEOUT).unwrap(), b"done");
+    assert_eq!(accepting.join().unwrap().path, PathKind::BarP2p);
+    assert!(matches!(
+        connection.link,
+        barlink::connect::AnyLink::BarP2p(_)
+    ));
+    assert_eq!(connection.stats().crc_failures, 0);
+}

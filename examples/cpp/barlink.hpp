@@ -59,10 +59,28 @@ public:
     Config& max_message_bytes(uint64_t bytes) { config_.max_message_bytes = bytes; return *this; }
     Config& peer_timeout_ms(uint32_t ms) { config_.peer_timeout_ms = ms; return *this; }
     Config& transport(barlink_transport t) { config_.transport = static_cast<uint32_t>(t); return *this; }
-    const barlink_config* get() const noexcept { return &config_; }
+    // The BAR windows of a peer on this host, "DEVICE/BAR@OFFSET+LEN": the
+    // one this side's ring lives in, then the peer's (which names them
+    // swapped). Empty strings: none.
+    Config& bars(std::string own, std::string peer) {
+        own_bar_ = std::move(own);
+        peer_bar_ = std::move(peer);
+        return *this;
+    }
+    // Where sysfs is read (a fixture tree in tests); empty: "/".
+    Config& sysfs_root(std::string root) { sysfs_root_ = std::move(root); return *this; }
+    // Valid while this Config lives and is not changed.
+    const barlink_config* get() const noexcept {
+        auto text = [](const std::string& s) { return s.empty() ? nullptr : s.c_str(); };
+        config_.own_bar = text(own_bar_);
+        config_.peer_bar = text(peer_bar_);
+        config_.sysfs_root = text(sysfs_root_);
+        return &config_;
+    }
 
 private:
-    barlink_config config_{};
+    mutable barlink_config config_{};
+    std::string own_bar_, peer_bar_, sysfs_root_;
 };
 
 // Caller memory registered for zero-copy sends. The memory stays the

@@ -11,12 +11,18 @@
 //
 //   kv_transfer [--layers N] [--blocks N] [--block-tokens N] [--name PEER]
 //               [--role both|prefill|decode] [--seed S] [--inflight N]
-//               [--expect-seed S]
+//               [--expect-seed S] [--own-bar W --peer-bar W]
+//               [--sysfs-root DIR]
 //
 // --name PEER is where decode listens and prefill connects: a link name on
 // this host (the default), or tcp://HOST:PORT or rdma://HOST:PORT to run
 // the two on different nodes (setup authenticated with the key file that
 // BARLINK_PSK_FILE names, the same on both). Decode prints the path taken.
+//
+// --own-bar and --peer-bar name decode's BAR window and prefill's, as
+// DEVICE/BAR@OFFSET+LEN (e.g. 0000:01:00.0/1@0+8M): two GPUs of this host
+// then exchange the blocks over PCIe BARs where the topology allows it
+// (prefill takes the two swapped). --sysfs-root reads sysfs elsewhere.
 //
 // --expect-seed makes decode verify against another seed than the one the
 // plan names: every block then mismatches (a test that mismatches are caught).
@@ -93,13 +99,26 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-barlink::Config link_config() {
+// Where the link goes: the peer's name, and BAR windows when named (as
+// decode sees them).
+struct Route {
+    std::string name;
+    std::string decode_bar, prefill_bar, sysfs_root;
+};
+
+barlink::Config link_config(const Route& route, bool is_decode) {
     // One packet per 64 KiB block (the 80-byte header on top); the default
     // 4 MiB rings, which stay in cache (8 MiB ones measured slower here).
-    return barlink::Config().mtu(65536 + 128);
+    barlink::Config config;
+    config.mtu(65536 + 128).sysfs_root(route.sysfs_root);
+    if (is_decode)
+        config.bars(route.decode_bar, route.prefill_bar);
+    else
+        config.bars(route.prefill_bar, route.decode_bar);
+    return config;
 }
 
-int prefill(const Plan& plan, const std::string& name, size_t inflight) {
+int prefill(const Plan& plan, const Route& route, size_t inflight) {
     std::vector<unsigned char> pool(plan.total_bytes());
     for (size_t i = 0; i < plan.total_blocks(); i++)
         fill_block(plan, i, pool.data() + i * plan.block_bytes());
@@ -107,7 +126,7 @@ int prefill(const Plan& plan, const std::string& name, size_t inflight) {
     // The pool outlives the link (declared first, destroyed last); the link
     // is closed before the buffer is deregistered.
     barlink::Buffer registered(pool.data(), pool.size());
-    barlink::Link link = barlink::Link::connect(name, link_config(), 10000);
+    barlink::Link link = barlink::Link::connect(route.name, link_config(route, false), 10000);
     link.set_close_timeout_ms(5000);
     if (link.send(&plan, sizeof plan, 5000) != BARLINK_OK) {
         std::fprintf(stderr, "prefill: the plan could not be queued\n");
@@ -164,8 +183,8 @@ int prefill(const Plan& plan, const std::string& name, size_t inflight) {
     return verdict.blocks_bad == 0 && verdict.blocks_ok == plan.total_blocks() ? 0 : 1;
 }
 
-int decode(const std::string& name, const uint64_t* expect_seed) {
-    barlink::Listener listener(name, link_config());
+int decode(const Route& route, const uint64_t* expect_seed) {
+    barlink::Listener listener(route.name, link_config(route, true));
     barlink::Link link = listener.accept(10000);
     link.set_close_timeout_ms(5000);
     std::printf("decode: path %s\n", link.path().c_str());
@@ -225,7 +244,8 @@ int decode(const std::string& name, const uint64_t* expect_seed) {
     std::fprintf(stderr,
                  "usage: kv_transfer [--layers N] [--blocks N] [--block-tokens N] [--seed S]\n"
                  "                   [--inflight N] [--name NAME] [--role both|prefill|decode]\n"
-                 "                   [--expect-seed S]\n");
+                 "                   [--expect-seed S] [--own-bar W --peer-bar W]\n"
+                 "                   [--sysfs-root DIR]\n");
     std::exit(2);
 }
 
@@ -234,7 +254,8 @@ int decode(const std::string& name, const uint64_t* expect_seed) {
 int main(int argc, char** argv) {
     Plan plan;
     std::string role = "both";
-    std::string name = "kv-transfer-" + std::to_string(getpid());
+    Route route;
+    route.name = "kv-transfer-" + std::to_string(getpid());
     size_t inflight = 64;
     uint64_t expect_seed = 0;
     const uint64_t* expect = nullptr;
@@ -248,25 +269,29 @@ int main(int argc, char** argv) {
         else if (arg == "--seed") plan.seed = std::strtoull(value, nullptr, 0);
         else if (arg == "--expect-seed") expect_seed = std::strtoull(value, nullptr, 0), expect = &expect_seed;
         else if (arg == "--inflight") inflight = std::strtoul(value, nullptr, 10);
-        else if (arg == "--name") name = value;
+        else if (arg == "--name") route.name = value;
+        else if (arg == "--own-bar") route.decode_bar = value;
+        else if (arg == "--peer-bar") route.prefill_bar = value;
+        else if (arg == "--sysfs-root") route.sysfs_root = value;
         else if (arg == "--role") role = value;
         else usage();
     }
     if (plan.layers == 0 || plan.blocks == 0 || plan.block_tokens == 0 || inflight == 0 ||
-        plan.block_bytes() > (size_t(64) << 20))
+        plan.block_bytes() > (size_t(64) << 20) ||
+        route.decode_bar.empty() != route.prefill_bar.empty())
         usage();
 
     if (role == "decode")
         std::printf("kv_transfer: barlink %s, decode side, waiting under \"%s\"\n",
-                    barlink::version().c_str(), name.c_str());
+                    barlink::version().c_str(), route.name.c_str());
     else
         std::printf("kv_transfer: barlink %s, %u layers x %u blocks of %zu KiB, seed %#" PRIx64 "\n",
                     barlink::version().c_str(), plan.layers, plan.blocks,
                     plan.block_bytes() / 1024, plan.seed);
     std::fflush(stdout);
     try {
-        if (role == "prefill") return prefill(plan, name, inflight);
-        if (role == "decode") return decode(name, expect);
+        if (role == "prefill") return prefill(plan, route, inflight);
+        if (role == "decode") return decode(route, expect);
         if (role != "both") usage();
         pid_t child = fork();
         if (child < 0) {
@@ -276,14 +301,14 @@ int main(int argc, char** argv) {
         if (child == 0) {
             int code = 1;
             try {
-                code = prefill(plan, name, inflight);
+                code = prefill(plan, route, inflight);
             } catch (const barlink::Error& e) {
                 std::fprintf(stderr, "prefill: %s\n", e.what());
             }
             std::fflush(stdout);
             _exit(code);
         }
-        int code = decode(name, expect);
+        int code = decode(route, expect);
         int status = 0;
         waitpid(child, &status, 0);
         bool child_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;

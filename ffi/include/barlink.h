@@ -53,7 +53,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 4
+#define BARLINK_ABI_VERSION_MINOR 5
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -139,7 +139,10 @@ typedef enum barlink_transport {
   // Shared-memory windows between processes on one host (memfd): what a
   // link name gets.
   BARLINK_TRANSPORT_SHM = 1,
-  // PCIe BAR windows over VFIO: not available through the C ABI yet.
+  // The two BAR windows `own_bar` and `peer_bar` name, and nothing else:
+  // packets written straight into the peer device's BAR, whatever the
+  // topology says (the default asks it first and may bounce through host
+  // memory; `barlink_link_path` says what it would have picked).
   BARLINK_TRANSPORT_BAR = 2,
   // RDMA over ibverbs, and nothing else: an address without an RDMA
   // device here is `BARLINK_NOT_AVAILABLE` rather than TCP.
@@ -190,6 +193,19 @@ typedef struct barlink_config {
   uint32_t allow_gids[BARLINK_MAX_ALLOWED_IDS];
   // Entries of `allow_gids` in use (0 to 8).
   uint32_t allow_gid_count;
+  // The BAR window this side's ring lives in, for a peer on this host
+  // reached over PCIe BARs: `DEVICE/BAR@OFFSET+LEN`, e.g.
+  // `0000:01:00.0/1@0+8M` (the device as `barlink topo` names it; bytes
+  // in decimal, `0x` hex or with K, M, G). NULL: none. Needs `peer_bar`;
+  // the peer names the same two windows, swapped. Read during the call
+  // only.
+  const char *own_bar;
+  // The BAR window the peer's ring lives in (which this side writes),
+  // as `own_bar`. NULL: none.
+  const char *peer_bar;
+  // The root the PCI topology and the BARs' `resourceN` files are read
+  // under; NULL: `/` (a fixture tree in tests).
+  const char *sysfs_root;
 } barlink_config;
 
 // One finished non-blocking send or receive (`barlink_poll`). This struct
@@ -280,7 +296,10 @@ enum barlink_status barlink_config_init(struct barlink_config *config);
 // Unix socket `@barlink/kv`, nothing stays behind after a crash), or an
 // address to listen on for peers on other nodes (`tcp://0.0.0.0:18616`,
 // `rdma://0.0.0.0:18515`, or `0.0.0.0:18515`: RDMA where this host has an
-// RDMA device, else TCP). Setup with other nodes is authenticated as
+// RDMA device, else TCP). A link name with `config->own_bar` and
+// `peer_bar` set is reached over those two BAR windows where the topology
+// allows peer-to-peer (each accept pairs the windows; nothing listens).
+// Setup with other nodes is authenticated as
 // `BARLINK_PSK_FILE` (or the other `BARLINK_*` key variables) say; without
 // any, the listen fails saying so. `config` may be NULL for the defaults;
 // accepted links use it. On success `*listener` is a new handle (close it
@@ -288,7 +307,8 @@ enum barlink_status barlink_config_init(struct barlink_config *config);
 //
 // # Safety
 // `name` is NULL or NUL-terminated; `config` is NULL or a `barlink_config`
-// of `config->struct_size` bytes; `listener` is NULL or writable.
+// of `config->struct_size` bytes whose string fields are NULL or
+// NUL-terminated; `listener` is NULL or writable.
 enum barlink_status barlink_listen(const char *name,
                                    const struct barlink_config *config,
                                    struct barlink_listener **listener);
@@ -320,7 +340,8 @@ enum barlink_status barlink_listener_close(struct barlink_listener *listener);
 //
 // # Safety
 // `name` is NULL or NUL-terminated; `config` is NULL or a `barlink_config`
-// of `config->struct_size` bytes; `link` is NULL or writable.
+// of `config->struct_size` bytes whose string fields are NULL or
+// NUL-terminated; `link` is NULL or writable.
 enum barlink_status barlink_connect(const char *name,
                                     const struct barlink_config *config,
                                     uint32_t timeout_ms,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::error::{Error, Result, boundary, last_error_ptr};
 use crate::link::RecvInto;
 use crate::payload::{CallerMemory, Region};
-use crate::peer::{ListenerCell, Setup, connect_link};
+use crate::peer::{ConfigTexts, ListenerCell, Setup, connect_link};
 use crate::registry;
 use crate::types::barlink_status::{self, *};
 use crate::types::{
@@ -162,11 +162,47 @@ unsafe fn read_config(config: *const barlink_config) -> Result<barlink_config> {
     let n = size.min(ours);
     raw[..n].copy_from_slice(&given[..n]);
     // SAFETY: `raw` holds size_of::<barlink_config>() bytes; every field is
-    // an integer, for which any bit pattern is valid; read_unaligned needs
+    // an integer or a raw pointer, for which any bit pattern is valid (the
+    // pointers are only read through `config_text`); read_unaligned needs
     // no alignment.
     let mut parsed = unsafe { ptr::read_unaligned(raw.as_ptr().cast::<barlink_config>()) };
     parsed.struct_size = ours as u32;
     Ok(parsed)
+}
+
+/// A string field of a config as UTF-8; NULL is `None`.
+///
+/// # Safety
+/// `text` is NULL or NUL-terminated, readable for the call.
+unsafe fn config_text(text: *const c_char, field: &str) -> Result<Option<String>> {
+    if text.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    let text = unsafe { CStr::from_ptr(text) };
+    text.to_str()
+        .map(|text| Some(text.to_string()))
+        .map_err(|_| Error::invalid(format!("config.{field} is not UTF-8")))
+}
+
+/// A caller's config checked, its strings read.
+///
+/// # Safety
+/// `config` as for `read_config`; its string fields, where its
+/// `struct_size` covers them, are NULL or NUL-terminated.
+unsafe fn read_setup(config: *const barlink_config) -> Result<Setup> {
+    // SAFETY: forwarded caller contract.
+    let config = unsafe { read_config(config)? };
+    // SAFETY: forwarded caller contract; fields the caller's struct did not
+    // cover were zeroed by read_config, so they are NULL.
+    let texts = unsafe {
+        ConfigTexts {
+            own_bar: config_text(config.own_bar, "own_bar")?,
+            peer_bar: config_text(config.peer_bar, "peer_bar")?,
+            sysfs_root: config_text(config.sysfs_root, "sysfs_root")?,
+        }
+    };
+    Setup::new(&config, texts)
 }
 
 // ---------------------------------------------------------------- version
@@ -238,7 +274,10 @@ pub unsafe extern "C" fn barlink_config_init(config: *mut barlink_config) -> bar
 /// Unix socket `@barlink/kv`, nothing stays behind after a crash), or an
 /// address to listen on for peers on other nodes (`tcp://0.0.0.0:18616`,
 /// `rdma://0.0.0.0:18515`, or `0.0.0.0:18515`: RDMA where this host has an
-/// RDMA device, else TCP). Setup with other nodes is authenticated as
+/// RDMA device, else TCP). A link name with `config->own_bar` and
+/// `peer_bar` set is reached over those two BAR windows where the topology
+/// allows peer-to-peer (each accept pairs the windows; nothing listens).
+/// Setup with other nodes is authenticated as
 /// `BARLINK_PSK_FILE` (or the other `BARLINK_*` key variables) say; without
 /// any, the listen fails saying so. `config` may be NULL for the defaults;
 /// accepted links use it. On success `*listener` is a new handle (close it
@@ -246,7 +285,8 @@ pub unsafe extern "C" fn barlink_config_init(config: *mut barlink_config) -> bar
 ///
 /// # Safety
 /// `name` is NULL or NUL-terminated; `config` is NULL or a `barlink_config`
-/// of `config->struct_size` bytes; `listener` is NULL or writable.
+/// of `config->struct_size` bytes whose string fields are NULL or
+/// NUL-terminated; `listener` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn barlink_listen(
     name: *const c_char,
@@ -260,7 +300,7 @@ pub unsafe extern "C" fn barlink_listen(
         // SAFETY: forwarded caller contracts.
         let name = unsafe { name_arg(name)? };
         // SAFETY: forwarded caller contract.
-        let setup = Setup::new(&unsafe { read_config(config)? })?;
+        let setup = unsafe { read_setup(config)? };
         let cell = ListenerCell::bind(&name, setup)?;
         let value = registry::insert_listener(Arc::new(cell))?;
         // SAFETY: as above.
@@ -317,7 +357,8 @@ pub extern "C" fn barlink_listener_close(listener: *mut barlink_listener) -> bar
 ///
 /// # Safety
 /// `name` is NULL or NUL-terminated; `config` is NULL or a `barlink_config`
-/// of `config->struct_size` bytes; `link` is NULL or writable.
+/// of `config->struct_size` bytes whose string fields are NULL or
+/// NUL-terminated; `link` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn barlink_connect(
     name: *const c_char,
@@ -332,7 +373,7 @@ pub unsafe extern "C" fn barlink_connect(
         // SAFETY: forwarded caller contracts.
         let name = unsafe { name_arg(name)? };
         // SAFETY: forwarded caller contract.
-        let setup = Setup::new(&unsafe { read_config(config)? })?;
+        let setup = unsafe { read_setup(config)? };
         let cell = connect_link(&name, setup, millis(timeout_ms))?;
         let value = registry::insert_link(cell)?;
         // SAFETY: as above.

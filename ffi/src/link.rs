@@ -50,14 +50,9 @@ const MAX_WINDOW_BYTES: u64 = 4 << 30;
 pub(crate) fn link_config(config: &barlink_config) -> Result<LinkConfig> {
     match config.transport {
         0 | 1 => {}
-        2 => {
-            return Err(Error::new(
-                BARLINK_NOT_AVAILABLE,
-                "BARLINK_TRANSPORT_BAR: BAR windows over VFIO are not available in this build yet",
-            ));
-        }
-        // RDMA is a forced path for rdma:// and HOST:PORT peers (peer.rs).
-        3 => {}
+        // Forced paths: BAR P2P for a local peer over the windows the
+        // config names, RDMA for rdma:// and HOST:PORT peers (peer.rs).
+        2 | 3 => {}
         other => {
             return Err(Error::invalid(format!(
                 "transport {other} is not a barlink_transport value"

@@ -4,16 +4,20 @@
 //! listeners that accept them.
 //!
 //! Local names go straight to the transport, whose setup errors are typed
-//! (name in use, no listener, a peer not allowed); peers on other nodes go
-//! through the facade's path choice and its authenticated setup (a
-//! pre-shared key or pinned keys from `BARLINK_PSK_FILE`, ...).
+//! (name in use, no listener, a peer not allowed); peers on other nodes,
+//! and local peers whose BAR windows the config names, go through the
+//! facade's path choice and its setup (authenticated with a pre-shared key
+//! or pinned keys from `BARLINK_PSK_FILE`, ... for other nodes).
 #![forbid(unsafe_code)]
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use barlink::connect::AnyLink;
-use barlink::{ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Peer, Role};
+use barlink::{
+    BarEnds, ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Peer, Role,
+};
 use barlink_transport::link::{LinkConfig, Listener, SetupError};
 
 use crate::error::{Error, Result};
@@ -27,27 +31,47 @@ use crate::types::{BARLINK_CONFIG_PROGRESS_THREAD, barlink_config};
 const MAX_NAME_LEN: usize = 100;
 
 /// `barlink_transport` values.
+const TRANSPORT_BAR: u32 = 2;
 const TRANSPORT_RDMA: u32 = 3;
 
-/// A caller's config, checked: the ring and engine settings, and the
-/// transport it asked for.
+/// The string fields of a caller's config, read.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConfigTexts {
+    pub(crate) own_bar: Option<String>,
+    pub(crate) peer_bar: Option<String>,
+    pub(crate) sysfs_root: Option<String>,
+}
+
+/// A caller's config, checked: the ring and engine settings, the transport
+/// it asked for, and the BAR windows it named.
 #[derive(Debug, Clone)]
 pub(crate) struct Setup {
     link: LinkConfig,
     transport: u32,
     progress_thread: bool,
+    bars: Option<BarEnds>,
+    sysfs_root: PathBuf,
 }
 
 impl Setup {
-    pub(crate) fn new(config: &barlink_config) -> Result<Setup> {
+    pub(crate) fn new(config: &barlink_config, texts: ConfigTexts) -> Result<Setup> {
+        let bars = BarEnds::from_texts(texts.own_bar.as_deref(), texts.peer_bar.as_deref())
+            .map_err(|e| Error::invalid(format!("config: {e}")))?;
+        if config.transport == TRANSPORT_BAR && bars.is_none() {
+            return Err(Error::invalid(
+                "BARLINK_TRANSPORT_BAR needs the two BAR windows: set config.own_bar and config.peer_bar",
+            ));
+        }
         Ok(Setup {
             link: link_config(config)?,
             transport: config.transport,
             progress_thread: config.flags & BARLINK_CONFIG_PROGRESS_THREAD != 0,
+            bars,
+            sysfs_root: PathBuf::from(texts.sysfs_root.as_deref().unwrap_or("/")),
         })
     }
 
-    /// The facade's options for a peer on another node.
+    /// The facade's options for a peer it sets up.
     fn connect_options(&self, timeout: Duration) -> ConnectOptions {
         ConnectOptions {
             engine: self.link.engine.clone(),
@@ -55,7 +79,13 @@ impl Setup {
             allow: self.link.allow.clone(),
             window_len: self.link.window_len,
             shm: self.link.shm.clone(),
-            force: (self.transport == TRANSPORT_RDMA).then_some(PathKind::Rdma),
+            force: match self.transport {
+                TRANSPORT_RDMA => Some(PathKind::Rdma),
+                TRANSPORT_BAR => Some(PathKind::BarP2p),
+                _ => None,
+            },
+            bars: self.bars.clone(),
+            sysfs_root: self.sysfs_root.clone(),
             ..ConnectOptions::default()
         }
     }
@@ -63,10 +93,11 @@ impl Setup {
 
 /// Who a name points at.
 enum Target {
-    /// A link name on this host.
+    /// A link name on this host, over host shared memory.
     Local(String),
-    /// A peer on another node.
-    Remote(Peer),
+    /// A peer the facade sets up: on another node, or on this host over
+    /// the BAR windows the config names.
+    Facade(Peer),
 }
 
 fn target(name: &str, setup: &Setup) -> Result<Target> {
@@ -88,9 +119,16 @@ fn target(name: &str, setup: &Setup) -> Result<Target> {
                     ),
                 ));
             }
-            Ok(Target::Local(name))
+            if setup.bars.is_some() {
+                Ok(Target::Facade(Peer::Local { name }))
+            } else {
+                Ok(Target::Local(name))
+            }
         }
-        remote => Ok(Target::Remote(remote)),
+        _ if setup.bars.is_some() => Err(Error::invalid(format!(
+            "config.own_bar and peer_bar name BAR windows on this host, but {name:?} is a peer on another node"
+        ))),
+        remote => Ok(Target::Facade(remote)),
     }
 }
 
@@ -157,7 +195,7 @@ pub(crate) enum ListenerCell {
         listener: Listener,
         setup: Setup,
     },
-    Remote {
+    Facade {
         /// Boxed: it holds the setup options of every medium.
         listener: Box<barlink::Listener>,
         setup: Setup,
@@ -171,9 +209,9 @@ impl ListenerCell {
                 listener: Listener::bind(&name).map_err(setup_error)?,
                 setup,
             },
-            Target::Remote(peer) => {
+            Target::Facade(peer) => {
                 let options = setup.connect_options(setup.link.setup_timeout);
-                ListenerCell::Remote {
+                ListenerCell::Facade {
                     listener: Box::new(
                         barlink::Listener::bind(&peer, &options).map_err(connect_error)?,
                     ),
@@ -194,7 +232,7 @@ impl ListenerCell {
                 let link = listener.accept(&config).map_err(setup_error)?;
                 (local_connection(link), setup)
             }
-            ListenerCell::Remote { listener, setup } => {
+            ListenerCell::Facade { listener, setup } => {
                 let link = listener.accept_within(timeout).map_err(connect_error)?;
                 (link, setup)
             }
@@ -209,7 +247,7 @@ impl ListenerCell {
             ListenerCell::Local { .. } => {
                 "host-bounce: a link name on this host: rings in host shared memory".to_string()
             }
-            ListenerCell::Remote { listener, .. } => listener.decision().to_string(),
+            ListenerCell::Facade { listener, .. } => listener.decision().to_string(),
         }
     }
 }
@@ -225,7 +263,7 @@ pub(crate) fn connect_link(name: &str, setup: Setup, timeout: Duration) -> Resul
             };
             local_connection(barlink_transport::link::connect(&name, &config).map_err(setup_error)?)
         }
-        Target::Remote(peer) => {
+        Target::Facade(peer) => {
             barlink::connect(&peer, Role::Connect, &setup.connect_options(timeout))
                 .map_err(connect_error)?
         }

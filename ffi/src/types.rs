@@ -8,12 +8,14 @@
 // The names are the C names: the header is generated from them.
 #![allow(non_camel_case_types)]
 
+use std::ffi::c_char;
+
 /// Major version of the C ABI: it changes only when a program built against
 /// an older header could break. Compare with `barlink_abi_version() >> 16`.
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
 /// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 4;
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 5;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.
@@ -100,7 +102,10 @@ pub enum barlink_transport {
     /// Shared-memory windows between processes on one host (memfd): what a
     /// link name gets.
     BARLINK_TRANSPORT_SHM = 1,
-    /// PCIe BAR windows over VFIO: not available through the C ABI yet.
+    /// The two BAR windows `own_bar` and `peer_bar` name, and nothing else:
+    /// packets written straight into the peer device's BAR, whatever the
+    /// topology says (the default asks it first and may bounce through host
+    /// memory; `barlink_link_path` says what it would have picked).
     BARLINK_TRANSPORT_BAR = 2,
     /// RDMA over ibverbs, and nothing else: an address without an RDMA
     /// device here is `BARLINK_NOT_AVAILABLE` rather than TCP.
@@ -111,7 +116,7 @@ pub enum barlink_transport {
 /// `struct_size = sizeof(barlink_config)`): every field left zero takes its
 /// default. Later versions only add fields at the end.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct barlink_config {
     /// `sizeof(barlink_config)` as the caller's header declares it.
     pub struct_size: u32,
@@ -143,6 +148,43 @@ pub struct barlink_config {
     pub allow_gids: [u32; BARLINK_MAX_ALLOWED_IDS],
     /// Entries of `allow_gids` in use (0 to 8).
     pub allow_gid_count: u32,
+    /// The BAR window this side's ring lives in, for a peer on this host
+    /// reached over PCIe BARs: `DEVICE/BAR@OFFSET+LEN`, e.g.
+    /// `0000:01:00.0/1@0+8M` (the device as `barlink topo` names it; bytes
+    /// in decimal, `0x` hex or with K, M, G). NULL: none. Needs `peer_bar`;
+    /// the peer names the same two windows, swapped. Read during the call
+    /// only.
+    pub own_bar: *const c_char,
+    /// The BAR window the peer's ring lives in (which this side writes),
+    /// as `own_bar`. NULL: none.
+    pub peer_bar: *const c_char,
+    /// The root the PCI topology and the BARs' `resourceN` files are read
+    /// under; NULL: `/` (a fixture tree in tests).
+    pub sysfs_root: *const c_char,
+}
+
+impl Default for barlink_config {
+    /// Every field zero, every pointer NULL: the defaults, once
+    /// `struct_size` is set.
+    fn default() -> Self {
+        barlink_config {
+            struct_size: 0,
+            transport: 0,
+            window_bytes: 0,
+            max_message_bytes: 0,
+            mtu: 0,
+            peer_timeout_ms: 0,
+            flags: 0,
+            reserved: 0,
+            allow_uids: [0; BARLINK_MAX_ALLOWED_IDS],
+            allow_uid_count: 0,
+            allow_gids: [0; BARLINK_MAX_ALLOWED_IDS],
+            allow_gid_count: 0,
+            own_bar: std::ptr::null(),
+            peer_bar: std::ptr::null(),
+            sysfs_root: std::ptr::null(),
+        }
+    }
 }
 
 /// Counters of one link since it was set up (`barlink_get_stats`). Set
@@ -292,10 +334,14 @@ impl barlink_status {
     }
 }
 
-// The layouts the header promises; a change here is an ABI break.
+// The layouts the header promises; a change here is an ABI break. The
+// config's three string pointers make it 64-bit only: on a 32-bit target
+// it would gain padding, which `read_config` must never see.
 const _: () = {
     use std::mem::{align_of, size_of};
-    assert!(size_of::<barlink_config>() == 40 + 2 * 36 && align_of::<barlink_config>() == 8);
+    assert!(
+        size_of::<barlink_config>() == 40 + 2 * 36 + 3 * 8 && align_of::<barlink_config>() == 8
+    );
     assert!(size_of::<barlink_stats>() == 8 + 12 * 8 && align_of::<barlink_stats>() == 8);
     assert!(size_of::<barlink_completion>() == 32 && align_of::<barlink_completion>() == 8);
     assert!(size_of::<barlink_status>() == 4);

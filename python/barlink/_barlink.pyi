@@ -66,6 +66,8 @@ def connect(
     allow_any_user: bool = False,
     path: Optional[str] = None,
     sysfs_root: Union[str, PathLike[str]] = "/",
+    own_bar: Optional[str] = None,
+    peer_bar: Optional[str] = None,
 ) -> Link: ...
 class Exchange:
     """Sends `send_buf` over `send_to` while receiving exactly

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use barlink::{ConnectOptions, PathKind, Peer, Role};
+use barlink::{BarEnds, ConnectOptions, PathKind, Peer, Role};
 use barlink_topology::{PathPolicy, Topology, render};
 use barlink_transport::EngineConfig;
 use barlink_transport::auth::PeerAuth;
@@ -78,12 +78,16 @@ fn auth(
 /// TCP). `role`: "connect" goes to the peer, "accept" waits for it (for a
 /// remote peer, HOST:PORT is where to listen). `timeout`: seconds setup may
 /// take. Both sides must use the same `mtu` and `max_message_bytes`.
+/// `own_bar`/`peer_bar`: the BAR windows of a local peer reached over PCIe
+/// BARs (`DEVICE/BAR@OFFSET+LEN`), this side's ring and the peer's; the
+/// peer names the two swapped.
 #[pyfunction]
 #[pyo3(signature = (
     peer, role="connect", timeout=10.0, *, mtu=DEFAULT_MTU, window=None,
     max_message_bytes=1 << 30, peer_timeout=2.0, encrypt=false, psk_file=None,
     key_file=None, peer_keys=None, insecure=false, allow_uids=Vec::new(),
     allow_gids=Vec::new(), allow_any_user=false, path=None, sysfs_root=PathBuf::from("/"),
+    own_bar=None, peer_bar=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
@@ -105,8 +109,16 @@ pub fn connect(
     allow_any_user: bool,
     path: Option<&str>,
     sysfs_root: PathBuf,
+    own_bar: Option<&str>,
+    peer_bar: Option<&str>,
 ) -> PyResult<Link> {
     let peer: Peer = peer.parse().map_err(errors::connect_error)?;
+    let bars = BarEnds::from_texts(own_bar, peer_bar).map_err(PyValueError::new_err)?;
+    if bars.is_some() && !matches!(peer, Peer::Local { .. }) {
+        return Err(PyValueError::new_err(
+            "own_bar and peer_bar name BAR windows on this host, but the peer is on another node",
+        ));
+    }
     let role = match role {
         "connect" => Role::Connect,
         "accept" => Role::Accept,
@@ -133,6 +145,7 @@ pub fn connect(
         engine,
         setup_timeout: seconds("timeout", timeout)?,
         sysfs_root,
+        bars,
         force: path.map(path_kind).transpose()?,
         allow: AllowedPeers {
             uids: allow_uids,

@@ -1,7 +1,9 @@
-"""asyncio, and the platform documents every face reports."""
+"""asyncio, BAR windows named in text, and the platform documents every
+face reports."""
 
 import asyncio
 import os
+import threading
 
 import pytest
 
@@ -64,3 +66,77 @@ def test_cpu_names_the_kernels():
     cpu = barlink.cpu()
     assert cpu["model"]
     assert cpu["copy_crc_kernel"]
+
+
+def bar_tree(root):
+    """A sysfs tree of two devices whose BAR 2 files are ordinary files
+    (mapped as BARs are); returns the window text of each."""
+    windows = []
+    for slot in range(2):
+        bdf = f"0000:00:1{slot}.0"
+        dev = root / "sys/bus/pci/devices" / bdf
+        dev.mkdir(parents=True)
+        (dev / "vendor").write_text("0x1af4\n")
+        (dev / "device").write_text("0x1110\n")
+        (dev / "class").write_text("0x050000\n")
+        empty = "0x0000000000000000 0x0000000000000000 0x0000000000000000"
+        start = 0xF000_0000 + slot * (16 << 20)
+        lines = [empty] * 13
+        lines[2] = f"{start:#018x} {start + (16 << 20) - 1:#018x} 0x000000000014220c"
+        (dev / "resource").write_text("\n".join(lines) + "\n")
+        with open(dev / "resource2", "wb") as f:
+            f.truncate(16 << 20)
+        windows.append(f"{bdf}/2@0+8M")
+    return windows
+
+
+def test_bar_windows_carry_a_link_between_two_threads(name, tmp_path):
+    own, peer = bar_tree(tmp_path)
+    got = {}
+
+    def accept():
+        with barlink.connect(
+            name, "accept", 10.0, own_bar=peer, peer_bar=own, sysfs_root=tmp_path
+        ) as link:
+            got["path"] = link.path
+            got["messages"] = [link.recv(timeout=10) for _ in range(3)]
+            link.send(b"done")
+            link.recv(timeout=10)
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    messages = [os.urandom(n) for n in (1, 100_000, 3 << 20)]
+    with barlink.connect(
+        name, "connect", 10.0, own_bar=own, peer_bar=peer, sysfs_root=tmp_path
+    ) as link:
+        assert link.path.startswith("bar-p2p: "), link.path
+        for message in messages:
+            link.send(message)
+        assert link.recv(timeout=10) == b"done"
+        link.send(b"bye")
+        assert link.stats()["crc_failures"] == 0
+    thread.join(timeout=20)
+    assert got["messages"] == messages
+    assert got["path"].startswith("bar-p2p: ")
+
+
+@pytest.mark.parametrize(
+    "peer, bars, match",
+    [
+        ("local:x", dict(own_bar="0000:00:10.0/2+8M"), "peer_bar is not"),
+        ("local:x", dict(peer_bar="0000:00:10.0/2+8M"), "own_bar is not"),
+        (
+            "local:x",
+            dict(own_bar="0000:00:10.0", peer_bar="0000:00:11.0/2+8M"),
+            "DEVICE/BAR@OFFSET",
+        ),
+        (
+            "tcp://127.0.0.1:1",
+            dict(own_bar="0000:00:10.0/2+8M", peer_bar="0000:00:11.0/2+8M"),
+            "another node",
+        ),
+    ],
+)
+def test_bad_bar_windows_are_value_errors(peer, bars, match):
+    with pytest.raises(ValueError, match=match):
+        barlink.connect(peer, "connect", 1.0, **bars)

@@ -297,7 +297,22 @@ int main(void) {
     check("listen(struct_size 0)", barlink_listen(name, &bad, &listener), BARLINK_INVALID_ARGUMENT);
     bad = config;
     bad.transport = BARLINK_TRANSPORT_BAR;
-    check("listen(BAR transport)", barlink_listen(name, &bad, &listener), BARLINK_NOT_AVAILABLE);
+    check("listen(BAR transport, no windows)", barlink_listen(name, &bad, &listener),
+          BARLINK_INVALID_ARGUMENT);
+    check_true("the refusal names own_bar and peer_bar",
+               strstr(barlink_last_error(), "own_bar and config.peer_bar") != NULL);
+    bad = config;
+    bad.own_bar = "0000:01:00.0/1@0+8M";
+    check("listen(own_bar without peer_bar)", barlink_listen(name, &bad, &listener),
+          BARLINK_INVALID_ARGUMENT);
+    bad.peer_bar = "0000:02:00.0";
+    check("connect(a malformed peer_bar)", barlink_connect(name, &bad, 10, &(barlink_link *){NULL}),
+          BARLINK_INVALID_ARGUMENT);
+    check_true("the refusal shows the form",
+               strstr(barlink_last_error(), "DEVICE/BAR@OFFSET+LEN") != NULL);
+    bad.peer_bar = "0000:02:00.0/1@0+8M";
+    check("listen(BAR windows for a peer on another node)",
+          barlink_listen("tcp://127.0.0.1:1", &bad, &listener), BARLINK_INVALID_ARGUMENT);
     bad = config;
     bad.transport = BARLINK_TRANSPORT_RDMA;
     check("listen(RDMA transport)", barlink_listen(name, &bad, &listener), BARLINK_NOT_AVAILABLE);
