@@ -22,29 +22,13 @@ use barlink::{BarEnds, BarRef, ConnectOptions, PathKind, Peer, Role, connect};
 #[path = "support/guest.rs"]
 mod guest_support;
 
-use guest_support::{in_guest, ivshmem_addresses as ivshmem};
+use guest_support::{enable_for_sysfs as enable, in_guest, ivshmem_addresses as ivshmem};
 
 const REGION: usize = 0xC0_0000;
 const REGION_LEN: usize = (2 << 20) + 256;
 const MESSAGES: u64 = 2_000;
 const TIMEOUT: Duration = Duration::from_secs(60);
 const CHILD_SPEC: &str = "BARLINK_CONNECT_GUEST_CHILD";
-
-/// Memory decoding on, for a mapping through sysfs: a device that vfio-pci
-/// held (the VFIO tests run first) is left bound and disabled, and its BAR
-/// would read all-ones. The kernel enables only a device with no driver.
-fn enable(device: &str) {
-    let dir = format!("/sys/bus/pci/devices/{device}");
-    if std::path::Path::new(&format!("{dir}/driver")).exists() {
-        std::fs::write(format!("{dir}/driver/unbind"), device)
-            .unwrap_or_else(|e| panic!("unbinding {device}: {e}"));
-    }
-    let on = std::fs::read_to_string(format!("{dir}/enable")).is_ok_and(|v| v.trim() != "0");
-    if !on {
-        std::fs::write(format!("{dir}/enable"), "1")
-            .unwrap_or_else(|e| panic!("enabling {device}: {e}"));
-    }
-}
 
 fn options(own: &str, peer: &str) -> ConnectOptions {
     let bar = |device: &str| BarRef {

@@ -12,7 +12,8 @@
 //   kv_transfer [--layers N] [--blocks N] [--block-tokens N] [--name PEER]
 //               [--role both|prefill|decode] [--seed S] [--inflight N]
 //               [--expect-seed S] [--own-bar W --peer-bar W]
-//               [--sysfs-root DIR]
+//               [--sysfs-root DIR] [--setup-timeout-ms MS]
+//               [--peer-timeout-ms MS]
 //
 // --name PEER is where decode listens and prefill connects: a link name on
 // this host (the default), or tcp://HOST:PORT or rdma://HOST:PORT to run
@@ -23,6 +24,9 @@
 // DEVICE/BAR@OFFSET+LEN (e.g. 0000:01:00.0/1@0+8M): two GPUs of this host
 // then exchange the blocks over PCIe BARs where the topology allows it
 // (prefill takes the two swapped). --sysfs-root reads sysfs elsewhere.
+// --setup-timeout-ms: how long decode waits for prefill and prefill for
+// decode (10 s). --peer-timeout-ms: how long the other side may be silent
+// before the link counts it lost (emulated test beds are slow).
 //
 // --expect-seed makes decode verify against another seed than the one the
 // plan names: every block then mismatches (a test that mismatches are caught).
@@ -99,11 +103,14 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Where the link goes: the peer's name, and BAR windows when named (as
-// decode sees them).
+// Where the link goes and how: the peer's name, BAR windows when named
+// (as decode sees them), how long setup may wait for the other side, and
+// how long the peer may be silent (0: the default).
 struct Route {
     std::string name;
     std::string decode_bar, prefill_bar, sysfs_root;
+    uint32_t setup_timeout_ms = 10000;
+    uint32_t peer_timeout_ms = 0;
 };
 
 barlink::Config link_config(const Route& route, bool is_decode) {
@@ -111,6 +118,7 @@ barlink::Config link_config(const Route& route, bool is_decode) {
     // 4 MiB rings, which stay in cache (8 MiB ones measured slower here).
     barlink::Config config;
     config.mtu(65536 + 128).sysfs_root(route.sysfs_root);
+    if (route.peer_timeout_ms != 0) config.peer_timeout_ms(route.peer_timeout_ms);
     if (is_decode)
         config.bars(route.decode_bar, route.prefill_bar);
     else
@@ -126,7 +134,7 @@ int prefill(const Plan& plan, const Route& route, size_t inflight) {
     // The pool outlives the link (declared first, destroyed last); the link
     // is closed before the buffer is deregistered.
     barlink::Buffer registered(pool.data(), pool.size());
-    barlink::Link link = barlink::Link::connect(route.name, link_config(route, false), 10000);
+    barlink::Link link = barlink::Link::connect(route.name, link_config(route, false), route.setup_timeout_ms);
     link.set_close_timeout_ms(5000);
     if (link.send(&plan, sizeof plan, 5000) != BARLINK_OK) {
         std::fprintf(stderr, "prefill: the plan could not be queued\n");
@@ -185,7 +193,7 @@ int prefill(const Plan& plan, const Route& route, size_t inflight) {
 
 int decode(const Route& route, const uint64_t* expect_seed) {
     barlink::Listener listener(route.name, link_config(route, true));
-    barlink::Link link = listener.accept(10000);
+    barlink::Link link = listener.accept(route.setup_timeout_ms);
     link.set_close_timeout_ms(5000);
     std::printf("decode: path %s\n", link.path().c_str());
 
@@ -245,7 +253,8 @@ int decode(const Route& route, const uint64_t* expect_seed) {
                  "usage: kv_transfer [--layers N] [--blocks N] [--block-tokens N] [--seed S]\n"
                  "                   [--inflight N] [--name NAME] [--role both|prefill|decode]\n"
                  "                   [--expect-seed S] [--own-bar W --peer-bar W]\n"
-                 "                   [--sysfs-root DIR]\n");
+                 "                   [--sysfs-root DIR] [--setup-timeout-ms MS]\n"
+                 "                   [--peer-timeout-ms MS]\n");
     std::exit(2);
 }
 
@@ -273,6 +282,8 @@ int main(int argc, char** argv) {
         else if (arg == "--own-bar") route.decode_bar = value;
         else if (arg == "--peer-bar") route.prefill_bar = value;
         else if (arg == "--sysfs-root") route.sysfs_root = value;
+        else if (arg == "--setup-timeout-ms") route.setup_timeout_ms = static_cast<uint32_t>(std::strtoul(value, nullptr, 10));
+        else if (arg == "--peer-timeout-ms") route.peer_timeout_ms = static_cast<uint32_t>(std::strtoul(value, nullptr, 10));
         else if (arg == "--role") role = value;
         else usage();
     }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use barlink::connect::AnyLink;
+use barlink::rdma::verbs_queue::RdmaLinkOptions;
 use barlink::{
     BarEnds, ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Peer, Role,
 };
@@ -51,6 +52,8 @@ pub(crate) struct Setup {
     progress_thread: bool,
     bars: Option<BarEnds>,
     sysfs_root: PathBuf,
+    /// RDMA device, GID and QP timeout from `BARLINK_RDMA_DEVICE`, ...
+    rdma: RdmaLinkOptions,
 }
 
 impl Setup {
@@ -68,6 +71,9 @@ impl Setup {
             progress_thread: config.flags & BARLINK_CONFIG_PROGRESS_THREAD != 0,
             bars,
             sysfs_root: PathBuf::from(texts.sysfs_root.as_deref().unwrap_or("/")),
+            rdma: RdmaLinkOptions::default()
+                .with_environment()
+                .map_err(Error::invalid)?,
         })
     }
 
@@ -86,6 +92,7 @@ impl Setup {
             },
             bars: self.bars.clone(),
             sysfs_root: self.sysfs_root.clone(),
+            rdma: self.rdma.clone(),
             ..ConnectOptions::default()
         }
     }

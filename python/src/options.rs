@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use barlink::rdma::verbs_queue::RdmaLinkOptions;
 use barlink::{BarEnds, ConnectOptions, PathKind, Peer, Role};
 use barlink_topology::{PathPolicy, Topology, render};
 use barlink_transport::EngineConfig;
@@ -155,6 +156,9 @@ pub fn connect(
         },
         encrypt,
         auth: auth(psk_file, key_file, peer_keys, insecure)?,
+        rdma: RdmaLinkOptions::default()
+            .with_environment()
+            .map_err(PyValueError::new_err)?,
         ..ConnectOptions::default()
     };
     let conn = py

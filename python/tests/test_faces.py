@@ -140,3 +140,9 @@ def test_bar_windows_carry_a_link_between_two_threads(name, tmp_path):
 def test_bad_bar_windows_are_value_errors(peer, bars, match):
     with pytest.raises(ValueError, match=match):
         barlink.connect(peer, "connect", 1.0, **bars)
+
+
+def test_a_bad_rdma_setting_in_the_environment_is_a_value_error(monkeypatch):
+    monkeypatch.setenv("BARLINK_GID_INDEX", "x")
+    with pytest.raises(ValueError, match='BARLINK_GID_INDEX="x"'):
+        barlink.connect("local:x", "connect", 1.0)

@@ -216,6 +216,47 @@ impl Default for RdmaLinkOptions {
     }
 }
 
+impl RdmaLinkOptions {
+    /// These options with what `BARLINK_RDMA_DEVICE`, `BARLINK_GID_INDEX`
+    /// and `BARLINK_QP_TIMEOUT` say, where set: the variables of `barlink
+    /// bench --rdma`'s options, for the faces (C, Python) that have no
+    /// fields for them. A value that is not one names the variable.
+    pub fn with_environment(self) -> Result<RdmaLinkOptions, String> {
+        self.with_variables(|name| std::env::var(name).ok())
+    }
+
+    /// [`RdmaLinkOptions::with_environment`] over any source of variables.
+    pub fn with_variables(
+        mut self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<RdmaLinkOptions, String> {
+        let set = |name: &str| var(name).filter(|value| !value.trim().is_empty());
+        let number = |name: &str, max: u8| -> Result<Option<u8>, String> {
+            set(name)
+                .map(|value| {
+                    value
+                        .trim()
+                        .parse::<u8>()
+                        .ok()
+                        .filter(|&n| n <= max)
+                        .ok_or_else(|| format!("{name}={value:?} is not a number from 0 to {max}"))
+                })
+                .transpose()
+        };
+        if let Some(device) = set("BARLINK_RDMA_DEVICE") {
+            self.device = Some(device.trim().to_string());
+        }
+        if let Some(gid) = number("BARLINK_GID_INDEX", u8::MAX)? {
+            self.gid_index = Some(gid);
+        }
+        // The QP's local ACK timeout is a 5-bit exponent.
+        if let Some(timeout) = number("BARLINK_QP_TIMEOUT", 31)? {
+            self.qp_timeout = timeout;
+        }
+        Ok(self)
+    }
+}
+
 /// Why an RDMA link could not be set up.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -539,5 +580,51 @@ fn hello(
         engine_mtu: config.mtu as u32,
         max_message_len: config.max_message_len,
         crc: config.crc,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(pairs: &[(&str, &str)]) -> Result<RdmaLinkOptions, String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        RdmaLinkOptions::default().with_variables(move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn the_environment_names_the_device_gid_and_qp_timeout() {
+        let options = from(&[
+            ("BARLINK_RDMA_DEVICE", "rxe0"),
+            ("BARLINK_GID_INDEX", "1"),
+            ("BARLINK_QP_TIMEOUT", " 18 "),
+        ])
+        .unwrap();
+        assert_eq!(options.device.as_deref(), Some("rxe0"));
+        assert_eq!(options.gid_index, Some(1));
+        assert_eq!(options.qp_timeout, 18);
+        let untouched = from(&[("BARLINK_RDMA_DEVICE", "")]).unwrap();
+        assert_eq!(untouched.device, None);
+        assert_eq!(untouched.qp_timeout, RdmaLinkOptions::default().qp_timeout);
+    }
+
+    #[test]
+    fn a_bad_value_names_its_variable() {
+        for (name, value) in [
+            ("BARLINK_QP_TIMEOUT", "32"),
+            ("BARLINK_QP_TIMEOUT", "slow"),
+            ("BARLINK_GID_INDEX", "-1"),
+        ] {
+            let error = from(&[(name, value)]).unwrap_err();
+            assert!(error.contains(name) && error.contains(value), "{error}");
+        }
     }
 }

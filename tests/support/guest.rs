@@ -1,6 +1,7 @@
 //! Helpers shared by the QEMU guest tests of every crate
 //! (`vfio/tests/guest.rs`, `rdma/tests/guest_link.rs`,
-//! `tests/connect_guest.rs`, `tests/rdma_guest.rs`, `tests/tcp_guest.rs`),
+//! `tests/connect_guest.rs`, `tests/rdma_guest.rs`, `tests/tcp_guest.rs`,
+//! `ffi/tests/guest.rs`),
 //! included with `#[path]`: how a test says it was skipped, which side of
 //! the two-guest phase it runs on, and how a child process is waited for
 //! without waiting forever.
@@ -68,6 +69,22 @@ pub fn ivshmem_addresses() -> [String; 4] {
     devices
         .try_into()
         .expect("BARLINK_VM_IVSHMEM: four addresses")
+}
+
+/// Memory decoding on, for a mapping through sysfs: a device that vfio-pci
+/// held (the VFIO tests run first) is left bound and disabled, and its BAR
+/// would read all-ones. The kernel enables only a device with no driver.
+pub fn enable_for_sysfs(device: &str) {
+    let dir = format!("/sys/bus/pci/devices/{device}");
+    if std::path::Path::new(&format!("{dir}/driver")).exists() {
+        std::fs::write(format!("{dir}/driver/unbind"), device)
+            .unwrap_or_else(|e| panic!("unbinding {device}: {e}"));
+    }
+    let on = std::fs::read_to_string(format!("{dir}/enable")).is_ok_and(|v| v.trim() != "0");
+    if !on {
+        std::fs::write(format!("{dir}/enable"), "1")
+            .unwrap_or_else(|e| panic!("enabling {device}: {e}"));
+    }
 }
 
 /// Waits for `child` at most `limit`; past it, kills it. The status, and

@@ -21,6 +21,7 @@ barlink-rdma  guest
 barlink-rdma  guest_link
 barlink       rdma_guest
 barlink       connect_guest
+barlink-ffi   guest
 "
 # The second phase: two guests wired by a QEMU socket netdev (server
 # 10.0.2.15, client 10.0.2.16). Each of these targets runs in both as
@@ -29,6 +30,7 @@ barlink       connect_guest
 TWO_GUEST_TARGETS="
 barlink       rdma_guest
 barlink       tcp_guest
+barlink-ffi   guest
 "
 # ---------------------------------------------------------------------------
 
@@ -389,6 +391,20 @@ build_tests() {
         tail -20 "$RUN/build-barlink.err"
         report FAIL "barlink CLI" "cargo build --bin barlink failed (above)"
     fi
+    # The C++ example, through the C ABI (linked statically: nothing to
+    # find at run time), for barlink-ffi's guest tests.
+    log "g++ examples/cpp/kv_transfer.cpp (static libbarlink_c)"
+    local target_dir=${CARGO_TARGET_DIR:-$REPO/target} kv_built=0
+    [[ $target_dir == /* ]] || target_dir=$REPO/$target_dir
+    if (cd "$REPO" && timeout 1200 cargo build -p barlink-ffi 2>"$RUN/build-kv.err") &&
+        g++ -std=c++17 -O2 -I"$REPO/ffi/include" "$REPO/examples/cpp/kv_transfer.cpp" \
+            -o "$RUN/share/bin/kv_transfer" "$target_dir/debug/libbarlink_c.a" \
+            -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc 2>>"$RUN/build-kv.err"; then
+        kv_built=1
+    else
+        tail -20 "$RUN/build-kv.err"
+        report FAIL "kv_transfer" "building the C++ example against libbarlink_c.a failed (above)"
+    fi
     # the host libraries the binaries need, with the loader they name, where
     # the initramfs lacks them or has other versions
     local b lib sum
@@ -417,6 +433,7 @@ export BARLINK_VM_EDU=0000:00:14.0
 export BARLINK_VM_BARLINK=/mnt/bins/bin/barlink
 export RUST_BACKTRACE=1
 EOF
+    [ "$kv_built" = 1 ] && echo "export BARLINK_VM_KV_TRANSFER=/mnt/bins/bin/kv_transfer" >>"$RUN/share/env"
     # extra variables for the guest's tests: BARLINK_LOG, and BARLINK_VM_GUEST_ENV="A=1 B=2"
     [ -n "${BARLINK_LOG:-}" ] && printf 'export BARLINK_LOG=%q\n' "$BARLINK_LOG" >>"$RUN/share/env"
     local kv

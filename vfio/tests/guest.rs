@@ -40,7 +40,9 @@
 //! 0x800000   4 MiB  guest_validate_cli_over_bars: `barlink validate`'s
 //!                   tested range (patterns, then a ring at its start);
 //!                   the host checks the rings' magic
-//! 0xC00000          (free up to 16 MiB)
+//! 0xC00000  2 MiB  tests/connect_guest.rs: the facade's BAR link
+//! 0xE10000  1.9 MiB ffi/tests/guest.rs: kv_transfer's BAR link
+//!                   (up to 0xFFFFFF)
 //! ```
 //! A link region: a 64 KiB handshake page (`READY` word at +0, written by
 //! the ring's owner once its ring is laid out; `DONE` word at +8, written by

@@ -313,6 +313,13 @@ int main(void) {
     bad.peer_bar = "0000:02:00.0/1@0+8M";
     check("listen(BAR windows for a peer on another node)",
           barlink_listen("tcp://127.0.0.1:1", &bad, &listener), BARLINK_INVALID_ARGUMENT);
+    /* No barlink thread runs yet: setenv cannot race a reader. */
+    setenv("BARLINK_QP_TIMEOUT", "99", 1);
+    check("listen(BARLINK_QP_TIMEOUT=99)", barlink_listen(name, &config, &listener),
+          BARLINK_INVALID_ARGUMENT);
+    check_true("the refusal names the variable",
+               strstr(barlink_last_error(), "BARLINK_QP_TIMEOUT=\"99\"") != NULL);
+    unsetenv("BARLINK_QP_TIMEOUT");
     bad = config;
     bad.transport = BARLINK_TRANSPORT_RDMA;
     check("listen(RDMA transport)", barlink_listen(name, &bad, &listener), BARLINK_NOT_AVAILABLE);
