@@ -8,6 +8,7 @@
  *
  *   ffi_bench [--sizes 64,4096,65536,1048576,16777216] [--windows 5]
  *             [--bytes-per-window 67108864] [--lat-iters 500] [--json]
+ *             [--modes c-send,c-post-send,c-post-send-buffer]
  *
  * scripts/ffi-bench.sh builds it and runs it beside `barlink bench --paths
  * barlink` (the Rust link) in the same run, for the ratios. One JSON object
@@ -37,6 +38,9 @@ static int windows = 5;
 static size_t bytes_per_window = 64u << 20;
 static int lat_iters = 500;
 static int json = 0;
+/* The modes measured, in turn within each window. */
+static enum mode modes[MODES] = {BLOCKING, POSTED, REGISTERED};
+static int mode_count = MODES;
 
 static void die(const char *what, barlink_status status) {
     fprintf(stderr, "ffi_bench: %s: %s (%s)\n", what, barlink_status_string(status),
@@ -86,7 +90,7 @@ static void child(const char *name, unsigned char *buf, size_t max) {
         fill(buf, size);
         expect[0] = buf[0];
         expect[1] = buf[size - 1];
-        for (int w = 0; w < windows * MODES; w++) {
+        for (int w = 0; w < windows * mode_count; w++) {
             for (size_t i = 0; i < count; i++) {
                 TRY("recv", barlink_recv(link, buf, max, &len, TIMEOUT_MS));
                 if (len != size || buf[0] != expect[0] || buf[size - 1] != expect[1]) {
@@ -158,16 +162,27 @@ static void parse(int argc, char **argv) {
             bytes_per_window = strtoull(argv[++i], NULL, 10);
         } else if (i + 1 < argc && !strcmp(argv[i], "--lat-iters")) {
             lat_iters = atoi(argv[++i]);
+        } else if (i + 1 < argc && !strcmp(argv[i], "--modes")) {
+            mode_count = 0;
+            for (char *p = strtok(argv[++i], ","); p; p = strtok(NULL, ",")) {
+                int m = 0;
+                while (m < MODES && strcmp(p, mode_names[m])) m++;
+                if (m == MODES || mode_count == MODES) {
+                    fprintf(stderr, "ffi_bench: --modes takes c-send, c-post-send, c-post-send-buffer\n");
+                    exit(2);
+                }
+                modes[mode_count++] = (enum mode)m;
+            }
         } else {
             fprintf(stderr, "usage: ffi_bench [--sizes N,N..] [--windows N] "
-                            "[--bytes-per-window N] [--lat-iters N] [--json]\n");
+                            "[--bytes-per-window N] [--lat-iters N] [--json] [--modes M,M..]\n");
             exit(2);
         }
     }
     for (int s = 0; s < size_count; s++)
         if (sizes[s] < 2) { fprintf(stderr, "ffi_bench: sizes must be at least 2\n"); exit(2); }
-    if (windows < 1 || lat_iters < 1 || size_count < 1) {
-        fprintf(stderr, "ffi_bench: --windows, --lat-iters and --sizes need at least 1\n");
+    if (windows < 1 || lat_iters < 1 || size_count < 1 || mode_count < 1) {
+        fprintf(stderr, "ffi_bench: --windows, --lat-iters, --sizes and --modes need at least 1\n");
         exit(2);
     }
 }
@@ -202,10 +217,10 @@ int main(int argc, char **argv) {
         size_t size = sizes[s], count = count_for(size), len;
         fill(data, size);
         for (int w = 0; w < windows; w++) {
-            for (int m = 0; m < MODES; m++) { /* the modes take turns */
+            for (int k = 0; k < mode_count; k++) { /* the modes take turns */
                 double t0 = now();
-                window(link, (enum mode)m, data, registered, size, count);
-                gbps[m][w % 64] = (double)(size * count) / (now() - t0) / 1e9;
+                window(link, modes[k], data, registered, size, count);
+                gbps[modes[k]][w % 64] = (double)(size * count) / (now() - t0) / 1e9;
             }
         }
         int iters = lat_iters < 4096 ? lat_iters : 4096;
@@ -216,7 +231,8 @@ int main(int argc, char **argv) {
             if (i < iters) lat[i] = (now() - t0) / 2 * 1e6;
         }
         double lat_p50 = median(lat, iters);
-        for (int m = 0; m < MODES; m++) {
+        for (int k = 0; k < mode_count; k++) {
+            int m = modes[k];
             double g = median(gbps[m], windows < 64 ? windows : 64);
             if (json)
                 printf("{\"path\":\"%s\",\"size_bytes\":%zu,\"gbps\":%.3f,\"lat_p50_us\":%.3f}\n",

@@ -413,8 +413,14 @@ impl LinkState {
             .map(|(status, message)| Error::new(*status, message.clone()))
     }
 
-    /// One round of progress: moves packets, takes delivered messages,
-    /// collects completions. Returns whether anything moved.
+    /// One round of progress: moves packets, takes as many delivered
+    /// messages as a receive is waiting for, collects completions.
+    /// Returns whether anything moved.
+    ///
+    /// Messages nobody waits for stay in the engine, holding the credit
+    /// they took, so a peer that sends faster than this side receives
+    /// waits for it: taking every message here let the sender run ahead
+    /// while they queued, each in a new buffer, without bound.
     pub(crate) fn step(&mut self) -> bool {
         let Some(link) = self.link.as_mut() else {
             self.settle_recvs();
@@ -422,17 +428,37 @@ impl LinkState {
         };
         let before = activity(link.engine_stats());
         let mut ended = None;
-        loop {
+        let wanted = self.recvs.len().max(1);
+        // Whether a round of progress ran after the last message taken:
+        // taking one frees credit and releases an acknowledgement held
+        // back for a reply, which only a round sends.
+        let mut settled = false;
+        while self.received.len() < wanted {
             match link.try_recv_delivery() {
                 Ok(Some(delivery)) => {
                     self.message_bytes_received += delivery.len() as u64;
                     self.received.push_back(delivery);
                 }
-                Ok(None) => break,
-                Err(error) => {
-                    ended = Some(error);
+                Ok(None) => {
+                    settled = true;
                     break;
                 }
+                Err(error) => {
+                    ended = Some(error);
+                    settled = true;
+                    break;
+                }
+            }
+        }
+        if !settled && let Err(error) = link.progress().and_then(|_| link.check_open()) {
+            ended = Some(error);
+        }
+        if ended.is_some() {
+            // The link is over: keep every message delivered before the
+            // end (nothing more can come), then let it go.
+            while let Ok(Some(delivery)) = link.try_recv_delivery() {
+                self.message_bytes_received += delivery.len() as u64;
+                self.received.push_back(delivery);
             }
         }
         let moved = activity(link.engine_stats()) != before;
@@ -677,8 +703,15 @@ impl LinkState {
         }
         let mut moved = false;
         if self.received.is_empty() {
-            if let (Some(link), None, Some(target)) =
-                (self.link.as_mut(), into.posted, into.target.take())
+            // Lend the buffer only while the engine holds nothing of the
+            // peer's: a message already begun is delivered elsewhere and
+            // copied in, and a buffer lent meanwhile would catch the start
+            // of the next one, only to be taken back, its bytes moved to
+            // a buffer of the engine's, before the copy.
+            if let Some(link) = self.link.as_mut()
+                && into.posted.is_none()
+                && !link.holds_unreceived()
+                && let Some(target) = into.target.take()
             {
                 into.posted = Some(link.post_recv(Box::new(target)));
             }

@@ -413,6 +413,73 @@ fn too_small_buffers_lose_nothing() {
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
 
+/// A side that drives its link but receives nothing holds the sender
+/// back: the messages it has not taken keep the credit they took, so the
+/// sender completes about a window of them and no more, and nothing queues
+/// on the receiving side without bound. Everything then arrives, in order.
+#[test]
+fn a_receiver_that_takes_nothing_holds_the_sender_back() {
+    const MESSAGES: usize = 300;
+    const SIZE: usize = 64 << 10;
+    let (a, b) = pair(None);
+    // The receiver's calls drive its link, but none takes a message.
+    let receiver = drive(b);
+    let data = vec![0x5au8; SIZE];
+    let mut posted = 0;
+    let mut completed = 0;
+    let mut done = vec![
+        barlink_completion {
+            request: 0,
+            user_tag: 0,
+            bytes: 0,
+            status: BARLINK_OK,
+            reserved: 0,
+        };
+        64
+    ];
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    while std::time::Instant::now() < until {
+        let mut request = 0;
+        if posted < MESSAGES {
+            // SAFETY: data is a live slice; request is writable.
+            let status = unsafe {
+                barlink_post_send(a, data.as_ptr().cast(), SIZE, posted as u64, &mut request)
+            };
+            if status == BARLINK_OK {
+                posted += 1;
+            } else {
+                assert_eq!(status, BARLINK_WOULD_BLOCK, "{}", last_error());
+            }
+        }
+        let mut got = 0;
+        // SAFETY: done is writable for its length; got is writable.
+        let status = unsafe { barlink_poll(a, done.as_mut_ptr(), done.len(), &mut got) };
+        assert_eq!(status, BARLINK_OK, "{}", last_error());
+        completed += got;
+    }
+    // About a window: the ring's 4 MiB of 128 KiB packets, and what the
+    // receiving engine holds.
+    assert!(
+        completed < 100,
+        "{completed} of {posted} posted messages completed while the receiver took none"
+    );
+    drop(receiver);
+    let mut buf = vec![0u8; SIZE];
+    for index in 0..MESSAGES {
+        if index == posted {
+            assert_eq!(send(a, &data), BARLINK_OK, "{}", last_error());
+            posted += 1;
+        }
+        let driver = drive(a);
+        let (status, len) = recv(b, &mut buf, 5000);
+        drop(driver);
+        assert_eq!((status, len), (BARLINK_OK, SIZE), "message {index}");
+        assert!(buf == data, "message {index} differs");
+    }
+    assert_eq!(barlink_close(a, 2000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 2000), BARLINK_OK);
+}
+
 /// `barlink_recv` lends its buffer to the link for the call: a message
 /// that began landing there and did not finish moves to barlink's memory
 /// when the call returns, and arrives whole in a later call's buffer;
