@@ -279,8 +279,11 @@ fi
 # shellcheck disable=SC2086
 if run_check "C ABI benchmark builds (gcc -std=c11 -Werror, shared library)" "$logs/bench-build.log" \
     gcc -std=c11 -O2 -Wall -Wextra -Werror $cflags ffi/bench/ffi_bench.c -o "$work/ffi_bench" $libs $rpath; then
-    run_check "C ABI benchmark smoke run (64 B and 64 KiB, every mode, checked by the receiver)" "$logs/bench.log" \
-        "$work/ffi_bench" --sizes 64,65536 --windows 1 --bytes-per-window 1048576 --lat-iters 10 || true
+    for how in in-place copy; do
+        run_check "C ABI benchmark smoke run (64 B and 64 KiB, every mode, received $how, checked by the receiver)" \
+            "$logs/bench-$how.log" "$work/ffi_bench" --sizes 64,65536 --windows 1 --bytes-per-window 1048576 \
+            --lat-iters 10 --recv "$how" || true
+    done
 fi
 
 # --- 6. under AddressSanitizer and UndefinedBehaviorSanitizer -----------------

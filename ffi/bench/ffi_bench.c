@@ -3,12 +3,15 @@
  * barlink_post_send + barlink_poll (copying), and with
  * barlink_post_send_buffer (zero-copy from a registered buffer); and the
  * one-way latency of a message there and back, halved. The child receives
- * with barlink_recv into its own buffer and checks the first and last
+ * in place (barlink_recv_message, then barlink_release_message: the Rust
+ * link's receive, no copy after the checked one) or, with --recv copy,
+ * with barlink_recv into its own buffer; it checks the first and last
  * bytes of every message. Default config throughout (barlink_config_init).
  *
  *   ffi_bench [--sizes 64,4096,65536,1048576,16777216] [--windows 5]
  *             [--bytes-per-window 67108864] [--lat-iters 500] [--json]
  *             [--modes c-send,c-post-send,c-post-send-buffer]
+ *             [--recv in-place|copy]
  *
  * scripts/ffi-bench.sh builds it and runs it beside `barlink bench --paths
  * barlink` (the Rust link) in the same run, for the ratios. One JSON object
@@ -41,6 +44,8 @@ static int json = 0;
 /* The modes measured, in turn within each window. */
 static enum mode modes[MODES] = {BLOCKING, POSTED, REGISTERED};
 static int mode_count = MODES;
+/* How the child receives: in place (1) or copied into its buffer (0). */
+static int recv_in_place = 1;
 
 static void die(const char *what, barlink_status status) {
     fprintf(stderr, "ffi_bench: %s: %s (%s)\n", what, barlink_status_string(status),
@@ -79,6 +84,27 @@ static void fill(unsigned char *buf, size_t len) {
     for (size_t i = 0; i < len; i++) buf[i] = (unsigned char)(i * 131 + 7);
 }
 
+/* Receives the next message: copied into `buf`, or in place, its first
+ * and last bytes copied into `buf` (where the checks read them), then
+ * released. Returns its length. */
+static size_t receive(barlink_link *link, unsigned char *buf, size_t max) {
+    size_t len = 0;
+    if (!recv_in_place) {
+        TRY("recv", barlink_recv(link, buf, max, &len, TIMEOUT_MS));
+        return len;
+    }
+    barlink_message message;
+    TRY("recv_message", barlink_recv_message(link, &message, TIMEOUT_MS));
+    len = message.len;
+    if (len > max) die("a message longer than the largest size", BARLINK_BUFFER_TOO_SMALL);
+    if (len > 0) {
+        buf[0] = ((const unsigned char *)message.data)[0];
+        buf[len - 1] = ((const unsigned char *)message.data)[len - 1];
+    }
+    TRY("release_message", barlink_release_message(link, &message));
+    return len;
+}
+
 /* The receiver: for every size, windows of each mode (count messages, then
  * a one-byte "got them"), then the latency round trips. */
 static void child(const char *name, unsigned char *buf, size_t max) {
@@ -92,7 +118,7 @@ static void child(const char *name, unsigned char *buf, size_t max) {
         expect[1] = buf[size - 1];
         for (int w = 0; w < windows * mode_count; w++) {
             for (size_t i = 0; i < count; i++) {
-                TRY("recv", barlink_recv(link, buf, max, &len, TIMEOUT_MS));
+                len = receive(link, buf, max);
                 if (len != size || buf[0] != expect[0] || buf[size - 1] != expect[1]) {
                     fprintf(stderr, "ffi_bench: message of %zu bytes arrived wrong\n", size);
                     exit(1);
@@ -101,7 +127,7 @@ static void child(const char *name, unsigned char *buf, size_t max) {
             TRY("send ack", barlink_send(link, "k", 1, TIMEOUT_MS));
         }
         for (int i = 0; i < lat_iters; i++) {
-            TRY("recv ping", barlink_recv(link, buf, max, &len, TIMEOUT_MS));
+            len = receive(link, buf, max);
             TRY("send pong", barlink_send(link, buf, len, TIMEOUT_MS));
         }
     }
@@ -162,6 +188,13 @@ static void parse(int argc, char **argv) {
             bytes_per_window = strtoull(argv[++i], NULL, 10);
         } else if (i + 1 < argc && !strcmp(argv[i], "--lat-iters")) {
             lat_iters = atoi(argv[++i]);
+        } else if (i + 1 < argc && !strcmp(argv[i], "--recv")) {
+            const char *how = argv[++i];
+            if (strcmp(how, "in-place") && strcmp(how, "copy")) {
+                fprintf(stderr, "ffi_bench: --recv takes in-place or copy\n");
+                exit(2);
+            }
+            recv_in_place = !strcmp(how, "in-place");
         } else if (i + 1 < argc && !strcmp(argv[i], "--modes")) {
             mode_count = 0;
             for (char *p = strtok(argv[++i], ","); p; p = strtok(NULL, ",")) {
@@ -175,7 +208,8 @@ static void parse(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: ffi_bench [--sizes N,N..] [--windows N] "
-                            "[--bytes-per-window N] [--lat-iters N] [--json] [--modes M,M..]\n");
+                            "[--bytes-per-window N] [--lat-iters N] [--json] [--modes M,M..]\n"
+                            "                 [--recv in-place|copy]\n");
             exit(2);
         }
     }
@@ -208,8 +242,8 @@ int main(int argc, char **argv) {
     barlink_buffer *registered = NULL;
     TRY("register_buffer", barlink_register_buffer(data, max, &registered));
     if (!json) {
-        printf("# ffi_bench: barlink's C ABI (%s), default config, two processes\n",
-               barlink_version());
+        printf("# ffi_bench: barlink's C ABI (%s), default config, two processes, receiving %s\n",
+               barlink_version(), recv_in_place ? "in place" : "by copy");
         printf("# %10s  %-20s %9s %12s\n", "size", "path", "GB/s", "lat p50 us");
     }
     double gbps[MODES][64], lat[4096];

@@ -21,7 +21,8 @@
  *         barlink_post_send_buffer stays barlink's (read, never written)
  *         until its completion is reported or the link is closed: do not
  *         modify or free it before. Received messages are copied into the
- *         caller's buffer.
+ *         caller's buffer, or lent in place by barlink_recv_message until
+ *         barlink_release_message.
  *
  * THREADS All functions may be called from any thread. A link handle is
  *         internally locked: threads may share it (each message goes to
@@ -208,6 +209,19 @@ typedef struct barlink_config {
   const char *sysfs_root;
 } barlink_config;
 
+// A message received in place (`barlink_recv_message`): `len` bytes at
+// `data`, in barlink's memory. Read it there; do not write or free it.
+// It stays valid until `barlink_release_message` gives it back or the
+// link is closed. This struct is frozen: it never changes size or layout.
+typedef struct barlink_message {
+  // The message's first byte (not NULL, even for an empty message).
+  const void *data;
+  // The message's length in bytes.
+  size_t len;
+  // Which message this is, for `barlink_release_message`.
+  uint64_t id;
+} barlink_message;
+
 // One finished non-blocking send or receive (`barlink_poll`). This struct
 // is frozen: it never changes size or layout.
 typedef struct barlink_completion {
@@ -262,6 +276,9 @@ typedef struct barlink_stats {
   uint64_t credit_stalls;
   // Non-blocking sends posted and not yet reported complete.
   uint64_t requests_in_flight;
+  // Messages received in place (`barlink_recv_message`) and not yet
+  // given back with `barlink_release_message`. Since ABI version 0.5.
+  uint64_t messages_held;
 } barlink_stats;
 
 #ifdef __cplusplus
@@ -418,6 +435,33 @@ enum barlink_status barlink_recv(struct barlink_link *link,
                                  size_t capacity,
                                  size_t *len,
                                  uint32_t timeout_ms);
+
+// Receives the next message in place, waiting at most `timeout_ms` (0: do
+// one round of progress and return): on `BARLINK_OK`, `*message` says
+// where it lies in barlink's memory and how long it is. No copy is made
+// after the checked one out of the medium. Read it there, then give it
+// back with `barlink_release_message`; until then its memory is not
+// reused, so hold few at a time. Messages that arrived before the link
+// ended are still received; then the call returns why it ended.
+// `BARLINK_BUSY` while posted receives are pending (they come first). On
+// any status but `BARLINK_OK`, `*message` is zeroed.
+//
+// # Safety
+// `message` is NULL (refused) or writable.
+enum barlink_status barlink_recv_message(struct barlink_link *link,
+                                         struct barlink_message *message,
+                                         uint32_t timeout_ms);
+
+// Gives back a message `barlink_recv_message` lent: its memory goes on to
+// hold a later message, and `message->data` must not be read again. A
+// message this link did not lend (released already, from another link,
+// or changed) is refused with `BARLINK_INVALID_ARGUMENT`. Closing the link
+// releases every message still held.
+//
+// # Safety
+// `message` is NULL (refused) or points to a readable `barlink_message`.
+enum barlink_status barlink_release_message(struct barlink_link *link,
+                                            const struct barlink_message *message);
 
 // Drives the link until every message sent or posted so far is
 // acknowledged by the peer, for at most `timeout_ms`. `BARLINK_OK` even if

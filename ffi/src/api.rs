@@ -11,14 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result, boundary, last_error_ptr};
-use crate::link::RecvInto;
+use crate::held::Lent;
+use crate::link::{LinkState, RecvInto};
 use crate::payload::{CallerMemory, Region};
 use crate::peer::{ConfigTexts, ListenerCell, Setup, connect_link};
 use crate::registry;
 use crate::types::barlink_status::{self, *};
 use crate::types::{
     BARLINK_ABI_VERSION_MAJOR, BARLINK_ABI_VERSION_MINOR, barlink_buffer, barlink_completion,
-    barlink_config, barlink_link, barlink_listener, barlink_stats,
+    barlink_config, barlink_link, barlink_listener, barlink_message, barlink_stats,
 };
 
 /// Largest `struct_size` accepted: a guard against garbage, far above any
@@ -581,6 +582,80 @@ pub unsafe extern "C" fn barlink_recv(
                 Err(error)
             }
         }
+    })
+}
+
+/// Receives the next message in place, waiting at most `timeout_ms` (0: do
+/// one round of progress and return): on `BARLINK_OK`, `*message` says
+/// where it lies in barlink's memory and how long it is. No copy is made
+/// after the checked one out of the medium. Read it there, then give it
+/// back with `barlink_release_message`; until then its memory is not
+/// reused, so hold few at a time. Messages that arrived before the link
+/// ended are still received; then the call returns why it ended.
+/// `BARLINK_BUSY` while posted receives are pending (they come first). On
+/// any status but `BARLINK_OK`, `*message` is zeroed.
+///
+/// # Safety
+/// `message` is NULL (refused) or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_recv_message(
+    link: *mut barlink_link,
+    message: *mut barlink_message,
+    timeout_ms: u32,
+) -> barlink_status {
+    boundary("barlink_recv_message", || {
+        check_out(message, "message")?;
+        let empty = barlink_message {
+            data: ptr::null(),
+            len: 0,
+            id: 0,
+        };
+        // SAFETY: checked; writable by contract.
+        unsafe { put(message, empty) };
+        let cell = registry::link(key(link))?;
+        let lent = cell.blocking(millis(timeout_ms), LinkState::recv_message_step)?;
+        let received = barlink_message {
+            // The address of the held buffer, handed out as C's pointer;
+            // barlink itself never reads through this value.
+            data: ptr::without_provenance(lent.addr),
+            len: lent.len,
+            id: lent.id,
+        };
+        // SAFETY: as above.
+        unsafe { put(message, received) };
+        Ok(())
+    })
+}
+
+/// Gives back a message `barlink_recv_message` lent: its memory goes on to
+/// hold a later message, and `message->data` must not be read again. A
+/// message this link did not lend (released already, from another link,
+/// or changed) is refused with `BARLINK_INVALID_ARGUMENT`. Closing the link
+/// releases every message still held.
+///
+/// # Safety
+/// `message` is NULL (refused) or points to a readable `barlink_message`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_release_message(
+    link: *mut barlink_link,
+    message: *const barlink_message,
+) -> barlink_status {
+    boundary("barlink_release_message", || {
+        if message.is_null() {
+            return Err(Error::invalid("message is NULL"));
+        }
+        if !message.is_aligned() {
+            return Err(Error::invalid("message is misaligned"));
+        }
+        // SAFETY: non-null and aligned; readable by contract; every field
+        // is an integer or a raw pointer (any bit pattern is valid).
+        let message = unsafe { message.read() };
+        let cell = registry::link(key(link))?;
+        cell.lock()?.release_message(Lent {
+            addr: message.data.addr(),
+            len: message.len,
+            id: message.id,
+        })
     })
 }
 

@@ -28,6 +28,7 @@
 
 mod api;
 mod error;
+mod held;
 mod link;
 mod payload;
 mod peer;

@@ -28,6 +28,7 @@ use barlink_transport::ring::{CONTROL_LEN, Geometry};
 use barlink_transport::window::{HugePages, ShmOptions};
 
 use crate::error::{Error, Result};
+use crate::held::{HeldMessages, Lent};
 use crate::payload::{CallerMemory, Payload, Region};
 use crate::recv::{PostedRecvs, RECV_REQUEST};
 use crate::types::barlink_status::{self, *};
@@ -188,6 +189,8 @@ pub(crate) struct LinkState {
     requests: BTreeMap<u64, Request>,
     /// Posted receives not yet completed (`barlink_post_recv`).
     recvs: PostedRecvs,
+    /// Messages received in place and not yet released.
+    held: HeldMessages,
     /// Completions of posted sends not yet reported, by request id.
     done: BTreeMap<u64, barlink_completion>,
     /// `RingLink::completed` when last looked at.
@@ -279,6 +282,7 @@ impl LinkCell {
                 received: VecDeque::new(),
                 requests: BTreeMap::new(),
                 recvs: PostedRecvs::default(),
+                held: HeldMessages::default(),
                 done: BTreeMap::new(),
                 completed_seen: 0,
                 end: None,
@@ -691,16 +695,7 @@ impl LinkState {
         into: &mut RecvInto,
         deliver: &mut dyn FnMut(&[u8]),
     ) -> Result<Step<usize>> {
-        if !self.recvs.is_empty() {
-            return Err(Error::new(
-                BARLINK_BUSY,
-                format!(
-                    "{} posted receive(s) are pending and take the next messages first: \
-                     wait for their completions (barlink_poll) before barlink_recv",
-                    self.recvs.len()
-                ),
-            ));
-        }
+        self.refuse_while_posted("barlink_recv")?;
         let mut moved = false;
         if self.received.is_empty() {
             // Lend the buffer only while the engine holds nothing of the
@@ -760,6 +755,57 @@ impl LinkState {
             return Err(error);
         }
         Ok(Step::Again { moved })
+    }
+
+    /// Posted receives take the next messages first: a call that takes
+    /// one now would take it out of turn.
+    fn refuse_while_posted(&self, call: &str) -> Result<()> {
+        if self.recvs.is_empty() {
+            return Ok(());
+        }
+        Err(Error::new(
+            BARLINK_BUSY,
+            format!(
+                "{} posted receive(s) are pending and take the next messages first: \
+                 wait for their completions (barlink_poll) before {call}",
+                self.recvs.len()
+            ),
+        ))
+    }
+
+    /// One step of a receive in place: the next message's buffer is
+    /// handed to the caller as it lies (a message that landed in another
+    /// call's buffer is copied out first).
+    pub(crate) fn recv_message_step(&mut self) -> Result<Step<Lent>> {
+        self.refuse_while_posted("barlink_recv_message")?;
+        let mut moved = false;
+        if self.received.is_empty() {
+            moved = self.step();
+        }
+        if let Some(delivery) = self.received.pop_front() {
+            let data = match delivery {
+                Delivery::Message { data, .. } => data,
+                Delivery::Landed { recv, len, .. } => {
+                    let mut target = recv.into_target();
+                    target.bytes_mut()[..len].to_vec()
+                }
+            };
+            return Ok(Step::Done(self.held.hold(data)));
+        }
+        if let Some(error) = self.end_error() {
+            return Err(error);
+        }
+        Ok(Step::Again { moved })
+    }
+
+    /// Gives a message received in place back; its buffer goes on to hold
+    /// a later message.
+    pub(crate) fn release_message(&mut self, lent: Lent) -> Result<()> {
+        let data = self.held.release(lent)?;
+        if let Some(link) = self.link.as_mut() {
+            link.recycle(data);
+        }
+        Ok(())
     }
 
     /// Takes posted buffer `id` back from the link, and out of the
@@ -878,6 +924,7 @@ impl LinkState {
             credit_stalls: engine.credit_stalls,
             requests_in_flight: (self.requests.values().filter(|r| r.report).count()
                 + self.done.len()) as u64,
+            messages_held: self.held.len() as u64,
         }
     }
 }

@@ -8,7 +8,7 @@
 // The names are the C names: the header is generated from them.
 #![allow(non_camel_case_types)]
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 
 /// Major version of the C ABI: it changes only when a program built against
 /// an older header could break. Compare with `barlink_abi_version() >> 16`.
@@ -223,6 +223,9 @@ pub struct barlink_stats {
     pub credit_stalls: u64,
     /// Non-blocking sends posted and not yet reported complete.
     pub requests_in_flight: u64,
+    /// Messages received in place (`barlink_recv_message`) and not yet
+    /// given back with `barlink_release_message`. Since ABI version 0.5.
+    pub messages_held: u64,
 }
 
 /// One finished non-blocking send or receive (`barlink_poll`). This struct
@@ -245,6 +248,21 @@ pub struct barlink_completion {
     pub status: barlink_status,
     /// Zero.
     pub reserved: u32,
+}
+
+/// A message received in place (`barlink_recv_message`): `len` bytes at
+/// `data`, in barlink's memory. Read it there; do not write or free it.
+/// It stays valid until `barlink_release_message` gives it back or the
+/// link is closed. This struct is frozen: it never changes size or layout.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct barlink_message {
+    /// The message's first byte (not NULL, even for an empty message).
+    pub data: *const c_void,
+    /// The message's length in bytes.
+    pub len: usize,
+    /// Which message this is, for `barlink_release_message`.
+    pub id: u64,
 }
 
 /// A link between two processes. Opaque: never dereferenced by anyone, not
@@ -342,7 +360,8 @@ const _: () = {
     assert!(
         size_of::<barlink_config>() == 40 + 2 * 36 + 3 * 8 && align_of::<barlink_config>() == 8
     );
-    assert!(size_of::<barlink_stats>() == 8 + 12 * 8 && align_of::<barlink_stats>() == 8);
+    assert!(size_of::<barlink_stats>() == 8 + 13 * 8 && align_of::<barlink_stats>() == 8);
     assert!(size_of::<barlink_completion>() == 32 && align_of::<barlink_completion>() == 8);
+    assert!(size_of::<barlink_message>() == 24 && align_of::<barlink_message>() == 8);
     assert!(size_of::<barlink_status>() == 4);
 };

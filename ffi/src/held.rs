@@ -1,0 +1,95 @@
+//! Messages received in place (`barlink_recv_message`): the engine's
+//! buffer itself is handed to the caller, who reads it where it lies and
+//! gives it back with `barlink_release_message`. This is the Rust link's
+//! receive (a `Vec` taken, then recycled) for C: no copy after the checked
+//! one out of the ring.
+//!
+//! Each held message is identified by an id the caller passes back with
+//! the address and length it was given, so a release of something never
+//! handed out, or handed out by another link, is refused rather than
+//! freeing the wrong memory.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+
+/// The messages a link's caller holds, by id.
+#[derive(Debug, Default)]
+pub(crate) struct HeldMessages {
+    messages: HashMap<u64, Vec<u8>>,
+    next_id: u64,
+}
+
+/// What the caller is told of a held message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lent {
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+    pub(crate) id: u64,
+}
+
+impl HeldMessages {
+    /// Hands `data` to the caller. Its heap buffer does not move while
+    /// held (the `Vec` moves, its allocation does not).
+    pub(crate) fn hold(&mut self, data: Vec<u8>) -> Lent {
+        self.next_id += 1;
+        let lent = Lent {
+            addr: data.as_ptr().addr(),
+            len: data.len(),
+            id: self.next_id,
+        };
+        self.messages.insert(lent.id, data);
+        lent
+    }
+
+    /// Takes back the message the caller describes, if this link lent it
+    /// exactly so.
+    pub(crate) fn release(&mut self, lent: Lent) -> Result<Vec<u8>> {
+        let matches = self
+            .messages
+            .get(&lent.id)
+            .is_some_and(|data| data.as_ptr().addr() == lent.addr && data.len() == lent.len);
+        if !matches {
+            return Err(Error::invalid(format!(
+                "message {} ({} bytes) is not held from this link: released already, or from another link",
+                lent.id, lent.len
+            )));
+        }
+        Ok(self.messages.remove(&lent.id).expect("checked above"))
+    }
+
+    /// How many the caller holds.
+    pub(crate) fn len(&self) -> usize {
+        self.messages.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_comes_back_once_and_only_as_lent() {
+        let mut held = HeldMessages::default();
+        let first = held.hold(vec![1, 2, 3]);
+        let second = held.hold(Vec::new());
+        assert_ne!(first.id, second.id);
+        assert_eq!(held.len(), 2);
+        let wrong_len = Lent { len: 2, ..first };
+        assert!(held.release(wrong_len).is_err());
+        let wrong_addr = Lent {
+            addr: first.addr + 1,
+            ..first
+        };
+        assert!(held.release(wrong_addr).is_err());
+        assert_eq!(held.release(first).unwrap(), vec![1, 2, 3]);
+        let again = held.release(first).unwrap_err();
+        assert!(
+            format!("{again:?}").contains("released already"),
+            "{again:?}"
+        );
+        assert_eq!(held.release(second).unwrap(), Vec::<u8>::new());
+        assert_eq!(held.len(), 0);
+    }
+}
