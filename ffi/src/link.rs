@@ -29,7 +29,7 @@ use barlink_transport::window::{HugePages, ShmOptions};
 
 use crate::error::{Error, Result};
 use crate::held::{HeldMessages, Lent};
-use crate::payload::{CallerMemory, Payload, Region};
+use crate::payload::{CallerMemory, Payload, Region, SendBuffers};
 use crate::recv::{PostedRecvs, RECV_REQUEST};
 use crate::types::barlink_status::{self, *};
 use crate::types::{
@@ -191,6 +191,8 @@ pub(crate) struct LinkState {
     recvs: PostedRecvs,
     /// Messages received in place and not yet released.
     held: HeldMessages,
+    /// Buffers of finished copying sends, for the next ones.
+    send_buffers: Arc<SendBuffers>,
     /// Completions of posted sends not yet reported, by request id.
     done: BTreeMap<u64, barlink_completion>,
     /// `RingLink::completed` when last looked at.
@@ -283,6 +285,7 @@ impl LinkCell {
                 requests: BTreeMap::new(),
                 recvs: PostedRecvs::default(),
                 held: HeldMessages::default(),
+                send_buffers: Arc::default(),
                 done: BTreeMap::new(),
                 completed_seen: 0,
                 end: None,
@@ -617,7 +620,7 @@ impl LinkState {
     /// before allocating, and allocation failure without aborting.
     pub(crate) fn copy_payload(&self, data: &[u8]) -> Result<(Payload, Arc<AtomicBool>)> {
         self.check_len(data.len())?;
-        let mut bytes = Vec::new();
+        let mut bytes = self.send_buffers.take(data.len());
         bytes.try_reserve_exact(data.len()).map_err(|_| {
             Error::new(
                 BARLINK_OUT_OF_MEMORY,
@@ -626,7 +629,10 @@ impl LinkState {
         })?;
         bytes.extend_from_slice(data);
         let released = Arc::new(AtomicBool::new(false));
-        Ok((Payload::owned(bytes, Arc::clone(&released)), released))
+        Ok((
+            Payload::owned(bytes, Arc::clone(&self.send_buffers), Arc::clone(&released)),
+            released,
+        ))
     }
 
     /// One step of a blocking send of `payload` (taken out of `slot`).

@@ -118,8 +118,55 @@ impl Region {
     }
 }
 
+/// Buffers of finished copying sends, kept to copy the next messages
+/// into: an allocation per message costs page faults and zeroing by the
+/// kernel above the allocator's mmap threshold (128 KiB), at every send.
+#[derive(Debug, Default)]
+pub(crate) struct SendBuffers {
+    spares: Mutex<Vec<Vec<u8>>>,
+}
+
+/// Most spare send buffers a link keeps, and most bytes in all.
+const MAX_SPARE_SENDS: usize = 64;
+const MAX_SPARE_SEND_BYTES: usize = 64 << 20;
+
+impl SendBuffers {
+    fn spares(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        // A Vec of Vecs cannot be left half-updated: ignore poisoning.
+        self.spares.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An empty buffer that holds `len` bytes without growing if one is
+    /// kept (the newest such), else an empty new one.
+    pub(crate) fn take(&self, len: usize) -> Vec<u8> {
+        let mut spares = self.spares();
+        match spares.iter().rposition(|b| b.capacity() >= len) {
+            Some(at) => {
+                let mut buf = spares.swap_remove(at);
+                buf.clear();
+                buf
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Keeps `buf` for a later send, within the limits (the oldest go).
+    fn give(&self, buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > MAX_SPARE_SEND_BYTES {
+            return;
+        }
+        let mut spares = self.spares();
+        spares.push(buf);
+        let mut total: usize = spares.iter().map(Vec::capacity).sum();
+        while spares.len() > MAX_SPARE_SENDS || total > MAX_SPARE_SEND_BYTES {
+            total -= spares.remove(0).capacity();
+        }
+    }
+}
+
 enum Data {
-    Owned(Vec<u8>),
+    /// A copy barlink owns, and where its buffer goes once sent.
+    Owned(Vec<u8>, Arc<SendBuffers>),
     Registered {
         ptr: *const u8,
         len: usize,
@@ -142,7 +189,7 @@ unsafe impl Send for Payload {}
 impl fmt::Debug for Payload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.data {
-            Data::Owned(bytes) => write!(f, "Payload::Owned({} bytes)", bytes.len()),
+            Data::Owned(bytes, _) => write!(f, "Payload::Owned({} bytes)", bytes.len()),
             Data::Registered { ptr, len, .. } => {
                 write!(f, "Payload::Registered({len} bytes at {ptr:p})")
             }
@@ -151,10 +198,14 @@ impl fmt::Debug for Payload {
 }
 
 impl Payload {
-    /// A copy barlink owns.
-    pub(crate) fn owned(bytes: Vec<u8>, released: Arc<AtomicBool>) -> Payload {
+    /// A copy barlink owns; its buffer goes back to `buffers` once sent.
+    pub(crate) fn owned(
+        bytes: Vec<u8>,
+        buffers: Arc<SendBuffers>,
+        released: Arc<AtomicBool>,
+    ) -> Payload {
         Payload {
-            data: Data::Owned(bytes),
+            data: Data::Owned(bytes, buffers),
             released,
         }
     }
@@ -163,7 +214,7 @@ impl Payload {
 impl AsRef<[u8]> for Payload {
     fn as_ref(&self) -> &[u8] {
         match &self.data {
-            Data::Owned(bytes) => bytes,
+            Data::Owned(bytes, _) => bytes,
             Data::Registered { ptr, len, .. } => {
                 if *len == 0 {
                     return &[];
@@ -183,9 +234,12 @@ impl AsRef<[u8]> for Payload {
 
 impl Drop for Payload {
     fn drop(&mut self) {
-        if let Data::Registered { region, .. } = &self.data {
-            let mut state = region.state();
-            state.in_flight = state.in_flight.saturating_sub(1);
+        match &mut self.data {
+            Data::Registered { region, .. } => {
+                let mut state = region.state();
+                state.in_flight = state.in_flight.saturating_sub(1);
+            }
+            Data::Owned(bytes, buffers) => buffers.give(std::mem::take(bytes)),
         }
         self.released.store(true, Ordering::Release);
     }
@@ -243,5 +297,37 @@ impl barlink_transport::RecvTarget for CallerMemory {
         // handles of a posted receive only one is used at a time
         // (`duplicate`).
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_buffers_are_reused_within_their_limits() {
+        let buffers = SendBuffers::default();
+        assert_eq!(buffers.take(10).capacity(), 0);
+        for _ in 0..MAX_SPARE_SENDS + 6 {
+            buffers.give(vec![7u8; 1000]);
+        }
+        assert_eq!(buffers.spares().len(), MAX_SPARE_SENDS);
+        let reused = buffers.take(1000);
+        assert!(reused.is_empty() && reused.capacity() >= 1000);
+        // Too small for 2000 bytes: none fits.
+        assert_eq!(buffers.take(2000).capacity(), 0);
+        buffers.give(Vec::with_capacity(MAX_SPARE_SEND_BYTES + 1));
+        assert!(
+            buffers
+                .spares()
+                .iter()
+                .all(|b| b.capacity() <= MAX_SPARE_SEND_BYTES)
+        );
+        // Large ones push the oldest out: never more than the byte limit.
+        for _ in 0..8 {
+            buffers.give(Vec::with_capacity(16 << 20));
+        }
+        let total: usize = buffers.spares().iter().map(Vec::capacity).sum();
+        assert!(total <= MAX_SPARE_SEND_BYTES, "{total}");
     }
 }
