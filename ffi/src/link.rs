@@ -231,6 +231,12 @@ impl RecvInto {
     }
 }
 
+/// Idle rounds of a blocking call between two yields of the CPU, as the
+/// Rust link's waits.
+const SPINS_BEFORE_YIELD: u32 = 1024;
+/// Idle rounds between two reads of the clock in a blocking call.
+const CLOCK_EVERY_IDLE_ROUNDS: u32 = 16;
+
 /// What a blocking loop does after one step.
 pub(crate) enum Step<T> {
     Done(T),
@@ -325,19 +331,32 @@ impl LinkCell {
         mut step: impl FnMut(&mut LinkState) -> Result<Step<T>>,
     ) -> Result<T> {
         let start = Instant::now();
+        let mut idle_rounds: u32 = 0;
         loop {
             let outcome = step(&mut *self.lock()?)?;
             match outcome {
                 Step::Done(value) => return Ok(value),
                 Step::Again { moved } => {
-                    if start.elapsed() >= timeout {
+                    // While idle, read the clock every few rounds only, and
+                    // give the CPU up every SPINS_BEFORE_YIELD: a yield is a
+                    // system call, longer than a small message's way.
+                    if moved {
+                        idle_rounds = 0;
+                    } else {
+                        idle_rounds = idle_rounds.wrapping_add(1);
+                    }
+                    if (moved || idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS))
+                        && start.elapsed() >= timeout
+                    {
                         return Err(Error::new(
                             BARLINK_TIMEOUT,
                             format!("timed out after {} ms", timeout.as_millis()),
                         ));
                     }
-                    if !moved {
+                    if idle_rounds.is_multiple_of(SPINS_BEFORE_YIELD) && !moved {
                         std::thread::yield_now();
+                    } else if !moved {
+                        std::hint::spin_loop();
                     }
                 }
             }
