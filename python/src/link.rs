@@ -605,10 +605,18 @@ impl Link {
 
     /// Drives the link once (sends what is queued, takes what arrived);
     /// whether anything moved. Only needed by a caller that neither sends
-    /// nor receives for a while.
+    /// nor receives for a while. Raises why the link ended (`PeerLost`,
+    /// `LinkClosed`, ...) once it has, and nothing is left to receive.
     fn progress(&self, py: Python<'_>) -> PyResult<bool> {
         self.shared.wait(py, Some(0.0), "progress", |state, _| {
-            Ok(Some(state.conn()?.progress()?))
+            let conn = state.conn()?;
+            let moved = conn.progress()?;
+            // A loss or a close is recorded, not returned, by a round of
+            // progress: ask, once the messages that arrived are taken.
+            if !moved && !conn.holds_unreceived() {
+                conn.check_open()?;
+            }
+            Ok(Some(moved))
         })
     }
 
