@@ -1,0 +1,188 @@
+//! Receiving through the C ABI: in place (`barlink_recv_message`, held
+//! until released once), and the engine's flow control kept (a receiver
+//! that takes nothing holds its sender back).
+
+use std::ptr;
+
+use barlink_c::barlink_status::*;
+use barlink_c::*;
+
+mod support;
+
+use support::{completions, drive, expect, last_error, pair, post_recv, recv, send};
+
+fn recv_message(link: *mut barlink_link, timeout_ms: u32) -> (barlink_status, barlink_message) {
+    let mut message = barlink_message {
+        data: std::ptr::dangling(),
+        len: 99,
+        id: 99,
+    };
+    // SAFETY: message is writable.
+    let status = unsafe { barlink_recv_message(link, &mut message, timeout_ms) };
+    (status, message)
+}
+
+/// The bytes of a message received in place.
+fn held_bytes(message: &barlink_message) -> Vec<u8> {
+    // SAFETY: barlink lent `len` readable bytes at `data` until the
+    // message is released, which the caller does only after this copy.
+    unsafe { std::slice::from_raw_parts(message.data.cast::<u8>(), message.len) }.to_vec()
+}
+
+fn held_count(link: *mut barlink_link) -> u64 {
+    let mut stats = barlink_stats {
+        struct_size: std::mem::size_of::<barlink_stats>() as u32,
+        ..barlink_stats::default()
+    };
+    // SAFETY: a valid stats struct.
+    assert_eq!(unsafe { barlink_get_stats(link, &mut stats) }, BARLINK_OK);
+    stats.messages_held
+}
+
+/// Messages received in place are barlink's buffers, intact, held until
+/// released once; releasing anything else is refused; a timeout zeroes
+/// the message; posted receives come first.
+#[test]
+fn messages_received_in_place_are_held_until_released_once() {
+    let (a, b) = pair(None);
+    let driver = drive(a);
+    let big: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    let sent: [&[u8]; 3] = [b"x", &big, b""];
+    for data in sent {
+        assert_eq!(send(a, data), BARLINK_OK);
+    }
+    let mut held = Vec::new();
+    for data in sent {
+        let (status, message) = recv_message(b, 5000);
+        assert_eq!(status, BARLINK_OK, "{}", last_error());
+        assert!(!message.data.is_null());
+        assert_eq!(held_bytes(&message), data);
+        held.push(message);
+    }
+    assert_eq!(held_count(b), 3);
+    let (status, message) = recv_message(b, 10);
+    expect(status, BARLINK_TIMEOUT, "timed out");
+    assert!(message.data.is_null() && message.len == 0 && message.id == 0);
+    // SAFETY: every pointer is NULL on purpose or valid.
+    unsafe {
+        expect(
+            barlink_release_message(b, ptr::null()),
+            BARLINK_INVALID_ARGUMENT,
+            "message is NULL",
+        );
+        expect(
+            barlink_release_message(a, &held[1]),
+            BARLINK_INVALID_ARGUMENT,
+            "not held from this link",
+        );
+        let changed = barlink_message {
+            len: held[1].len - 1,
+            ..held[1]
+        };
+        expect(
+            barlink_release_message(b, &changed),
+            BARLINK_INVALID_ARGUMENT,
+            "not held from this link",
+        );
+        expect(
+            barlink_recv_message(b, ptr::null_mut(), 0),
+            BARLINK_INVALID_ARGUMENT,
+            "message is NULL",
+        );
+        for message in &held {
+            assert_eq!(barlink_release_message(b, message), BARLINK_OK);
+        }
+        expect(
+            barlink_release_message(b, &held[0]),
+            BARLINK_INVALID_ARGUMENT,
+            "released already",
+        );
+    }
+    assert_eq!(held_count(b), 0);
+    // A posted receive takes the next message first.
+    let mut buf = [0u8; 16];
+    post_recv(b, &mut buf, 7);
+    let (status, _) = recv_message(b, 0);
+    expect(status, BARLINK_BUSY, "before barlink_recv_message");
+    assert_eq!(send(a, b"posted"), BARLINK_OK);
+    let done = completions(b, 1);
+    assert_eq!((done[0].status, done[0].bytes), (BARLINK_OK, 6));
+    assert_eq!(&buf[..6], b"posted");
+    // Held when the link closes: closing releases it.
+    assert_eq!(send(a, b"kept"), BARLINK_OK);
+    let (status, message) = recv_message(b, 5000);
+    assert_eq!(
+        (status, held_bytes(&message)),
+        (BARLINK_OK, b"kept".to_vec())
+    );
+    drop(driver);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+/// A side that drives its link but receives nothing holds the sender
+/// back: the messages it has not taken keep the credit they took, so the
+/// sender completes about a window of them and no more, and nothing queues
+/// on the receiving side without bound. Everything then arrives, in order.
+#[test]
+fn a_receiver_that_takes_nothing_holds_the_sender_back() {
+    const MESSAGES: usize = 300;
+    const SIZE: usize = 64 << 10;
+    let (a, b) = pair(None);
+    // The receiver's calls drive its link, but none takes a message.
+    let receiver = drive(b);
+    let data = vec![0x5au8; SIZE];
+    let mut posted = 0;
+    let mut completed = 0;
+    let mut done = vec![
+        barlink_completion {
+            request: 0,
+            user_tag: 0,
+            bytes: 0,
+            status: BARLINK_OK,
+            reserved: 0,
+        };
+        64
+    ];
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    while std::time::Instant::now() < until {
+        let mut request = 0;
+        if posted < MESSAGES {
+            // SAFETY: data is a live slice; request is writable.
+            let status = unsafe {
+                barlink_post_send(a, data.as_ptr().cast(), SIZE, posted as u64, &mut request)
+            };
+            if status == BARLINK_OK {
+                posted += 1;
+            } else {
+                assert_eq!(status, BARLINK_WOULD_BLOCK, "{}", last_error());
+            }
+        }
+        let mut got = 0;
+        // SAFETY: done is writable for its length; got is writable.
+        let status = unsafe { barlink_poll(a, done.as_mut_ptr(), done.len(), &mut got) };
+        assert_eq!(status, BARLINK_OK, "{}", last_error());
+        completed += got;
+    }
+    // About a window: the ring's 4 MiB of 128 KiB packets, and what the
+    // receiving engine holds.
+    assert!(
+        completed < 100,
+        "{completed} of {posted} posted messages completed while the receiver took none"
+    );
+    drop(receiver);
+    let mut buf = vec![0u8; SIZE];
+    for index in 0..MESSAGES {
+        if index == posted {
+            assert_eq!(send(a, &data), BARLINK_OK, "{}", last_error());
+            posted += 1;
+        }
+        let driver = drive(a);
+        let (status, len) = recv(b, &mut buf, 5000);
+        drop(driver);
+        assert_eq!((status, len), (BARLINK_OK, SIZE), "message {index}");
+        assert!(buf == data, "message {index} differs");
+    }
+    assert_eq!(barlink_close(a, 2000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 2000), BARLINK_OK);
+}
