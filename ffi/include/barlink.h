@@ -302,11 +302,24 @@ const char *barlink_last_error(void);
 // ..."). Never NULL, never freed.
 const char *barlink_status_string(int32_t status);
 
-// Fills `config` with the defaults and `struct_size = sizeof(barlink_config)`.
+// Fills the fields of `barlink_config` as ABI 0.4 declared it (112
+// bytes, `struct_size = 112`): the symbol programs built against older
+// headers call. The header maps `barlink_config_init(config)` to
+// `barlink_config_init_size(config, sizeof *config)`, which fills every
+// field the caller's header has.
 //
 // # Safety
-// `config` is NULL (refused) or points to a writable `barlink_config`.
+// `config` is NULL (refused) or points to 112 writable bytes.
 enum barlink_status barlink_config_init(struct barlink_config *config);
+
+// Fills `config` (`size` bytes: pass `sizeof *config`) with the defaults
+// and `struct_size = size`, writing no byte past `size`. The fields this
+// library knows beyond `size` stay unset; a `size` larger than this
+// library's struct fills what it knows and leaves the rest zero.
+//
+// # Safety
+// `config` is NULL (refused) or points to `size` writable bytes.
+enum barlink_status barlink_config_init_size(struct barlink_config *config, size_t size);
 
 // Claims `name` for accepting links. `name` is a peer as every barlink
 // face takes it: a link name on this host (`kv` or `local:kv`: an abstract
@@ -466,7 +479,8 @@ enum barlink_status barlink_release_message(struct barlink_link *link,
 // Drives the link until every message sent or posted so far is
 // acknowledged by the peer, for at most `timeout_ms`. `BARLINK_OK` even if
 // the peer closed the link after acknowledging them; why the link ended if
-// some message never will be.
+// some message never will be. Messages beyond about one ring wait for the
+// peer to receive those before them (docs/FFI.md, "Flow control").
 enum barlink_status barlink_flush(struct barlink_link *link, uint32_t timeout_ms);
 
 // Posts a send without waiting: copies `len` bytes at `data` (the caller
@@ -592,3 +606,5 @@ enum barlink_status barlink_get_stats(struct barlink_link *link, struct barlink_
 #endif  // __cplusplus
 
 #endif  /* BARLINK_H */
+
+#define barlink_config_init(config) barlink_config_init_size((config), sizeof *(config))

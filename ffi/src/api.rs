@@ -146,6 +146,16 @@ unsafe fn read_config(config: *const barlink_config) -> Result<barlink_config> {
             "config.struct_size is {size}: set it with barlink_config_init or to sizeof(barlink_config)"
         )));
     }
+    if size > CONFIG_SIZE_V0_4
+        && size < ours
+        && !(size - CONFIG_SIZE_V0_4).is_multiple_of(size_of::<usize>())
+    {
+        // Part of a pointer field would come from the caller and part be
+        // zero: a pointer nobody meant.
+        return Err(Error::invalid(format!(
+            "config.struct_size is {size}: it ends inside a pointer field; set it with barlink_config_init or to sizeof(barlink_config)"
+        )));
+    }
     // SAFETY: the caller's struct is `size` bytes long (contract); u8 reads
     // need no alignment; the struct has no padding, so no byte is uninit
     // unless the caller left a field uninitialized.
@@ -241,29 +251,102 @@ pub extern "C" fn barlink_status_string(status: i32) -> *const c_char {
 
 // ----------------------------------------------------------------- config
 
-/// Fills `config` with the defaults and `struct_size = sizeof(barlink_config)`.
+/// Bytes of `barlink_config` before ABI 0.5 added its string fields: what
+/// a program built against an older header allocated.
+const CONFIG_SIZE_V0_4: usize = 112;
+
+/// The defaults, in this library's layout.
+fn default_config() -> barlink_config {
+    barlink_config {
+        struct_size: size_of::<barlink_config>() as u32,
+        transport: 0,
+        window_bytes: barlink_transport::link::LinkConfig::default().window_len as u64,
+        max_message_bytes: barlink_transport::engine::EngineConfig::default().max_message_len,
+        mtu: crate::link::DEFAULT_MTU as u32,
+        peer_timeout_ms: barlink_transport::engine::EngineConfig::default()
+            .peer_timeout
+            .as_millis() as u32,
+        flags: 0,
+        reserved: 0,
+        ..barlink_config::default()
+    }
+}
+
+/// Writes the first `size` bytes of the defaults, with `struct_size =
+/// size`, into a caller's config of `size` bytes.
 ///
 /// # Safety
-/// `config` is NULL (refused) or points to a writable `barlink_config`.
+/// `config` passed [`check_out`] and is writable for `size` bytes;
+/// `size <= size_of::<barlink_config>()`.
+unsafe fn put_config_prefix(config: *mut barlink_config, size: usize) {
+    let defaults = barlink_config {
+        struct_size: size as u32,
+        ..default_config()
+    };
+    // SAFETY: `defaults` is a whole barlink_config (size_of bytes, no
+    // padding: every byte initialized); the caller's `size` bytes are
+    // writable by contract, and `size` is at most the struct's size; the
+    // two do not overlap (one is on this stack).
+    unsafe {
+        ptr::copy_nonoverlapping(
+            (&raw const defaults).cast::<u8>(),
+            config.cast::<u8>(),
+            size,
+        );
+    }
+}
+
+/// Fills the fields of `barlink_config` as ABI 0.4 declared it (112
+/// bytes, `struct_size = 112`): the symbol programs built against older
+/// headers call. The header maps `barlink_config_init(config)` to
+/// `barlink_config_init_size(config, sizeof *config)`, which fills every
+/// field the caller's header has.
+///
+/// # Safety
+/// `config` is NULL (refused) or points to 112 writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn barlink_config_init(config: *mut barlink_config) -> barlink_status {
     boundary("barlink_config_init", || {
         check_out(config, "config")?;
-        let defaults = barlink_config {
-            struct_size: size_of::<barlink_config>() as u32,
-            transport: 0,
-            window_bytes: barlink_transport::link::LinkConfig::default().window_len as u64,
-            max_message_bytes: barlink_transport::engine::EngineConfig::default().max_message_len,
-            mtu: crate::link::DEFAULT_MTU as u32,
-            peer_timeout_ms: barlink_transport::engine::EngineConfig::default()
-                .peer_timeout
-                .as_millis() as u32,
-            flags: 0,
-            reserved: 0,
-            ..barlink_config::default()
-        };
-        // SAFETY: checked; writable by the caller's contract.
-        unsafe { put(config, defaults) };
+        // SAFETY: checked; 112 bytes writable by the caller's contract.
+        unsafe { put_config_prefix(config, CONFIG_SIZE_V0_4) };
+        Ok(())
+    })
+}
+
+/// Fills `config` (`size` bytes: pass `sizeof *config`) with the defaults
+/// and `struct_size = size`, writing no byte past `size`. The fields this
+/// library knows beyond `size` stay unset; a `size` larger than this
+/// library's struct fills what it knows and leaves the rest zero.
+///
+/// # Safety
+/// `config` is NULL (refused) or points to `size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_config_init_size(
+    config: *mut barlink_config,
+    size: usize,
+) -> barlink_status {
+    boundary("barlink_config_init_size", || {
+        check_out(config, "config")?;
+        let ours = size_of::<barlink_config>();
+        if !(CONFIG_SIZE_V0_4..=MAX_STRUCT_SIZE).contains(&size) {
+            return Err(Error::invalid(format!(
+                "size {size}: pass sizeof(barlink_config) (at least {CONFIG_SIZE_V0_4})"
+            )));
+        }
+        if size > ours {
+            // SAFETY: `size` bytes are writable by the caller's contract.
+            unsafe { ptr::write_bytes(config.cast::<u8>(), 0, size) };
+        }
+        // SAFETY: checked; writable for `size` bytes, of which at most
+        // size_of bytes are written.
+        unsafe { put_config_prefix(config, size.min(ours)) };
+        if size > ours {
+            // A newer header's struct: say its own size, so that its
+            // zeroed fields pass read_config's check.
+            // SAFETY: as above; struct_size is the first field.
+            unsafe { ptr::addr_of_mut!((*config).struct_size).write(size as u32) };
+        }
         Ok(())
     })
 }
@@ -615,9 +698,7 @@ pub unsafe extern "C" fn barlink_recv_message(
         let cell = registry::link(key(link))?;
         let lent = cell.blocking(millis(timeout_ms), LinkState::recv_message_step)?;
         let received = barlink_message {
-            // The address of the held buffer, handed out as C's pointer;
-            // barlink itself never reads through this value.
-            data: ptr::without_provenance(lent.addr),
+            data: lent.ptr.cast(),
             len: lent.len,
             id: lent.id,
         };
@@ -652,7 +733,7 @@ pub unsafe extern "C" fn barlink_release_message(
         let message = unsafe { message.read() };
         let cell = registry::link(key(link))?;
         cell.lock()?.release_message(Lent {
-            addr: message.data.addr(),
+            ptr: message.data.cast(),
             len: message.len,
             id: message.id,
         })
@@ -662,7 +743,8 @@ pub unsafe extern "C" fn barlink_release_message(
 /// Drives the link until every message sent or posted so far is
 /// acknowledged by the peer, for at most `timeout_ms`. `BARLINK_OK` even if
 /// the peer closed the link after acknowledging them; why the link ended if
-/// some message never will be.
+/// some message never will be. Messages beyond about one ring wait for the
+/// peer to receive those before them (docs/FFI.md, "Flow control").
 #[unsafe(no_mangle)]
 pub extern "C" fn barlink_flush(link: *mut barlink_link, timeout_ms: u32) -> barlink_status {
     boundary("barlink_flush", || {

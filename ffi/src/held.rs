@@ -21,10 +21,12 @@ pub(crate) struct HeldMessages {
     next_id: u64,
 }
 
-/// What the caller is told of a held message.
+/// What the caller is told of a held message: where it lies (a pointer
+/// the caller may read through, not merely an address), its length, and
+/// its id. On the way back only the address is compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lent {
-    pub(crate) addr: usize,
+    pub(crate) ptr: *const u8,
     pub(crate) len: usize,
     pub(crate) id: u64,
 }
@@ -35,7 +37,7 @@ impl HeldMessages {
     pub(crate) fn hold(&mut self, data: Vec<u8>) -> Lent {
         self.next_id += 1;
         let lent = Lent {
-            addr: data.as_ptr().addr(),
+            ptr: data.as_ptr(),
             len: data.len(),
             id: self.next_id,
         };
@@ -49,7 +51,7 @@ impl HeldMessages {
         let matches = self
             .messages
             .get(&lent.id)
-            .is_some_and(|data| data.as_ptr().addr() == lent.addr && data.len() == lent.len);
+            .is_some_and(|data| data.as_ptr().addr() == lent.ptr.addr() && data.len() == lent.len);
         if !matches {
             return Err(Error::invalid(format!(
                 "message {} ({} bytes) is not held from this link: released already, or from another link",
@@ -79,7 +81,7 @@ mod tests {
         let wrong_len = Lent { len: 2, ..first };
         assert!(held.release(wrong_len).is_err());
         let wrong_addr = Lent {
-            addr: first.addr + 1,
+            ptr: first.ptr.wrapping_add(1),
             ..first
         };
         assert!(held.release(wrong_addr).is_err());

@@ -345,7 +345,9 @@ impl LinkCell {
                     } else {
                         idle_rounds = idle_rounds.wrapping_add(1);
                     }
-                    if (moved || idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS))
+                    if (timeout.is_zero()
+                        || moved
+                        || idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS))
                         && start.elapsed() >= timeout
                     {
                         return Err(Error::new(

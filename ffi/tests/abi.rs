@@ -68,8 +68,10 @@ fn null_and_forged_handles_are_refused() {
     );
     // Success clears the message.
     let mut config = barlink_config::default();
-    // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { barlink_config_init(&mut config) }, BARLINK_OK);
+    let size = std::mem::size_of::<barlink_config>();
+    // SAFETY: a whole, writable config.
+    let status = unsafe { barlink_config_init_size(&mut config, size) };
+    assert_eq!(status, BARLINK_OK);
     assert_eq!(last_error(), "");
 }
 
@@ -108,7 +110,7 @@ fn bad_arguments_are_refused() {
             "NULL",
         );
         let mut config = barlink_config::default();
-        barlink_config_init(&mut config);
+        barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>());
         let name = unique_name("args");
         for (mutate, want, needle) in [
             (
@@ -452,7 +454,7 @@ fn a_posted_receive_learns_that_the_link_ended() {
 fn message_too_long() {
     let mut config = barlink_config::default();
     // SAFETY: valid out-pointer.
-    unsafe { barlink_config_init(&mut config) };
+    unsafe { barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>()) };
     config.max_message_bytes = 1000;
     let (a, b) = pair(Some(&config));
     let driver = drive(a);
@@ -611,7 +613,7 @@ fn posted_zero_copy_sends_complete_once() {
 fn peer_loss_fails_posted_sends_and_releases_memory() {
     let mut config = barlink_config::default();
     // SAFETY: valid out-pointer.
-    unsafe { barlink_config_init(&mut config) };
+    unsafe { barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>()) };
     config.peer_timeout_ms = 300;
     let (a, b) = pair(Some(&config));
     // The peer goes silent: its handle is never driven again.
@@ -802,7 +804,7 @@ fn child_role() {
     let mut link = ptr::null_mut();
     // SAFETY: valid config, name and out-pointer.
     let status = unsafe {
-        barlink_config_init(&mut config);
+        barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>());
         config.allow_uids[0] = 0;
         config.allow_uid_count = 1;
         barlink_connect(name.as_ptr(), &config, 5000, &mut link)

@@ -51,8 +51,10 @@ impl BarConfig {
     /// The C struct; valid while `self` lives.
     fn raw(&self) -> barlink_config {
         let mut config = barlink_config::default();
-        // SAFETY: a valid out-pointer.
-        assert_eq!(unsafe { barlink_config_init(&mut config) }, BARLINK_OK);
+        let size = std::mem::size_of::<barlink_config>();
+        // SAFETY: a whole, writable config.
+        let status = unsafe { barlink_config_init_size(&mut config, size) };
+        assert_eq!(status, BARLINK_OK);
         config.transport = self.transport;
         config.own_bar = self.own.as_ref().map_or(ptr::null(), |s| s.as_ptr());
         config.peer_bar = self.peer.as_ref().map_or(ptr::null(), |s| s.as_ptr());
@@ -134,6 +136,14 @@ fn bar_pair(configs: [BarConfig; 2], count: usize) -> (String, String) {
     assert_eq!(unsafe { barlink_get_stats(link, &mut stats) }, BARLINK_OK);
     assert_eq!(stats.messages_received, count as u64);
     assert_eq!(stats.crc_failures, 0);
+    if listener_path.starts_with("bar-p2p") {
+        // The two windows carry this link: a second accept would reset it.
+        let mut second = ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let status = unsafe { barlink_accept(listener, 0, &mut second) };
+        expect(status, BARLINK_SETUP_FAILED, "carry one link");
+        assert!(second.is_null());
+    }
     assert_eq!(barlink_close(link, 1000), BARLINK_OK);
     assert_eq!(barlink_listener_close(listener), BARLINK_OK);
     (listener_path, link_path)
@@ -159,6 +169,18 @@ fn bar_p2p_forced_by_the_transport_says_so() {
     }
     let (_, link_path) = bar_pair(configs, 10);
     assert!(link_path.starts_with("bar-p2p:"), "{link_path}");
+}
+
+#[test]
+fn shared_memory_asked_for_by_name_wins_over_bar_windows() {
+    let fixture = BarFixture::new("ffi-shm");
+    let mut configs = [BarConfig::side(&fixture, 0), BarConfig::side(&fixture, 1)];
+    for config in &mut configs {
+        config.transport = barlink_transport::BARLINK_TRANSPORT_SHM as u32;
+    }
+    let (_, link_path) = bar_pair(configs, 10);
+    assert!(link_path.starts_with("host-bounce:"), "{link_path}");
+    assert!(link_path.contains("forced"), "{link_path}");
 }
 
 /// Windows on a device the tree does not have: the automatic choice does

@@ -290,6 +290,16 @@ int main(void) {
     check("listen(empty name)", barlink_listen("", NULL, &listener), BARLINK_INVALID_ARGUMENT);
     check("listen(NULL out)", barlink_listen(name, NULL, NULL), BARLINK_INVALID_ARGUMENT);
     check("config_init(NULL)", barlink_config_init(NULL), BARLINK_INVALID_ARGUMENT);
+    /* The symbol itself, as a program built against the 0.4 header calls
+       it: it writes that struct's 112 bytes and nothing past them. */
+    union { barlink_config config; unsigned char bytes[256]; } old_struct;
+    memset(&old_struct, 0xAA, sizeof old_struct);
+    check("(barlink_config_init)(a 0.4 struct)", (barlink_config_init)(&old_struct.config), BARLINK_OK);
+    int untouched = old_struct.config.struct_size == 112;
+    for (size_t i = 112; i < sizeof old_struct.bytes; i++) untouched &= old_struct.bytes[i] == 0xAA;
+    check_true("the 0.4 symbol writes 112 bytes, struct_size 112", untouched);
+    check("config_init_size(size 100)", barlink_config_init_size(&old_struct.config, 100),
+          BARLINK_INVALID_ARGUMENT);
     barlink_config config;
     check("config_init", barlink_config_init(&config), BARLINK_OK);
     barlink_config bad = config;
