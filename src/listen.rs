@@ -7,6 +7,7 @@
 //! [`Role::Accept`]: crate::Role::Accept
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use barlink_rdma::oob::OobListener;
@@ -22,8 +23,10 @@ use crate::{ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Pe
 enum Bound {
     /// A link name (an abstract Unix socket).
     Local(link::Listener),
-    /// Two BAR windows: nothing to listen on, each accept pairs them.
-    Bars,
+    /// Two BAR windows: nothing to listen on; the one accept pairs them
+    /// (whether it happened). They carry one link: pairing them again
+    /// would reset the ring of the link already on them.
+    Bars(AtomicBool),
     /// The RDMA setup channel.
     Rdma(OobListener),
     /// The TCP port.
@@ -52,7 +55,7 @@ impl Listener {
             (PathKind::HostBounce, Peer::Local { name }) => Bound::Local(
                 link::Listener::bind(name).map_err(|e: SetupError| failed(e.to_string()))?,
             ),
-            (PathKind::BarP2p, _) => Bound::Bars,
+            (PathKind::BarP2p, _) => Bound::Bars(AtomicBool::new(false)),
             (PathKind::Rdma, Peer::Remote { addr } | Peer::Rdma { addr }) => {
                 Bound::Rdma(OobListener::bind(addr.as_str()).map_err(|e| failed(e.to_string()))?)
             }
@@ -99,7 +102,16 @@ impl Listener {
                     .accept(&local_config(&options))
                     .map_err(|e| failed(e.to_string()))?,
             ),
-            Bound::Bars => AnyLink::BarP2p(bar_link(&options, failed)?),
+            Bound::Bars(accepted) => {
+                if accepted.swap(true, Ordering::AcqRel) {
+                    return Err(failed(
+                        "two BAR windows carry one link, and this listener accepted it already: \
+                         close that link and listen again for another"
+                            .into(),
+                    ));
+                }
+                AnyLink::BarP2p(bar_link(&options, failed)?)
+            }
             Bound::Rdma(listener) => AnyLink::Rdma(Box::new(
                 verbs_queue::accept(listener, timeout, &self.prepared.rdma)
                     .map_err(|e| failed(e.to_string()))?,

@@ -32,6 +32,7 @@ use crate::types::{BARLINK_CONFIG_PROGRESS_THREAD, barlink_config};
 const MAX_NAME_LEN: usize = 100;
 
 /// `barlink_transport` values.
+const TRANSPORT_SHM: u32 = 1;
 const TRANSPORT_BAR: u32 = 2;
 const TRANSPORT_RDMA: u32 = 3;
 
@@ -88,6 +89,8 @@ impl Setup {
             force: match self.transport {
                 TRANSPORT_RDMA => Some(PathKind::Rdma),
                 TRANSPORT_BAR => Some(PathKind::BarP2p),
+                // Shared memory asked for by name, BAR windows named or not.
+                TRANSPORT_SHM if self.bars.is_some() => Some(PathKind::HostBounce),
                 _ => None,
             },
             bars: self.bars.clone(),

@@ -609,11 +609,13 @@ impl Link {
     /// `LinkClosed`, ...) once it has, and nothing is left to receive.
     fn progress(&self, py: Python<'_>) -> PyResult<bool> {
         self.shared.wait(py, Some(0.0), "progress", |state, _| {
+            // A message too large for a recv_into waits here, unreceived.
+            let parked = state.pending.is_some();
             let conn = state.conn()?;
             let moved = conn.progress()?;
             // A loss or a close is recorded, not returned, by a round of
             // progress: ask, once the messages that arrived are taken.
-            if !moved && !conn.holds_unreceived() {
+            if !moved && !parked && !conn.holds_unreceived() {
                 conn.check_open()?;
             }
             Ok(Some(moved))

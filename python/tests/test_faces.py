@@ -95,13 +95,16 @@ def test_bar_windows_carry_a_link_between_two_threads(name, tmp_path):
     got = {}
 
     def accept():
-        with barlink.connect(
-            name, "accept", 10.0, own_bar=peer, peer_bar=own, sysfs_root=tmp_path
-        ) as link:
-            got["path"] = link.path
-            got["messages"] = [link.recv(timeout=10) for _ in range(3)]
-            link.send(b"done")
-            link.recv(timeout=10)
+        try:
+            with barlink.connect(
+                name, "accept", 10.0, own_bar=peer, peer_bar=own, sysfs_root=tmp_path
+            ) as link:
+                got["path"] = link.path
+                got["messages"] = [link.recv(timeout=10) for _ in range(3)]
+                link.send(b"done")
+                link.recv(timeout=10)
+        except Exception as error:  # reported by the main thread
+            got["error"] = error
 
     thread = threading.Thread(target=accept)
     thread.start()
@@ -116,6 +119,7 @@ def test_bar_windows_carry_a_link_between_two_threads(name, tmp_path):
         link.send(b"bye")
         assert link.stats()["crc_failures"] == 0
     thread.join(timeout=20)
+    assert "error" not in got, got.get("error")
     assert got["messages"] == messages
     assert got["path"].startswith("bar-p2p: ")
 

@@ -120,7 +120,7 @@ mkdir -p "$RUN/share/bin" "$RUN/share/lib" "$RUN/out"
 exec > >(tee "$RUN/harness.log") 2>&1
 
 # ------------------------------------------------------------ host packages
-HOST_TOOLS="qemu-system-x86_64:qemu-system-x86 cpio:cpio depmod:kmod modprobe:kmod rdma:iproute2 ip:iproute2"
+HOST_TOOLS="qemu-system-x86_64:qemu-system-x86 cpio:cpio depmod:kmod modprobe:kmod rdma:iproute2 ip:iproute2 g++:g++"
 APT_UPDATED=0
 apt_update() {
     [ $APT_UPDATED = 1 ] && return 0
