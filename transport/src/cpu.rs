@@ -5,7 +5,9 @@
 /// The CPU a process runs on, as reports name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuReport {
-    /// The model name (`/proc/cpuinfo`), or "unknown".
+    /// The model name (`/proc/cpuinfo`) with its family, model and
+    /// stepping numbers (a virtual machine's name may say only "AMD EPYC",
+    /// which spans generations with different vector units), or "unknown".
     pub model: String,
     /// The vector and checksum features the kernels dispatch on that this
     /// CPU has, in a fixed order (`avx2`, `avx512f`, ...).
@@ -32,13 +34,35 @@ impl CpuReport {
     }
 }
 
-/// The first `model name` line of `/proc/cpuinfo`.
+/// The first processor's model name in `/proc/cpuinfo`, with its family,
+/// model and stepping where the file gives them.
 fn model_name() -> Option<String> {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    cpuinfo
-        .lines()
-        .find_map(|line| line.strip_prefix("model name")?.split_once(':'))
-        .map(|(_, name)| name.trim().to_string())
+    describe(&std::fs::read_to_string("/proc/cpuinfo").ok()?)
+}
+
+/// `model name (family F model M stepping S)` from the text of
+/// `/proc/cpuinfo`: the first processor's fields only.
+fn describe(cpuinfo: &str) -> Option<String> {
+    let first = cpuinfo.split("\n\n").next()?;
+    let field = |key: &str| {
+        first.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            (name.trim() == key).then(|| value.trim().to_string())
+        })
+    };
+    let name = field("model name")?;
+    let numbers: Vec<String> = [
+        ("family", "cpu family"),
+        ("model", "model"),
+        ("stepping", "stepping"),
+    ]
+    .into_iter()
+    .filter_map(|(label, key)| Some(format!("{label} {}", field(key)?)))
+    .collect();
+    if numbers.is_empty() {
+        return Some(name);
+    }
+    Some(format!("{name} ({})", numbers.join(" ")))
 }
 
 /// The features the kernels dispatch on, those this CPU has.
@@ -72,6 +96,21 @@ fn features() -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_model_carries_its_family_model_and_stepping() {
+        let cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nstepping\t: 0\n\nprocessor\t: 1\ncpu family\t: 99\nmodel\t\t: 1\nmodel name\t: other\n";
+        assert_eq!(
+            describe(cpuinfo).as_deref(),
+            Some("AMD EPYC (family 25 model 17 stepping 0)")
+        );
+        assert_eq!(
+            describe("model name\t: Some CPU\n").as_deref(),
+            Some("Some CPU"),
+            "no numbers: the name alone"
+        );
+        assert_eq!(describe("processor\t: 0\n"), None);
+    }
 
     #[test]
     fn the_report_names_a_kernel_of_each_kind() {
