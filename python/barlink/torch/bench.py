@@ -17,7 +17,6 @@ The exit status is 1 if any element was wrong.
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import sys
@@ -55,20 +54,16 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def cpu_line() -> str:
-    model = platform.processor() or "?"
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model in ("?", "x86_64", ""):
-                    model = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    vector = [f for f in ("avx2", "avx512f", "vpclmulqdq") if f in flags]
-    return f"{model} ({os.cpu_count()} CPUs; {', '.join(vector) or 'no avx2/avx512'})"
+    """The CPU as every barlink benchmark names it (model with family,
+    model and stepping; vector features; the kernels chosen)."""
+    from barlink import cpu
+
+    info = cpu()
+    features = ", ".join(info["features"]) or "no vector features"
+    return (
+        f"{info['model']} ({os.cpu_count()} CPUs; {features}; "
+        f"copy+crc {info['copy_crc_kernel']})"
+    )
 
 
 class Case:

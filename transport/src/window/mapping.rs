@@ -557,7 +557,7 @@ pub fn copy_kernel() -> &'static str {
 
 /// Whether long copies take [`copy_avx2`] rather than `memcpy`: on AMD CPUs
 /// with AVX2, whose `memcpy` falls off a cliff at some placements (design
-/// change 18; on AVX-512 parts a milder one, design change 35). Elsewhere
+/// change 18; on Zen 4 a milder one, design change 35). Elsewhere
 /// `memcpy` measured as fast or faster at every size and placement tried
 /// (design change 23). Checked once.
 #[inline]
