@@ -685,6 +685,21 @@ pub(crate) fn bar_link<B: AsRef<[u8]>>(
         ));
     };
     let own = open_bar(&bars.own, &options.sysfs_root).map_err(&failed)?;
+    // Before the ring is laid out: a second link over a window in use
+    // would reset the live link's ring under it.
+    match own.claim_ring() {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            window = %bars.own,
+            "the file system keeps no locks: nothing stops another link from using this BAR window"
+        ),
+        Err(error) => {
+            return Err(failed(format!(
+                "BAR {} of {}: {error}",
+                bars.own.bar, bars.own.device
+            )));
+        }
+    }
     let peer_window = open_bar(&bars.peer, &options.sysfs_root).map_err(&failed)?;
     let place = PathBuf::from(format!("BAR {} of {}", bars.peer.bar, bars.peer.device));
     pair_windows(

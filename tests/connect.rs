@@ -362,6 +362,14 @@ fn bar_windows_named_in_text_carry_a_link_between_two_threads() {
         connection.decision
     });
     let mut connection = connect(&local(), Role::Connect, &options(0)).unwrap();
+    // A second link claiming the live link's receive window is refused at
+    // once, and the live link's ring is left alone.
+    let refused = connect::<Vec<u8>>(&local(), Role::Connect, &options(0)).unwrap_err();
+    let text = refused.to_string();
+    assert!(
+        text.contains("in use as another link's receive ring"),
+        "{text}"
+    );
     for index in 0..200u32 {
         connection
             .send(vec![index as u8; index as usize * 997], TIMEOUT)

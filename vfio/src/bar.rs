@@ -17,6 +17,7 @@
 //! file under it) lives while any slice does.
 
 use std::fmt;
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -88,6 +89,9 @@ pub struct BarWindow {
     offset: usize,
     len: usize,
     source: Arc<BarSource>,
+    /// The open `resourceN` file behind a sysfs mapping (it stays open
+    /// while the region is mapped), for [`BarWindow::claim_ring`].
+    file: Option<RawFd>,
 }
 
 impl fmt::Debug for BarWindow {
@@ -107,6 +111,40 @@ impl BarWindow {
             region,
             offset: 0,
             source: Arc::new(source),
+            file: None,
+        }
+    }
+
+    /// Claims this window as a link's receive ring for as long as its
+    /// mapping lives (the window, and any slice or clone of it): another
+    /// open of the same BAR through sysfs that claims any of these bytes,
+    /// in another process or this one, gets [`VfioError::WindowInUse`]
+    /// instead of laying a second ring over a live one. Claims are file
+    /// locks on the `resourceN` file (open file description locks), so a
+    /// process that dies gives its windows back. A window mapped through
+    /// VFIO needs none: a VFIO group is open in one process at a time.
+    /// `Ok(false)`: the file system keeps no locks, and the window goes
+    /// unclaimed (the caller says so).
+    pub fn claim_ring(&self) -> Result<bool, VfioError> {
+        let (Some(fd), BarSource::Sysfs { path, .. }) = (self.file, &*self.source) else {
+            return Ok(true);
+        };
+        let (offset, len) = (self.offset as u64, self.len as u64);
+        match self.region.sys().lock_range(fd, offset, len) {
+            Ok(()) => Ok(true),
+            Err(errno) if errno.0 == libc::EAGAIN || errno.0 == libc::EACCES => {
+                Err(VfioError::WindowInUse {
+                    path: path.clone(),
+                    offset,
+                    len,
+                })
+            }
+            Err(errno) if errno.0 == libc::ENOLCK || errno.0 == libc::EINVAL => Ok(false),
+            Err(errno) => Err(VfioError::System {
+                operation: "fcntl(F_OFD_SETLK)",
+                target: path.display().to_string(),
+                errno,
+            }),
         }
     }
 
@@ -146,6 +184,7 @@ impl BarWindow {
             offset: self.offset + offset,
             len,
             source: self.source.clone(),
+            file: self.file,
         })
     }
 
@@ -328,7 +367,7 @@ impl SysfsBar {
                     errno,
                 }
             })?;
-        Ok(BarWindow::new(
+        let mut window = BarWindow::new(
             Arc::new(region),
             BarSource::Sysfs {
                 bdf,
@@ -336,7 +375,9 @@ impl SysfsBar {
                 path,
                 write_combining,
             },
-        ))
+        );
+        window.file = Some(fd);
+        Ok(window)
     }
 }
 

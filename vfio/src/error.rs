@@ -148,6 +148,17 @@ pub enum VfioError {
         /// What was asked for.
         requested: u64,
     },
+    /// Another open of the BAR's `resourceN` file holds some of these
+    /// bytes as a link's receive ring (a second link over the same window
+    /// would lay its ring out over the live one).
+    WindowInUse {
+        /// The file.
+        path: PathBuf,
+        /// The window's first byte in the BAR.
+        offset: u64,
+        /// Its length.
+        len: u64,
+    },
     /// `mmap` failed.
     MapFailed {
         /// What was being mapped.
@@ -290,6 +301,15 @@ impl fmt::Display for VfioError {
                 size,
                 requested,
             } => bar_too_small(f, path, *size, *requested),
+            VfioError::WindowInUse { path, offset, len } => write!(
+                f,
+                "bytes {offset:#x}..{:#x} of {} are in use as another link's receive ring (a \
+                 process, or another link of this one, claimed them and still has them mapped): \
+                 a second ring there would overwrite the live one; give this link a window \
+                 elsewhere in the BAR, or end the other link first",
+                offset.saturating_add(*len),
+                path.display()
+            ),
             VfioError::MapFailed { what, len, errno } => map_failed(f, what, *len, *errno),
             VfioError::DmaMapFailed {
                 iova,

@@ -294,3 +294,47 @@ fn the_real_vfio_path_reports_a_missing_vfio() {
         ),
     }
 }
+
+/// A window claimed as a ring is refused to a second open that claims any
+/// of its bytes, whatever the process; disjoint windows of the same BAR
+/// are not, slices of the claimed mapping share its claim, and the claim
+/// ends with the mapping.
+#[test]
+fn a_claimed_ring_window_is_refused_to_a_second_claim_until_it_is_unmapped() {
+    let fixture = Fixture::new();
+    fixture.device("0000:00:12.0", &[(2, 1 << 20, MEM64_PREF)], false);
+    let open = || SysfsBar::open_with("0000:00:12.0", 2, &fixture.options()).unwrap();
+    let first = open().slice(0, 512 << 10).unwrap();
+    assert!(
+        first.claim_ring().unwrap(),
+        "the fixture's file system keeps locks"
+    );
+    let again = first.slice(4096, 4096).unwrap();
+    assert!(
+        again.claim_ring().unwrap(),
+        "a slice of the claimed mapping is the same claim"
+    );
+    let overlapping = open().slice(256 << 10, 512 << 10).unwrap();
+    match overlapping.claim_ring() {
+        Err(VfioError::WindowInUse { path, offset, len }) => {
+            assert!(path.ends_with("resource2"), "{}", path.display());
+            assert_eq!((offset, len), (256 << 10, 512 << 10));
+        }
+        other => panic!("an overlapping claim: {other:?}"),
+    }
+    let text = overlapping.claim_ring().unwrap_err().to_string();
+    assert!(
+        text.contains("another link's receive ring") && text.contains("0x40000..0xc0000"),
+        "{text}"
+    );
+    let disjoint = open().slice(768 << 10, 256 << 10).unwrap();
+    assert!(
+        disjoint.claim_ring().unwrap(),
+        "disjoint windows of one BAR"
+    );
+    drop((first, again));
+    assert!(
+        overlapping.claim_ring().unwrap(),
+        "the first mapping is gone, and its claim with it"
+    );
+}

@@ -61,6 +61,8 @@ pub struct MockState {
     next_fd: RawFd,
     paths: HashMap<RawFd, PathBuf>,
     mapped: HashMap<usize, Layout>,
+    /// Range locks held: (descriptor, path, start, end).
+    locks: Vec<(RawFd, PathBuf, u64, u64)>,
 }
 
 /// A recording, failure-injecting stand-in for the kernel.
@@ -133,6 +135,7 @@ impl MockSys {
                 next_fd: 100,
                 paths: HashMap::new(),
                 mapped: HashMap::new(),
+                locks: Vec::new(),
             }),
         }
     }
@@ -229,6 +232,22 @@ impl VfioSys for MockSys {
         });
         let known = state.paths.remove(&fd).is_some();
         assert!(known, "close of a descriptor that is not open: {fd}");
+        state.locks.retain(|lock| lock.0 != fd);
+    }
+
+    fn lock_range(&self, fd: RawFd, offset: u64, len: u64) -> SysResult<()> {
+        let (mut state, result) = self.enter("lock_range", format!("{offset:#x}+{len:#x}"));
+        result?;
+        let path = state.paths.get(&fd).cloned().ok_or(Errno(libc::EBADF))?;
+        let end = offset.checked_add(len).ok_or(Errno(libc::EINVAL))?;
+        let taken = state.locks.iter().any(|(holder, held, start, stop)| {
+            *holder != fd && *held == path && offset < *stop && *start < end
+        });
+        if taken {
+            return Err(Errno(libc::EAGAIN));
+        }
+        state.locks.push((fd, path, offset, end));
+        Ok(())
     }
 
     fn file_size(&self, fd: RawFd) -> SysResult<u64> {
@@ -424,5 +443,30 @@ impl MockSys {
     /// The state without recording a call (for building details).
     fn state_peek(&self) -> MutexGuard<'_, MockState> {
         self.state()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As the kernel's open file description locks: overlapping ranges of
+    /// one file conflict between descriptors, not within one, and a close
+    /// releases the descriptor's ranges.
+    #[test]
+    fn range_locks_conflict_between_descriptors_until_closed() {
+        let sys = MockSys::new();
+        let path = Path::new("/sys/bus/pci/devices/0000:00:04.0/resource2");
+        let (a, b) = (sys.open(path).unwrap(), sys.open(path).unwrap());
+        let other = sys.open(Path::new("/elsewhere")).unwrap();
+        sys.lock_range(a, 0, 4096).unwrap();
+        sys.lock_range(a, 2048, 4096).unwrap();
+        assert_eq!(sys.lock_range(b, 4095, 1), Err(Errno(libc::EAGAIN)));
+        sys.lock_range(b, 6144, 4096).unwrap();
+        sys.lock_range(other, 0, 4096).unwrap();
+        sys.close(a);
+        sys.lock_range(b, 0, 4096).unwrap();
+        sys.close(b);
+        sys.close(other);
     }
 }

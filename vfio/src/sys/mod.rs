@@ -184,6 +184,12 @@ pub trait VfioSys: Send + Sync + fmt::Debug {
     fn close(&self, fd: RawFd);
     /// The size of an open file (`fstat`), e.g. a sysfs `resourceN`.
     fn file_size(&self, fd: RawFd) -> SysResult<u64>;
+    /// Locks bytes `offset..offset + len` of an open file for writing, for
+    /// as long as the descriptor stays open (an open file description
+    /// lock, `F_OFD_SETLK`): another open of the file, in this process or
+    /// another, that holds any of those bytes makes it fail with `EAGAIN`
+    /// or `EACCES`, without waiting.
+    fn lock_range(&self, fd: RawFd, offset: u64, len: u64) -> SysResult<()>;
 
     /// `VFIO_GET_API_VERSION` on a container.
     fn get_api_version(&self, container: RawFd) -> SysResult<i32>;
@@ -335,6 +341,23 @@ impl VfioSys for LinuxSys {
         // SAFETY: the handles above call this exactly once for a descriptor
         // this layer opened and they own; closing it affects nothing else.
         unsafe { libc::close(fd) };
+    }
+
+    fn lock_range(&self, fd: RawFd, offset: u64, len: u64) -> SysResult<()> {
+        let start = libc::off_t::try_from(offset).map_err(|_| Errno(libc::EINVAL))?;
+        let len = libc::off_t::try_from(len).map_err(|_| Errno(libc::EINVAL))?;
+        // SAFETY: all-zero bytes are a valid `flock` (integers only); the
+        // fields that matter are set below, and `l_pid` must stay 0 for an
+        // open file description lock.
+        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = libc::F_WRLCK as libc::c_short;
+        lock.l_whence = libc::SEEK_SET as libc::c_short;
+        lock.l_start = start;
+        lock.l_len = len;
+        // SAFETY: `lock` is a valid `flock` that lives across the call;
+        // `F_OFD_SETLK` reads it and never blocks.
+        let ret = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &lock as *const libc::flock) };
+        if ret < 0 { Err(Errno::last()) } else { Ok(()) }
     }
 
     fn file_size(&self, fd: RawFd) -> SysResult<u64> {

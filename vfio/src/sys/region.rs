@@ -91,6 +91,11 @@ impl Region {
         &self.memory
     }
 
+    /// The system-call layer it was mapped through.
+    pub(crate) fn sys(&self) -> &Arc<dyn VfioSys> {
+        &self.sys
+    }
+
     /// Length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.len
