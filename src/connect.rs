@@ -493,6 +493,13 @@ impl<B: AsRef<[u8]>> Connection<B> {
         each_link!(self, link => link.try_recv_delivery())
     }
 
+    /// A delivered message if one is ready now, without a round of
+    /// progress (a caller that drives the link with
+    /// [`Connection::progress`] takes what the round brought in).
+    pub fn take_delivery(&mut self) -> Option<Delivery> {
+        each_link!(self, link => link.take_delivery())
+    }
+
     /// The next delivered message, wherever it landed, waiting at most
     /// `timeout`.
     pub fn recv_delivery(&mut self, timeout: Duration) -> Result<Delivery, IoError> {
@@ -551,6 +558,14 @@ impl<B: AsRef<[u8]>> Connection<B> {
     /// should call this now and then).
     pub fn progress(&mut self) -> Result<bool, IoError> {
         each_link!(self, link => link.progress())
+    }
+
+    /// [`Connection::progress`] for a caller spinning while it waits:
+    /// reads the clock only every few idle rounds, or when `fresh`; with
+    /// `for_delivery`, a round that delivers a message returns early (see
+    /// `Link::progress_waiting`).
+    pub fn progress_waiting(&mut self, fresh: bool, for_delivery: bool) -> Result<bool, IoError> {
+        each_link!(self, link => link.progress_waiting(fresh, for_delivery))
     }
 
     /// The engine's statistics.

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use barlink_transport::LinkError;
 use barlink_transport::link::{
     IoError, LinkConfig, Listener, NamedOptions, ProgressOptions, ProgressThread, RingLink,
     SetupError, Side, connect, connect_named, create_named_ring, init_ring, pair_windows,
@@ -16,6 +15,7 @@ use barlink_transport::ring::Geometry;
 use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::ShmOptions;
 use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window};
+use barlink_transport::{EngineConfig, LinkError};
 
 mod common;
 use common::ring_links::{TIMEOUT, answer_for, engine_config, message, stream, thread_links};
@@ -654,4 +654,59 @@ fn paired_windows_need_both_sides_fresh() {
         "{error}"
     );
     session(32);
+}
+
+/// `progress_waiting`, the round a spinning caller makes: idle rounds that
+/// reuse an earlier clock still see an arrival at once, and still notice
+/// a silent peer within its timeout (the clock is read again every few
+/// rounds, and on a fresh round).
+#[test]
+fn rounds_that_reuse_the_clock_see_arrivals_and_a_silent_peer() {
+    let config = EngineConfig {
+        mtu: 4096,
+        peer_timeout: Duration::from_millis(200),
+        ..EngineConfig::default()
+    };
+    let len = (256 << 10) + barlink_transport::ring::CONTROL_LEN;
+    let (window_a, window_b) = (HeapWindow::new(len).unwrap(), HeapWindow::new(len).unwrap());
+    let (window_a, window_b) = (Arc::new(window_a), Arc::new(window_b));
+    let geometry = Geometry::for_window(len, config.mtu).unwrap();
+    init_ring(&*window_a, geometry, 1).unwrap();
+    init_ring(&*window_b, geometry, 1).unwrap();
+    let mut a = RingLink::<_>::new(window_a.clone(), window_b.clone(), config.clone(), 1).unwrap();
+    let mut b = RingLink::<_>::new(window_b, window_a, config, 2).unwrap();
+    // The two learn each other's session.
+    for _ in 0..100 {
+        a.progress().unwrap();
+        b.progress().unwrap();
+    }
+    assert!(a.engine().is_connected() && b.engine().is_connected());
+    for _ in 0..20 {
+        b.progress_waiting(false, true).unwrap();
+    }
+    a.send(vec![7u8; 100]).unwrap();
+    a.progress().unwrap();
+    assert!(
+        b.progress_waiting(false, true).unwrap(),
+        "an idle round with an old clock still takes the arrival"
+    );
+    assert_eq!(b.take_delivery().map(|d| d.len()), Some(100));
+    // A falls silent: B, spinning, reports it within the timeout and a
+    // margin, not only when its caller reads the clock.
+    let started = Instant::now();
+    let lost = loop {
+        b.progress_waiting(false, false).unwrap();
+        if b.check_open().is_err() {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "a silent peer went unnoticed"
+        );
+        std::hint::spin_loop();
+    };
+    assert!(
+        lost >= Duration::from_millis(150) && lost < Duration::from_millis(700),
+        "{lost:?}"
+    );
 }

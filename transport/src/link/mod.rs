@@ -716,6 +716,41 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         self.progress_at(self.now(), Round::Full)
     }
 
+    /// [`Link::progress`] for a caller that spins on the link while it
+    /// waits: a round in a run of rounds that moved nothing reuses the
+    /// clock the run's first round read, reading it again only every few
+    /// rounds, as the blocking calls do (a round is a few hundred
+    /// nanoseconds, the engine's timers are milliseconds). `fresh` reads
+    /// it regardless: pass it on the first round of a wait, as the caller
+    /// may have been away since the last idle round. `for_delivery`: the
+    /// caller waits for a message, and a round that delivers one returns
+    /// at once when nothing needs to go out and no timer is due, as
+    /// [`Link::recv`]'s rounds do (see `progress_inner`).
+    pub fn progress_waiting(&mut self, fresh: bool, for_delivery: bool) -> Result<bool, IoError> {
+        let instant = match self.idle_clock {
+            Some(instant)
+                if !fresh && !self.idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS) =>
+            {
+                instant
+            }
+            _ => self.now(),
+        };
+        let round = if for_delivery {
+            Round::UntilDelivery
+        } else {
+            Round::Full
+        };
+        let moved = self.progress_at(instant, round)?;
+        if moved {
+            self.idle_rounds = 0;
+            self.idle_clock = None;
+        } else {
+            self.idle_clock = Some(instant);
+            self.idle_rounds = self.idle_rounds.wrapping_add(1);
+        }
+        Ok(moved)
+    }
+
     fn progress_at(&mut self, now: Time, round: Round) -> Result<bool, IoError> {
         if let Some(detail) = &self.medium_error {
             return Err(IoError::Medium(detail.clone()));
@@ -954,7 +989,10 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         }
     }
 
-    fn take_delivery(&mut self) -> Option<Delivery> {
+    /// A delivered message if one is ready now, without a round of
+    /// progress: for a caller that drives the link itself and takes what
+    /// a round brought in.
+    pub fn take_delivery(&mut self) -> Option<Delivery> {
         let delivery = self.engine.poll_delivery()?;
         self.quiet = None;
         Some(delivery)
