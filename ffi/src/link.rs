@@ -185,6 +185,13 @@ pub(crate) struct LinkState {
     /// Delivered messages not yet taken: in buffers of the link's, or in
     /// the buffer of a `barlink_recv` call still in progress.
     received: VecDeque<Delivery>,
+    /// A blocking call is past its first round: its step may reuse the
+    /// clock of the idle rounds before (see `Link::progress_waiting`).
+    waiting: bool,
+    /// The step is a receive's: a round that delivers a message returns
+    /// it before sending or running timers, when nothing is due (the
+    /// caller's answer usually carries the acknowledgement).
+    for_delivery: bool,
     /// Messages the engine holds, by message id.
     requests: BTreeMap<u64, Request>,
     /// Posted receives not yet completed (`barlink_post_recv`).
@@ -288,6 +295,8 @@ impl LinkCell {
                 link: Some(link),
                 closed_by_handle: false,
                 received: VecDeque::new(),
+                waiting: false,
+                for_delivery: false,
                 requests: BTreeMap::new(),
                 recvs: PostedRecvs::default(),
                 held: HeldMessages::default(),
@@ -330,13 +339,24 @@ impl LinkCell {
         timeout: Duration,
         mut step: impl FnMut(&mut LinkState) -> Result<Step<T>>,
     ) -> Result<T> {
-        let start = Instant::now();
+        // Read when the first step cannot finish: a call that completes at
+        // once reads no clock.
+        let mut start = None;
         let mut idle_rounds: u32 = 0;
         loop {
-            let outcome = step(&mut *self.lock()?)?;
+            let outcome = {
+                let mut state = self.lock()?;
+                // Rounds after the first of this call may reuse the clock
+                // of the idle rounds before them; the first reads it.
+                state.waiting = start.is_some();
+                let outcome = step(&mut state);
+                state.waiting = false;
+                outcome?
+            };
             match outcome {
                 Step::Done(value) => return Ok(value),
                 Step::Again { moved } => {
+                    let start = *start.get_or_insert_with(Instant::now);
                     // While idle, read the clock every few rounds only, and
                     // give the CPU up every SPINS_BEFORE_YIELD: a yield is a
                     // system call, longer than a small message's way.
@@ -441,6 +461,14 @@ impl LinkState {
             .map(|(status, message)| Error::new(*status, message.clone()))
     }
 
+    /// [`LinkState::step`] for a receive waiting for its message.
+    fn step_for_delivery(&mut self) -> bool {
+        self.for_delivery = true;
+        let moved = self.step();
+        self.for_delivery = false;
+        moved
+    }
+
     /// One round of progress: moves packets, takes as many delivered
     /// messages as a receive is waiting for, collects completions.
     /// Returns whether anything moved.
@@ -455,31 +483,33 @@ impl LinkState {
             return false;
         };
         let before = activity(link.engine_stats());
-        let mut ended = None;
+        // One round per step, as the Rust link's calls take: a message
+        // taken here frees credit, and the acknowledgement the engine held
+        // back for a reply goes with the next round (the reply's, usually),
+        // not in a round of its own.
+        let mut ended = match link.progress_waiting(!self.waiting, self.for_delivery) {
+            // A blocking call's later rounds, while nothing moves: no
+            // message, completion or end can have come since its last
+            // round took what there was, so the rest of the step would
+            // find nothing. This is the loop a waiting call spins in.
+            Ok(false) if self.waiting => return false,
+            Ok(_) => None,
+            Err(error) => Some(error),
+        };
         let wanted = self.recvs.len().max(1);
-        // Whether a round of progress ran after the last message taken:
-        // taking one frees credit and releases an acknowledgement held
-        // back for a reply, which only a round sends.
-        let mut settled = false;
         while self.received.len() < wanted {
-            match link.try_recv_delivery() {
-                Ok(Some(delivery)) => {
+            match link.take_delivery() {
+                Some(delivery) => {
                     self.message_bytes_received += delivery.len() as u64;
                     self.received.push_back(delivery);
                 }
-                Ok(None) => {
-                    settled = true;
-                    break;
-                }
-                Err(error) => {
-                    ended = Some(error);
-                    settled = true;
+                None => {
+                    if ended.is_none() {
+                        ended = link.check_open().err();
+                    }
                     break;
                 }
             }
-        }
-        if !settled && let Err(error) = link.progress().and_then(|_| link.check_open()) {
-            ended = Some(error);
         }
         if ended.is_some() {
             // The link is over: keep every message delivered before the
@@ -737,7 +767,7 @@ impl LinkState {
             {
                 into.posted = Some(link.post_recv(Box::new(target)));
             }
-            moved = self.step();
+            moved = self.step_for_delivery();
         }
         if let Some(front) = self.received.front() {
             let ours =
@@ -807,7 +837,7 @@ impl LinkState {
         self.refuse_while_posted("barlink_recv_message")?;
         let mut moved = false;
         if self.received.is_empty() {
-            moved = self.step();
+            moved = self.step_for_delivery();
         }
         if let Some(delivery) = self.received.pop_front() {
             let data = match delivery {

@@ -322,6 +322,10 @@ fn too_small_buffers_lose_nothing() {
     let (status, len) = recv(b, &mut small, 5000);
     assert_eq!((status, len), (BARLINK_OK, 0));
     drop(driver);
+    // b's last receive left its acknowledgement for b's next round (the
+    // reply's, usually), as the Rust link does: one round sends it, or
+    // a's close would wait for it.
+    assert_eq!(barlink_progress(b), BARLINK_OK);
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
@@ -355,6 +359,10 @@ fn a_receive_that_returned_never_writes_its_buffer_again() {
         "the first call's buffer was written after it returned"
     );
     drop(driver);
+    // b's last receive left its acknowledgement for b's next round (the
+    // reply's, usually), as the Rust link does: one round sends it, or
+    // a's close would wait for it.
+    assert_eq!(barlink_progress(b), BARLINK_OK);
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
@@ -426,6 +434,10 @@ fn posted_receives_take_messages_in_order_and_complete_once() {
     assert_eq!(recv(b, &mut whole, 5000), (BARLINK_OK, 1000));
     assert_eq!(whole, big);
     drop(driver);
+    // b's last receive left its acknowledgement for b's next round (the
+    // reply's, usually), as the Rust link does: one round sends it, or
+    // a's close would wait for it.
+    assert_eq!(barlink_progress(b), BARLINK_OK);
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
@@ -469,6 +481,10 @@ fn message_too_long() {
     let mut buf = [0u8; 1000];
     assert_eq!(recv(b, &mut buf, 5000), (BARLINK_OK, 1000));
     drop(driver);
+    // b's last receive left its acknowledgement for b's next round (the
+    // reply's, usually), as the Rust link does: one round sends it, or
+    // a's close would wait for it.
+    assert_eq!(barlink_progress(b), BARLINK_OK);
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
