@@ -10,14 +10,13 @@
 //! freeing the wrong memory.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
-
 use crate::error::{Error, Result};
+use crate::ids::IdMap;
 
 /// The messages a link's caller holds, by id.
 #[derive(Debug, Default)]
 pub(crate) struct HeldMessages {
-    messages: HashMap<u64, Vec<u8>>,
+    messages: IdMap<Vec<u8>>,
     next_id: u64,
 }
 

@@ -29,6 +29,7 @@
 mod api;
 mod error;
 mod held;
+mod ids;
 mod link;
 mod payload;
 mod peer;

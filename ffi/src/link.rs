@@ -192,8 +192,10 @@ pub(crate) struct LinkState {
     /// it before sending or running timers, when nothing is due (the
     /// caller's answer usually carries the acknowledgement).
     for_delivery: bool,
-    /// Messages the engine holds, by message id.
-    requests: BTreeMap<u64, Request>,
+    /// Messages the engine holds, by message id, oldest first (the
+    /// engine numbers messages in the order they are queued, and completes
+    /// them in that order).
+    requests: VecDeque<(u64, Request)>,
     /// Posted receives not yet completed (`barlink_post_recv`).
     recvs: PostedRecvs,
     /// Messages received in place and not yet released.
@@ -297,7 +299,7 @@ impl LinkCell {
                 received: VecDeque::new(),
                 waiting: false,
                 for_delivery: false,
-                requests: BTreeMap::new(),
+                requests: VecDeque::new(),
                 recvs: PostedRecvs::default(),
                 held: HeldMessages::default(),
                 send_buffers: Arc::default(),
@@ -576,11 +578,11 @@ impl LinkState {
             // barlink reads none of the caller's memory.
             self.link = None;
         }
-        while let Some(entry) = self.requests.first_entry() {
-            if !entry.get().released.load(Ordering::Acquire) {
+        while let Some((_, front)) = self.requests.front() {
+            if !front.released.load(Ordering::Acquire) {
                 break;
             }
-            let (msg_id, request) = entry.remove_entry();
+            let (msg_id, request) = self.requests.pop_front().expect("checked above");
             let status = if succeeded > 0 {
                 succeeded -= 1;
                 self.message_bytes_sent += request.len;
@@ -628,7 +630,11 @@ impl LinkState {
         let len = payload.as_ref().len() as u64;
         match link.try_send(payload) {
             Ok(MessageId(id)) => {
-                self.requests.insert(
+                debug_assert!(
+                    self.requests.back().is_none_or(|(last, _)| *last < id),
+                    "the engine numbers messages in order"
+                );
+                self.requests.push_back((
                     id,
                     Request {
                         user_tag,
@@ -636,7 +642,7 @@ impl LinkState {
                         released,
                         report,
                     },
-                );
+                ));
                 Ok(Ok(id))
             }
             Err(SendError::QueueFull(payload)) => Ok(Err(payload)),
@@ -896,7 +902,10 @@ impl LinkState {
             } else {
                 request
                     .checked_sub(1)
-                    .and_then(|index| self.requests.get(&index))
+                    .and_then(|index| {
+                        let at = self.requests.binary_search_by_key(&index, |(id, _)| *id);
+                        at.ok().map(|at| &self.requests[at].1)
+                    })
                     .is_some_and(|entry| entry.report)
             };
             if !posted {
@@ -979,7 +988,7 @@ impl LinkState {
             malformed: engine.malformed,
             duplicates: engine.duplicates,
             credit_stalls: engine.credit_stalls,
-            requests_in_flight: (self.requests.values().filter(|r| r.report).count()
+            requests_in_flight: (self.requests.iter().filter(|(_, r)| r.report).count()
                 + self.done.len()) as u64,
             messages_held: self.held.len() as u64,
         }

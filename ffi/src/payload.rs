@@ -123,7 +123,14 @@ impl Region {
 /// kernel above the allocator's mmap threshold (128 KiB), at every send.
 #[derive(Debug, Default)]
 pub(crate) struct SendBuffers {
-    spares: Mutex<Vec<Vec<u8>>>,
+    spares: Mutex<Spares>,
+}
+
+/// Buffers kept, oldest first, and their capacities' total.
+#[derive(Debug, Default)]
+struct Spares {
+    buffers: Vec<Vec<u8>>,
+    bytes: usize,
 }
 
 /// Most spare send buffers a link keeps, and most bytes in all.
@@ -131,7 +138,7 @@ const MAX_SPARE_SENDS: usize = 64;
 const MAX_SPARE_SEND_BYTES: usize = 64 << 20;
 
 impl SendBuffers {
-    fn spares(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+    fn spares(&self) -> std::sync::MutexGuard<'_, Spares> {
         // A Vec of Vecs cannot be left half-updated: ignore poisoning.
         self.spares.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -140,9 +147,10 @@ impl SendBuffers {
     /// kept (the newest such), else an empty new one.
     pub(crate) fn take(&self, len: usize) -> Vec<u8> {
         let mut spares = self.spares();
-        match spares.iter().rposition(|b| b.capacity() >= len) {
+        match spares.buffers.iter().rposition(|b| b.capacity() >= len) {
             Some(at) => {
-                let mut buf = spares.swap_remove(at);
+                let mut buf = spares.buffers.swap_remove(at);
+                spares.bytes -= buf.capacity();
                 buf.clear();
                 buf
             }
@@ -156,10 +164,11 @@ impl SendBuffers {
             return;
         }
         let mut spares = self.spares();
-        spares.push(buf);
-        let mut total: usize = spares.iter().map(Vec::capacity).sum();
-        while spares.len() > MAX_SPARE_SENDS || total > MAX_SPARE_SEND_BYTES {
-            total -= spares.remove(0).capacity();
+        spares.bytes += buf.capacity();
+        spares.buffers.push(buf);
+        while spares.buffers.len() > MAX_SPARE_SENDS || spares.bytes > MAX_SPARE_SEND_BYTES {
+            let oldest = spares.buffers.remove(0);
+            spares.bytes -= oldest.capacity();
         }
     }
 }
@@ -311,7 +320,7 @@ mod tests {
         for _ in 0..MAX_SPARE_SENDS + 6 {
             buffers.give(vec![7u8; 1000]);
         }
-        assert_eq!(buffers.spares().len(), MAX_SPARE_SENDS);
+        assert_eq!(buffers.spares().buffers.len(), MAX_SPARE_SENDS);
         let reused = buffers.take(1000);
         assert!(reused.is_empty() && reused.capacity() >= 1000);
         // Too small for 2000 bytes: none fits.
@@ -320,6 +329,7 @@ mod tests {
         assert!(
             buffers
                 .spares()
+                .buffers
                 .iter()
                 .all(|b| b.capacity() <= MAX_SPARE_SEND_BYTES)
         );
@@ -327,7 +337,9 @@ mod tests {
         for _ in 0..8 {
             buffers.give(Vec::with_capacity(16 << 20));
         }
-        let total: usize = buffers.spares().iter().map(Vec::capacity).sum();
+        let spares = buffers.spares();
+        let total: usize = spares.buffers.iter().map(Vec::capacity).sum();
         assert!(total <= MAX_SPARE_SEND_BYTES, "{total}");
+        assert_eq!(spares.bytes, total, "the running total is the sum");
     }
 }

@@ -9,11 +9,12 @@
 //! call on it finishes safely (and sees it closed at its next step).
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{Arc, LazyLock, RwLock, Weak};
 
 use crate::error::{Error, Result};
+use crate::ids::IdMap;
 use crate::link::LinkCell;
 use crate::payload::Region;
 use crate::peer::ListenerCell;
@@ -57,10 +58,12 @@ const ID_BITS: u32 = 56;
 const ID_MASK: u64 = (1 << ID_BITS) - 1;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-static OBJECTS: LazyLock<RwLock<HashMap<u64, Object>>> =
-    LazyLock::new(|| RwLock::new(HashMap::new()));
+static OBJECTS: LazyLock<RwLock<Objects>> = LazyLock::new(|| RwLock::new(Objects::default()));
 
-fn objects_read() -> std::sync::RwLockReadGuard<'static, HashMap<u64, Object>> {
+/// Handles by value.
+type Objects = IdMap<Object>;
+
+fn objects_read() -> std::sync::RwLockReadGuard<'static, Objects> {
     // Nothing panics while holding the lock except on allocation failure,
     // which aborts: a poisoned map is still consistent.
     OBJECTS
@@ -68,7 +71,7 @@ fn objects_read() -> std::sync::RwLockReadGuard<'static, HashMap<u64, Object>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn objects_write() -> std::sync::RwLockWriteGuard<'static, HashMap<u64, Object>> {
+fn objects_write() -> std::sync::RwLockWriteGuard<'static, Objects> {
     OBJECTS
         .write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -129,9 +132,48 @@ fn remove(value: u64, kind: Kind) -> Result<Object> {
     if value >> ID_BITS != kind as u64 {
         return Err(explain(value, kind));
     }
-    objects_write()
+    let removed = objects_write()
         .remove(&value)
-        .ok_or_else(|| explain(value, kind))
+        .ok_or_else(|| explain(value, kind));
+    if removed.is_ok() {
+        // After the removal: a thread that reads the old count may still
+        // use its cached cell, as a call that began before the close would.
+        REMOVALS.fetch_add(1, Ordering::Release);
+    }
+    removed
+}
+
+/// Handles removed so far: a link a thread cached is good only while this
+/// has not moved since it was looked up.
+static REMOVALS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's last link lookup: its handle value, [`REMOVALS`] as
+    /// read before the lookup, and the cell. Every call on a link looks it
+    /// up, and a thread mostly calls one link; the registry's lock and
+    /// hash then stay out of the way. A weak reference: the cache never
+    /// keeps a closed link's cell alive.
+    static LAST_LINK: RefCell<Option<(u64, u64, Weak<LinkCell>)>> = const { RefCell::new(None) };
+}
+
+/// The cell this thread looked `value` up as last, if no handle was
+/// removed since.
+fn cached_link(value: u64, removals: u64) -> Option<Arc<LinkCell>> {
+    LAST_LINK
+        .try_with(|last| match &*last.try_borrow().ok()? {
+            Some((cached, seen, cell)) if *cached == value && *seen == removals => cell.upgrade(),
+            _ => None,
+        })
+        .ok()
+        .flatten()
+}
+
+fn cache_link(value: u64, removals: u64, cell: &Arc<LinkCell>) {
+    let _ = LAST_LINK.try_with(|last| {
+        if let Ok(mut last) = last.try_borrow_mut() {
+            *last = Some((value, removals, Arc::downgrade(cell)));
+        }
+    });
 }
 
 pub(crate) fn insert_link(cell: Arc<LinkCell>) -> Result<u64> {
@@ -147,8 +189,16 @@ pub(crate) fn insert_buffer(region: Arc<Region>) -> Result<u64> {
 }
 
 pub(crate) fn link(value: u64) -> Result<Arc<LinkCell>> {
+    // Read before the lookup (see `remove`).
+    let removals = REMOVALS.load(Ordering::Acquire);
+    if let Some(cell) = cached_link(value, removals) {
+        return Ok(cell);
+    }
     match get(value, Kind::Link)? {
-        Object::Link(cell) => Ok(cell),
+        Object::Link(cell) => {
+            cache_link(value, removals, &cell);
+            Ok(cell)
+        }
         _ => Err(explain(value, Kind::Link)),
     }
 }
