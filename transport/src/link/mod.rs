@@ -727,6 +727,19 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     /// at once when nothing needs to go out and no timer is due, as
     /// [`Link::recv`]'s rounds do (see `progress_inner`).
     pub fn progress_waiting(&mut self, fresh: bool, for_delivery: bool) -> Result<bool, IoError> {
+        let round = if for_delivery {
+            Round::UntilDelivery
+        } else {
+            Round::Full
+        };
+        self.idle_round(fresh, round).map(|(_, moved)| moved)
+    }
+
+    /// A round that reuses the clock of the idle rounds before it, reading
+    /// it only every few rounds or when `fresh` (see
+    /// [`Link::progress_waiting`]): the instant it ran at, and whether
+    /// anything moved.
+    fn idle_round(&mut self, fresh: bool, round: Round) -> Result<(Time, bool), IoError> {
         let instant = match self.idle_clock {
             Some(instant)
                 if !fresh && !self.idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS) =>
@@ -734,11 +747,6 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
                 instant
             }
             _ => self.now(),
-        };
-        let round = if for_delivery {
-            Round::UntilDelivery
-        } else {
-            Round::Full
         };
         let moved = self.progress_at(instant, round)?;
         if moved {
@@ -748,7 +756,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             self.idle_clock = Some(instant);
             self.idle_rounds = self.idle_rounds.wrapping_add(1);
         }
-        Ok(moved)
+        Ok((instant, moved))
     }
 
     fn progress_at(&mut self, now: Time, round: Round) -> Result<bool, IoError> {
@@ -1065,26 +1073,12 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         // hundred nanoseconds and the engine's timers are milliseconds.
         // The first wait of a call reads the clock afresh: the caller may
         // have been away since the last idle round.
-        let instant = match self.idle_clock {
-            Some(instant)
-                if deadline.is_some()
-                    && !self.idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS) =>
-            {
-                instant
-            }
-            _ => self.now(),
-        };
+        let (instant, moved) = self.idle_round(deadline.is_none(), round)?;
         let deadline = *deadline.get_or_insert(instant + timeout);
-        let moved = self.progress_at(instant, round)?;
         if instant >= deadline {
             return Err(IoError::Timeout { after: timeout });
         }
-        if moved {
-            self.idle_rounds = 0;
-            self.idle_clock = None;
-        } else {
-            self.idle_clock = Some(instant);
-            self.idle_rounds = self.idle_rounds.wrapping_add(1);
+        if !moved {
             if self.idle_rounds.is_multiple_of(SPINS_BEFORE_YIELD) {
                 std::thread::yield_now();
             } else {
