@@ -490,28 +490,32 @@ impl LinkState {
         // back for a reply goes with the next round (the reply's, usually),
         // not in a round of its own.
         let mut ended = match link.progress_waiting(!self.waiting, self.for_delivery) {
-            // A blocking call's later rounds, while nothing moves: no
-            // message, completion or end can have come since its last
-            // round took what there was, so the rest of the step would
+            // A blocking call's later rounds, while nothing moves, no
+            // message waits and nothing completed or ended (another
+            // thread's receive round may have brought completions or an
+            // end without collecting them): the rest of the step would
             // find nothing. This is the loop a waiting call spins in.
-            Ok(false) if self.waiting => return false,
+            Ok(false)
+                if self.waiting
+                    && self.received.is_empty()
+                    && link.completed() == self.completed_seen
+                    && link.check_open().is_ok() =>
+            {
+                return false;
+            }
             Ok(_) => None,
             Err(error) => Some(error),
         };
         let wanted = self.recvs.len().max(1);
         while self.received.len() < wanted {
-            match link.take_delivery() {
-                Some(delivery) => {
-                    self.message_bytes_received += delivery.len() as u64;
-                    self.received.push_back(delivery);
-                }
-                None => {
-                    if ended.is_none() {
-                        ended = link.check_open().err();
-                    }
-                    break;
-                }
-            }
+            let Some(delivery) = link.take_delivery() else {
+                break;
+            };
+            self.message_bytes_received += delivery.len() as u64;
+            self.received.push_back(delivery);
+        }
+        if ended.is_none() {
+            ended = link.check_open().err();
         }
         if ended.is_some() {
             // The link is over: keep every message delivered before the

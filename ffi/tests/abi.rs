@@ -511,6 +511,9 @@ fn posted_zero_copy_sends_complete_once() {
                 assert_eq!(status, BARLINK_OK, "{}", last_error());
                 got.extend_from_slice(&buf[..len]);
             }
+            // The last receive left its acknowledgement for b's next
+            // round; a receiving process would go on driving its link.
+            assert_eq!(barlink_progress(b), BARLINK_OK);
             got
         }
     });
@@ -770,7 +773,19 @@ fn threads_share_a_link() {
     for sender in senders {
         sender.join().unwrap();
     }
-    assert_eq!(barlink_flush(a, 10_000), BARLINK_OK, "{}", last_error());
+    // a's messages go out only while a is driven, and the receivers'
+    // last receive may leave its acknowledgement for b's next round once
+    // they have stopped: drive both until a's flush completes.
+    let start = std::time::Instant::now();
+    loop {
+        match barlink_flush(a, 100) {
+            BARLINK_OK => break,
+            BARLINK_TIMEOUT => {}
+            other => panic!("{other:?}: {}", last_error()),
+        }
+        assert_eq!(barlink_progress(b), BARLINK_OK, "{}", last_error());
+        assert!(start.elapsed().as_secs() < 20, "a's flush never finished");
+    }
     let mut all: Vec<(u64, u64)> = receivers
         .into_iter()
         .flat_map(|r| r.join().unwrap())
@@ -884,47 +899,5 @@ fn a_peer_of_another_user_is_refused_through_the_c_api() {
     assert!(
         printed.contains("refused this process (uid 65534)"),
         "{printed}"
-    );
-}
-
-/// Progress threads alive in this process, by their name.
-fn progress_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        // The kernel keeps 15 bytes of a thread's name.
-        .filter(|name| name.trim() == "barlink-progres")
-        .count()
-}
-
-/// A thread's calls on a link remember it (the registry's per-thread
-/// cache); closed, the handle is still refused as closed, and the link's
-/// progress thread still ends.
-#[test]
-fn a_link_this_thread_used_is_refused_once_closed_and_its_thread_ends() {
-    let before = progress_threads();
-    let config = barlink_config {
-        struct_size: std::mem::size_of::<barlink_config>() as u32,
-        flags: BARLINK_CONFIG_PROGRESS_THREAD,
-        ..barlink_config::default()
-    };
-    let (a, b) = pair(Some(&config));
-    assert_eq!(progress_threads(), before + 2);
-    for _ in 0..3 {
-        assert_eq!(send(a, b"cached"), BARLINK_OK);
-        let mut buf = [0u8; 16];
-        assert_eq!(recv(b, &mut buf, 5000), (BARLINK_OK, 6));
-    }
-    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
-    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
-    expect(send(a, b"late"), BARLINK_INVALID_HANDLE, "already closed");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while progress_threads() > before && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_eq!(
-        progress_threads(),
-        before,
-        "a closed link's thread lives on"
     );
 }
