@@ -706,7 +706,7 @@ pub(crate) fn bar_link<B: AsRef<[u8]>>(
         Ok(true) => {}
         Ok(false) => tracing::warn!(
             window = %bars.own,
-            "the file system keeps no locks: nothing stops another link from using this BAR window"
+            "the kernel refused a file lock on this BAR window: nothing stops another link from using it"
         ),
         Err(error) => {
             return Err(failed(format!(

@@ -117,13 +117,17 @@ impl BarWindow {
 
     /// Claims this window as a link's receive ring for as long as its
     /// mapping lives (the window, and any slice or clone of it): another
-    /// open of the same BAR through sysfs that claims any of these bytes,
-    /// in another process or this one, gets [`VfioError::WindowInUse`]
+    /// open of the same sysfs file that claims any of these bytes, in
+    /// another process or this one, gets [`VfioError::WindowInUse`]
     /// instead of laying a second ring over a live one. Claims are file
-    /// locks on the `resourceN` file (open file description locks), so a
-    /// process that dies gives its windows back. A window mapped through
-    /// VFIO needs none: a VFIO group is open in one process at a time.
-    /// `Ok(false)`: the file system keeps no locks, and the window goes
+    /// locks (open file description locks) on the file mapped, so a
+    /// process that dies gives its windows back; `resourceN` and
+    /// `resourceN_wc` are separate files, and barlink maps the latter
+    /// whenever it exists. A child that inherits the descriptor (`fork`)
+    /// holds the claim too. A window mapped through VFIO needs none: a VFIO
+    /// group is open in one process at a time. `Ok(false)`: the kernel
+    /// refused file locks here (`ENOLCK`, or `EINVAL` from a kernel
+    /// without open file description locks), and the window goes
     /// unclaimed (the caller says so).
     pub fn claim_ring(&self) -> Result<bool, VfioError> {
         let (Some(fd), BarSource::Sysfs { path, .. }) = (self.file, &*self.source) else {
