@@ -17,7 +17,6 @@
 //! file under it) lives while any slice does.
 
 use std::fmt;
-use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -89,9 +88,6 @@ pub struct BarWindow {
     offset: usize,
     len: usize,
     source: Arc<BarSource>,
-    /// The open `resourceN` file behind a sysfs mapping (it stays open
-    /// while the region is mapped), for [`BarWindow::claim_ring`].
-    file: Option<RawFd>,
 }
 
 impl fmt::Debug for BarWindow {
@@ -111,7 +107,6 @@ impl BarWindow {
             region,
             offset: 0,
             source: Arc::new(source),
-            file: None,
         }
     }
 
@@ -130,7 +125,7 @@ impl BarWindow {
     /// without open file description locks), and the window goes
     /// unclaimed (the caller says so).
     pub fn claim_ring(&self) -> Result<bool, VfioError> {
-        let (Some(fd), BarSource::Sysfs { path, .. }) = (self.file, &*self.source) else {
+        let (Some(fd), BarSource::Sysfs { path, .. }) = (self.region.fd(), &*self.source) else {
             return Ok(true);
         };
         let (offset, len) = (self.offset as u64, self.len as u64);
@@ -188,7 +183,6 @@ impl BarWindow {
             offset: self.offset + offset,
             len,
             source: self.source.clone(),
-            file: self.file,
         })
     }
 
@@ -371,7 +365,7 @@ impl SysfsBar {
                     errno,
                 }
             })?;
-        let mut window = BarWindow::new(
+        Ok(BarWindow::new(
             Arc::new(region),
             BarSource::Sysfs {
                 bdf,
@@ -379,9 +373,7 @@ impl SysfsBar {
                 path,
                 write_combining,
             },
-        );
-        window.file = Some(fd);
-        Ok(window)
+        ))
     }
 }
 

@@ -34,6 +34,9 @@ pub struct Region {
     len: usize,
     prot: Prot,
     sys: Arc<dyn VfioSys>,
+    /// The descriptor mapped, if any; open while the region is (its owner
+    /// keeps it).
+    fd: Option<RawFd>,
     /// Dropped after the `munmap` in `drop` (fields drop after the body).
     _owner: Option<Owner>,
 }
@@ -82,6 +85,7 @@ impl Region {
             len,
             prot,
             sys,
+            fd,
             _owner: owner,
         })
     }
@@ -94,6 +98,11 @@ impl Region {
     /// The system-call layer it was mapped through.
     pub(crate) fn sys(&self) -> &Arc<dyn VfioSys> {
         &self.sys
+    }
+
+    /// The descriptor it maps (`None` for anonymous memory).
+    pub(crate) fn fd(&self) -> Option<RawFd> {
+        self.fd
     }
 
     /// Length in bytes.
