@@ -19,6 +19,19 @@ fn progress_threads() -> usize {
         .count()
 }
 
+/// Waits up to two seconds for the count of progress threads to reach
+/// `expected`: a new thread names itself once it runs, and an ended one
+/// leaves `/proc` a moment after its link closed.
+fn progress_threads_settle_at(expected: usize) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut count = progress_threads();
+    while count != expected && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        count = progress_threads();
+    }
+    count
+}
+
 /// A thread's calls on a link remember it (the registry's per-thread
 /// cache); closed, the handle is still refused as closed, and the link's
 /// progress thread still ends.
@@ -31,7 +44,11 @@ fn a_link_this_thread_used_is_refused_once_closed_and_its_thread_ends() {
         ..barlink_config::default()
     };
     let (a, b) = pair(Some(&config));
-    assert_eq!(progress_threads(), before + 2);
+    assert_eq!(
+        progress_threads_settle_at(before + 2),
+        before + 2,
+        "each link starts its progress thread"
+    );
     for _ in 0..3 {
         assert_eq!(send(a, b"cached"), BARLINK_OK);
         let mut buf = [0u8; 16];
@@ -40,12 +57,8 @@ fn a_link_this_thread_used_is_refused_once_closed_and_its_thread_ends() {
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
     expect(send(a, b"late"), BARLINK_INVALID_HANDLE, "already closed");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while progress_threads() > before && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
     assert_eq!(
-        progress_threads(),
+        progress_threads_settle_at(before),
         before,
         "a closed link's thread lives on"
     );
