@@ -86,6 +86,21 @@ class Exchange:
         reduce: Optional[tuple[str, str]] = None,
         tag: Optional[bytes] = None,
     ) -> None: ...
+    @staticmethod
+    def chain(
+        send_to: Link,
+        recv_from: Link,
+        steps: Sequence[tuple[Buffer, Buffer, bool]],
+        *,
+        chunk: int = 1 << 20,
+        reduce: Optional[tuple[str, str]] = None,
+        tag: Optional[bytes] = None,
+    ) -> "Exchange":
+        """The steps of a ring as one exchange: each `(send_buf, recv_buf,
+        combines)` sends over `send_to` while receiving over `recv_from`,
+        and each step after the first sends the buffer the step before it
+        received, every chunk as soon as it arrived (and was combined with
+        `reduce`, where `combines`)."""
     def test(self) -> bool: ...
     def wait(self, timeout: Optional[float] = None) -> None: ...
     @property

@@ -135,6 +135,40 @@ impl BufferView {
         unsafe { std::slice::from_raw_parts_mut(self.view.buf.cast::<u8>(), self.len()) }
     }
 
+    /// The bytes of `range`, read in place: a slice of that range only, so
+    /// that it aliases nothing written meanwhile elsewhere in the buffer.
+    pub fn range(&self, range: std::ops::Range<usize>) -> &[u8] {
+        assert!(
+            range.start <= range.end && range.end <= self.len(),
+            "the range lies in the buffer"
+        );
+        if range.is_empty() {
+            return &[];
+        }
+        // SAFETY: as in `bytes`; the range lies in the `len` bytes
+        // (checked above).
+        unsafe {
+            std::slice::from_raw_parts(self.view.buf.cast::<u8>().add(range.start), range.len())
+        }
+    }
+
+    /// The bytes of `range`, to write in place (a view got `writable`): a
+    /// slice of that range only, like [`BufferView::range`].
+    pub fn range_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+        assert!(
+            self.view.readonly == 0 && range.start <= range.end && range.end <= self.len(),
+            "the buffer was checked to be writable, and the range lies in it"
+        );
+        if range.is_empty() {
+            return &mut [];
+        }
+        // SAFETY: as in `bytes_mut`; the range lies in the `len` bytes
+        // (checked above).
+        unsafe {
+            std::slice::from_raw_parts_mut(self.view.buf.cast::<u8>().add(range.start), range.len())
+        }
+    }
+
     /// Lends `range` of the buffer (a view got `writable`) to a link as a
     /// receive target, so that a message lands there with no copy after
     /// the checked one out of the medium.
@@ -529,13 +563,16 @@ impl LandingView {
         self.lent.clear();
     }
 
-    /// The bytes, to write in place; only while nothing is lent.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
+    /// The bytes of `range`, to write in place; only while no lent range
+    /// overlaps it.
+    pub fn range_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
         assert!(
-            self.lent.is_empty(),
+            self.lent
+                .iter()
+                .all(|(_, r)| range.end <= r.start || r.end <= range.start),
             "lent ranges are taken back before the view is written here"
         );
-        self.view.bytes_mut()
+        self.view.range_mut(range)
     }
 }
 

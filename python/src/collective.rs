@@ -10,6 +10,7 @@
 //! against the one this side expects before a byte of it is used.
 #![forbid(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use barlink::Connection;
-use barlink_transport::{Delivery, PostId};
+use barlink_transport::{Delivery, PostId, RecvTarget};
 
 use crate::buffer::{BufferView, LandingView};
 use crate::link::{Deadline, Failure, HeldView, Link, Payload, Shared};
@@ -45,6 +46,9 @@ struct Sending {
     tag: Option<Vec<u8>>,
     /// Offset of the next chunk to queue.
     next: usize,
+    /// Bytes that may be queued so far: `len`, unless the bytes are still
+    /// arriving from a receiving half (a chain's step).
+    limit: usize,
     /// Index of the last message queued.
     last: Option<u64>,
 }
@@ -67,6 +71,9 @@ impl Sending {
         }
         while self.next < self.len {
             let end = (self.next + self.chunk).min(self.len);
+            if end > self.limit {
+                break;
+            }
             let payload = Payload::HeldRange(self.held.clone(), self.next..end);
             match state.queue(payload, Duration::ZERO)? {
                 Ok(index) => {
@@ -79,28 +86,84 @@ impl Sending {
         }
         let conn = state.conn()?;
         moved |= conn.progress()?;
-        let queued = self.tag.is_none() && self.next >= self.len;
         let acknowledged = self.last.is_none_or(|last| conn.completed() > last);
         if !acknowledged {
             conn.check_open()?;
         }
-        Ok((queued && acknowledged, moved))
+        Ok((self.queued() && acknowledged, moved))
+    }
+
+    /// Whether every message is queued.
+    fn queued(&self) -> bool {
+        self.tag.is_none() && self.next >= self.len
     }
 }
 
 /// Chunks lent to the link ahead of their arrival, at most: enough that
 /// the chunks a round of progress brings in find their place posted.
-const LENT_AHEAD: usize = 8;
+const LENT_AHEAD: usize = 16;
+
+/// Chunk-sized buffers that combining receives lend the link, kept for
+/// reuse across exchanges so that a chunk lands in memory that is already
+/// mapped and warm. One for the process, holding at most `LENT_AHEAD`.
+#[derive(Debug, Default)]
+struct ScratchPool(Mutex<Vec<Vec<u8>>>);
+
+static SCRATCH: std::sync::LazyLock<Arc<ScratchPool>> = std::sync::LazyLock::new(Arc::default);
+
+impl ScratchPool {
+    fn take(self: &Arc<Self>, len: usize) -> Scratch {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // One of this length if there is one: no bytes to zero.
+        let found = kept.iter().rposition(|bytes| bytes.len() == len);
+        let mut bytes = match found {
+            Some(index) => kept.swap_remove(index),
+            None => kept.pop().unwrap_or_default(),
+        };
+        drop(kept);
+        bytes.resize(len, 0);
+        Scratch {
+            bytes,
+            pool: Arc::clone(self),
+        }
+    }
+}
+
+/// A receive target of a combining receive: the chunk lands here, checked,
+/// and is combined into the buffer from here. Back to its pool when
+/// dropped, by the receive or by the link.
+struct Scratch {
+    bytes: Vec<u8>,
+    pool: Arc<ScratchPool>,
+}
+
+impl RecvTarget for Scratch {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let mut kept = self.pool.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() < LENT_AHEAD {
+            kept.push(std::mem::take(&mut self.bytes));
+        }
+    }
+}
 
 /// The receiving half: the tag the peer must send first, then chunks
 /// landed, copied or combined into the buffer.
 ///
-/// Chunks to be copied (no reduction) are lent to the link as receive
-/// targets before they arrive, so they land in the buffer with no copy
-/// after the checked one out of the medium; the tag gets a target of its
-/// own, first. A message that arrives anywhere else (it began before its
-/// target was posted) is copied, after every lent range is taken back, and
-/// lending starts again after it.
+/// Targets are lent to the link before their chunks arrive: the buffer's
+/// own ranges where chunks are copied, so they land in place with no copy
+/// after the checked one out of the medium; scratch buffers where they are
+/// combined; the tag's own, first. In a chain, a half whose every chunk
+/// has a target lets the next half lend too, so the next step's chunks
+/// land in place as well. A message that arrives anywhere else (it began
+/// before its target was posted) is copied, after every target of this
+/// half and of the halves after it is taken back, and lending starts
+/// again after it.
 #[derive(Debug)]
 struct Receiving {
     shared: Arc<Shared>,
@@ -109,6 +172,8 @@ struct Receiving {
     tag: Option<Vec<u8>>,
     /// The tag's own target, while lent.
     tag_post: Option<PostId>,
+    /// Scratch targets lent, in the order posted.
+    scratch: VecDeque<PostId>,
     /// Bytes of the buffer written so far.
     done: usize,
     /// Bytes of the buffer lent so far (`done` and beyond).
@@ -120,6 +185,8 @@ struct Receiving {
 enum Arrived {
     /// In the range of the buffer it was lent for.
     InPlace(std::ops::Range<usize>),
+    /// In a scratch target, this long.
+    Scratch(Box<dyn RecvTarget>, usize),
     /// In the tag's own target, this long.
     Tag(Vec<u8>),
     /// Anywhere else: its bytes.
@@ -127,24 +194,51 @@ enum Arrived {
 }
 
 impl Receiving {
-    /// Lends the tag's target and the coming chunks' ranges, where the
-    /// chunks are copied, not combined.
-    fn lend_ahead(&mut self, conn: &mut Connection<Payload>) {
-        if self.reduce.is_some() {
-            return;
-        }
+    /// Targets lent and not yet handed back.
+    fn lent(&self) -> usize {
+        usize::from(self.tag_post.is_some()) + self.view.lent() + self.scratch.len()
+    }
+
+    /// Whether every message still to come has its target lent.
+    fn fully_lent(&self) -> bool {
+        (self.tag.is_none() || self.tag_post.is_some()) && self.lent_to >= self.view.len()
+    }
+
+    /// Lends the tag's target and the coming chunks' targets until `room`
+    /// targets of this half are lent.
+    fn lend_ahead(&mut self, conn: &mut Connection<Payload>, room: usize) {
         if let Some(tag) = &self.tag
             && self.tag_post.is_none()
-            && self.view.lent() == 0
+            && self.lent() == 0
+            && room > 0
         {
             self.tag_post = Some(conn.post_recv(Box::new(vec![0u8; tag.len()])));
         }
         let len = self.view.len();
         self.lent_to = self.lent_to.max(self.done);
-        while self.view.lent() < LENT_AHEAD && self.lent_to < len {
+        while self.lent() < room && self.lent_to < len {
             let end = (self.lent_to + self.chunk).min(len);
-            self.view.lend(conn, self.lent_to..end);
+            if self.reduce.is_some() {
+                self.scratch
+                    .push_back(conn.post_recv(Box::new(SCRATCH.take(self.chunk))));
+            } else {
+                self.view.lend(conn, self.lent_to..end);
+            }
             self.lent_to = end;
+        }
+    }
+
+    /// Lends targets for this half and, once all of its are lent, for the
+    /// halves after it, in order: `LENT_AHEAD` in all.
+    fn lend_in_order(&mut self, conn: &mut Connection<Payload>, later: &mut [Receiving]) {
+        let mut lent = 0;
+        for half in std::iter::once(self).chain(later.iter_mut()) {
+            let room = LENT_AHEAD.saturating_sub(lent) + half.lent();
+            half.lend_ahead(conn, room);
+            lent += half.lent();
+            if !half.fully_lent() {
+                break;
+            }
         }
     }
 
@@ -152,22 +246,46 @@ impl Receiving {
     fn take_back(&mut self, conn: Option<&mut Connection<Payload>>) {
         match conn {
             Some(conn) => {
-                if let Some(id) = self.tag_post.take() {
+                let ids = self
+                    .tag_post
+                    .take()
+                    .into_iter()
+                    .chain(self.scratch.drain(..));
+                for id in ids {
                     let _ = conn.unpost_recv(id);
                 }
                 self.view.take_back_all(Some(conn));
             }
             None => {
                 self.tag_post = None;
+                self.scratch.clear();
                 self.view.take_back_all(None);
             }
         }
         self.lent_to = self.done;
     }
 
+    /// Takes back every target of this half and of the halves after it,
+    /// which were lent behind this half's.
+    fn take_back_in_order(
+        &mut self,
+        mut conn: Option<&mut Connection<Payload>>,
+        later: &mut [Receiving],
+    ) {
+        self.take_back(conn.as_deref_mut());
+        for half in later {
+            half.take_back(conn.as_deref_mut());
+        }
+    }
+
     /// Where `delivery` is; anything but the target lent first means the
     /// lent targets are out of step with the messages: all are taken back.
-    fn arrived(&mut self, delivery: Delivery, conn: &mut Connection<Payload>) -> Arrived {
+    fn arrived(
+        &mut self,
+        delivery: Delivery,
+        conn: &mut Connection<Payload>,
+        later: &mut [Receiving],
+    ) -> Arrived {
         match delivery {
             Delivery::Landed { recv, len, .. } => {
                 let id = recv.id();
@@ -176,27 +294,32 @@ impl Receiving {
                     let mut target = recv.into_target();
                     return Arrived::Tag(target.bytes_mut()[..len].to_vec());
                 }
-                if self.tag_post.is_none()
-                    && let Some(range) = self.view.landed(id)
-                {
-                    return Arrived::InPlace(range.start..range.start + len);
+                if self.tag_post.is_none() {
+                    if let Some(range) = self.view.landed(id) {
+                        return Arrived::InPlace(range.start..range.start + len);
+                    }
+                    if self.scratch.front() == Some(&id) {
+                        self.scratch.pop_front();
+                        return Arrived::Scratch(recv.into_target(), len);
+                    }
                 }
                 // Never expected (targets go in the order posted); read it
                 // into memory of its own before the view is written.
                 let bytes = recv.into_target().bytes_mut()[..len].to_vec();
-                self.take_back(Some(conn));
+                self.take_back_in_order(Some(conn), later);
                 Arrived::Elsewhere(bytes)
             }
             Delivery::Message { data, .. } => {
-                self.take_back(Some(conn));
+                self.take_back_in_order(Some(conn), later);
                 Arrived::Elsewhere(data)
             }
         }
     }
 
     /// Takes every message that arrived: whether the buffer is complete,
-    /// and whether anything moved.
-    fn step(&mut self) -> Result<(bool, bool), Failure> {
+    /// and whether anything moved. `later` are the halves after this one
+    /// that may lend targets behind it.
+    fn step(&mut self, later: &mut [Receiving]) -> Result<(bool, bool), Failure> {
         let shared = Arc::clone(&self.shared);
         let mut state = shared.lock();
         shared.spares.give_back(&mut state.conn);
@@ -208,7 +331,7 @@ impl Receiving {
                 None
             } else {
                 if let Some(conn) = state.conn.as_mut() {
-                    self.lend_ahead(conn);
+                    self.lend_in_order(conn, later);
                 }
                 Shared::next_delivery(&mut state)?
             };
@@ -223,15 +346,19 @@ impl Receiving {
                 return Ok((complete, moved));
             };
             moved = true;
-            let arrived = self.arrived(delivery, state.conn()?);
+            let arrived = self.arrived(delivery, state.conn()?, later);
             if let Some(want) = self.tag.take() {
                 let message = match arrived {
                     Arrived::Tag(bytes) | Arrived::Elsewhere(bytes) => bytes,
                     Arrived::InPlace(range) => {
                         // A chunk's target took it: the tag's did not come
                         // first, so the peer sent no tag of this length.
-                        self.take_back(state.conn.as_mut());
-                        self.view.bytes_mut()[range].to_vec()
+                        self.take_back_in_order(state.conn.as_mut(), later);
+                        self.view.range_mut(range).to_vec()
+                    }
+                    Arrived::Scratch(mut target, len) => {
+                        self.take_back_in_order(state.conn.as_mut(), later);
+                        target.bytes_mut()[..len].to_vec()
                     }
                 };
                 if message != want {
@@ -247,6 +374,7 @@ impl Receiving {
             let want = (len - self.done).min(self.chunk);
             let got = match &arrived {
                 Arrived::InPlace(range) => range.len(),
+                Arrived::Scratch(_, len) => *len,
                 Arrived::Tag(bytes) | Arrived::Elsewhere(bytes) => bytes.len(),
             };
             if got != want {
@@ -256,33 +384,42 @@ impl Receiving {
                     self.done
                 )));
             }
+            let range = self.done..self.done + want;
             match arrived {
-                Arrived::InPlace(range) => debug_assert_eq!(range.start, self.done),
+                Arrived::InPlace(landed) => debug_assert_eq!(landed, range),
+                Arrived::Scratch(mut target, len) => {
+                    self.land(range, &target.bytes_mut()[..len])?;
+                }
                 Arrived::Tag(message) | Arrived::Elsewhere(message) => {
-                    let target = &mut self.view.bytes_mut()[self.done..self.done + want];
-                    match self.reduce {
-                        None => target.copy_from_slice(&message),
-                        Some((dtype, op)) => reduce::combine(target, &message, dtype, op)
-                            .map_err(|e| Failure::Mismatch(e.to_string()))?,
-                    }
+                    self.land(range, &message)?;
                     self.shared.spares.keep(message);
                 }
             }
             self.done += want;
         }
     }
+
+    /// Copies or combines a chunk into `range` of the buffer.
+    fn land(&mut self, range: std::ops::Range<usize>, chunk: &[u8]) -> Result<(), Failure> {
+        let target = self.view.range_mut(range);
+        match self.reduce {
+            None => target.copy_from_slice(chunk),
+            Some((dtype, op)) => reduce::combine(target, chunk, dtype, op)
+                .map_err(|e| Failure::Mismatch(e.to_string()))?,
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Receiving {
     fn drop(&mut self) {
-        // The tag's target is a Vec of its own; the view takes its lent
-        // ranges back itself. Taking the tag's back too keeps the link's
-        // next receive from landing in it.
-        if let Some(id) = self.tag_post.take() {
-            let mut state = self.shared.lock();
-            if let Some(conn) = state.conn.as_mut() {
-                let _ = conn.unpost_recv(id);
-            }
+        // The tag's and the scratch targets are buffers of their own; the
+        // view takes its lent ranges back itself. Taking these back too
+        // keeps the link's next receive from landing in them.
+        if self.tag_post.is_some() || !self.scratch.is_empty() {
+            let shared = Arc::clone(&self.shared);
+            let mut state = shared.lock();
+            self.take_back(state.conn.as_mut());
         }
     }
 }
@@ -297,43 +434,174 @@ fn both<A, B>(name: &str, a: Option<A>, b: Option<B>) -> PyResult<Option<(A, B)>
     }
 }
 
-/// A send and a receive in progress (see `Exchange.__new__`).
+/// Sends and receives in progress (see `Exchange.__new__` and
+/// `Exchange.chain`): sending halves over one link, one after another,
+/// and receiving halves over another (or the same), one after another.
 #[derive(Debug)]
 struct Halves {
-    sending: Option<Sending>,
-    receiving: Option<Receiving>,
+    /// Sending halves not yet done, in order; only the front one queues.
+    /// Each but the last leaves once all of it is queued.
+    sends: VecDeque<Sending>,
+    /// Receiving halves not yet complete, in order; only the front one
+    /// takes messages.
+    recvs: VecDeque<Receiving>,
+    /// Whether each sending half after the first sends the buffer the
+    /// receiving half before it receives, each chunk once it arrived.
+    chained: bool,
+    /// Sending halves that left `sends`.
+    sent_steps: usize,
+    /// Receiving halves that left `recvs`.
+    received_steps: usize,
+    /// Where the sending halves that left `sends` read, and the index of
+    /// their last message: a receiving half over the same memory waits
+    /// for the peer's acknowledgement of it (see `cleared`).
+    sent: Vec<(std::ops::Range<usize>, Option<u64>)>,
+    /// The link the sending halves use.
+    send_link: Option<Arc<Shared>>,
+    /// The links' state, to release the views they buried.
+    links: Vec<Arc<Shared>>,
 }
 
 impl Halves {
+    fn new(sends: Vec<Sending>, recvs: Vec<Receiving>, chained: bool) -> Halves {
+        let mut links: Vec<Arc<Shared>> = Vec::new();
+        let shared = sends.iter().map(|s| &s.shared);
+        for link in shared.chain(recvs.iter().map(|r| &r.shared)) {
+            if !links.iter().any(|known| Arc::ptr_eq(known, link)) {
+                links.push(Arc::clone(link));
+            }
+        }
+        Halves {
+            send_link: sends.first().map(|s| Arc::clone(&s.shared)),
+            sends: sends.into(),
+            recvs: recvs.into(),
+            chained,
+            sent_steps: 0,
+            received_steps: 0,
+            sent: Vec::new(),
+            links,
+        }
+    }
+
+    /// Whether receiving half `index` of `recvs` may have its memory
+    /// written: not while an earlier sending half over the same memory may
+    /// still read it again for a retransmission, on another link that
+    /// another thread may drive meanwhile. In a ring the peer's bytes for
+    /// it come only after the peer received those, so this waits for no
+    /// more than the acknowledgement. Over one link, retransmissions and
+    /// landings take turns under its lock, and a retransmission of a chunk
+    /// the peer already has is discarded there whatever it holds.
+    fn cleared(&mut self, index: usize) -> Result<bool, Failure> {
+        let Some(send_link) = &self.send_link else {
+            return Ok(true);
+        };
+        let half = &self.recvs[index];
+        if Arc::ptr_eq(send_link, &half.shared) {
+            return Ok(true);
+        }
+        let span = half.view.span();
+        let overlaps =
+            |read: &std::ops::Range<usize>| read.start < span.end && span.start < read.end;
+        // Sending halves still in `sends` that come before this receiving
+        // half; the one of the same step was refused overlap when built.
+        let step = self.received_steps + index;
+        let waiting = self.sends.iter().take(step.saturating_sub(self.sent_steps));
+        for sending in waiting {
+            if overlaps(&sending.held.span()) {
+                return Ok(false);
+            }
+        }
+        let mut entry = 0;
+        while entry < self.sent.len() {
+            let (read, last) = &self.sent[entry];
+            if !overlaps(read) {
+                entry += 1;
+                continue;
+            }
+            let acknowledged = match last {
+                None => true,
+                Some(last) => send_link.lock().conn()?.completed() > *last,
+            };
+            if !acknowledged {
+                return Ok(false);
+            }
+            self.sent.swap_remove(entry);
+        }
+        Ok(true)
+    }
+
+    /// Steps the halves once each: whether all are done, and whether
+    /// anything moved.
+    fn step(&mut self) -> Result<(bool, bool), Failure> {
+        let mut moved = false;
+        // Receiving first: it lends the buffer to the link before the
+        // sending half's progress can bring the first chunks in.
+        while !self.recvs.is_empty() && self.cleared(0)? {
+            // The halves after the front that may lend targets behind it.
+            let mut lendable = 0;
+            while lendable + 1 < self.recvs.len() && self.cleared(lendable + 1)? {
+                lendable += 1;
+            }
+            let halves = self.recvs.make_contiguous();
+            let (receiving, later) = halves.split_first_mut().expect("checked not empty");
+            let (complete, receive_moved) = receiving.step(&mut later[..lendable])?;
+            moved |= receive_moved;
+            if !complete {
+                break;
+            }
+            self.recvs.pop_front();
+            self.received_steps += 1;
+        }
+        while !self.sends.is_empty() {
+            let more = self.sends.len() > 1;
+            let sending = self.sends.front_mut().expect("checked not empty");
+            if self.chained && self.sent_steps > 0 {
+                // The bytes the receiving half before this one has taken.
+                let source = self.sent_steps - 1;
+                sending.limit = match source.cmp(&self.received_steps) {
+                    std::cmp::Ordering::Less => sending.len,
+                    std::cmp::Ordering::Equal => self.recvs.front().map_or(0, |r| r.done),
+                    std::cmp::Ordering::Greater => 0,
+                };
+            }
+            let (done, send_moved) = sending.step()?;
+            moved |= send_moved;
+            let leaves = done || (more && sending.queued());
+            if !leaves {
+                break;
+            }
+            let sending = self.sends.pop_front().expect("checked not empty");
+            self.sent_steps += 1;
+            if !done {
+                self.sent.push((sending.held.span(), sending.last));
+            }
+            if let Some(next) = self.sends.front_mut() {
+                // The last half's acknowledgement covers the earlier ones'.
+                next.last = next.last.max(sending.last);
+            }
+        }
+        Ok((self.sends.is_empty() && self.recvs.is_empty(), moved))
+    }
+
     /// Steps both halves until both are done (true) or `slice` passed.
     fn drive(&mut self, slice: Duration) -> Result<bool, Failure> {
         let started = Instant::now();
         loop {
-            // Receiving first: it lends the buffer to the link before the
-            // sending half's progress can bring the first chunks in.
-            let (received, recv_moved) = match &mut self.receiving {
-                Some(r) => r.step()?,
-                None => (true, false),
-            };
-            let (sent, send_moved) = match &mut self.sending {
-                Some(s) => s.step()?,
-                None => (true, false),
-            };
-            if sent && received {
+            let (done, moved) = self.step()?;
+            if done {
                 return Ok(true);
             }
             if started.elapsed() >= slice {
                 return Ok(false);
             }
-            if !send_moved && !recv_moved {
+            if !moved {
                 std::thread::yield_now();
             }
         }
     }
 
     fn release(&self, py: Python<'_>) {
-        let sending = self.sending.iter().map(|s| &s.shared);
-        for shared in sending.chain(self.receiving.iter().map(|r| &r.shared)) {
+        for shared in &self.links {
             shared.graveyard.release(py);
         }
     }
@@ -413,65 +681,74 @@ impl Exchange {
         reduce: Option<(String, String)>,
         tag: Option<Vec<u8>>,
     ) -> PyResult<Exchange> {
-        let reduce = match reduce {
-            None => None,
-            Some((op, dtype)) => Some((parse_dtype(&dtype)?, parse_op(&op)?)),
-        };
-        let element = reduce.map_or(1, |(dtype, _)| dtype.size());
-        if chunk == 0 || !chunk.is_multiple_of(element) {
-            return Err(PyValueError::new_err(format!(
-                "chunk must be a positive multiple of the element size {element}, not {chunk}"
-            )));
-        }
+        let reduce = parse_reduce(reduce, chunk)?;
         let sending = both("send", send_to, send_buf)?
-            .map(|(link, buf)| -> PyResult<Sending> {
-                let view = BufferView::get(buf, false)?;
-                let shared = link.shared().clone();
-                Ok(Sending {
-                    len: view.len(),
-                    held: Arc::new(HeldView::new(view, shared.graveyard.clone())),
-                    shared,
-                    chunk,
-                    tag: tag.clone(),
-                    next: 0,
-                    last: None,
-                })
-            })
+            .map(|(link, buf)| sending_half(&link, buf, chunk, tag.clone()))
             .transpose()?;
         let receiving = both("recv", recv_from, recv_buf)?
-            .map(|(link, buf)| -> PyResult<Receiving> {
-                let view = BufferView::get(buf, true)?;
-                if !view.len().is_multiple_of(element) {
-                    return Err(PyValueError::new_err(format!(
-                        "recv_buf has {} bytes, not a whole number of {element}-byte elements",
-                        view.len()
-                    )));
-                }
-                let shared = link.shared().clone();
-                Ok(Receiving {
-                    view: LandingView::new(view, shared.clone()),
-                    shared,
-                    chunk,
-                    tag: tag.clone(),
-                    tag_post: None,
-                    done: 0,
-                    lent_to: 0,
-                    reduce,
-                })
-            })
+            .map(|(link, buf)| receiving_half(&link, buf, chunk, tag.clone(), reduce))
             .transpose()?;
         if let (Some(s), Some(r)) = (&sending, &receiving) {
-            let (a, b) = (s.held.span(), r.view.span());
-            if a.start < b.end && b.start < a.end {
-                return Err(PyValueError::new_err(
-                    "send_buf and recv_buf overlap: the received bytes would change what is \
-                     being sent",
-                ));
-            }
+            refuse_overlap(s, r, "send_buf and recv_buf")?;
         }
-        let halves = Halves { sending, receiving };
+        let halves = Halves::new(
+            sending.into_iter().collect(),
+            receiving.into_iter().collect(),
+            false,
+        );
         Ok(Exchange {
             progress: Mutex::new(Progress::Running(Box::new(halves))),
+        })
+    }
+
+    /// Steps of a ring, as one exchange: each step sends its `send_buf`
+    /// over `send_to` while receiving its `recv_buf` over `recv_from`, and
+    /// every step after the first sends the buffer the step before it
+    /// received, each chunk as soon as it arrived (and was combined, for
+    /// a step whose third item is true; `reduce=(op, dtype)` says how).
+    /// So the steps overlap: a chunk goes on around the ring while the
+    /// rest of its step is still arriving. A step may receive into memory
+    /// an earlier step sent; it waits for the peer's acknowledgement of
+    /// that first. With `tag`, the first message each way is `tag`.
+    #[staticmethod]
+    #[pyo3(signature = (send_to, recv_from, steps, *, chunk=1 << 20, reduce=None, tag=None))]
+    fn chain(
+        send_to: PyRef<'_, Link>,
+        recv_from: PyRef<'_, Link>,
+        steps: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>, bool)>,
+        chunk: usize,
+        reduce: Option<(String, String)>,
+        tag: Option<Vec<u8>>,
+    ) -> PyResult<Exchange> {
+        let reduce = parse_reduce(reduce, chunk)?;
+        let mut sends: Vec<Sending> = Vec::with_capacity(steps.len());
+        let mut recvs: Vec<Receiving> = Vec::with_capacity(steps.len());
+        for (index, (send_buf, recv_buf, combines)) in steps.iter().enumerate() {
+            let first = index == 0;
+            let step_tag = if first { tag.clone() } else { None };
+            let step_reduce = if *combines {
+                Some(reduce.ok_or_else(|| {
+                    PyValueError::new_err(format!("step {index} combines, but no reduce was given"))
+                })?)
+            } else {
+                None
+            };
+            let sending = sending_half(&send_to, send_buf, chunk, step_tag.clone())?;
+            let receiving = receiving_half(&recv_from, recv_buf, chunk, step_tag, step_reduce)?;
+            refuse_overlap(&sending, &receiving, &format!("step {index}'s buffers"))?;
+            if let Some(before) = recvs.last()
+                && before.view.span() != sending.held.span()
+            {
+                return Err(PyValueError::new_err(format!(
+                    "step {index} must send the buffer step {} received",
+                    index - 1
+                )));
+            }
+            sends.push(sending);
+            recvs.push(receiving);
+        }
+        Ok(Exchange {
+            progress: Mutex::new(Progress::Running(Box::new(Halves::new(sends, recvs, true)))),
         })
     }
 
@@ -502,6 +779,80 @@ impl Exchange {
     fn done(&self) -> bool {
         matches!(*self.lock(), Progress::Done)
     }
+}
+
+/// `(op, dtype)` as given to an exchange, checked against `chunk`.
+fn parse_reduce(reduce: Option<(String, String)>, chunk: usize) -> PyResult<Option<(Dtype, Op)>> {
+    let reduce = match reduce {
+        None => None,
+        Some((op, dtype)) => Some((parse_dtype(&dtype)?, parse_op(&op)?)),
+    };
+    let element = reduce.map_or(1, |(dtype, _)| dtype.size());
+    if chunk == 0 || !chunk.is_multiple_of(element) {
+        return Err(PyValueError::new_err(format!(
+            "chunk must be a positive multiple of the element size {element}, not {chunk}"
+        )));
+    }
+    Ok(reduce)
+}
+
+fn sending_half(
+    link: &Link,
+    buf: &Bound<'_, PyAny>,
+    chunk: usize,
+    tag: Option<Vec<u8>>,
+) -> PyResult<Sending> {
+    let view = BufferView::get(buf, false)?;
+    let shared = link.shared().clone();
+    Ok(Sending {
+        len: view.len(),
+        limit: view.len(),
+        held: Arc::new(HeldView::new(view, shared.graveyard.clone())),
+        shared,
+        chunk,
+        tag,
+        next: 0,
+        last: None,
+    })
+}
+
+fn receiving_half(
+    link: &Link,
+    buf: &Bound<'_, PyAny>,
+    chunk: usize,
+    tag: Option<Vec<u8>>,
+    reduce: Option<(Dtype, Op)>,
+) -> PyResult<Receiving> {
+    let view = BufferView::get(buf, true)?;
+    let element = reduce.map_or(1, |(dtype, _)| dtype.size());
+    if !view.len().is_multiple_of(element) {
+        return Err(PyValueError::new_err(format!(
+            "recv_buf has {} bytes, not a whole number of {element}-byte elements",
+            view.len()
+        )));
+    }
+    let shared = link.shared().clone();
+    Ok(Receiving {
+        view: LandingView::new(view, shared.clone()),
+        shared,
+        chunk,
+        tag,
+        tag_post: None,
+        scratch: VecDeque::new(),
+        done: 0,
+        lent_to: 0,
+        reduce,
+    })
+}
+
+fn refuse_overlap(sending: &Sending, receiving: &Receiving, what: &str) -> PyResult<()> {
+    let (a, b) = (sending.held.span(), receiving.view.span());
+    if a.start < b.end && b.start < a.end {
+        return Err(PyValueError::new_err(format!(
+            "{what} overlap: the received bytes would change what is being sent"
+        )));
+    }
+    Ok(())
 }
 
 fn parse_op(op: &str) -> PyResult<Op> {

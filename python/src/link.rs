@@ -48,7 +48,7 @@ impl AsRef<[u8]> for Payload {
         match self {
             Payload::Copied(bytes) => bytes,
             Payload::Held(held) => held.bytes(),
-            Payload::HeldRange(held, range) => held.bytes().get(range.clone()).unwrap_or(&[]),
+            Payload::HeldRange(held, range) => held.range(range.clone()),
         }
     }
 }
@@ -71,6 +71,15 @@ impl HeldView {
 
     fn bytes(&self) -> &[u8] {
         self.view.as_ref().map_or(&[], BufferView::bytes)
+    }
+
+    /// The held bytes of `range` (none where it lies outside them), read
+    /// without making a slice of the rest.
+    fn range(&self, range: std::ops::Range<usize>) -> &[u8] {
+        match &self.view {
+            Some(view) if range.start <= range.end && range.end <= view.len() => view.range(range),
+            _ => &[],
+        }
     }
 
     /// Where the held bytes lie (see `BufferView::span`).
@@ -470,7 +479,7 @@ impl Link {
                  in line; receive it with a buffer of at least {len} bytes"
             )));
         }
-        py.detach(|| landing.bytes_mut()[..len].copy_from_slice(&message));
+        py.detach(|| landing.range_mut(0..len).copy_from_slice(&message));
         self.shared.spares.keep(message);
         Ok(len)
     }

@@ -34,6 +34,15 @@ def main() -> int:
                 link.send(link.recv(timeout=30, copy=False))
         except barlink.LinkClosed:
             return 0
+    if mode == "relay":
+        # Every message from this link goes on over a second one: with the
+        # test at both ends, a ring of two links.
+        onward = barlink.connect(sys.argv[3], "connect", 10.0, **options)
+        try:
+            while True:
+                onward.send(link.recv(timeout=30, copy=False))
+        except barlink.LinkClosed:
+            return 0
     if mode == "hold":
         print("linked", flush=True)
         time.sleep(60)

@@ -357,3 +357,69 @@ def test_a_signal_handler_runs_during_a_wait(echo):
         assert seen == [1]
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_chain_refuses_steps_it_cannot_run(echo):
+    a, b, c = bytearray(4096), bytearray(4096), bytearray(4096)
+    with pytest.raises(ValueError, match="step 1 must send the buffer step 0 received"):
+        barlink.Exchange.chain(echo, echo, [(a, b, False), (c, a, False)])
+    with pytest.raises(ValueError, match="overlap"):
+        barlink.Exchange.chain(echo, echo, [(a, memoryview(a)[100:200], False)])
+    with pytest.raises(ValueError, match="no reduce was given"):
+        barlink.Exchange.chain(echo, echo, [(a, b, True)])
+
+
+def _chain_steps(size: int):
+    """Four steps whose bytes come back as sent: copy A to B, B to C,
+    combine C into D, and receive into A, which step 0 sent."""
+    a = np.frombuffer(os.urandom(size), np.uint8).copy()
+    b, c = np.zeros(size, np.uint8), np.zeros(size, np.uint8)
+    d = np.full(size, 3, np.uint8)
+    steps = [(a, b, False), (b, c, False), (c, d, True), (d, a, False)]
+    # D ends as 3 + A; so does A, which the last step fills with D.
+    want = a.copy(), (a + np.uint8(3)).astype(np.uint8)
+    return steps, (a, b, c, d), want
+
+
+@pytest.mark.parametrize("chunk", [4096, 65536 + 64])
+def test_a_chain_sends_each_chunk_on_as_it_arrives(echo, chunk):
+    # The echo sends every message back, so each step receives what it
+    # sent; many chunks a step, so steps overlap and lend ahead.
+    steps, (a, b, c, d), (original, combined) = _chain_steps((1 << 20) + 4000)
+    exchange = barlink.Exchange.chain(
+        echo, echo, steps, chunk=chunk, reduce=("sum", "uint8"), tag=b"chain"
+    )
+    exchange.wait(timeout=60)
+    assert exchange.done
+    assert np.array_equal(b, original) and np.array_equal(c, original)
+    assert np.array_equal(d, combined) and np.array_equal(a, combined)
+    assert echo.stats()["crc_failures"] == 0
+
+
+def test_a_chain_out_over_one_link_and_back_over_another_is_intact(
+    name, spawn
+):
+    # Out over one link, back over another through a relay: the last step
+    # receives into A, which went out over the other link, so it waits for
+    # that link's acknowledgement of A first.
+    back = f"{name}-back"
+    spawn("relay", name, back)
+    out = accept(name)
+    into = accept(back)
+    try:
+        steps, (a, b, c, d), (original, combined) = _chain_steps(300_000)
+        barlink.Exchange.chain(
+            out, into, steps, chunk=8192, reduce=("sum", "uint8"), tag=b"ring"
+        ).wait(timeout=60)
+        assert np.array_equal(b, original) and np.array_equal(c, original)
+        assert np.array_equal(d, combined) and np.array_equal(a, combined)
+    finally:
+        out.close()
+        into.close()
+
+
+def test_a_chain_whose_peer_sent_another_tag_raises_mismatch(echo):
+    a, b = bytearray(100), bytearray(100)
+    echo.send(b"not the tag")
+    with pytest.raises(barlink.Mismatch, match="not the tag"):
+        barlink.Exchange.chain(echo, echo, [(a, b, False)], tag=b"ring").wait(timeout=30)

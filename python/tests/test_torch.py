@@ -58,6 +58,14 @@ def test_every_operation_dtype_and_reduction_matches_a_local_result(world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+def test_collectives_in_many_small_chunks_match_a_local_result(world):
+    # Chunks of 1 KiB: every ring step is many messages, so steps overlap
+    # chunk by chunk and targets are lent across step boundaries.
+    codes, outputs = run_ranks("matrix", world, BARLINK_CHUNK_BYTES="1024")
+    assert codes == [0] * world, report(codes, outputs)
+
+
+@pytest.mark.parametrize("world", [2, 3])
 def test_irecv_posted_before_isend_and_work_objects(world):
     codes, outputs = run_ranks("async", world)
     assert codes == [0] * world, report(codes, outputs)

@@ -6,7 +6,9 @@ sends and receives 2(n-1)/n of the tensor, the bandwidth optimum); small
 ones on a power-of-two group by recursive doubling (log2 n steps, the
 latency optimum). Broadcast walks a binomial tree; all-to-all pairs ranks
 off step by step. Within a step the tensor moves in chunks, so the peer
-writes the next chunk while this rank combines the last, and combining is
+writes the next chunk while this rank combines the last; a ring's steps
+run as one ``Exchange.chain``, each chunk going on to the next step as
+soon as it arrived. Combining is
 done in Rust (``barlink._barlink.combine``), never element by element in
 Python. Every result is computed once and copied, so all ranks hold
 bitwise the same values.
@@ -66,11 +68,9 @@ class Out:
             self.tensor.copy_(self.work)
 
 
-def _run(pg, send_to=None, send_buf=None, recv_from=None, recv_buf=None, **kw):
+def _wait(pg, exchange, send_to, recv_from):
     try:
-        barlink.Exchange(send_to, send_buf, recv_from, recv_buf, chunk=pg._chunk, **kw).wait(
-            timeout=pg._timeout
-        )
+        exchange.wait(timeout=pg._timeout)
     except (barlink.LinkFailed, barlink.Mismatch, TimeoutError) as error:
         # Say which ranks: the link's own text knows only its name.
         ranks = []
@@ -79,6 +79,21 @@ def _run(pg, send_to=None, send_buf=None, recv_from=None, recv_buf=None, **kw):
         if recv_from is not None:
             ranks.append(f"receiving from rank {pg.rank_of(recv_from)}")
         raise type(error)(f"rank {pg._rank}, {' and '.join(ranks)}: {error}") from error
+
+
+def _run(pg, send_to=None, send_buf=None, recv_from=None, recv_buf=None, **kw):
+    exchange = barlink.Exchange(send_to, send_buf, recv_from, recv_buf, chunk=pg._chunk, **kw)
+    _wait(pg, exchange, send_to, recv_from)
+
+
+def _ring(pg, steps, **kw):
+    """The steps of a ring (send_buf, recv_buf, combines) as one chain:
+    each step sends on what the step before received, chunk by chunk as
+    it arrives, so the steps overlap instead of waiting for each other."""
+    n, r = pg._size, pg._rank
+    right, left = pg.link(r + 1), pg.link(r - 1)
+    exchange = barlink.Exchange.chain(right, left, steps, chunk=pg._chunk, **kw)
+    _wait(pg, exchange, right, left)
 
 
 def _average(tensor, n: int):
@@ -106,11 +121,9 @@ def ring_all_reduce(pg, buf, esize: int, op: str, dtype: str, tag: bytes):
         i %= n
         return buf[bounds[i] : bounds[i + 1]]
 
-    right, left = pg.link(r + 1), pg.link(r - 1)
-    for s in range(n - 1):
-        _run(pg, right, seg(r - s), left, seg(r - s - 1), reduce=(op, dtype), tag=tag + b" rs%d" % s)
-    for s in range(n - 1):
-        _run(pg, right, seg(r + 1 - s), left, seg(r - s), tag=tag + b" ag%d" % s)
+    reduce_scatter = [(seg(r - s), seg(r - s - 1), True) for s in range(n - 1)]
+    all_gather = [(seg(r + 1 - s), seg(r - s), False) for s in range(n - 1)]
+    _ring(pg, reduce_scatter + all_gather, reduce=(op, dtype), tag=tag + b" ring")
 
 
 def doubling_all_reduce(pg, buf, op: str, dtype: str, tag: bytes):
@@ -180,9 +193,7 @@ def _same(tensors, like, what: str):
 def _ring_gather(pg, seg, tag: bytes):
     """Each rank's own segment goes around the ring until all hold all."""
     n, r = pg._size, pg._rank
-    right, left = pg.link(r + 1), pg.link(r - 1)
-    for s in range(n - 1):
-        _run(pg, right, seg((r - s) % n), left, seg((r - s - 1) % n), tag=tag + b" %d" % s)
+    _ring(pg, [(seg((r - s) % n), seg((r - s - 1) % n), False) for s in range(n - 1)], tag=tag)
 
 
 def all_gather(pg, outputs, tensor):
@@ -226,9 +237,8 @@ def _ring_reduce_scatter(pg, work, count: int, esize: int, op: str, dtype: str, 
         i %= n
         return buf[i * size : (i + 1) * size]
 
-    right, left = pg.link(r + 1), pg.link(r - 1)
-    for s in range(n - 1):
-        _run(pg, right, seg(r - s - 1), left, seg(r - s - 2), reduce=(op, dtype), tag=tag + b" %d" % s)
+    steps = [(seg(r - s - 1), seg(r - s - 2), True) for s in range(n - 1)]
+    _ring(pg, steps, reduce=(op, dtype), tag=tag)
     return work.reshape(-1)[r * count : (r + 1) * count]
 
 
