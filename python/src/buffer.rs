@@ -175,8 +175,8 @@ impl BufferView {
     ///
     /// # Safety
     /// The caller keeps this view alive and leaves `range` alone (no
-    /// slice of it from [`BufferView::bytes_mut`] and no other lent range
-    /// over it) until the link has handed the target back or dropped it:
+    /// slice of it from [`BufferView::bytes_mut`] or
+    /// [`BufferView::range_mut`], and no other lent range over it) until the link has handed the target back or dropped it:
     /// the link writes the range whenever it is driven until then.
     pub unsafe fn lend(&mut self, range: std::ops::Range<usize>) -> LentRange {
         assert!(
@@ -532,8 +532,10 @@ impl LandingView {
         );
         // SAFETY: the view lives in `self`, whose drop takes the range back
         // first; the range overlaps no other lent one (checked above); and
-        // `bytes_mut` refuses while anything is lent, so nothing here
-        // touches it until the link hands it back.
+        // `range_mut` refuses a range that overlaps a lent one, so nothing
+        // here touches it until the link hands it back. Other views of the
+        // same memory are kept off it by their users (a chain's halves
+        // wait for an earlier overlapping one to complete).
         let target = unsafe { self.view.lend(range.clone()) };
         let id = conn.post_recv(Box::new(target));
         self.lent.push_back((id, range));

@@ -101,7 +101,7 @@ impl Sending {
 
 /// Chunks lent to the link ahead of their arrival, at most: enough that
 /// the chunks a round of progress brings in find their place posted.
-const LENT_AHEAD: usize = 16;
+const LENT_AHEAD: usize = 8;
 
 /// Chunk-sized buffers that combining receives lend the link, kept for
 /// reuse across exchanges so that a chunk lands in memory that is already
@@ -233,7 +233,7 @@ impl Receiving {
     fn lend_in_order(&mut self, conn: &mut Connection<Payload>, later: &mut [Receiving]) {
         let mut lent = 0;
         for half in std::iter::once(self).chain(later.iter_mut()) {
-            let room = LENT_AHEAD.saturating_sub(lent) + half.lent();
+            let room = LENT_AHEAD.saturating_sub(lent);
             half.lend_ahead(conn, room);
             lent += half.lent();
             if !half.fully_lent() {
@@ -492,16 +492,27 @@ impl Halves {
     /// landings take turns under its lock, and a retransmission of a chunk
     /// the peer already has is discarded there whatever it holds.
     fn cleared(&mut self, index: usize) -> Result<bool, Failure> {
-        let Some(send_link) = &self.send_link else {
-            return Ok(true);
-        };
+        let send_link = self.send_link.clone();
         let half = &self.recvs[index];
-        if Arc::ptr_eq(send_link, &half.shared) {
-            return Ok(true);
-        }
         let span = half.view.span();
         let overlaps =
             |read: &std::ops::Range<usize>| read.start < span.end && span.start < read.end;
+        // Nor while an earlier receiving half, not complete yet, may still
+        // write the same memory: its lent ranges or combines come first.
+        if self
+            .recvs
+            .iter()
+            .take(index)
+            .any(|earlier| overlaps(&earlier.view.span()))
+        {
+            return Ok(false);
+        }
+        let Some(send_link) = send_link else {
+            return Ok(true);
+        };
+        if Arc::ptr_eq(&send_link, &half.shared) {
+            return Ok(true);
+        }
         // Sending halves still in `sends` that come before this receiving
         // half; the one of the same step was refused overlap when built.
         let step = self.received_steps + index;
@@ -633,6 +644,17 @@ pub struct Exchange {
 }
 
 impl Exchange {
+    /// Takes back every receive target a running exchange lent.
+    fn take_back(&self) {
+        if let Progress::Running(halves) = &mut *self.lock() {
+            for receiving in &mut halves.recvs {
+                let shared = Arc::clone(&receiving.shared);
+                let mut state = shared.lock();
+                receiving.take_back(state.conn.as_mut());
+            }
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Progress> {
         self.progress.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -708,8 +730,9 @@ impl Exchange {
     /// a step whose third item is true; `reduce=(op, dtype)` says how).
     /// So the steps overlap: a chunk goes on around the ring while the
     /// rest of its step is still arriving. A step may receive into memory
-    /// an earlier step sent; it waits for the peer's acknowledgement of
-    /// that first. With `tag`, the first message each way is `tag`.
+    /// an earlier step sent or received: it waits until the earlier
+    /// receive is complete and, where the earlier send went over another
+    /// link, for that link's acknowledgement of it. With `tag`, the first message each way is `tag`.
     #[staticmethod]
     #[pyo3(signature = (send_to, recv_from, steps, *, chunk=1 << 20, reduce=None, tag=None))]
     fn chain(
@@ -767,8 +790,13 @@ impl Exchange {
             if self.run(py, slice)? {
                 return Ok(());
             }
-            py.check_signals()?;
-            if deadline.passed(slice) {
+            let interrupted = py.check_signals();
+            if interrupted.is_err() || deadline.passed(slice) {
+                // The exchange may be waited on again, and lends again from
+                // where it stopped; until then no receive of the link's
+                // lands in this one's memory.
+                self.take_back();
+                interrupted?;
                 return Err(deadline.error("exchange"));
             }
         }

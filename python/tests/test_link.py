@@ -423,3 +423,15 @@ def test_a_chain_whose_peer_sent_another_tag_raises_mismatch(echo):
     echo.send(b"not the tag")
     with pytest.raises(barlink.Mismatch, match="not the tag"):
         barlink.Exchange.chain(echo, echo, [(a, b, False)], tag=b"ring").wait(timeout=30)
+
+
+def test_an_exchange_that_timed_out_leaves_no_target_lent(echo):
+    # Nothing comes, so the wait times out with the buffer's chunks lent;
+    # a message after it must not land in them.
+    buf = bytearray(1 << 20)
+    exchange = barlink.Exchange(recv_from=echo, recv_buf=buf, chunk=65536)
+    with pytest.raises(TimeoutError):
+        exchange.wait(timeout=0.2)
+    echo.send(b"late" * 250)
+    assert echo.recv(timeout=10) == b"late" * 250
+    assert buf == bytearray(1 << 20)
