@@ -106,14 +106,16 @@ const LENT_AHEAD: usize = 8;
 /// Chunk-sized buffers that combining receives lend the link, kept for
 /// reuse across exchanges so that a chunk lands in memory that is already
 /// mapped and warm. One for the process, holding at most `LENT_AHEAD`.
-#[derive(Debug, Default)]
-struct ScratchPool(Mutex<Vec<Vec<u8>>>);
+static SCRATCH: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
-static SCRATCH: std::sync::LazyLock<Arc<ScratchPool>> = std::sync::LazyLock::new(Arc::default);
+/// A receive target of a combining receive: the chunk lands here, checked,
+/// and is combined into the buffer from here. Back to `SCRATCH` when
+/// dropped, by the receive or by the link.
+struct Scratch(Vec<u8>);
 
-impl ScratchPool {
-    fn take(self: &Arc<Self>, len: usize) -> Scratch {
-        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+impl Scratch {
+    fn take(len: usize) -> Scratch {
+        let mut kept = SCRATCH.lock().unwrap_or_else(PoisonError::into_inner);
         // One of this length if there is one: no bytes to zero.
         let found = kept.iter().rposition(|bytes| bytes.len() == len);
         let mut bytes = match found {
@@ -122,32 +124,21 @@ impl ScratchPool {
         };
         drop(kept);
         bytes.resize(len, 0);
-        Scratch {
-            bytes,
-            pool: Arc::clone(self),
-        }
+        Scratch(bytes)
     }
-}
-
-/// A receive target of a combining receive: the chunk lands here, checked,
-/// and is combined into the buffer from here. Back to its pool when
-/// dropped, by the receive or by the link.
-struct Scratch {
-    bytes: Vec<u8>,
-    pool: Arc<ScratchPool>,
 }
 
 impl RecvTarget for Scratch {
     fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.bytes
+        &mut self.0
     }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let mut kept = self.pool.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept = SCRATCH.lock().unwrap_or_else(PoisonError::into_inner);
         if kept.len() < LENT_AHEAD {
-            kept.push(std::mem::take(&mut self.bytes));
+            kept.push(std::mem::take(&mut self.0));
         }
     }
 }
@@ -220,7 +211,7 @@ impl Receiving {
             let end = (self.lent_to + self.chunk).min(len);
             if self.reduce.is_some() {
                 self.scratch
-                    .push_back(conn.post_recv(Box::new(SCRATCH.take(self.chunk))));
+                    .push_back(conn.post_recv(Box::new(Scratch::take(self.chunk))));
             } else {
                 self.view.lend(conn, self.lent_to..end);
             }
@@ -445,9 +436,6 @@ struct Halves {
     /// Receiving halves not yet complete, in order; only the front one
     /// takes messages.
     recvs: VecDeque<Receiving>,
-    /// Whether each sending half after the first sends the buffer the
-    /// receiving half before it receives, each chunk once it arrived.
-    chained: bool,
     /// Sending halves that left `sends`.
     sent_steps: usize,
     /// Receiving halves that left `recvs`.
@@ -463,7 +451,9 @@ struct Halves {
 }
 
 impl Halves {
-    fn new(sends: Vec<Sending>, recvs: Vec<Receiving>, chained: bool) -> Halves {
+    /// Each sending half after the first sends the buffer the receiving
+    /// half before it receives, each chunk once it arrived (a chain).
+    fn new(sends: Vec<Sending>, recvs: Vec<Receiving>) -> Halves {
         let mut links: Vec<Arc<Shared>> = Vec::new();
         let shared = sends.iter().map(|s| &s.shared);
         for link in shared.chain(recvs.iter().map(|r| &r.shared)) {
@@ -475,7 +465,6 @@ impl Halves {
             send_link: sends.first().map(|s| Arc::clone(&s.shared)),
             sends: sends.into(),
             recvs: recvs.into(),
-            chained,
             sent_steps: 0,
             received_steps: 0,
             sent: Vec::new(),
@@ -566,7 +555,7 @@ impl Halves {
         while !self.sends.is_empty() {
             let more = self.sends.len() > 1;
             let sending = self.sends.front_mut().expect("checked not empty");
-            if self.chained && self.sent_steps > 0 {
+            if self.sent_steps > 0 {
                 // The bytes the receiving half before this one has taken.
                 let source = self.sent_steps - 1;
                 sending.limit = match source.cmp(&self.received_steps) {
@@ -716,7 +705,6 @@ impl Exchange {
         let halves = Halves::new(
             sending.into_iter().collect(),
             receiving.into_iter().collect(),
-            false,
         );
         Ok(Exchange {
             progress: Mutex::new(Progress::Running(Box::new(halves))),
@@ -732,7 +720,8 @@ impl Exchange {
     /// rest of its step is still arriving. A step may receive into memory
     /// an earlier step sent or received: it waits until the earlier
     /// receive is complete and, where the earlier send went over another
-    /// link, for that link's acknowledgement of it. With `tag`, the first message each way is `tag`.
+    /// link, for that link's acknowledgement of it. With `tag`, the first
+    /// message each way is `tag`.
     #[staticmethod]
     #[pyo3(signature = (send_to, recv_from, steps, *, chunk=1 << 20, reduce=None, tag=None))]
     fn chain(
@@ -771,7 +760,7 @@ impl Exchange {
             recvs.push(receiving);
         }
         Ok(Exchange {
-            progress: Mutex::new(Progress::Running(Box::new(Halves::new(sends, recvs, true)))),
+            progress: Mutex::new(Progress::Running(Box::new(Halves::new(sends, recvs)))),
         })
     }
 
