@@ -439,6 +439,11 @@ impl<B: AsRef<[u8]>> Connection<B> {
         each_link_ref!(self, link => link.engine().stats())
     }
 
+    /// Delivered messages waiting to be taken.
+    pub fn messages_ready(&self) -> usize {
+        each_link_ref!(self, link => link.engine().messages_ready())
+    }
+
     /// Whether the two sides have heard each other (each knows the other's
     /// session), so a close reaches the peer.
     pub fn is_connected(&self) -> bool {

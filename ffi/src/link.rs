@@ -498,6 +498,7 @@ impl LinkState {
             Ok(false)
                 if self.waiting
                     && self.received.is_empty()
+                    && link.messages_ready() == 0
                     && link.completed() == self.completed_seen
                     && link.check_open().is_ok() =>
             {
