@@ -636,13 +636,18 @@ impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
             // by the engine (and NAKed).
             let room = len - header_len;
             let _verdict = engine
-                .handle_packet_from(now, &header[..header_len], room, |offset, dst, crc| {
-                    let at = slot + HEADER_LEN + offset;
-                    match crc {
-                        Some(crc) => region.read_crc(at, dst, crc),
-                        None => region.read(at, dst),
-                    }
-                })
+                .handle_packet_from(
+                    now,
+                    &header[..header_len],
+                    room,
+                    |offset, dst, crc, _message_len| {
+                        let at = slot + HEADER_LEN + offset;
+                        match crc {
+                            Some(crc) => region.read_crc(at, dst, crc),
+                            None => region.read(at, dst),
+                        }
+                    },
+                )
                 .map_err(|e| MediumError::new(format_args!("reading a slot: {e}")))?;
             self.received += 1;
             handled += 1;

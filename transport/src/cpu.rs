@@ -128,7 +128,10 @@ mod tests {
             && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("vpclmulqdq")
         {
-            assert_eq!(report.copy_crc_kernel, "avx512-vpclmulqdq fused");
+            assert_eq!(
+                report.copy_crc_kernel,
+                "avx512-vpclmulqdq fused, non-temporal into messages from 4 MiB"
+            );
             assert!(report.features.contains(&"avx512f"));
         }
     }

@@ -505,14 +505,18 @@ pub fn hand_over<B: AsRef<[u8]>>(
             let payload = &packet[header.len()..];
             // The engine asks only for bytes within what the header claims,
             // which it checked against `payload.len()`.
-            let verdict =
-                engine.handle_packet_from(now, header, payload.len(), |offset, dst, crc| {
+            let verdict = engine.handle_packet_from(
+                now,
+                header,
+                payload.len(),
+                |offset, dst, crc, _message_len| {
                     dst.copy_from_slice(&payload[offset..offset + dst.len()]);
                     if let Some(crc) = crc {
                         crc.update(dst);
                     }
                     Ok::<(), std::convert::Infallible>(())
-                });
+                },
+            );
             match verdict {
                 Ok(result) => result,
                 Err(never) => match never {},

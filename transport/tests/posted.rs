@@ -195,13 +195,18 @@ fn feed_from_medium(
 ) -> Result<(), PacketError> {
     let (header, payload) = packet.split_at(HEADER_LEN);
     engine
-        .handle_packet_from::<()>(now, header, payload.len(), |offset, dst, crc| {
-            dst.copy_from_slice(&payload[offset..offset + dst.len()]);
-            if let Some(crc) = crc {
-                crc.update(dst);
-            }
-            Ok(())
-        })
+        .handle_packet_from::<()>(
+            now,
+            header,
+            payload.len(),
+            |offset, dst, crc, _message_len| {
+                dst.copy_from_slice(&payload[offset..offset + dst.len()]);
+                if let Some(crc) = crc {
+                    crc.update(dst);
+                }
+                Ok(())
+            },
+        )
         .expect("the closure never fails")
 }
 

@@ -16,9 +16,9 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    __m128i, __m512i, _mm_set_epi64x, _mm512_castsi512_si128, _mm512_clmulepi64_epi128,
+    __m128i, __m512i, _mm_set_epi64x, _mm_sfence, _mm512_castsi512_si128, _mm512_clmulepi64_epi128,
     _mm512_extracti32x4_epi32, _mm512_loadu_si512, _mm512_set_epi64, _mm512_storeu_si512,
-    _mm512_ternarylogic_epi64, _mm512_xor_si512,
+    _mm512_stream_si512, _mm512_ternarylogic_epi64, _mm512_xor_si512,
 };
 use std::sync::OnceLock;
 
@@ -56,7 +56,7 @@ pub(super) fn update(state: u32, bytes: &[u8]) -> u32 {
     // SAFETY: the CPU has every feature `fold` is compiled for (asserted
     // just above, from CPUID); `bytes` is readable for its length, and
     // without a destination nothing is written.
-    unsafe { fold(state, bytes.as_ptr(), None, bytes.len()) }
+    unsafe { fold::<false>(state, bytes.as_ptr(), None, bytes.len()) }
 }
 
 /// Copies `len` bytes from `src` to `dst` and advances the raw register
@@ -67,7 +67,34 @@ pub(super) fn update(state: u32, bytes: &[u8]) -> u32 {
 /// for `len` bytes, and the two ranges must not overlap.
 pub(super) unsafe fn copy_update(state: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
     // SAFETY: the caller guarantees the CPU features and both ranges.
-    unsafe { fold(state, src, Some(dst), len) }
+    unsafe { fold::<false>(state, src, Some(dst), len) }
+}
+
+/// [`copy_update`] with the destination's 64-byte lines written by
+/// non-temporal stores, around the cache: for a destination the caller
+/// will not read soon, whose lines would otherwise first be read from
+/// memory only to be overwritten. The bytes before the first 64-byte
+/// boundary of `dst`, and the last partial line, are stored as usual.
+/// Ends with a store fence, so the bytes are ordered before any later
+/// store, as an ordinary copy's are.
+///
+/// # Safety
+/// As [`copy_update`].
+pub(super) unsafe fn copy_update_streaming(
+    state: u32,
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+) -> u32 {
+    let head = dst.align_offset(64).min(len);
+    // SAFETY: the caller guarantees the CPU features and both ranges;
+    // `head <= len` splits them in two.
+    unsafe {
+        let state = fold::<false>(state, src, Some(dst), head);
+        let state = fold::<true>(state, src.add(head), Some(dst.add(head)), len - head);
+        _mm_sfence();
+        state
+    }
 }
 
 /// The kernel: 256-byte steps, then 64-byte steps, then the AVX2 kernel's
@@ -75,8 +102,15 @@ pub(super) unsafe fn copy_update(state: u32, src: *const u8, dst: *mut u8, len: 
 ///
 /// # Safety
 /// As [`copy_update`] (without `dst`: `src` readable for `len` bytes).
+/// With `STREAM`, whole 64-byte lines go to `dst` by non-temporal
+/// stores, which need `dst` 64-byte aligned.
 #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,avx2,pclmulqdq,sse4.2")]
-unsafe fn fold(state: u32, src: *const u8, dst: Option<*mut u8>, len: usize) -> u32 {
+unsafe fn fold<const STREAM: bool>(
+    state: u32,
+    src: *const u8,
+    dst: Option<*mut u8>,
+    len: usize,
+) -> u32 {
     if len < MIN_LEN {
         // SAFETY: the caller's contract, passed on.
         return unsafe { x86::fold_vector(state, src, dst, len) };
@@ -89,7 +123,11 @@ unsafe fn fold(state: u32, src: *const u8, dst: Option<*mut u8>, len: usize) -> 
         unsafe {
             let v = _mm512_loadu_si512(src.add(at).cast());
             if let Some(dst) = dst {
-                _mm512_storeu_si512(dst.add(at).cast(), v);
+                if STREAM {
+                    _mm512_stream_si512(dst.add(at).cast(), v);
+                } else {
+                    _mm512_storeu_si512(dst.add(at).cast(), v);
+                }
             }
             v
         }
@@ -205,6 +243,50 @@ mod tests {
             x86::tests::check_fused_copy(&data, len, |state, src, dst, len| unsafe {
                 copy_update(state, src, dst, len)
             });
+        }
+    }
+
+    #[test]
+    fn the_streaming_copy_copies_exactly_at_every_destination_alignment() {
+        if skip_without_avx512("the_streaming_copy_copies_exactly_at_every_destination_alignment") {
+            return;
+        }
+        let data = data(70_000, 11);
+        let mut out = vec![0xEEu8; 70_000 + 256];
+        // Offsets from a 64-byte boundary: every head length the kernel
+        // stores before its non-temporal lines.
+        let aligned = out.as_ptr().align_offset(64);
+        for dst_off in 0..64 {
+            let lens: Vec<usize> = if dst_off % 16 == 0 || dst_off == 63 {
+                lengths().collect()
+            } else {
+                vec![0, 1, 63, 64, 65, 255, 256, 257, 1000, 4096, 65_536]
+            };
+            for len in lens {
+                for src_off in [0, 5] {
+                    out.fill(0xEE);
+                    let at = aligned + dst_off;
+                    let piece = &data[src_off..src_off + len];
+                    // SAFETY: `piece` and `out[at..at + len]` are live,
+                    // disjoint ranges; the CPU has the features (checked
+                    // above).
+                    let got = unsafe {
+                        copy_update_streaming(
+                            0x0BAD_F00D,
+                            piece.as_ptr(),
+                            out.as_mut_ptr().add(at),
+                            len,
+                        )
+                    };
+                    let label = format!("len {len} dst_off {dst_off} src_off {src_off}");
+                    assert_eq!(&out[at..at + len], piece, "{label}");
+                    assert!(
+                        out[..at].iter().chain(&out[at + len..]).all(|&b| b == 0xEE),
+                        "{label}: wrote outside"
+                    );
+                    assert_eq!(got, x86::tests::reference(0x0BAD_F00D, piece), "{label}");
+                }
+            }
         }
     }
 

@@ -331,7 +331,10 @@ impl<B: AsRef<[u8]>> Engine<B> {
     /// header). `read_payload(offset, dst, crc)` copies `dst.len()` payload
     /// bytes starting at `offset` out of the medium and, when `crc` is
     /// `Some`, feeds the bytes as they landed in `dst` into it (a window
-    /// does both in one pass: [`crate::window::Window::read_crc`]). When the
+    /// does both in one pass: [`crate::window::Window::read_crc`]); its
+    /// `message_len` is the length of the message `dst` belongs to, or 0
+    /// when `dst` is scratch space the engine reads back at once (a medium
+    /// may write a large message's bytes around the cache). When the
     /// packet is the next one in order of the message being put together —
     /// the common case — the bytes land directly in that message's buffer;
     /// otherwise in a scratch buffer. Nothing counts as received until the CRC matches: a corrupt
@@ -346,7 +349,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
         now: Time,
         header: &[u8],
         room: usize,
-        mut read_payload: impl FnMut(usize, &mut [u8], Option<&mut Crc32c>) -> Result<(), E>,
+        mut read_payload: impl FnMut(usize, &mut [u8], Option<&mut Crc32c>, u64) -> Result<(), E>,
     ) -> Result<Result<(), PacketError>, E> {
         if self.state == State::Closed {
             self.stats.bytes_received += header.len().min(HEADER_LEN) as u64;
@@ -380,6 +383,11 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 None
             };
             let placed = placement.is_some();
+            let message_len = match (&placement, &repr.fragment) {
+                (None, _) => 0,
+                (Some(_), Some(fragment)) => fragment.msg_len,
+                (Some(_), None) => payload_len as u64,
+            };
             let dst = match placement {
                 Some(dst) => dst,
                 None => {
@@ -389,7 +397,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 }
             };
             if !dst.is_empty()
-                && let Err(error) = read_payload(0, dst, crc.as_mut())
+                && let Err(error) = read_payload(0, dst, crc.as_mut(), message_len)
             {
                 medium_error = Some(error);
             }

@@ -88,6 +88,14 @@ const SPINS_BEFORE_YIELD: u32 = 1024;
 /// Idle rounds between clock reads in a blocking call.
 const CLOCK_EVERY_IDLE_ROUNDS: u32 = 8;
 
+/// Messages from this many bytes land around the cache (where the CPU's
+/// copies do that faster, see [`Window::read_crc_streaming`]): larger than
+/// a core's cache, so their lines would be evicted before anyone reads
+/// them, and read from memory first only to be overwritten. Smaller
+/// messages are often read at once, from the cache. (The bench header's
+/// kernel report, `crc::copy_kernel`, names this size.)
+pub const STREAM_MESSAGES_FROM: u64 = 4 << 20;
+
 /// Writes a ring's control block into the window its owner will read:
 /// magic, version, geometry and the owner's generation; the indices start
 /// at zero. The owner does this before handing the window to the peer.
@@ -511,12 +519,14 @@ impl<W: Window> Medium for RingMedium<W> {
             // engine checks them against `room` before any read. Rejected
             // packets are counted by the engine (and NAKed).
             let _verdict = engine
-                .handle_packet_from(now, &header, room, |offset, dst, crc| {
+                .handle_packet_from(now, &header, room, |offset, dst, crc, message_len| {
                     let at = slot + HEADER_LEN + offset;
                     payload_read += dst.len();
-                    match crc {
-                        Some(crc) => own.read_crc(at, dst, crc),
-                        None => own.read(at, dst),
+                    match (crc, message_len >= STREAM_MESSAGES_FROM) {
+                        (Some(crc), true) => own.read_crc_streaming(at, dst, crc),
+                        (Some(crc), false) => own.read_crc(at, dst, crc),
+                        (None, true) => own.read_streaming(at, dst),
+                        (None, false) => own.read(at, dst),
                     }
                 })
                 .map_err(MediumError::new)?;

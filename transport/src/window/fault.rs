@@ -371,6 +371,21 @@ impl<W: Window> Window for FaultWindow<W> {
         self.inner.read_crc(offset, dst, crc)
     }
 
+    fn read_crc_streaming(
+        &self,
+        offset: usize,
+        dst: &mut [u8],
+        crc: &mut Crc32c,
+    ) -> Result<(), WindowError> {
+        let _state = self.begin_call();
+        self.inner.read_crc_streaming(offset, dst, crc)
+    }
+
+    fn read_streaming(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
+        let _state = self.begin_call();
+        self.inner.read_streaming(offset, dst)
+    }
+
     fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
         let _state = self.begin_call();
         self.inner.load_u64(offset, order)

@@ -190,6 +190,30 @@ impl Mapping {
         Ok(())
     }
 
+    /// [`Mapping::read_crc`] for a destination nobody will read soon:
+    /// its lines written around the cache where that is faster.
+    pub(crate) fn read_crc_streaming(
+        &self,
+        offset: usize,
+        dst: &mut [u8],
+        crc: &mut Crc32c,
+    ) -> Result<(), WindowError> {
+        check_range(offset, dst.len(), self.len)?;
+        // SAFETY: as in `read_crc`.
+        unsafe { crc.copy_from_streaming(self.base.as_ptr().add(offset), dst) };
+        Ok(())
+    }
+
+    /// [`Mapping::read`] for a destination nobody will read soon.
+    pub(crate) fn read_streaming(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
+        check_range(offset, dst.len(), self.len)?;
+        // SAFETY: as in `read`.
+        unsafe {
+            copy_bytes_streaming(self.base.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+        };
+        Ok(())
+    }
+
     /// Copies bytes at `offset` out of the region into `dst`.
     pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
         check_range(offset, dst.len(), self.len)?;
@@ -632,10 +656,69 @@ unsafe fn copy_avx2(src: *const u8, dst: *mut u8, len: usize) {
     unsafe { ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at) };
 }
 
+/// [`copy_bytes`] for a destination nobody will read soon (a large
+/// message landing): where [`streams_large_copies`](crate::crc::streams_large_copies),
+/// whole 64-byte lines of `dst` are written by non-temporal stores, then
+/// fenced, so the copy is ordered before later stores as `copy_bytes` is.
+///
+/// # Safety
+/// As [`copy_bytes`].
+pub(crate) unsafe fn copy_bytes_streaming(src: *const u8, dst: *mut u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::crc::streams_large_copies() {
+        let head = dst.align_offset(64).min(len);
+        // SAFETY: the caller's ranges, split at `head <= len`; the CPU has
+        // AVX-512F (the 512-bit kernels' check).
+        unsafe {
+            copy_bytes(src, dst, head);
+            copy_avx512_streaming(src.add(head), dst.add(head), len - head);
+        }
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { copy_bytes(src, dst, len) };
+}
+
+/// Whole 64-byte lines by non-temporal stores, the rest through
+/// [`copy_bytes`]; a store fence at the end.
+///
+/// # Safety
+/// The CPU has AVX-512F; `dst` is 64-byte aligned; otherwise as
+/// [`copy_bytes`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn copy_avx512_streaming(src: *const u8, dst: *mut u8, len: usize) {
+    use std::arch::x86_64::{_mm_sfence, _mm512_loadu_si512, _mm512_stream_si512};
+    let mut at = 0;
+    while at + 256 <= len {
+        // SAFETY: `at + 256 <= len`: all four loads and stores are inside
+        // the caller's ranges; `dst + at` is 64-byte aligned (contract).
+        unsafe {
+            let block = [
+                _mm512_loadu_si512(src.add(at).cast()),
+                _mm512_loadu_si512(src.add(at + 64).cast()),
+                _mm512_loadu_si512(src.add(at + 128).cast()),
+                _mm512_loadu_si512(src.add(at + 192).cast()),
+            ];
+            for (index, line) in block.into_iter().enumerate() {
+                _mm512_stream_si512(dst.add(at + 64 * index).cast(), line);
+            }
+        }
+        at += 256;
+    }
+    // SAFETY: the remaining `len - at` bytes of both ranges; the fence
+    // orders the non-temporal stores before every later store.
+    unsafe {
+        copy_bytes(src.add(at), dst.add(at), len - at);
+        _mm_sfence();
+    }
+}
+
 /// [`Window::store_fence`](super::Window::store_fence) for a mapping of
 /// ordinary write-back host memory, written with ordinary stores only (no
 /// write-combining, no non-temporal stores: `copy_bytes` and the CRC
-/// kernels use neither). There, the `Release` store of the index that
+/// kernels use neither when they write into a window; the streaming copies
+/// out of one write caller memory and fence themselves). There, the `Release` store of the index that
 /// follows already orders every earlier store before it (on x86 every
 /// store is ordered; elsewhere `Release` does it), so only the compiler
 /// must not move stores across this point.
@@ -778,6 +861,37 @@ mod tests {
                         .chain(&out[dst_off + len..])
                         .all(|&b| b == 0xA5),
                     "len {len}: wrote outside"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn streaming_copies_are_exact_at_every_length_and_alignment() {
+        if !crate::crc::streams_large_copies() {
+            eprintln!(
+                "SKIPPED window::mapping::streaming_copies_are_exact_at_every_length_and_alignment: \
+                 this CPU lacks AVX-512F/VL or VPCLMULQDQ (streaming copies are plain copies here)"
+            );
+            return;
+        }
+        let data: Vec<u8> = (0..9000u32).map(|i| (i * 131 + i / 7) as u8).collect();
+        let mut out = vec![0xA5u8; 9000 + 256];
+        let aligned = out.as_ptr().align_offset(64);
+        for dst_off in 0..64 {
+            for len in (0..700).chain([1023, 1024, 1025, 4095, 4096, 8191]) {
+                let src_off = dst_off % 5;
+                let at = aligned + dst_off;
+                out.fill(0xA5);
+                // SAFETY: both ranges lie inside their vectors, which do
+                // not overlap.
+                unsafe {
+                    copy_bytes_streaming(data[src_off..].as_ptr(), out.as_mut_ptr().add(at), len)
+                };
+                assert_eq!(&out[at..at + len], &data[src_off..src_off + len]);
+                assert!(
+                    out[..at].iter().chain(&out[at + len..]).all(|&b| b == 0xA5),
+                    "len {len} dst_off {dst_off}: wrote outside"
                 );
             }
         }

@@ -128,6 +128,25 @@ pub trait Window: Send + Sync {
         Ok(())
     }
 
+    /// [`Window::read_crc`] into a destination nobody will read soon (a
+    /// large message landing): a window over memory the CPU maps may write
+    /// `dst`'s lines around the cache, so they are not first read from
+    /// memory only to be overwritten. The default is `read_crc`.
+    fn read_crc_streaming(
+        &self,
+        offset: usize,
+        dst: &mut [u8],
+        crc: &mut Crc32c,
+    ) -> Result<(), WindowError> {
+        self.read_crc(offset, dst, crc)
+    }
+
+    /// [`Window::read`] into a destination nobody will read soon; the
+    /// default is `read`.
+    fn read_streaming(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
+        self.read(offset, dst)
+    }
+
     /// Atomically loads the 8-byte word at `offset` (a multiple of 8) with
     /// `order` (`Relaxed`, `Acquire` or `SeqCst`).
     fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError>;
@@ -234,6 +253,12 @@ macro_rules! forward_window {
             fn read_crc(&self, offset: usize, dst: &mut [u8], crc: &mut Crc32c) -> Result<(), WindowError> {
                 (**self).read_crc(offset, dst, crc)
             }
+            fn read_crc_streaming(&self, offset: usize, dst: &mut [u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+                (**self).read_crc_streaming(offset, dst, crc)
+            }
+            fn read_streaming(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
+                (**self).read_streaming(offset, dst)
+            }
             fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
                 (**self).load_u64(offset, order)
             }
@@ -284,6 +309,17 @@ macro_rules! window_over_mapping {
                 crc: &mut $crate::crc::Crc32c,
             ) -> Result<(), WindowError> {
                 self.mapping.read_crc(offset, dst, crc)
+            }
+            fn read_crc_streaming(
+                &self,
+                offset: usize,
+                dst: &mut [u8],
+                crc: &mut $crate::crc::Crc32c,
+            ) -> Result<(), WindowError> {
+                self.mapping.read_crc_streaming(offset, dst, crc)
+            }
+            fn read_streaming(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
+                self.mapping.read_streaming(offset, dst)
             }
             fn load_u64(
                 &self,
