@@ -4,9 +4,11 @@
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use barlink_transport::crc::Crc32c;
 use barlink_transport::link::{
     IoError, LinkConfig, Listener, NamedOptions, ProgressOptions, ProgressThread, RingLink,
     STREAM_MESSAGES_FROM, SetupError, Side, connect, connect_named, create_named_ring, init_ring,
@@ -15,7 +17,7 @@ use barlink_transport::link::{
 use barlink_transport::ring::Geometry;
 use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::ShmOptions;
-use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window};
+use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window, WindowError};
 use barlink_transport::{EngineConfig, LinkError};
 
 mod common;
@@ -71,11 +73,60 @@ fn faults_in_the_windows_lose_nothing() {
     assert!(a.engine().stats().retransmits() > 0);
 }
 
+/// A window that counts the pieces read out of it by the streaming copies.
+struct CountsStreaming {
+    inner: Arc<HeapWindow>,
+    streamed: Arc<AtomicU64>,
+}
+
+impl Window for CountsStreaming {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
+        self.inner.write(offset, src)
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
+        self.inner.read(offset, dst)
+    }
+    fn read_crc(&self, offset: usize, dst: &mut [u8], crc: &mut Crc32c) -> Result<(), WindowError> {
+        self.inner.read_crc(offset, dst, crc)
+    }
+    fn read_crc_streaming(
+        &self,
+        offset: usize,
+        dst: &mut [u8],
+        crc: &mut Crc32c,
+    ) -> Result<(), WindowError> {
+        self.streamed.fetch_add(1, AtomicOrdering::Relaxed);
+        self.inner.read_crc_streaming(offset, dst, crc)
+    }
+    fn load_u64(&self, offset: usize, order: AtomicOrdering) -> Result<u64, WindowError> {
+        self.inner.load_u64(offset, order)
+    }
+    fn store_u64(
+        &self,
+        offset: usize,
+        value: u64,
+        order: AtomicOrdering,
+    ) -> Result<(), WindowError> {
+        self.inner.store_u64(offset, value, order)
+    }
+    fn fetch_add_u64(
+        &self,
+        offset: usize,
+        value: u64,
+        order: AtomicOrdering,
+    ) -> Result<u64, WindowError> {
+        self.inner.fetch_add_u64(offset, value, order)
+    }
+}
+
 #[test]
 fn messages_that_land_around_the_cache_arrive_intact_through_faults() {
-    // Large enough to take the streaming copy out of the ring; flipped and
-    // torn writes into the rings must still be caught by the CRC of what
-    // landed and resent.
+    // Large enough to take the streaming copy out of the ring (and only
+    // those); flipped and torn writes into the rings must still be caught
+    // by the CRC of what landed and resent.
     let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
     let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
     let faults = FaultConfig::none().with_bit_flip(0.002).with_tear(0.001);
@@ -83,11 +134,17 @@ fn messages_that_land_around_the_cache_arrive_intact_through_faults() {
     init_ring(&*window_a, geometry, 1).unwrap();
     init_ring(&*window_b, geometry, 1).unwrap();
     let a_writes: Arc<dyn Window> = Arc::new(FaultWindow::new(window_b.clone(), faults, 11));
-    let (a_own, b_own): (Arc<dyn Window>, Arc<dyn Window>) = (window_a.clone(), window_b);
+    let streamed = Arc::new(AtomicU64::new(0));
+    let b_own: Arc<dyn Window> = Arc::new(CountsStreaming {
+        inner: window_b,
+        streamed: streamed.clone(),
+    });
+    let a_own: Arc<dyn Window> = window_a.clone();
     let mut a = RingLink::<_>::new(a_own, a_writes, engine_config(), 1).unwrap();
     let mut b = RingLink::<_>::new(b_own, window_a, engine_config(), 1).unwrap();
     let base = STREAM_MESSAGES_FROM as usize;
-    let lens = [base, base + 1, base + 4097, base + (1 << 20) + 63];
+    // The first, one byte short of the threshold, lands without streaming.
+    let lens = [base - 1, base, base + 1, base + 4097, base + (1 << 20) + 63];
     let expected: Vec<Vec<u8>> = lens
         .iter()
         .enumerate()
@@ -99,8 +156,13 @@ fn messages_that_land_around_the_cache_arrive_intact_through_faults() {
         .collect();
     let to_send = expected.clone();
     let sender = thread::spawn(move || {
-        for data in to_send {
+        // The first alone: none of the next one's packets can land before
+        // the receiver has taken it and acknowledged it.
+        for (index, data) in to_send.into_iter().enumerate() {
             a.send_blocking(data, TIMEOUT).unwrap();
+            if index == 0 {
+                a.flush(TIMEOUT).unwrap();
+            }
         }
         a.flush(TIMEOUT).unwrap();
         a
@@ -112,7 +174,24 @@ fn messages_that_land_around_the_cache_arrive_intact_through_faults() {
             "message {index} ({} bytes) differs",
             want.len()
         );
+        if index == 0 {
+            assert_eq!(
+                streamed.load(AtomicOrdering::Relaxed),
+                0,
+                "a message below STREAM_MESSAGES_FROM was streamed"
+            );
+        }
     }
+    // Every packet of the four large messages, at least (resent ones too).
+    let packets = lens[1..]
+        .iter()
+        .map(|len| len.div_ceil(engine_config().max_payload_len() as usize) as u64)
+        .sum::<u64>();
+    let pieces = streamed.load(AtomicOrdering::Relaxed);
+    assert!(
+        pieces >= packets,
+        "{pieces} pieces streamed, {packets} packets in large messages"
+    );
     // Answer the sender's flush.
     while !sender.is_finished() {
         b.progress().unwrap();

@@ -74,7 +74,8 @@ pub(super) unsafe fn copy_update(state: u32, src: *const u8, dst: *mut u8, len: 
 /// non-temporal stores, around the cache: for a destination the caller
 /// will not read soon, whose lines would otherwise first be read from
 /// memory only to be overwritten. The bytes before the first 64-byte
-/// boundary of `dst`, and the last partial line, are stored as usual.
+/// boundary of `dst`, and a remainder too short for the 512-bit loop or
+/// past its last whole line, are stored as usual.
 /// Ends with a store fence, so the bytes are ordered before any later
 /// store, as an ordinary copy's are.
 ///

@@ -328,7 +328,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
     ///
     /// `header` holds the packet's first [`HEADER_LEN`] bytes; at most
     /// `room` payload bytes can follow it (a ring slot's size less the
-    /// header). `read_payload(offset, dst, crc)` copies `dst.len()` payload
+    /// header). `read_payload(offset, dst, crc, message_len)` copies `dst.len()` payload
     /// bytes starting at `offset` out of the medium and, when `crc` is
     /// `Some`, feeds the bytes as they landed in `dst` into it (a window
     /// does both in one pass: [`crate::window::Window::read_crc`]); its
@@ -383,10 +383,10 @@ impl<B: AsRef<[u8]>> Engine<B> {
                 None
             };
             let placed = placement.is_some();
+            // Only data packets, which carry a fragment, are placed.
             let message_len = match (&placement, &repr.fragment) {
-                (None, _) => 0,
                 (Some(_), Some(fragment)) => fragment.msg_len,
-                (Some(_), None) => payload_len as u64,
+                _ => 0,
             };
             let dst = match placement {
                 Some(dst) => dst,

@@ -679,8 +679,8 @@ pub(crate) unsafe fn copy_bytes_streaming(src: *const u8, dst: *mut u8, len: usi
     unsafe { copy_bytes(src, dst, len) };
 }
 
-/// Whole 64-byte lines by non-temporal stores, the rest through
-/// [`copy_bytes`]; a store fence at the end.
+/// 256-byte rounds by non-temporal stores, the rest (under 256 bytes)
+/// through [`copy_bytes`]; a store fence at the end.
 ///
 /// # Safety
 /// The CPU has AVX-512F; `dst` is 64-byte aligned; otherwise as
@@ -717,8 +717,8 @@ unsafe fn copy_avx512_streaming(src: *const u8, dst: *mut u8, len: usize) {
 /// [`Window::store_fence`](super::Window::store_fence) for a mapping of
 /// ordinary write-back host memory, written with ordinary stores only (no
 /// write-combining, no non-temporal stores: `copy_bytes` and the CRC
-/// kernels use neither when they write into a window; the streaming copies
-/// out of one write caller memory and fence themselves). There, the `Release` store of the index that
+/// kernels use neither when they write into a window; the streaming
+/// copies out of one write caller memory and fence themselves). There, the `Release` store of the index that
 /// follows already orders every earlier store before it (on x86 every
 /// store is ordered; elsewhere `Release` does it), so only the compiler
 /// must not move stores across this point.
