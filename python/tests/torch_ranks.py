@@ -5,7 +5,8 @@ differed and exits 1 otherwise.
 
 matrix     every operation, dtype and reduction against a local result
 async      isend/irecv both ways (receives posted first), Work objects
-groups     a subgroup made by new_group beside the world group
+groups     a subgroup made by new_group beside the world group, and a
+           group of one rank
 mismatch   ranks give all_reduce tensors of different shapes, then of
            different dtypes of one size: each rank gets barlink.Mismatch
 dies       the last rank exits before an all_reduce: the others get an
@@ -155,6 +156,22 @@ def groups(rank, world):
     if rank in members:
         dist.all_reduce(t, group=group)
         check("subgroup all_reduce", t, torch.full((4,), float(1 + world)))
+    # A group of one: every collective is this rank's own input.
+    solo = dist.new_group([1], backend="barlink")
+    if rank == 1:
+        t = torch.arange(6.0)
+        outs = [torch.zeros(6)]
+        dist.all_gather(outs, t, group=solo)
+        check("one-rank all_gather", outs[0], t)
+        out = torch.zeros(6)
+        dist.all_gather_into_tensor(out, t, group=solo)
+        check("one-rank all_gather_into_tensor", out, t)
+        out = torch.zeros(6)
+        dist.reduce_scatter_tensor(out, t, group=solo)
+        check("one-rank reduce_scatter_tensor", out, t)
+        u = t.clone()
+        dist.all_reduce(u, group=solo)
+        check("one-rank all_reduce", u, t)
     t = torch.ones(4)
     dist.all_reduce(t)
     check("world all_reduce after the subgroup", t, torch.full((4,), float(world)))

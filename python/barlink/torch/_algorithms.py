@@ -89,8 +89,11 @@ def _run(pg, send_to=None, send_buf=None, recv_from=None, recv_buf=None, **kw):
 def _ring(pg, steps, **kw):
     """The steps of a ring (send_buf, recv_buf, combines) as one chain:
     each step sends on what the step before received, chunk by chunk as
-    it arrives, so the steps overlap instead of waiting for each other."""
-    n, r = pg._size, pg._rank
+    it arrives, so the steps overlap instead of waiting for each other.
+    A group of one has no steps, and no links to name."""
+    if not steps:
+        return
+    r = pg._rank
     right, left = pg.link(r + 1), pg.link(r - 1)
     exchange = barlink.Exchange.chain(right, left, steps, chunk=pg._chunk, **kw)
     _wait(pg, exchange, right, left)
