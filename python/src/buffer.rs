@@ -176,8 +176,9 @@ impl BufferView {
     /// # Safety
     /// The caller keeps this view alive and leaves `range` alone (no
     /// slice of it from [`BufferView::bytes_mut`] or
-    /// [`BufferView::range_mut`], and no other lent range over it) until the link has handed the target back or dropped it:
-    /// the link writes the range whenever it is driven until then.
+    /// [`BufferView::range_mut`], and no other lent range over it) until
+    /// the link has handed the target back or dropped it: the link writes
+    /// the range whenever it is driven until then.
     pub unsafe fn lend(&mut self, range: std::ops::Range<usize>) -> LentRange {
         assert!(
             self.view.readonly == 0 && range.start <= range.end && range.end <= self.len(),
@@ -525,9 +526,7 @@ impl LandingView {
         range: std::ops::Range<usize>,
     ) -> barlink_transport::PostId {
         assert!(
-            self.lent
-                .iter()
-                .all(|(_, r)| range.end <= r.start || r.end <= range.start),
+            !self.lent.iter().any(|(_, r)| overlap(r, &range)),
             "a range is lent once"
         );
         // SAFETY: the view lives in `self`, whose drop takes the range back
@@ -569,9 +568,7 @@ impl LandingView {
     /// overlaps it.
     pub fn range_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
         assert!(
-            self.lent
-                .iter()
-                .all(|(_, r)| range.end <= r.start || r.end <= range.start),
+            !self.lent.iter().any(|(_, r)| overlap(r, &range)),
             "lent ranges are taken back before the view is written here"
         );
         self.view.range_mut(range)
@@ -587,4 +584,9 @@ impl Drop for LandingView {
         let mut state = shared.lock();
         self.take_back_all(state.conn.as_mut());
     }
+}
+
+/// Whether two byte ranges share a byte.
+pub fn overlap(a: &std::ops::Range<usize>, b: &std::ops::Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
 }

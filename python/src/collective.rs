@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use barlink::Connection;
 use barlink_transport::{Delivery, PostId, RecvTarget};
 
-use crate::buffer::{BufferView, LandingView};
+use crate::buffer::{BufferView, LandingView, overlap};
 use crate::link::{Deadline, Failure, HeldView, Link, Payload, Shared};
 use crate::reduce::{self, Dtype, Op};
 
@@ -46,17 +46,16 @@ struct Sending {
     tag: Option<Vec<u8>>,
     /// Offset of the next chunk to queue.
     next: usize,
-    /// Bytes that may be queued so far: `len`, unless the bytes are still
-    /// arriving from a receiving half (a chain's step).
-    limit: usize,
     /// Index of the last message queued.
     last: Option<u64>,
 }
 
 impl Sending {
-    /// Queues what there is room for and drives the link once: whether
-    /// all of it is acknowledged, and whether anything moved.
-    fn step(&mut self) -> Result<(bool, bool), Failure> {
+    /// Queues what there is room for, up to byte `limit` (`len`, unless
+    /// the bytes are still arriving from a receiving half: a chain's
+    /// step), and drives the link once: whether all of it is
+    /// acknowledged, and whether anything moved.
+    fn step(&mut self, limit: usize) -> Result<(bool, bool), Failure> {
         let mut state = self.shared.lock();
         let mut moved = false;
         if let Some(tag) = &self.tag {
@@ -71,7 +70,7 @@ impl Sending {
         }
         while self.next < self.len {
             let end = (self.next + self.chunk).min(self.len);
-            if end > self.limit {
+            if end > limit {
                 break;
             }
             let payload = Payload::HeldRange(self.held.clone(), self.next..end);
@@ -234,26 +233,26 @@ impl Receiving {
     }
 
     /// Takes back every target lent; lending starts again from `done`.
-    fn take_back(&mut self, conn: Option<&mut Connection<Payload>>) {
-        match conn {
-            Some(conn) => {
-                let ids = self
-                    .tag_post
-                    .take()
-                    .into_iter()
-                    .chain(self.scratch.drain(..));
-                for id in ids {
-                    let _ = conn.unpost_recv(id);
-                }
-                self.view.take_back_all(Some(conn));
-            }
-            None => {
-                self.tag_post = None;
-                self.scratch.clear();
-                self.view.take_back_all(None);
+    fn take_back(&mut self, mut conn: Option<&mut Connection<Payload>>) {
+        for id in self
+            .tag_post
+            .take()
+            .into_iter()
+            .chain(self.scratch.drain(..))
+        {
+            if let Some(conn) = conn.as_deref_mut() {
+                let _ = conn.unpost_recv(id);
             }
         }
+        self.view.take_back_all(conn);
         self.lent_to = self.done;
+    }
+
+    /// [`Receiving::take_back`] under its link's lock.
+    fn take_back_locked(&mut self) {
+        let shared = Arc::clone(&self.shared);
+        let mut state = shared.lock();
+        self.take_back(state.conn.as_mut());
     }
 
     /// Takes back every target of this half and of the halves after it,
@@ -408,9 +407,7 @@ impl Drop for Receiving {
         // view takes its lent ranges back itself. Taking these back too
         // keeps the link's next receive from landing in them.
         if self.tag_post.is_some() || !self.scratch.is_empty() {
-            let shared = Arc::clone(&self.shared);
-            let mut state = shared.lock();
-            self.take_back(state.conn.as_mut());
+            self.take_back_locked();
         }
     }
 }
@@ -479,13 +476,14 @@ impl Halves {
     /// it come only after the peer received those, so this waits for no
     /// more than the acknowledgement. Over one link, retransmissions and
     /// landings take turns under its lock, and a retransmission of a chunk
-    /// the peer already has is discarded there whatever it holds.
+    /// the peer already has is discarded there whatever it holds. This is
+    /// what keeps `LandingView::lend`'s promise that nothing else writes a
+    /// lent range.
     fn cleared(&mut self, index: usize) -> Result<bool, Failure> {
         let send_link = self.send_link.clone();
         let half = &self.recvs[index];
         let span = half.view.span();
-        let overlaps =
-            |read: &std::ops::Range<usize>| read.start < span.end && span.start < read.end;
+        let overlaps = |read: &std::ops::Range<usize>| overlap(read, &span);
         // Nor while an earlier receiving half, not complete yet, may still
         // write the same memory: its lent ranges or combines come first.
         if self
@@ -537,9 +535,14 @@ impl Halves {
         // Receiving first: it lends the buffer to the link before the
         // sending half's progress can bring the first chunks in.
         while !self.recvs.is_empty() && self.cleared(0)? {
-            // The halves after the front that may lend targets behind it.
+            // The halves after the front that may lend targets behind it:
+            // no more than LENT_AHEAD, as no more targets are lent in all,
+            // so a poll's checks do not grow with the number of steps.
             let mut lendable = 0;
-            while lendable + 1 < self.recvs.len() && self.cleared(lendable + 1)? {
+            while lendable < LENT_AHEAD
+                && lendable + 1 < self.recvs.len()
+                && self.cleared(lendable + 1)?
+            {
                 lendable += 1;
             }
             let halves = self.recvs.make_contiguous();
@@ -555,16 +558,16 @@ impl Halves {
         while !self.sends.is_empty() {
             let more = self.sends.len() > 1;
             let sending = self.sends.front_mut().expect("checked not empty");
-            if self.sent_steps > 0 {
-                // The bytes the receiving half before this one has taken.
-                let source = self.sent_steps - 1;
-                sending.limit = match source.cmp(&self.received_steps) {
+            // The bytes the receiving half before this one has taken.
+            let limit = match self.sent_steps.checked_sub(1) {
+                None => sending.len,
+                Some(source) => match source.cmp(&self.received_steps) {
                     std::cmp::Ordering::Less => sending.len,
                     std::cmp::Ordering::Equal => self.recvs.front().map_or(0, |r| r.done),
                     std::cmp::Ordering::Greater => 0,
-                };
-            }
-            let (done, send_moved) = sending.step()?;
+                },
+            };
+            let (done, send_moved) = sending.step(limit)?;
             moved |= send_moved;
             let leaves = done || (more && sending.queued());
             if !leaves {
@@ -637,9 +640,7 @@ impl Exchange {
     fn take_back(&self) {
         if let Progress::Running(halves) = &mut *self.lock() {
             for receiving in &mut halves.recvs {
-                let shared = Arc::clone(&receiving.shared);
-                let mut state = shared.lock();
-                receiving.take_back(state.conn.as_mut());
+                receiving.take_back_locked();
             }
         }
     }
@@ -823,7 +824,6 @@ fn sending_half(
     let shared = link.shared().clone();
     Ok(Sending {
         len: view.len(),
-        limit: view.len(),
         held: Arc::new(HeldView::new(view, shared.graveyard.clone())),
         shared,
         chunk,
@@ -863,8 +863,7 @@ fn receiving_half(
 }
 
 fn refuse_overlap(sending: &Sending, receiving: &Receiving, what: &str) -> PyResult<()> {
-    let (a, b) = (sending.held.span(), receiving.view.span());
-    if a.start < b.end && b.start < a.end {
+    if overlap(&sending.held.span(), &receiving.view.span()) {
         return Err(PyValueError::new_err(format!(
             "{what} overlap: the received bytes would change what is being sent"
         )));
@@ -900,7 +899,7 @@ pub fn combine(
     let mut target = BufferView::get(dst, true)?;
     let source = BufferView::get(src, false)?;
     let (a, b) = (target.span(), source.span());
-    if a.start < b.end && b.start < a.end && a != b {
+    if overlap(&a, &b) && a != b {
         return Err(PyValueError::new_err(
             "dst and src overlap without being the same memory",
         ));

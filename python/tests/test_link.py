@@ -382,9 +382,11 @@ def _chain_steps(size: int):
 
 
 @pytest.mark.parametrize("chunk", [4096, 65536 + 64])
-def test_a_chain_sends_each_chunk_on_as_it_arrives(echo, chunk):
+def test_a_chain_of_copying_and_combining_steps_against_an_echo_is_intact(echo, chunk):
     # The echo sends every message back, so each step receives what it
-    # sent; many chunks a step, so steps overlap and lend ahead.
+    # sent; many chunks a step, so steps may overlap and lend ahead. The
+    # bytes are checked, not when each chunk went (steps run one after
+    # another would pass too).
     steps, (a, b, c, d), (original, combined) = _chain_steps((1 << 20) + 4000)
     exchange = barlink.Exchange.chain(
         echo, echo, steps, chunk=chunk, reduce=("sum", "uint8"), tag=b"chain"
