@@ -328,16 +328,17 @@ impl<B: AsRef<[u8]>> Engine<B> {
     ///
     /// `header` holds the packet's first [`HEADER_LEN`] bytes; at most
     /// `room` payload bytes can follow it (a ring slot's size less the
-    /// header). `read_payload(offset, dst, crc, message_len)` copies `dst.len()` payload
-    /// bytes starting at `offset` out of the medium and, when `crc` is
-    /// `Some`, feeds the bytes as they landed in `dst` into it (a window
-    /// does both in one pass: [`crate::window::Window::read_crc`]); its
-    /// `message_len` is the length of the message `dst` belongs to, or 0
-    /// when `dst` is scratch space the engine reads back at once (a medium
-    /// may write a large message's bytes around the cache). When the
-    /// packet is the next one in order of the message being put together —
-    /// the common case — the bytes land directly in that message's buffer;
-    /// otherwise in a scratch buffer. Nothing counts as received until the CRC matches: a corrupt
+    /// header). `read_payload(offset, dst, crc, message_len)` copies
+    /// `dst.len()` payload bytes starting at `offset` out of the medium
+    /// and, when `crc` is `Some`, feeds the bytes as they landed in `dst`
+    /// into it (a window does both in one pass:
+    /// [`crate::window::Window::read_crc`]); `message_len` is the length of
+    /// the message `dst` belongs to, or 0 when `dst` is scratch space the
+    /// engine reads back at once (a medium may write a large message's
+    /// bytes around the cache). When the packet is the next one in order
+    /// of the message being put together — the common case — the bytes
+    /// land directly in that message's buffer; otherwise in a scratch
+    /// buffer. Nothing counts as received until the CRC matches: a corrupt
     /// payload copied into a message's buffer is overwritten by the
     /// retransmission.
     ///

@@ -91,8 +91,8 @@ const CLOCK_EVERY_IDLE_ROUNDS: u32 = 8;
 /// Messages from this many bytes land around the cache (where the CPU's
 /// copies do that faster, see [`Window::read_crc_streaming`]): larger than
 /// a core's own cache, so their lines would be read from memory first
-/// only to be overwritten, and mostly evicted before anyone reads them. Smaller
-/// messages are often read at once, from the cache.
+/// only to be overwritten, and mostly evicted before anyone reads them.
+/// Smaller messages are often read at once, from the cache.
 pub const STREAM_MESSAGES_FROM: u64 = 4 << 20;
 
 /// Writes a ring's control block into the window its owner will read:

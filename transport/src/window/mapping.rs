@@ -718,8 +718,9 @@ unsafe fn copy_avx512_streaming(src: *const u8, dst: *mut u8, len: usize) {
 /// ordinary write-back host memory, written with ordinary stores only (no
 /// write-combining, no non-temporal stores: `copy_bytes` and the CRC
 /// kernels use neither when they write into a window; the streaming
-/// copies out of one write caller memory and fence themselves). There, the `Release` store of the index that
-/// follows already orders every earlier store before it (on x86 every
+/// copies out of one write caller memory and fence themselves). There,
+/// the `Release` store of the index that follows already orders every
+/// earlier store before it (on x86 every
 /// store is ordered; elsewhere `Release` does it), so only the compiler
 /// must not move stores across this point.
 ///
