@@ -90,6 +90,13 @@ def test_a_rank_that_dies_fails_the_others_within_the_peer_timeout():
     assert all("rank 2" in out or "closed" in out for out in outputs[:2]), report(codes, outputs)
 
 
+def test_a_link_idle_during_a_long_operation_stays_alive():
+    # Rank 1 spends three peer timeouts in a receive from rank 0 while rank
+    # 2 waits on rank 1: rank 1 must still answer rank 2 meanwhile.
+    codes, outputs = run_ranks("relay", 3, timeout=60, peer_timeout=2.0)
+    assert codes == [0] * 3, report(codes, outputs)
+
+
 def test_ranks_linked_over_tcp_with_a_pre_shared_key(tmp_path):
     # As ranks on different hosts would be: TCP links, set up only with the key.
     key = tmp_path / "psk"

@@ -11,6 +11,9 @@ mismatch   ranks give all_reduce tensors of different shapes, then of
            different dtypes of one size: each rank gets barlink.Mismatch
 dies       the last rank exits before an all_reduce: the others get an
            error naming it, within the peer timeout
+relay      rank 1 waits in a receive from rank 0 for several peer timeouts
+           while rank 2 waits for rank 1: the link 1-2, which rank 1's
+           operation does not use, must stay alive meanwhile
 tcp        (BARLINK_TORCH_TRANSPORT=tcp) every pair linked over TCP, then
            collectives and irecv-before-isend over those links
 """
@@ -217,6 +220,20 @@ def dies(rank, world):
     os._exit(1 if failures else 0)
 
 
+def relay(rank, world):
+    peer_timeout = float(os.environ["BARLINK_PEER_TIMEOUT"])
+    t = torch.zeros(1024)
+    if rank == 0:
+        time.sleep(3 * peer_timeout)
+        dist.send(values(0, 1024, torch.float32), dst=1)
+    elif rank == 1:
+        dist.recv(t, src=0)
+        dist.send(t, dst=2)
+    elif rank == 2:
+        dist.recv(t, src=1)
+        check("relayed tensor", t, values(0, 1024, torch.float32))
+
+
 def over_tcp(rank, world):
     # torch keeps a backend written as a ProcessGroup as the group itself.
     paths = dist.group.WORLD.link_paths()
@@ -245,7 +262,7 @@ def main():
         kwargs = {"init_method": init, "rank": rank, "world_size": world}
     dist.init_process_group("barlink", **kwargs)
     run = {"matrix": matrix, "async": async_ops, "groups": groups, "mismatch": mismatch,
-           "dies": dies, "tcp": over_tcp}[scenario]
+           "dies": dies, "relay": relay, "tcp": over_tcp}[scenario]
     run(rank, world)
     dist.barrier()
     if failures:

@@ -17,8 +17,8 @@ Tunables, read when a group is made:
 
 - ``BARLINK_PEER_TIMEOUT`` (seconds, default 10): how long a silent rank
   may stay silent before the others' operations fail with an error naming
-  it. A background thread keeps idle links alive, so a rank that computes
-  between collectives is never taken for dead.
+  it. A background thread drives every link, so a rank is never taken
+  for dead while it computes or while an operation waits on other links.
 - ``BARLINK_CHUNK_BYTES`` (default 1 MiB): the pipeline's chunk.
 - ``BARLINK_TORCH_TRANSPORT`` (``auto`` or ``tcp``): ``tcp`` links every
   pair over TCP, on one host too.

@@ -233,20 +233,20 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         return {r: link.path for r, link in enumerate(self._links) if link is not None}
 
     def _keep_alive(self):
-        """Drives idle links now and then, so a rank computing between
-        operations still answers its peers within their peer timeout."""
+        """Drives every link now and then, so a rank answers each peer
+        within its peer timeout also while it computes, or while an
+        operation waits on other links. Without the group's lock: a link
+        serializes its own use, and a round of progress leaves what
+        arrived for the operation that takes it."""
         period = self._peer_timeout / 5
         while not self._stop.wait(period):
-            if not self._lock.acquire(blocking=False):
-                continue  # an operation is driving the links
-            try:
-                for link in self._links:
-                    if link is not None and not link.closed:
-                        link.progress()
-            except Exception:
-                pass  # the next operation on the link reports why
-            finally:
-                self._lock.release()
+            for link in self._links:
+                if link is None:
+                    continue
+                try:
+                    link.progress()
+                except Exception:
+                    pass  # closed or failed: the next operation says why
 
     # -- torch.distributed plumbing ------------------------------------
 
