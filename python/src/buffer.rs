@@ -179,7 +179,12 @@ impl BufferView {
     /// [`BufferView::range_mut`], and no other lent range over it) until
     /// the link has handed the target back or dropped it: the link writes
     /// the range whenever it is driven until then.
-    pub unsafe fn lend(&mut self, range: std::ops::Range<usize>) -> LentRange {
+    ///
+    /// `buffer_len` is the target's [`RecvTarget::buffer_len`] hint (0:
+    /// the message's own length decides how the medium writes it).
+    ///
+    /// [`RecvTarget::buffer_len`]: barlink_transport::RecvTarget::buffer_len
+    pub unsafe fn lend(&mut self, range: std::ops::Range<usize>, buffer_len: usize) -> LentRange {
         assert!(
             self.view.readonly == 0 && range.start <= range.end && range.end <= self.len(),
             "the buffer was checked to be writable, and the range lies in it"
@@ -188,6 +193,7 @@ impl BufferView {
             // In bounds: checked above.
             ptr: self.view.buf.cast::<u8>().wrapping_add(range.start),
             len: range.end - range.start,
+            buffer_len,
         }
     }
 
@@ -215,6 +221,9 @@ impl BufferView {
 pub struct LentRange {
     ptr: *mut u8,
     len: usize,
+    /// The length of the buffer this range is part of, as a hint for how
+    /// to write it (see `BufferView::lend`).
+    buffer_len: usize,
 }
 
 // SAFETY: only the address and length are stored; whichever thread
@@ -231,6 +240,10 @@ impl barlink_transport::RecvTarget for LentRange {
         // by `lend`), which by `lend`'s contract stays valid and is
         // touched by nothing else while the link holds this target.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    fn buffer_len(&self) -> u64 {
+        self.buffer_len as u64
     }
 }
 
@@ -484,6 +497,9 @@ pub struct LandingView {
     shared: std::sync::Arc<crate::link::Shared>,
     /// Lent ranges, in the order posted.
     lent: std::collections::VecDeque<(barlink_transport::PostId, std::ops::Range<usize>)>,
+    /// Whether the whole view is filled before anyone reads it, so its
+    /// ranges may be written around the cache when it is large.
+    filled_unread: bool,
 }
 
 impl std::fmt::Debug for LandingView {
@@ -502,7 +518,16 @@ impl LandingView {
             view,
             shared,
             lent: std::collections::VecDeque::new(),
+            filled_unread: false,
         }
+    }
+
+    /// Says that nothing reads the view's bytes until all of it has
+    /// landed (no chunk is forwarded or combined as it arrives): its
+    /// ranges are then lent as parts of one buffer of its length, which
+    /// the ring link writes around the cache when that is large.
+    pub fn filled_before_read(&mut self) {
+        self.filled_unread = true;
     }
 
     pub fn len(&self) -> usize {
@@ -529,13 +554,14 @@ impl LandingView {
             !self.lent.iter().any(|(_, r)| overlap(r, &range)),
             "a range is lent once"
         );
+        let buffer_len = if self.filled_unread { self.len() } else { 0 };
         // SAFETY: the view lives in `self`, whose drop takes the range back
         // first; the range overlaps no other lent one (checked above); and
         // `range_mut` refuses a range that overlaps a lent one, so nothing
         // here touches it until the link hands it back. Other views of the
         // same memory are kept off it by their users (a chain's halves
         // wait for an earlier overlapping one to complete).
-        let target = unsafe { self.view.lend(range.clone()) };
+        let target = unsafe { self.view.lend(range.clone(), buffer_len) };
         let id = conn.post_recv(Box::new(target));
         self.lent.push_back((id, range));
         id

@@ -697,9 +697,16 @@ impl Exchange {
         let sending = both("send", send_to, send_buf)?
             .map(|(link, buf)| sending_half(&link, buf, chunk, tag.clone()))
             .transpose()?;
-        let receiving = both("recv", recv_from, recv_buf)?
+        let mut receiving = both("recv", recv_from, recv_buf)?
             .map(|(link, buf)| receiving_half(&link, buf, chunk, tag.clone(), reduce))
             .transpose()?;
+        if let Some(receiving) = &mut receiving
+            && reduce.is_none()
+        {
+            // Copied, not combined: nothing reads recv_buf before the
+            // exchange is done.
+            receiving.view.filled_before_read();
+        }
         if let (Some(s), Some(r)) = (&sending, &receiving) {
             refuse_overlap(s, r, "send_buf and recv_buf")?;
         }
@@ -747,7 +754,11 @@ impl Exchange {
                 None
             };
             let sending = sending_half(&send_to, send_buf, chunk, step_tag.clone())?;
-            let receiving = receiving_half(&recv_from, recv_buf, chunk, step_tag, step_reduce)?;
+            let mut receiving = receiving_half(&recv_from, recv_buf, chunk, step_tag, step_reduce)?;
+            if index + 1 == steps.len() {
+                // The last step's bytes are not sent on as they arrive.
+                receiving.view.filled_before_read();
+            }
             refuse_overlap(&sending, &receiving, &format!("step {index}'s buffers"))?;
             if let Some(before) = recvs.last()
                 && before.view.span() != sending.held.span()

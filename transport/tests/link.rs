@@ -18,7 +18,7 @@ use barlink_transport::ring::Geometry;
 use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::ShmOptions;
 use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window, WindowError};
-use barlink_transport::{EngineConfig, LinkError};
+use barlink_transport::{Delivery, EngineConfig, LinkError, RecvTarget};
 
 mod common;
 use common::ring_links::{TIMEOUT, answer_for, engine_config, message, stream, thread_links};
@@ -202,6 +202,81 @@ fn messages_that_land_around_the_cache_arrive_intact_through_faults() {
         "faults were injected and caught: {:?}",
         b.engine().stats()
     );
+}
+
+/// A posted target standing for one range of a larger buffer.
+struct RangeOf {
+    bytes: Vec<u8>,
+    buffer_len: u64,
+}
+
+impl RecvTarget for RangeOf {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+    fn buffer_len(&self) -> u64 {
+        self.buffer_len
+    }
+}
+
+#[test]
+fn ranges_of_a_large_posted_buffer_land_around_the_cache() {
+    // Messages far below the threshold, each landing in a posted target:
+    // streamed only where the target says it is a range of a buffer of
+    // STREAM_MESSAGES_FROM bytes or more.
+    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let geometry = Geometry::for_window(window_a.len(), engine_config().mtu).unwrap();
+    init_ring(&*window_a, geometry, 1).unwrap();
+    init_ring(&*window_b, geometry, 1).unwrap();
+    let streamed = Arc::new(AtomicU64::new(0));
+    let b_own: Arc<dyn Window> = Arc::new(CountsStreaming {
+        inner: window_b.clone(),
+        streamed: streamed.clone(),
+    });
+    let a_own: Arc<dyn Window> = window_a.clone();
+    let mut a = RingLink::<_>::new(a_own, window_b, engine_config(), 1).unwrap();
+    let mut b = RingLink::<_>::new(b_own, window_a, engine_config(), 1).unwrap();
+    let len = 64 << 10;
+    let large = STREAM_MESSAGES_FROM;
+    for (round, buffer_len) in [(0u64, 0u64), (1, large - 1), (2, large), (3, 4 * large)] {
+        let mut data = vec![0u8; len];
+        SplitMix64::new(round + 1).fill(&mut data);
+        let before = streamed.load(AtomicOrdering::Relaxed);
+        b.post_recv(Box::new(RangeOf {
+            bytes: vec![0u8; len],
+            buffer_len,
+        }));
+        a.send_blocking(data.clone(), TIMEOUT).unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        let landed = loop {
+            a.progress().unwrap();
+            if let Some(delivery) = b.try_recv_delivery().unwrap() {
+                break delivery;
+            }
+            assert!(Instant::now() < deadline, "round {round}: nothing arrived");
+        };
+        let Delivery::Landed { recv, len: got, .. } = landed else {
+            panic!("round {round}: the message did not land in the posted target");
+        };
+        assert_eq!(got, len);
+        assert!(
+            recv.into_target().bytes_mut() == &data[..],
+            "round {round} differs"
+        );
+        let pieces = streamed.load(AtomicOrdering::Relaxed) - before;
+        if buffer_len >= large {
+            assert!(
+                pieces > 0,
+                "a range of a {buffer_len}-byte buffer was not streamed"
+            );
+        } else {
+            assert_eq!(
+                pieces, 0,
+                "a range of a {buffer_len}-byte buffer was streamed"
+            );
+        }
+    }
 }
 
 #[test]

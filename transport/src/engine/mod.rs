@@ -333,7 +333,9 @@ impl<B: AsRef<[u8]>> Engine<B> {
     /// and, when `crc` is `Some`, feeds the bytes as they landed in `dst`
     /// into it (a window does both in one pass:
     /// [`crate::window::Window::read_crc`]); `message_len` is the length of
-    /// the message `dst` belongs to, or 0 when `dst` is scratch space the
+    /// the message `dst` belongs to, or of the whole buffer its posted
+    /// target is a range of when that is longer
+    /// ([`RecvTarget::buffer_len`]), or 0 when `dst` is scratch space the
     /// engine reads back at once (a medium may write a large message's
     /// bytes around the cache). When the packet is the next one in order
     /// of the message being put together — the common case — the bytes
@@ -377,6 +379,10 @@ impl<B: AsRef<[u8]>> Engine<B> {
             && self.peer_epoch == Some(repr.epoch);
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut medium_error = None;
+        let lent_buffer_len = match &repr.fragment {
+            Some(fragment) if in_session => self.receiver.landing_buffer_len(fragment.msg_id),
+            _ => 0,
+        };
         let placed = {
             let placement = if in_session {
                 self.receiver.place(&repr, &self.config)
@@ -386,7 +392,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
             let placed = placement.is_some();
             // Only data packets, which carry a fragment, are placed.
             let message_len = match (&placement, &repr.fragment) {
-                (Some(_), Some(fragment)) => fragment.msg_len,
+                (Some(_), Some(fragment)) => fragment.msg_len.max(lent_buffer_len),
                 _ => 0,
             };
             let dst = match placement {

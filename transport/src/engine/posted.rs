@@ -22,6 +22,15 @@ pub trait RecvTarget: Send {
     /// The memory. Must return the same range, of the same length, every
     /// time it is called.
     fn bytes_mut(&mut self) -> &mut [u8];
+
+    /// The length of the whole buffer this target is one range of, when
+    /// the caller lends a large buffer range by range (0: the target
+    /// stands alone). Only a hint for how to write: a medium writes a
+    /// range of a buffer this long as it writes a message this long (the
+    /// ring link, around the cache past a few MiB).
+    fn buffer_len(&self) -> u64 {
+        0
+    }
 }
 
 impl RecvTarget for Vec<u8> {
@@ -44,6 +53,7 @@ pub struct PostId(pub u64);
 pub struct PostedRecv {
     id: PostId,
     len: usize,
+    buffer_len: u64,
     target: Box<dyn RecvTarget>,
 }
 
@@ -59,7 +69,13 @@ impl fmt::Debug for PostedRecv {
 impl PostedRecv {
     pub(super) fn new(id: PostId, mut target: Box<dyn RecvTarget>) -> PostedRecv {
         let len = target.bytes_mut().len();
-        PostedRecv { id, len, target }
+        let buffer_len = target.buffer_len();
+        PostedRecv {
+            id,
+            len,
+            buffer_len,
+            target,
+        }
     }
 
     /// Which post this is.
@@ -175,6 +191,15 @@ impl Room {
         }
     }
 
+    /// The caller's [`RecvTarget::buffer_len`] for a lent target; 0 for
+    /// the engine's own buffer.
+    pub(super) fn buffer_len(&self) -> u64 {
+        match self {
+            Room::Owned(_) => 0,
+            Room::Lent(posted) => posted.buffer_len,
+        }
+    }
+
     pub(super) fn posted_id(&self) -> Option<PostId> {
         match self {
             Room::Owned(_) => None,
@@ -205,6 +230,12 @@ impl Posted {
         } else {
             None
         }
+    }
+
+    /// The first target's [`RecvTarget::buffer_len`] (0 when none is
+    /// posted).
+    pub(super) fn front_buffer_len(&self) -> u64 {
+        self.queue.front().map_or(0, |posted| posted.buffer_len)
     }
 
     /// A target a message took and did not keep goes back to the front:

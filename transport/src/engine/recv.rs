@@ -447,6 +447,21 @@ impl Receiver {
         }
     }
 
+    /// The length of the buffer a packet of message `msg_id` lands as
+    /// part of, when that is a lent range of a larger buffer: the
+    /// message's assembly, else the room the next message would take.
+    /// Only a hint for how the medium writes, never for where: after a
+    /// loss it may name the room of another message than the one the
+    /// packet lands in.
+    pub(super) fn landing_buffer_len(&self, msg_id: u64) -> u64 {
+        match (&self.assembly, &self.staged) {
+            (Some(assembly), _) if assembly.msg_id == msg_id => assembly.data.buffer_len(),
+            (Some(_), _) => 0,
+            (None, Some(staged)) => staged.buffer_len(),
+            (None, None) => self.posted.front_buffer_len(),
+        }
+    }
+
     /// Where the payload of data packet `repr` can be copied so that it
     /// is part of its message without another copy: `Some` only when the
     /// packet is the next one in order, within the window, and fits the
