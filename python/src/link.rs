@@ -614,8 +614,11 @@ impl Link {
 
     /// Drives the link once (sends what is queued, takes what arrived);
     /// whether anything moved. Only needed by a caller that neither sends
-    /// nor receives for a while. Raises why the link ended (`PeerLost`,
-    /// `LinkClosed`, ...) once it has, and nothing is left to receive.
+    /// nor receives on this link for a while (it computes, or waits on
+    /// other links): the peer hears nothing from a link nobody drives, and
+    /// takes it for lost after its peer timeout. Raises why the link
+    /// ended (`PeerLost`, `LinkClosed`, ...) once it has, and nothing is
+    /// left to receive.
     fn progress(&self, py: Python<'_>) -> PyResult<bool> {
         self.shared.wait(py, Some(0.0), "progress", |state, _| {
             // A message too large for a recv_into waits here, unreceived.
