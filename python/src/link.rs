@@ -5,7 +5,8 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use barlink::{Connection, SendError};
@@ -20,6 +21,13 @@ use crate::errors::{self, closed_here};
 
 /// Longest one wait runs without the GIL before it checks for signals.
 const SLICE: Duration = Duration::from_millis(50);
+/// Longest a waiting call holds its link's lock at a stretch, so another
+/// thread's call on the same link (a send beside a waiting receive) gets
+/// its turn within about this long.
+const HOLD: Duration = Duration::from_micros(50);
+/// Longest a waiting call stands aside, between its stretches, for calls
+/// of other threads queued on the lock.
+const STAND_ASIDE: Duration = Duration::from_millis(5);
 /// Messages up to this size are copied while the GIL is held; larger ones
 /// are copied without it.
 const COPY_WITH_GIL_UP_TO: usize = 64 << 10;
@@ -264,13 +272,34 @@ impl Deadline {
 #[derive(Debug)]
 pub struct Shared {
     state: Mutex<State>,
+    /// Calls blocked on `state`'s lock: a waiting call lets them go first
+    /// (the lock itself is not fair).
+    queued: AtomicUsize,
     pub graveyard: Arc<Graveyard>,
     pub spares: Arc<Spares>,
 }
 
 impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        match self.state.try_lock() {
+            Ok(guard) => return guard,
+            Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {}
+        }
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        let guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+        guard
+    }
+
+    /// Between a waiting call's stretches under the lock: lets calls that
+    /// queued for it meanwhile take it first.
+    fn stand_aside(&self) {
+        let started = Instant::now();
+        std::thread::yield_now();
+        while self.queued.load(Ordering::Relaxed) > 0 && started.elapsed() < STAND_ASIDE {
+            std::thread::yield_now();
+        }
     }
 
     /// Runs `step` without the GIL in slices until it returns a value, the
@@ -286,10 +315,25 @@ impl Shared {
         let mut deadline = Deadline::new(timeout)?;
         loop {
             let slice = deadline.slice();
+            // The slice in stretches of at most HOLD under the lock; the
+            // clock is read once the first stretch came back empty.
             let result = py.detach(|| {
-                let mut state = self.lock();
-                self.spares.give_back(&mut state.conn);
-                step(&mut state, slice)
+                let mut started: Option<Instant> = None;
+                loop {
+                    let left = started.map_or(slice, |at| slice.saturating_sub(at.elapsed()));
+                    let outcome = {
+                        let mut state = self.lock();
+                        self.spares.give_back(&mut state.conn);
+                        step(&mut state, left.min(HOLD))
+                    };
+                    match outcome {
+                        Ok(None) if !left.is_zero() => {
+                            started.get_or_insert_with(Instant::now);
+                            self.stand_aside();
+                        }
+                        outcome => break outcome,
+                    }
+                }
             });
             self.graveyard.release(py);
             match result {
@@ -377,6 +421,7 @@ impl Link {
                     copied: VecDeque::new(),
                     copied_bytes: 0,
                 }),
+                queued: AtomicUsize::new(0),
                 graveyard: Arc::new(Graveyard::default()),
                 spares: Arc::new(Spares::default()),
             }),

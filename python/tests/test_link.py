@@ -333,6 +333,44 @@ def test_one_thread_sends_while_another_receives(echo):
     assert got == [payload(i, 5000) for i in range(count)]
 
 
+def test_a_send_beside_a_waiting_receive_gets_its_turn_at_once(echo):
+    # A receive waiting on the link holds its lock in short stretches and
+    # lets a send queued for it go first, instead of keeping it for whole
+    # slices (sends then took tens of milliseconds each).
+    stop = threading.Event()
+    received, failed = [], []
+
+    def receive():
+        while not stop.is_set():
+            try:
+                received.append(echo.recv(timeout=0.5))
+            except TimeoutError:
+                pass
+            except Exception as error:  # reported below: the waits must be real
+                failed.append(error)
+                return
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    took = []
+    try:
+        time.sleep(0.1)
+        for i in range(100):
+            started = time.perf_counter()
+            echo.send(payload(i, 64))
+            took.append(time.perf_counter() - started)
+            time.sleep(0.002)
+    finally:
+        stop.set()
+        receiver.join(timeout=10)
+    assert not failed and len(received) > 0, (failed, len(received))
+    took.sort()
+    assert took[50] < 0.010 and took[90] < 0.025, (
+        f"send beside a waiting receive: median {took[50] * 1e3:.1f} ms, "
+        f"90th percentile {took[90] * 1e3:.1f} ms"
+    )
+
+
 def test_ctrl_c_interrupts_a_wait(echo):
     # A shell starts background jobs with SIGINT ignored, and then
     # interrupt_main does nothing: handle it as an interactive Python does.
