@@ -567,6 +567,11 @@ impl LandingView {
         id
     }
 
+    /// Whether target `id` is one of the ranges this view lent.
+    pub fn holds(&self, id: barlink_transport::PostId) -> bool {
+        self.lent.iter().any(|(lent, _)| *lent == id)
+    }
+
     /// The link handed back target `id` with its message: the range it
     /// was lent for, if `id` is the oldest range lent (targets are taken
     /// in the order posted).

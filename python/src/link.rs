@@ -304,7 +304,10 @@ impl Shared {
 
     /// Runs `step` without the GIL in slices until it returns a value, the
     /// deadline passes (`TimeoutError` naming `what`) or a signal handler
-    /// raises.
+    /// raises. `step` is called again and again, with at most `HOLD` to
+    /// wait each time (the last call of a slice with none), and other
+    /// threads' calls on the link may run between two calls: what it keeps
+    /// across calls must hold up to that.
     fn wait<T: Send>(
         &self,
         py: Python<'_>,
@@ -496,7 +499,18 @@ impl Link {
                 landing.lend(state.conn()?, 0..capacity);
                 lent = true;
             }
-            Shared::next_delivery_within(state, slice)
+            // A message that landed in another call's lent buffer is read
+            // out here, under the lock: that call may take its buffer back
+            // and write it as soon as the lock is free.
+            Ok(
+                Shared::next_delivery_within(state, slice)?.map(|delivery| match delivery {
+                    Delivery::Landed { id, recv, len } if !landing.holds(recv.id()) => {
+                        let data = recv.into_target().bytes_mut()[..len].to_vec();
+                        Delivery::Message { id, data }
+                    }
+                    delivery => delivery,
+                }),
+            )
         });
         let delivery = match delivery {
             Ok(delivery) => delivery,
@@ -513,7 +527,7 @@ impl Link {
         landing.take_back_all(self.shared.lock().conn.as_mut());
         let message = match delivery {
             Delivery::Message { data, .. } => data,
-            // Not lent here (the link's other user lent it): read it out.
+            // Landed in this call's buffer, but not as its lent range.
             Delivery::Landed { recv, len, .. } => recv.into_target().bytes_mut()[..len].to_vec(),
         };
         let len = message.len();
