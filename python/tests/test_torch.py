@@ -97,6 +97,17 @@ def test_a_link_idle_during_a_long_operation_stays_alive():
     assert codes == [0] * 3, report(codes, outputs)
 
 
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "sysfs"
+
+
+def test_the_ring_runs_through_ranks_whose_gpus_sit_together():
+    # Ranks 0 and 2 hold GPUs of one socket, 1 and 3 of the other.
+    codes, outputs = run_ranks(
+        "placed", 4, BARLINK_SYSFS_ROOT=str(FIXTURES / "server-8gpu-2socket")
+    )
+    assert codes == [0] * 4, report(codes, outputs)
+
+
 def test_ranks_linked_over_tcp_with_a_pre_shared_key(tmp_path):
     # As ranks on different hosts would be: TCP links, set up only with the key.
     key = tmp_path / "psk"

@@ -14,6 +14,9 @@ dies       the last rank exits before an all_reduce: the others get an
 relay      rank 1 waits in a receive from rank 0 for several peer timeouts
            while rank 2 waits for rank 1: the link 1-2, which rank 1's
            operation does not use, must stay alive meanwhile
+placed     (BARLINK_SYSFS_ROOT at the 8-GPU two-socket fixture) 4 ranks
+           given GPUs 0, 4, 1, 5, alternating sockets: the ring must run
+           0 2 1 3, and the ring collectives stay exact over it
 tcp        (BARLINK_TORCH_TRANSPORT=tcp) every pair linked over TCP, then
            collectives and irecv-before-isend over those links
 """
@@ -234,6 +237,45 @@ def relay(rank, world):
         check("relayed tensor", t, values(0, 1024, torch.float32))
 
 
+# The GPU each rank of the placed scenario claims: GPUs 0 and 1 share a
+# switch on socket 0, 4 and 5 one on socket 1.
+PLACED_GPUS = [0, 4, 1, 5]
+
+
+def placed(rank, world):
+    group = dist.group.WORLD
+    place = group.place
+    print(f"rank {rank} place: {place} ring: {group.ring_order}", flush=True)
+    if group.ring_order != [0, 2, 1, 3]:
+        failures.append(f"ring order {group.ring_order}, not [0, 2, 1, 3]")
+    if place.get("numa") != PLACED_GPUS[rank] // 4:
+        failures.append(f"rank {rank} placed on NUMA node {place.get('numa')}")
+    for count in (37, 40_001):
+        t = values(rank, count, torch.float32)
+        dist.all_reduce(t)
+        check(f"all_reduce x{count}", t, reduce_locally(world, count, torch.float32, "sum"))
+        for root in range(world):
+            t = values(rank, count, torch.int32)
+            dist.broadcast(t, src=root)
+            check(f"broadcast from {root} x{count}", t, values(root, count, torch.int32))
+        outs = [torch.zeros(count, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(outs, values(rank, count, torch.int64))
+        for r in range(world):
+            check(f"all_gather from {r} x{count}", outs[r], values(r, count, torch.int64))
+        flat = torch.zeros(world * count, dtype=torch.int64)
+        dist.all_gather_into_tensor(flat, values(rank, count, torch.int64))
+        check(f"all_gather_into_tensor x{count}", flat,
+              torch.cat([values(r, count, torch.int64) for r in range(world)]))
+        full = values(rank, world * count, torch.float64)
+        want = reduce_locally(world, world * count, torch.float64, "sum")[rank * count:(rank + 1) * count]
+        out = torch.zeros(count, dtype=torch.float64)
+        dist.reduce_scatter_tensor(out, full)
+        check(f"reduce_scatter_tensor x{count}", out, want)
+        out = torch.zeros(count, dtype=torch.float64)
+        dist.reduce_scatter(out, list(full.chunk(world)))
+        check(f"reduce_scatter x{count}", out, want)
+
+
 def over_tcp(rank, world):
     # torch keeps a backend written as a ProcessGroup as the group itself.
     paths = dist.group.WORLD.link_paths()
@@ -260,9 +302,11 @@ def main():
     else:
         rank, world = int(rank), int(world)
         kwargs = {"init_method": init, "rank": rank, "world_size": world}
+    if scenario == "placed":
+        os.environ["BARLINK_TORCH_GPU"] = str(PLACED_GPUS[rank])
     dist.init_process_group("barlink", **kwargs)
     run = {"matrix": matrix, "async": async_ops, "groups": groups, "mismatch": mismatch,
-           "dies": dies, "relay": relay, "tcp": over_tcp}[scenario]
+           "dies": dies, "relay": relay, "placed": placed, "tcp": over_tcp}[scenario]
     run(rank, world)
     dist.barrier()
     if failures:

@@ -24,6 +24,11 @@ Tunables, read when a group is made:
   pair over TCP, on one host too.
 - ``BARLINK_TORCH_ADDR``: the address ranks on other hosts reach this one
   at (default: the interface that routes to ``MASTER_ADDR``).
+- ``BARLINK_TORCH_RING`` (``topology`` or ``rank``): the rings run with
+  ranks of one host, NUMA node and PCIe switch next to each other
+  (default), or in rank order. ``BARLINK_TORCH_GPU`` names this rank's
+  GPU (PCI address or ``barlink topo`` index; default: the current CUDA
+  device if initialized, else ``LOCAL_RANK``). See docs/TORCH.md.
 """
 
 import torch.distributed as _dist

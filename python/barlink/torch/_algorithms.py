@@ -5,7 +5,9 @@ Large reductions run as a ring (reduce-scatter, then all-gather: each rank
 sends and receives 2(n-1)/n of the tensor, the bandwidth optimum); small
 ones on a power-of-two group by recursive doubling (log2 n steps, the
 latency optimum). Broadcast walks a binomial tree; all-to-all pairs ranks
-off step by step. Within a step the tensor moves in chunks, so the peer
+off step by step. Rings, doubling pairs and the broadcast tree follow the
+group's ``ring_order`` (ranks near each other in the machine adjacent),
+not rank numbers. Within a step the tensor moves in chunks, so the peer
 writes the next chunk while this rank combines the last; a ring's steps
 run as one ``Exchange.chain``, each chunk going on to the next step as
 soon as it arrived. Combining is
@@ -93,8 +95,7 @@ def _ring(pg, steps, **kw):
     A group of one has no steps, and no links to name."""
     if not steps:
         return
-    r = pg._rank
-    right, left = pg.link(r + 1), pg.link(r - 1)
+    right, left = pg.at(1), pg.at(-1)
     exchange = barlink.Exchange.chain(right, left, steps, chunk=pg._chunk, **kw)
     _wait(pg, exchange, right, left)
 
@@ -117,7 +118,8 @@ def _segments(nbytes: int, esize: int, n: int):
 
 
 def ring_all_reduce(pg, buf, esize: int, op: str, dtype: str, tag: bytes):
-    n, r = pg._size, pg._rank
+    # Segments are numbered by place in the ring, not by rank.
+    n, r = pg._size, pg._position
     bounds = _segments(buf.nbytes, esize, n)
 
     def seg(i):
@@ -130,10 +132,12 @@ def ring_all_reduce(pg, buf, esize: int, op: str, dtype: str, tag: bytes):
 
 
 def doubling_all_reduce(pg, buf, op: str, dtype: str, tag: bytes):
-    n, r = pg._size, pg._rank
+    # Partners by place in the ring: the first, most frequent pairs are
+    # ring neighbours, the nearest in the machine.
+    n, p = pg._size, pg._position
     k = 1
     while k < n:
-        link = pg.link(r ^ k)
+        link = pg.at((p ^ k) - p)
         # The peer's values are combined into buf while buf is on its way
         # out: send a snapshot.
         _run(pg, link, buf.copy(), link, buf, reduce=(op, dtype), tag=tag + b" rd%d" % k)
@@ -157,23 +161,25 @@ def all_reduce(pg, tensor, op: str, average: bool):
 
 
 def broadcast(pg, tensor, root: int):
-    n, r = pg._size, pg._rank
+    n = pg._size
     _check(0 <= root < n, f"broadcast: root {root} is not a rank of this group of {n}")
     if n == 1:
         return
     out = Out(tensor)
     tag = pg.tag("broadcast", tensor, f" root{root}")
-    relative = (r - root) % n
+    # A binomial tree over places in the ring: a subtree's ranks sit
+    # together, so the last, most numerous hops are between neighbours.
+    relative = (pg._position - pg._position_of[root]) % n
     mask = 1
     while mask < n:
         if relative & mask:
-            _run(pg, recv_from=pg.link(r - mask), recv_buf=out.bytes, tag=tag)
+            _run(pg, recv_from=pg.at(-mask), recv_buf=out.bytes, tag=tag)
             break
         mask <<= 1
     mask >>= 1
     while mask > 0:
         if relative + mask < n:
-            _run(pg, pg.link(r + mask), out.bytes, tag=tag)
+            _run(pg, pg.at(mask), out.bytes, tag=tag)
         mask >>= 1
     out.done()
 
@@ -194,9 +200,11 @@ def _same(tensors, like, what: str):
 
 
 def _ring_gather(pg, seg, tag: bytes):
-    """Each rank's own segment goes around the ring until all hold all."""
-    n, r = pg._size, pg._rank
-    _ring(pg, [(seg((r - s) % n), seg((r - s - 1) % n), False) for s in range(n - 1)], tag=tag)
+    """Each rank's own segment (`seg(rank)`) goes around the ring until
+    all hold all."""
+    n = pg._size
+    _ring(pg, [(seg(pg.rank_at(-s)), seg(pg.rank_at(-s - 1)), False) for s in range(n - 1)],
+          tag=tag)
 
 
 def all_gather(pg, outputs, tensor):
@@ -236,11 +244,12 @@ def _ring_reduce_scatter(pg, work, count: int, esize: int, op: str, dtype: str, 
     buf = raw(work)
     size = count * esize
 
-    def seg(i):
-        i %= n
+    def seg(offset):
+        # The segment of the rank `offset` places along the ring.
+        i = pg.rank_at(offset)
         return buf[i * size : (i + 1) * size]
 
-    steps = [(seg(r - s - 1), seg(r - s - 2), True) for s in range(n - 1)]
+    steps = [(seg(-s - 1), seg(-s - 2), True) for s in range(n - 1)]
     _ring(pg, steps, reduce=(op, dtype), tag=tag)
     return work.reshape(-1)[r * count : (r + 1) * count]
 

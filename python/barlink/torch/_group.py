@@ -17,6 +17,7 @@ ranks' pending operations then fail at once instead of waiting for their
 timeout) and every later operation raises why the group failed.
 """
 
+import json
 import os
 import socket
 import threading
@@ -32,6 +33,7 @@ from torch.futures import Future
 import barlink
 
 from . import _algorithms as algo
+from . import _placement
 
 _REDUCE_OPS = {
     dist.ReduceOp.SUM: "sum",
@@ -165,7 +167,13 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         self._pending = [deque() for _ in range(size)]
         self._failed = None
         self._lock = threading.RLock()
+        self._place = None
+        self._order = list(range(size))
         self._links = self._link_all(store)
+        self._position_of = [0] * size
+        for position, ranked in enumerate(self._order):
+            self._position_of[ranked] = position
+        self._position = self._position_of[rank]
         self._stop = threading.Event()
         self._keepalive = threading.Thread(
             target=self._keep_alive, name="barlink-keepalive", daemon=True
@@ -176,16 +184,20 @@ class ProcessGroupBarlink(dist.ProcessGroup):
 
     def _link_all(self, store):
         rank, size = self._rank, self._size
+        self._place = _placement.own_place(_host_id())
         if size == 1:
             return [None]
         transport = os.environ.get("BARLINK_TORCH_TRANSPORT", "auto")
         if transport not in ("auto", "tcp"):
             raise ValueError(f"BARLINK_TORCH_TRANSPORT={transport!r} is not auto or tcp")
-        store.set(f"barlink/host/{rank}", _host_id())
+        ring = os.environ.get("BARLINK_TORCH_RING", _placement.TOPOLOGY)
+        store.set(f"barlink/place/{rank}", json.dumps(self._place))
         if rank == 0:
             store.set("barlink/job", uuid.uuid4().hex[:16])
         job = store.get("barlink/job").decode()
-        hosts = [store.get(f"barlink/host/{r}").decode() for r in range(size)]
+        places = [json.loads(store.get(f"barlink/place/{r}")) for r in range(size)]
+        hosts = [place["host"] for place in places]
+        self._order = _placement.ring_order(places, ring)
 
         def remote(peer: int) -> bool:
             return transport == "tcp" or hosts[peer] != hosts[rank]
@@ -227,6 +239,17 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             for peer, made in zip(peers, pool.map(link, peers)):
                 links[peer] = made
         return links
+
+    @property
+    def ring_order(self) -> list:
+        """The ranks in the order the rings run (see BARLINK_TORCH_RING)."""
+        return list(self._order)
+
+    @property
+    def place(self) -> dict:
+        """Where this rank sits: host, NUMA node, the PCI path down to its
+        GPU, and how that GPU was found."""
+        return dict(self._place) if self._place else {}
 
     def link_paths(self) -> dict:
         """The path each peer's link took, and why (`barlink.Link.path`)."""
@@ -319,6 +342,15 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     def link(self, peer: int):
         peer %= self._size
         return self._links[peer]
+
+    def at(self, offset: int):
+        """The link to the rank `offset` places along the ring from this
+        one (the ring follows `ring_order`)."""
+        return self._links[self._order[(self._position + offset) % self._size]]
+
+    def rank_at(self, offset: int) -> int:
+        """The rank `offset` places along the ring from this one."""
+        return self._order[(self._position + offset) % self._size]
 
     def rank_of(self, link) -> int:
         for rank, candidate in enumerate(self._links):
