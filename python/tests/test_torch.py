@@ -97,6 +97,12 @@ def test_a_link_idle_during_a_long_operation_stays_alive():
     assert codes == [0] * 3, report(codes, outputs)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_distributed_data_parallel_trains_as_one_process_on_the_whole_batch(world):
+    codes, outputs = run_ranks("ddp", world)
+    assert codes == [0] * world, report(codes, outputs)
+
+
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "sysfs"
 
 

@@ -14,6 +14,10 @@ dies       the last rank exits before an all_reduce: the others get an
 relay      rank 1 waits in a receive from rank 0 for several peer timeouts
            while rank 2 waits for rank 1: the link 1-2, which rank 1's
            operation does not use, must stay alive meanwhile
+ddp        DistributedDataParallel trains a small model three steps, its
+           gradients in several buckets (async all_reduces in flight
+           together): every rank's parameters match one process trained
+           on the whole batch
 placed     (BARLINK_SYSFS_ROOT at the 8-GPU two-socket fixture) 4 ranks
            given GPUs 0, 4, 1, 5, alternating sockets: the ring must run
            0 2 1 3, and the ring collectives stay exact over it
@@ -237,6 +241,38 @@ def relay(rank, world):
         check("relayed tensor", t, values(0, 1024, torch.float32))
 
 
+def ddp(rank, world):
+    from torch.nn.parallel import DistributedDataParallel
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
+                                   torch.nn.Linear(256, 1))
+
+    torch.manual_seed(1)
+    inputs, targets = torch.randn(3, world * 8, 64), torch.randn(3, world * 8, 1)
+    # Ranks but rank 0 start from other weights: DDP broadcasts rank 0's.
+    local = model()
+    wrapped = model()
+    with torch.no_grad():
+        for p in wrapped.parameters():
+            p.add_(rank)
+    trained = DistributedDataParallel(wrapped, bucket_cap_mb=0.02)
+    mine = slice(rank * 8, (rank + 1) * 8)
+    step = torch.optim.SGD(trained.parameters(), lr=0.1)
+    reference = torch.optim.SGD(local.parameters(), lr=0.1)
+    for i in range(3):
+        step.zero_grad()
+        torch.nn.functional.mse_loss(trained(inputs[i][mine]), targets[i][mine]).backward()
+        step.step()
+        reference.zero_grad()
+        torch.nn.functional.mse_loss(local(inputs[i]), targets[i]).backward()
+        reference.step()
+    for (name, got), want in zip(trained.module.named_parameters(), local.parameters()):
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
+            failures.append(f"parameter {name} differs by {(got - want).abs().max().item():.3g}")
+
+
 # The GPU each rank of the placed scenario claims: GPUs 0 and 1 share a
 # switch on socket 0, 4 and 5 one on socket 1.
 PLACED_GPUS = [0, 4, 1, 5]
@@ -306,7 +342,7 @@ def main():
         os.environ["BARLINK_TORCH_GPU"] = str(PLACED_GPUS[rank])
     dist.init_process_group("barlink", **kwargs)
     run = {"matrix": matrix, "async": async_ops, "groups": groups, "mismatch": mismatch,
-           "dies": dies, "relay": relay, "placed": placed, "tcp": over_tcp}[scenario]
+           "dies": dies, "relay": relay, "ddp": ddp, "placed": placed, "tcp": over_tcp}[scenario]
     run(rank, world)
     dist.barrier()
     if failures:

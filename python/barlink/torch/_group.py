@@ -141,7 +141,7 @@ class _Work(dist._Work):
         return self._result
 
 
-def _completed(result=None) -> dist._Work:
+def _completed(result) -> dist._Work:
     future = Future()
     future.set_result(result)
     return torch._C._distributed_c10d._create_work_from_future(future)
@@ -374,7 +374,10 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     def next_seq(self):
         self._seq += 1
 
-    def _collective(self, name, body):
+    def _collective(self, name, body, outputs=()):
+        """Runs a collective; its Work's future holds `outputs` (the
+        tensors it wrote: DDP's gradient hook reads them there)."""
+
         def run():
             for peer in range(self._size):
                 self.drain(peer)
@@ -384,7 +387,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
                 self.next_seq()
 
         self._guard(run, name)
-        return _completed()
+        return _completed(list(outputs))
 
     @staticmethod
     def _reduce_op(opts) -> str:
@@ -411,7 +414,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         op = self._reduce_op(opts)
         average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
         return self._collective(
-            "all_reduce", lambda: algo.all_reduce(self, tensor, op, average)
+            "all_reduce", lambda: algo.all_reduce(self, tensor, op, average), [tensor]
         )
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -423,12 +426,12 @@ class ProcessGroupBarlink(dist.ProcessGroup):
                 algo.all_reduce(self, tensor, op, average)
                 self.next_seq()
 
-        return self._collective("all_reduce_coalesced", body)
+        return self._collective("all_reduce_coalesced", body, tensors)
 
     def broadcast(self, tensors, opts=None):
         tensor = self._one(tensors, "broadcast")
         return self._collective(
-            "broadcast", lambda: algo.broadcast(self, tensor, _root(opts))
+            "broadcast", lambda: algo.broadcast(self, tensor, _root(opts)), [tensor]
         )
 
     def reduce(self, tensors, opts=None):
@@ -436,7 +439,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         op = self._reduce_op(opts)
         average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
         return self._collective(
-            "reduce", lambda: algo.reduce(self, tensor, op, average, _root(opts))
+            "reduce", lambda: algo.reduce(self, tensor, op, average, _root(opts)), [tensor]
         )
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -444,11 +447,13 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         if len(output_tensors) != 1:
             raise ValueError("all_gather: the barlink backend takes one list of outputs per rank")
         outputs = output_tensors[0]
-        return self._collective("all_gather", lambda: algo.all_gather(self, outputs, tensor))
+        return self._collective(
+            "all_gather", lambda: algo.all_gather(self, outputs, tensor), outputs
+        )
 
     def all_gather_single(self, output, input, opts=None):
         return self._collective(
-            "all_gather_into_tensor", lambda: algo.all_gather_into(self, output, input)
+            "all_gather_into_tensor", lambda: algo.all_gather_into(self, output, input), [output]
         )
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -459,6 +464,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         return self._collective(
             "reduce_scatter",
             lambda: algo.reduce_scatter(self, output, list(inputs), op, average),
+            [output],
         )
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -467,6 +473,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         return self._collective(
             "reduce_scatter_tensor",
             lambda: algo.reduce_scatter_into(self, output, input, op, average),
+            [output],
         )
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -475,11 +482,14 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             lambda: algo.all_to_all_single(
                 self, output, input, list(output_split_sizes), list(input_split_sizes)
             ),
+            [output],
         )
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         return self._collective(
-            "all_to_all", lambda: algo.all_to_all(self, list(output_tensors), list(input_tensors))
+            "all_to_all",
+            lambda: algo.all_to_all(self, list(output_tensors), list(input_tensors)),
+            output_tensors,
         )
 
     def barrier(self, opts=None):
