@@ -98,6 +98,12 @@ def test_a_link_idle_during_a_long_operation_stays_alive():
 
 
 @pytest.mark.parametrize("world", [2, 3])
+def test_async_op_collectives_return_at_once_and_complete_in_order(world):
+    codes, outputs = run_ranks("overlap", world)
+    assert codes == [0] * world, report(codes, outputs)
+
+
+@pytest.mark.parametrize("world", [2, 3])
 def test_distributed_data_parallel_trains_as_one_process_on_the_whole_batch(world):
     codes, outputs = run_ranks("ddp", world)
     assert codes == [0] * world, report(codes, outputs)

@@ -14,6 +14,9 @@ dies       the last rank exits before an all_reduce: the others get an
 relay      rank 1 waits in a receive from rank 0 for several peer timeouts
            while rank 2 waits for rank 1: the link 1-2, which rank 1's
            operation does not use, must stay alive meanwhile
+overlap    rank 1 joins two seconds late: rank 0's async_op collectives
+           return at once and complete later, in order, with futures;
+           a send after them waits for them to run
 ddp        DistributedDataParallel trains a small model three steps, its
            gradients in several buckets (async all_reduces in flight
            together): every rank's parameters match one process trained
@@ -241,6 +244,47 @@ def relay(rank, world):
         check("relayed tensor", t, values(0, 1024, torch.float32))
 
 
+def overlap(rank, world):
+    late = 2.0
+    if rank == 1:
+        time.sleep(late)
+    started = time.monotonic()
+    total = values(rank, 300_001, torch.float32)
+    works = [dist.all_reduce(total, async_op=True)]
+    root = values(rank, 1000, torch.int64)
+    works.append(dist.broadcast(root, src=1, async_op=True))
+    outs = [torch.zeros(40_001, dtype=torch.int32) for _ in range(world)]
+    works.append(dist.all_gather(outs, values(rank, 40_001, torch.int32), async_op=True))
+    returned = time.monotonic() - started
+    if rank == 0:
+        # Nothing can complete before rank 1 joins.
+        if returned > late / 2:
+            failures.append(f"three async_op calls took {returned:.2f} s to return")
+        if any(work.is_completed() for work in works):
+            failures.append("a collective completed before every rank called it")
+    futures = [work.get_future() for work in works]
+    futures[-1].wait()
+    if not all(work.is_completed() for work in works):
+        failures.append("a collective called earlier is still running after the last completed")
+    for work in works:
+        work.wait()
+    check("async all_reduce", total, reduce_locally(world, 300_001, torch.float32, "sum"))
+    check("async broadcast", root, values(1, 1000, torch.int64))
+    for r in range(world):
+        check(f"async all_gather from {r}", outs[r], values(r, 40_001, torch.int32))
+    # A send called while a collective is still queued goes after it.
+    again = values(rank, 300_001, torch.float32)
+    pending = dist.all_reduce(again, async_op=True)
+    message = torch.zeros(4096)
+    if rank == 0:
+        dist.send(values(7, 4096, torch.float32), dst=1)
+    elif rank == 1:
+        dist.recv(message, src=0)
+        check("send after a queued collective", message, values(7, 4096, torch.float32))
+    pending.wait()
+    check("queued all_reduce", again, reduce_locally(world, 300_001, torch.float32, "sum"))
+
+
 def ddp(rank, world):
     from torch.nn.parallel import DistributedDataParallel
 
@@ -342,7 +386,7 @@ def main():
         os.environ["BARLINK_TORCH_GPU"] = str(PLACED_GPUS[rank])
     dist.init_process_group("barlink", **kwargs)
     run = {"matrix": matrix, "async": async_ops, "groups": groups, "mismatch": mismatch,
-           "dies": dies, "relay": relay, "ddp": ddp, "placed": placed, "tcp": over_tcp}[scenario]
+           "dies": dies, "relay": relay, "overlap": overlap, "ddp": ddp, "placed": placed, "tcp": over_tcp}[scenario]
     run(rank, world)
     dist.barrier()
     if failures:

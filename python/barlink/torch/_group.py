@@ -2,12 +2,15 @@
 collectives built over them from one primitive, ``barlink.Exchange`` (send
 one buffer while receiving another, in chunks, combining on arrival).
 
-Every operation runs on the calling thread when it is called, in the order
-the ranks call them, and returns a completed Work, except the two whose
-completion depends on the peer's timing: a send completes when the peer
-acknowledged it (its Work waits for that), and a receive is taken when its
-Work is waited on or tested, or when a later operation needs the same link
-(so ``irecv`` before ``send`` on both ranks cannot deadlock).
+Collectives run on the group's own thread, one after another in the order
+they were called (``_queue``): their Works complete when they have run, so
+a caller that passed ``async_op=True`` computes meanwhile. Point-to-point
+calls run on the calling thread once the collectives called before them
+have run (every rank's messages enter a link in call order): a send
+completes when the peer acknowledged it (its Work waits for that), and a
+receive is taken when its Work is waited on or tested, or when a later
+operation needs the same link (so ``irecv`` before ``send`` on both ranks
+cannot deadlock).
 
 Each exchange starts with a short descriptor (operation, sequence number,
 dtype, element count), so ranks that called different operations, or gave
@@ -26,7 +29,6 @@ import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
 import torch.distributed as dist
 from torch.futures import Future
 
@@ -34,6 +36,7 @@ import barlink
 
 from . import _algorithms as algo
 from . import _placement
+from ._queue import OperationQueue, QueuedWork
 
 _REDUCE_OPS = {
     dist.ReduceOp.SUM: "sum",
@@ -141,12 +144,6 @@ class _Work(dist._Work):
         return self._result
 
 
-def _completed(result) -> dist._Work:
-    future = Future()
-    future.set_result(result)
-    return torch._C._distributed_c10d._create_work_from_future(future)
-
-
 class ProcessGroupBarlink(dist.ProcessGroup):
     """torch.distributed over barlink links; see the module's docstring."""
 
@@ -179,6 +176,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             target=self._keep_alive, name="barlink-keepalive", daemon=True
         )
         self._keepalive.start()
+        self._ops = OperationQueue(f"barlink-ops-{rank}")
 
     # -- setup ---------------------------------------------------------
 
@@ -325,11 +323,13 @@ class ProcessGroupBarlink(dist.ProcessGroup):
 
     def shutdown(self):
         self._stop.set()
+        self._ops.stop()
         with self._lock:
             self._close_links(2.0)
 
     def abort(self):
         self._stop.set()
+        self._ops.stop()
         with self._lock:
             self._failed = self._failed or "aborted"
             self._abort()
@@ -375,8 +375,9 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         self._seq += 1
 
     def _collective(self, name, body, outputs=()):
-        """Runs a collective; its Work's future holds `outputs` (the
-        tensors it wrote: DDP's gradient hook reads them there)."""
+        """Queues a collective for the group's thread (see `_queue`);
+        its Work completes when it has run, its future holding `outputs`
+        (the tensors it wrote: DDP's gradient hook reads them there)."""
 
         def run():
             for peer in range(self._size):
@@ -386,8 +387,16 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             finally:
                 self.next_seq()
 
-        self._guard(run, name)
-        return _completed(list(outputs))
+        if self._failed is not None:
+            raise barlink.LinkFailed(f"the process group failed earlier: {self._failed}")
+        pending = self._ops.submit(lambda: self._guard(run, name))
+        return QueuedWork(self, name, pending, list(outputs))
+
+    def _settle(self):
+        """Lets the queued collectives run before a point-to-point call
+        touches the links: every rank's messages enter a link in the
+        order its caller made the calls."""
+        self._ops.settle(self._timeout)
 
     @staticmethod
     def _reduce_op(opts) -> str:
@@ -500,6 +509,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     def send(self, tensors, dst: int, tag: int):
         tensor = self._one(tensors, "send")
         self._check_peer(dst, "send")
+        self._settle()
 
         def post():
             n = self._p2p_sent[dst]
@@ -532,6 +542,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     def recv(self, tensors, src: int, tag: int):
         tensor = self._one(tensors, "recv")
         self._check_peer(src, "recv")
+        self._settle()
         n = self._p2p_received[src]
         self._p2p_received[src] += 1
         receive = algo.Receive(self, src, tensor, f"p2p#{n} tag{tag}")
