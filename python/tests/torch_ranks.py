@@ -16,7 +16,8 @@ relay      rank 1 waits in a receive from rank 0 for several peer timeouts
            operation does not use, must stay alive meanwhile
 overlap    rank 1 joins two seconds late: rank 0's async_op collectives
            return at once and complete later, in order, with futures;
-           a send after them waits for them to run
+           a send, and a collective without async_op, after them wait
+           for them to run
 ddp        DistributedDataParallel trains a small model three steps, its
            gradients in several buckets (async all_reduces in flight
            together): every rank's parameters match one process trained
@@ -283,6 +284,16 @@ def overlap(rank, world):
         check("send after a queued collective", message, values(7, 4096, torch.float32))
     pending.wait()
     check("queued all_reduce", again, reduce_locally(world, 300_001, torch.float32, "sum"))
+    # A collective called without async_op runs on the caller's thread,
+    # after the queued ones.
+    queued = values(rank, 40_001, torch.float64)
+    pending = dist.all_reduce(queued, async_op=True)
+    inline = values(rank, 37, torch.int32)
+    dist.all_reduce(inline, op=dist.ReduceOp.MAX)
+    if not pending.is_completed():
+        failures.append("a collective ran before one queued ahead of it completed")
+    check("all_reduce queued ahead", queued, reduce_locally(world, 40_001, torch.float64, "sum"))
+    check("all_reduce after a queued one", inline, reduce_locally(world, 37, torch.int32, "max"))
 
 
 def ddp(rank, world):

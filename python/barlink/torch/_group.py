@@ -2,11 +2,12 @@
 collectives built over them from one primitive, ``barlink.Exchange`` (send
 one buffer while receiving another, in chunks, combining on arrival).
 
-Collectives run on the group's own thread, one after another in the order
-they were called (``_queue``): their Works complete when they have run, so
-a caller that passed ``async_op=True`` computes meanwhile. Point-to-point
-calls run on the calling thread once the collectives called before them
-have run (every rank's messages enter a link in call order): a send
+Collectives called with ``async_op=True`` run on the group's own thread,
+one after another in the order they were called (``_queue``): their Works
+complete when they have run, so the caller computes meanwhile. Other
+collectives, and point-to-point calls, run on the calling thread once the
+collectives queued before them have run (every rank's messages enter a
+link in call order): a send
 completes when the peer acknowledged it (its Work waits for that), and a
 receive is taken when its Work is waited on or tested, or when a later
 operation needs the same link (so ``irecv`` before ``send`` on both ranks
@@ -29,6 +30,7 @@ import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
 import torch.distributed as dist
 from torch.futures import Future
 
@@ -142,6 +144,12 @@ class _Work(dist._Work):
 
     def result(self):
         return self._result
+
+
+def _completed(outputs: list) -> dist._Work:
+    future = Future()
+    future.set_result(outputs)
+    return torch._C._distributed_c10d._create_work_from_future(future)
 
 
 class ProcessGroupBarlink(dist.ProcessGroup):
@@ -374,10 +382,13 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     def next_seq(self):
         self._seq += 1
 
-    def _collective(self, name, body, outputs=()):
-        """Queues a collective for the group's thread (see `_queue`);
-        its Work completes when it has run, its future holding `outputs`
-        (the tensors it wrote: DDP's gradient hook reads them there)."""
+    def _collective(self, name, body, outputs=(), opts=None):
+        """Runs a collective: queued for the group's thread when the
+        caller asked for `async_op` (see `_queue`), else on the calling
+        thread once the queued ones have run (a handoff to the thread
+        and back costs a small collective more than its transfer). Its
+        Work's future holds `outputs`, the tensors it wrote: DDP's
+        gradient hook reads them there."""
 
         def run():
             for peer in range(self._size):
@@ -389,8 +400,14 @@ class ProcessGroupBarlink(dist.ProcessGroup):
 
         if self._failed is not None:
             raise barlink.LinkFailed(f"the process group failed earlier: {self._failed}")
-        pending = self._ops.submit(lambda: self._guard(run, name))
-        return QueuedWork(self, name, pending, list(outputs))
+        # torch sets asyncOp from the caller's async_op; a call without
+        # options (DDP's gradient hook) or from an older torch queues.
+        if getattr(opts, "asyncOp", True):
+            pending = self._ops.submit(lambda: self._guard(run, name))
+            return QueuedWork(self, name, pending, list(outputs))
+        self._settle()
+        self._guard(run, name)
+        return _completed(list(outputs))
 
     def _settle(self):
         """Lets the queued collectives run before a point-to-point call
@@ -423,7 +440,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         op = self._reduce_op(opts)
         average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
         return self._collective(
-            "all_reduce", lambda: algo.all_reduce(self, tensor, op, average), [tensor]
+            "all_reduce", lambda: algo.all_reduce(self, tensor, op, average), [tensor], opts=opts
         )
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -435,12 +452,12 @@ class ProcessGroupBarlink(dist.ProcessGroup):
                 algo.all_reduce(self, tensor, op, average)
                 self.next_seq()
 
-        return self._collective("all_reduce_coalesced", body, tensors)
+        return self._collective("all_reduce_coalesced", body, tensors, opts=opts)
 
     def broadcast(self, tensors, opts=None):
         tensor = self._one(tensors, "broadcast")
         return self._collective(
-            "broadcast", lambda: algo.broadcast(self, tensor, _root(opts)), [tensor]
+            "broadcast", lambda: algo.broadcast(self, tensor, _root(opts)), [tensor], opts=opts
         )
 
     def reduce(self, tensors, opts=None):
@@ -448,7 +465,10 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         op = self._reduce_op(opts)
         average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
         return self._collective(
-            "reduce", lambda: algo.reduce(self, tensor, op, average, _root(opts)), [tensor]
+            "reduce",
+            lambda: algo.reduce(self, tensor, op, average, _root(opts)),
+            [tensor],
+            opts=opts,
         )
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -457,12 +477,15 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             raise ValueError("all_gather: the barlink backend takes one list of outputs per rank")
         outputs = output_tensors[0]
         return self._collective(
-            "all_gather", lambda: algo.all_gather(self, outputs, tensor), outputs
+            "all_gather", lambda: algo.all_gather(self, outputs, tensor), outputs, opts=opts
         )
 
     def all_gather_single(self, output, input, opts=None):
         return self._collective(
-            "all_gather_into_tensor", lambda: algo.all_gather_into(self, output, input), [output]
+            "all_gather_into_tensor",
+            lambda: algo.all_gather_into(self, output, input),
+            [output],
+            opts=opts,
         )
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -474,6 +497,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             "reduce_scatter",
             lambda: algo.reduce_scatter(self, output, list(inputs), op, average),
             [output],
+            opts=opts,
         )
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -483,6 +507,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             "reduce_scatter_tensor",
             lambda: algo.reduce_scatter_into(self, output, input, op, average),
             [output],
+            opts=opts,
         )
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -492,6 +517,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
                 self, output, input, list(output_split_sizes), list(input_split_sizes)
             ),
             [output],
+            opts=opts,
         )
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -499,10 +525,11 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             "all_to_all",
             lambda: algo.all_to_all(self, list(output_tensors), list(input_tensors)),
             output_tensors,
+            opts=opts,
         )
 
     def barrier(self, opts=None):
-        return self._collective("barrier", lambda: algo.barrier(self))
+        return self._collective("barrier", lambda: algo.barrier(self), opts=opts)
 
     # -- point to point --------------------------------------------------
 

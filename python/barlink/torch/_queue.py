@@ -1,10 +1,13 @@
-"""The thread a group's collectives run on, in the order they were called,
-so a caller that asked for ``async_op=True`` computes while its collective
-moves (a DDP backward pass overlapping its gradient buckets' all-reduces).
+"""The thread a group's asynchronous collectives run on, in the order they
+were called, so a caller that asked for ``async_op=True`` computes while
+its collective moves (a DDP backward pass overlapping its gradient
+buckets' all-reduces).
 
 The links serialize their own use and the collectives' Rust calls release
-the GIL, so the caller's thread runs meanwhile. A collective called without
-``async_op`` is the same work, waited on at once by torch.
+the GIL, so the caller's thread runs meanwhile. A collective called
+without ``async_op`` runs on the caller's thread instead, after the
+queued ones (``OperationQueue.settle``): two thread wake-ups would cost a
+small one more than its transfer.
 """
 
 import queue
