@@ -273,27 +273,61 @@ def overlap(rank, world):
     check("async broadcast", root, values(1, 1000, torch.int64))
     for r in range(world):
         check(f"async all_gather from {r}", outs[r], values(r, 40_001, torch.int32))
-    # A send called while a collective is still queued goes after it.
-    again = values(rank, 300_001, torch.float32)
-    pending = dist.all_reduce(again, async_op=True)
+    # A send, or a collective without async_op, called while collectives
+    # are still queued goes after them. Rank 1 joins late, so rank 0's
+    # first collective waits and its second has not started: a send that
+    # overtook it would reach rank 1 first and be taken for its data.
+    for inline_collective in (False, True):
+        first = values(rank, 40_001, torch.float64)
+        again = values(rank, 300_001, torch.float32)
+        if rank == 1:
+            time.sleep(late / 2)
+        queued = [dist.all_reduce(first, async_op=True), dist.all_reduce(again, async_op=True)]
+        if inline_collective:
+            inline = values(rank, 37, torch.int32)
+            dist.all_reduce(inline, op=dist.ReduceOp.MAX)
+            if not all(work.is_completed() for work in queued):
+                failures.append("a collective ran before those queued ahead of it completed")
+            check("all_reduce after queued ones", inline,
+                  reduce_locally(world, 37, torch.int32, "max"))
+        else:
+            message = torch.zeros(4096)
+            if rank == 0:
+                dist.send(values(7, 4096, torch.float32), dst=1)
+            elif rank == 1:
+                dist.recv(message, src=0)
+                check("send after queued collectives", message, values(7, 4096, torch.float32))
+        for work in queued:
+            work.wait()
+        check("queued all_reduce", first, reduce_locally(world, 40_001, torch.float64, "sum"))
+        check("queued all_reduce", again, reduce_locally(world, 300_001, torch.float32, "sum"))
+    # A receive posted before a collective, which drains it first on the
+    # group's thread while this thread waits for it too.
     message = torch.zeros(4096)
+    if rank == 1:
+        time.sleep(late / 2)
+        dist.send(values(9, 4096, torch.float32), dst=0)
     if rank == 0:
-        dist.send(values(7, 4096, torch.float32), dst=1)
-    elif rank == 1:
-        dist.recv(message, src=0)
-        check("send after a queued collective", message, values(7, 4096, torch.float32))
-    pending.wait()
-    check("queued all_reduce", again, reduce_locally(world, 300_001, torch.float32, "sum"))
-    # A collective called without async_op runs on the caller's thread,
-    # after the queued ones.
-    queued = values(rank, 40_001, torch.float64)
-    pending = dist.all_reduce(queued, async_op=True)
-    inline = values(rank, 37, torch.int32)
-    dist.all_reduce(inline, op=dist.ReduceOp.MAX)
-    if not pending.is_completed():
-        failures.append("a collective ran before one queued ahead of it completed")
-    check("all_reduce queued ahead", queued, reduce_locally(world, 40_001, torch.float64, "sum"))
-    check("all_reduce after a queued one", inline, reduce_locally(world, 37, torch.int32, "max"))
+        request = dist.irecv(message, src=1)
+    behind = dist.all_reduce(values(rank, 37, torch.int64), async_op=True)
+    if rank == 0:
+        time.sleep(late / 4)  # the group's thread is draining it by now
+        request.wait()
+        check("irecv drained by a queued collective", message, values(9, 4096, torch.float32))
+        if not request.is_completed():
+            failures.append("a waited receive is not completed")
+    behind.wait()
+    # A collective called from a future's callback runs on the group's
+    # thread at once, as PowerSGD's hook does.
+    nested = values(rank, 37, torch.float32)
+
+    def again_from_callback(future):
+        dist.all_reduce(nested, async_op=True).wait()
+        return future.value()
+
+    chained = dist.all_reduce(values(rank, 37, torch.float32), async_op=True).get_future()
+    chained.then(again_from_callback).wait()
+    check("all_reduce from a callback", nested, reduce_locally(world, 37, torch.float32, "sum"))
 
 
 def ddp(rank, world):

@@ -123,13 +123,24 @@ class _Work(dist._Work):
         if self._done:
             return True
         seconds = self._group._seconds(timeout)
-        self._group._guard(lambda: self._finish(seconds))
-        self._complete()
+
+        def finish():
+            # Again under the lock: the group's thread may have taken this
+            # receive (a collective drains them first) while we waited.
+            if not self._done:
+                self._finish(seconds)
+                self._complete()
+
+        self._group._guard(finish)
         return True
 
     def is_completed(self):
-        if not self._done and self._group._guard(self._poll):
-            self._complete()
+        def poll():
+            if not self._done and self._poll():
+                self._complete()
+
+        if not self._done:
+            self._group._guard(poll)
         return self._done
 
     def is_success(self):
@@ -333,14 +344,16 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         self._stop.set()
         self._ops.stop()
         with self._lock:
+            self._failed = self._failed or "the group was shut down"
             self._close_links(2.0)
 
     def abort(self):
+        # Without the lock, which a stuck collective holds: closing its
+        # links is what ends it (a link serializes its own use).
         self._stop.set()
         self._ops.stop()
-        with self._lock:
-            self._failed = self._failed or "aborted"
-            self._abort()
+        self._failed = self._failed or "aborted"
+        self._abort()
 
     def __del__(self):
         stop = getattr(self, "_stop", None)
@@ -400,11 +413,16 @@ class ProcessGroupBarlink(dist.ProcessGroup):
 
         if self._failed is not None:
             raise barlink.LinkFailed(f"the process group failed earlier: {self._failed}")
-        # torch sets asyncOp from the caller's async_op; a call without
-        # options (DDP's gradient hook) or from an older torch queues.
-        if getattr(opts, "asyncOp", True):
-            pending = self._ops.submit(lambda: self._guard(run, name))
-            return QueuedWork(self, name, pending, list(outputs))
+        # torch sets asyncOp from the caller's async_op (its default, as
+        # in the options DDP's gradient hook passes, is true); an older
+        # torch has no such option. A collective called from the group's
+        # thread (a future's callback, as PowerSGD's hook makes) runs
+        # there at once: queued behind what that thread runs, it would
+        # wait for itself.
+        if getattr(opts, "asyncOp", True) and not self._ops.is_current():
+            work = QueuedWork(self, name, list(outputs))
+            work.start(self._ops, lambda: self._guard(run, name))
+            return work
         self._settle()
         self._guard(run, name)
         return _completed(list(outputs))

@@ -49,11 +49,16 @@ class OperationQueue:
         self._calls.put((call, pending))
         return pending
 
+    def is_current(self) -> bool:
+        """Whether the caller is this queue's thread."""
+        return threading.current_thread() is self._thread
+
     def settle(self, seconds: float):
         """Waits until everything submitted so far has run (its errors are
-        its own Works' to raise), for at most `seconds`."""
+        its own Works' to raise), for at most `seconds`. On the queue's own
+        thread there is nothing to wait for: what it runs came first."""
         last = self._last
-        if last is None:
+        if last is None or self.is_current():
             return
         try:
             last.exception(timeout=seconds)
@@ -70,21 +75,28 @@ class OperationQueue:
 class QueuedWork(dist._Work):
     """The Work of a collective on the queue: complete when it has run."""
 
-    def __init__(self, group, name: str, pending: _Pending, outputs: list):
+    def __init__(self, group, name: str, outputs: list):
         super().__init__()
         self._group = group
         self._name = name
-        self._pending = pending
         self._outputs = outputs
         self._future = Future()
-        pending.add_done_callback(self._settle_future)
+        self._pending = None
 
-    def _settle_future(self, pending: _Pending):
-        error = pending.exception()
-        if error is None:
+    def start(self, queue: OperationQueue, call):
+        """Queues `call`; its torch future is settled on the queue's thread
+        before the Work counts as complete, so a caller that waited can
+        read the future's value at once."""
+
+        def run():
+            try:
+                call()
+            except BaseException as error:
+                self._future.set_exception(error)
+                raise
             self._future.set_result(self._outputs)
-        else:
-            self._future.set_exception(error)
+
+        self._pending = queue.submit(run)
 
     def wait(self, timeout=None):
         seconds = self._group._seconds(timeout)
@@ -95,10 +107,18 @@ class QueuedWork(dist._Work):
         return True
 
     def is_completed(self):
-        return self._pending.done()
+        # The torch future is settled first (see `start`): once it is, the
+        # collective has run and its outputs are there to read.
+        return self._future.done()
 
     def is_success(self):
-        return self._pending.done() and self._pending.exception() is None
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:  # noqa: BLE001 - the collective's own error
+            return False
+        return True
 
     def get_future(self):
         return self._future
