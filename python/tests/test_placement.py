@@ -83,11 +83,22 @@ def test_local_rank_picks_a_gpu_through_cuda_visible_devices(clean_env):
 
 def test_a_rank_without_a_gpu_is_placed_by_its_cpus_numa_node(clean_env, tmp_path):
     nodes = tmp_path / "sys" / "devices" / "system" / "node"
-    for node, cpus in ((0, "0-1023"), (1, "2048-4095")):
+    # This process may run on CPUs 0 and up: node 1 holds them.
+    for node, cpus in ((0, "4000-4095"), (1, "0-3999")):
         (nodes / f"node{node}").mkdir(parents=True)
         (nodes / f"node{node}" / "cpulist").write_text(cpus + "\n")
     (tmp_path / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
     clean_env.setenv("BARLINK_SYSFS_ROOT", str(tmp_path))
     unplaced = _placement.own_place("h")
     assert unplaced["gpu"] is None and unplaced["path"] == []
-    assert unplaced["numa"] == 0
+    assert unplaced["numa"] == 1
+
+
+def test_an_unreadable_topology_places_by_cpus_and_says_why(clean_env, tmp_path):
+    clean_env.setenv("BARLINK_SYSFS_ROOT", str(tmp_path / "absent"))
+    unplaced = _placement.own_place("h")
+    assert unplaced["gpu"] is None and unplaced["numa"] == -1
+    assert "topology not readable" in unplaced["why"]
+    clean_env.setenv("BARLINK_TORCH_GPU", "0")
+    with pytest.raises(ValueError, match="has 0 GPUs.*topology not readable"):
+        _placement.own_place("h")

@@ -23,8 +23,8 @@ ddp        DistributedDataParallel trains a small model three steps, its
            together): every rank's parameters match one process trained
            on the whole batch
 placed     (BARLINK_SYSFS_ROOT at the 8-GPU two-socket fixture) 4 ranks
-           given GPUs 0, 4, 1, 5, alternating sockets: the ring must run
-           0 2 1 3, and the ring collectives stay exact over it
+           given GPUs 0, 4, 5, 1, alternating sockets: the ring must run
+           0 3 1 2, and the ring collectives stay exact over it
 tcp        (BARLINK_TORCH_TRANSPORT=tcp) every pair linked over TCP, then
            collectives and irecv-before-isend over those links
 """
@@ -363,16 +363,17 @@ def ddp(rank, world):
 
 
 # The GPU each rank of the placed scenario claims: GPUs 0 and 1 share a
-# switch on socket 0, 4 and 5 one on socket 1.
-PLACED_GPUS = [0, 4, 1, 5]
+# switch on socket 0, 4 and 5 one on socket 1. The order this gives is not
+# its own inverse, so positions and ranks cannot be confused unseen.
+PLACED_GPUS = [0, 4, 5, 1]
 
 
 def placed(rank, world):
     group = dist.group.WORLD
     place = group.place
     print(f"rank {rank} place: {place} ring: {group.ring_order}", flush=True)
-    if group.ring_order != [0, 2, 1, 3]:
-        failures.append(f"ring order {group.ring_order}, not [0, 2, 1, 3]")
+    if group.ring_order != [0, 3, 1, 2]:
+        failures.append(f"ring order {group.ring_order}, not [0, 3, 1, 2]")
     if place.get("numa") != PLACED_GPUS[rank] // 4:
         failures.append(f"rank {rank} placed on NUMA node {place.get('numa')}")
     for count in (37, 40_001):

@@ -207,11 +207,14 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         transport = os.environ.get("BARLINK_TORCH_TRANSPORT", "auto")
         if transport not in ("auto", "tcp"):
             raise ValueError(f"BARLINK_TORCH_TRANSPORT={transport!r} is not auto or tcp")
-        ring = os.environ.get("BARLINK_TORCH_RING", _placement.TOPOLOGY)
         store.set(f"barlink/place/{rank}", json.dumps(self._place))
         if rank == 0:
             store.set("barlink/job", uuid.uuid4().hex[:16])
+            # Rank 0's choice rules: ranks that ordered their rings apart
+            # would each wait on a neighbour that sends elsewhere.
+            store.set("barlink/ring", os.environ.get("BARLINK_TORCH_RING", _placement.TOPOLOGY))
         job = store.get("barlink/job").decode()
+        ring = store.get("barlink/ring").decode()
         places = [json.loads(store.get(f"barlink/place/{r}")) for r in range(size)]
         hosts = [place["host"] for place in places]
         self._order = _placement.ring_order(places, ring)

@@ -11,7 +11,8 @@ A rank's GPU is the one named by ``BARLINK_TORCH_GPU`` (a PCI address, or
 an index in ``barlink topo``'s GPU list), else the current CUDA device
 when this process already initialized CUDA, else GPU ``LOCAL_RANK`` of
 the host (through ``CUDA_VISIBLE_DEVICES`` when that lists indices), in
-PCI bus order. A rank without a GPU is placed by the NUMA node its CPUs
+PCI bus order: CUDA's order under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and its
+default one on hosts of identical GPUs. A rank without a GPU is placed by the NUMA node its CPUs
 are on. ``BARLINK_SYSFS_ROOT`` reads another machine's sysfs (a fixture,
 or a copy), as ``barlink topo`` does.
 """
@@ -78,24 +79,27 @@ def _cuda_gpu_address():
     return f"{domain:04x}:{bus:02x}:{device:02x}.0"
 
 
-def _own_gpu(gpus: list):
+def _own_gpu(gpus: list, unread: str = ""):
     """This rank's GPU among `gpus` (``barlink topo``'s list) and how it
-    was found, or (None, why not)."""
+    was found, or (None, why not). `unread` says why the list may be
+    empty."""
     named = os.environ.get("BARLINK_TORCH_GPU")
     if named:
+        also = f"; {unread}" if unread else ""
         if named.isdigit():
             index = int(named)
             if index < len(gpus):
                 return gpus[index], f"BARLINK_TORCH_GPU={named}"
             raise ValueError(
-                f"BARLINK_TORCH_GPU={named}: this host has {len(gpus)} GPUs (see `barlink topo`)"
+                f"BARLINK_TORCH_GPU={named}: this host has {len(gpus)} GPUs "
+                f"(see `barlink topo`{also})"
             )
         address = _pci_address(named)
         for gpu in gpus:
             if gpu["bdf"] == address:
                 return gpu, f"BARLINK_TORCH_GPU={named}"
         raise ValueError(
-            f"BARLINK_TORCH_GPU={named}: no GPU at {address} (see `barlink topo`)"
+            f"BARLINK_TORCH_GPU={named}: no GPU at {address} (see `barlink topo`{also})"
         )
     address = _cuda_gpu_address()
     if address is not None:
@@ -123,14 +127,15 @@ def own_place(host: str) -> dict:
     place = {"host": host, "numa": -1, "path": [], "gpu": None, "why": ""}
     gpus = []
     try:
-        gpus = barlink.topology(root).get("gpus", [])
-    except OSError as error:
+        gpus = [g for g in barlink.topology(root).get("gpus", []) if g.get("bdf")]
+    except Exception as error:  # noqa: BLE001 - the order only costs speed
         place["why"] = f"topology not readable: {error}"
-    gpu, why = _own_gpu(sorted(gpus, key=lambda g: g["bdf"]))
+    gpu, why = _own_gpu(sorted(gpus, key=lambda g: g["bdf"]), place["why"])
     if gpu is not None:
         place["gpu"] = gpu["bdf"]
         place["numa"] = gpu.get("numa_node") if gpu.get("numa_node") is not None else -1
-        place["path"] = [gpu.get("host_bridge") or "", *gpu.get("upstream_bridges", []), gpu["bdf"]]
+        bridges = gpu.get("upstream_bridges") or []
+        place["path"] = [gpu.get("host_bridge") or "", *bridges, gpu["bdf"]]
     else:
         place["numa"] = _cpu_numa_node(root)
     place["why"] = place["why"] or why
