@@ -22,7 +22,8 @@ pub use mr_cache::{CacheStats, CachedRegion, MrCache};
 pub use verbs::{
     Access, CompletionQueue, Context, Gid, HugePolicy, LinkLayer, MemoryOptions, MemoryRegion, Mtu,
     PortState, ProtectionDomain, QpConfig, QpConnectOptions, QpEndpoint, QpState, QueuePair,
-    RegisteredMemory, RemoteAddr, RemoteRegion, Sge, WcOpcode, WcStatus, WorkCompletion,
+    RegisteredMemory, RemoteAddr, RemoteRegion, SendMemory, Sge, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 pub mod link;

@@ -33,10 +33,17 @@
 //! packets unconsumed; a staging slot is reused only after the peer
 //! consumed the packet written from it, which implies the write that read
 //! it completed.
+//!
+//! A packet whose payload lies in [`SendMemory`](crate::SendMemory) goes
+//! out in place where the queue can read it there: only the header is
+//! written into the staging slot, and the write gathers the payload from
+//! the program's memory, which the engine holds until the peer
+//! acknowledged it (and so until the write that read it completed).
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use barlink_transport::engine::{Engine, EngineConfig};
@@ -46,6 +53,7 @@ use barlink_transport::time::Time;
 use barlink_transport::window::{Window, WindowError};
 use barlink_transport::wire::HEADER_LEN;
 
+use crate::verbs::{MemoryRegion, Sge};
 pub use crate::wc_status::WcStatus;
 
 /// Bytes before the first slot of a receive region: the credit word (u64
@@ -57,6 +65,10 @@ pub const CREDIT_OFFSET: usize = 0;
 pub const SLOT_ALIGN: usize = 64;
 /// Most slots a ring may have (the hello refuses more).
 pub const MAX_SLOTS: u32 = 1 << 16;
+/// Payloads shorter than this are copied into the staging slot even when
+/// they lie in send memory: a copy of a few cache lines costs less than
+/// the adapter's second read (a gather entry of its own) for them.
+pub const IN_PLACE_FROM: usize = 4096;
 
 /// The credit word as the receiver writes it: the consumed count modulo
 /// 2³² and a CRC-32C of it, the ring's index word format
@@ -233,6 +245,38 @@ pub trait PacketQueue {
         signaled: bool,
     ) -> Result<(), QueueError>;
 
+    /// Where the adapter can read `payload` in place: it lies in
+    /// [`SendMemory`](crate::SendMemory) that this queue's device has
+    /// registered (or registers now). `None`, the default: it is copied
+    /// into the staging area.
+    fn in_place(&self, _payload: &[u8]) -> Option<InPlace> {
+        None
+    }
+
+    /// Posts RDMA WRITE WITH IMM of `header_len` bytes at `local_offset` of
+    /// the staging area followed by `payload`, read in place through
+    /// `source` (what [`PacketQueue::in_place`] returned for it), to
+    /// `remote_offset` of the peer's receive region. `payload` stays
+    /// unchanged until the request completes. Unsignaled unless
+    /// `signaled`.
+    #[allow(clippy::too_many_arguments)]
+    fn post_write_imm_in_place(
+        &mut self,
+        _wr_id: u64,
+        _local_offset: usize,
+        _header_len: usize,
+        _payload: &[u8],
+        _source: InPlace,
+        _remote_offset: usize,
+        _imm: u32,
+        _signaled: bool,
+    ) -> Result<(), QueueError> {
+        Err(QueueError::Post {
+            operation: "an RDMA WRITE WITH IMM in place",
+            detail: "this queue sends from its staging area only".to_string(),
+        })
+    }
+
     /// Posts an RDMA WRITE of `value` (8 bytes, little-endian; already in
     /// the format of [`encode_credit`]) into the peer's credit word.
     /// Unsignaled unless `signaled`. The bytes must be captured by the time
@@ -250,6 +294,15 @@ pub trait PacketQueue {
 
     /// Appends the receive queue's completions to `out`, in order.
     fn poll_recv(&mut self, out: &mut VecDeque<Completion>) -> Result<(), QueueError>;
+}
+
+/// A payload the adapter reads in place, from [`PacketQueue::in_place`]:
+/// the gather entry naming it, and the registration that must outlive the
+/// write that names it.
+#[derive(Debug, Default)]
+pub struct InPlace {
+    pub(crate) sge: Option<Sge>,
+    pub(crate) region: Option<Arc<MemoryRegion>>,
 }
 
 /// Why a link could not be put together.
@@ -328,6 +381,11 @@ pub fn rdma_link<Q: PacketQueue, B: AsRef<[u8]>>(
 pub struct RdmaStats {
     /// RDMA WRITE WITH IMM posted (one per packet).
     pub writes_posted: u64,
+    /// Of those, writes whose payload the adapter read in place from send
+    /// memory (nothing copied into the staging area).
+    pub writes_in_place: u64,
+    /// Payload bytes the adapter read in place.
+    pub bytes_in_place: u64,
     /// Credit writes posted.
     pub credit_writes: u64,
     /// Receive completions taken (one per packet that arrived).
@@ -571,6 +629,10 @@ impl<Q: PacketQueue> RdmaMedium<Q> {
     }
 }
 
+fn staging_error(error: WindowError) -> MediumError {
+    MediumError::new(format_args!("writing a staging slot: {error}"))
+}
+
 impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
     fn activity(&mut self) -> Result<[u64; 2], MediumError> {
         self.reap()?;
@@ -687,37 +749,82 @@ impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
                 break;
             }
             let local_offset = self.remote.staging_offset(self.sent);
-            let staging = self.queue.staging();
-            let written = engine.poll_transmit_with(now, |transmit| {
-                // Payload copied and checksummed in one pass, header last.
-                let payload_at = local_offset + HEADER_LEN;
-                if transmit.has_crc() {
-                    let mut crc = transmit.crc_of_header();
-                    staging.write_crc(payload_at, transmit.payload(), &mut crc)?;
-                    staging.write(local_offset, &transmit.header_with_crc(crc.finish()))?;
-                } else {
-                    staging.write(payload_at, transmit.payload())?;
-                    staging.write(local_offset, &transmit.header_with_crc(0))?;
-                }
-                Ok::<usize, WindowError>(transmit.len())
-            });
-            let len = match written {
-                None => break,
-                Some(result) => result
-                    .map_err(|e| MediumError::new(format_args!("writing a staging slot: {e}")))?,
-            };
+            let remote_offset = self.remote.slot_offset(self.sent);
             let wr_id = self.wr_posted;
             let signaled = wr_id % self.signal_every == self.signal_every - 1;
-            self.queue
-                .post_write_imm(
-                    wr_id,
-                    local_offset,
-                    len,
-                    self.remote.slot_offset(self.sent),
-                    self.sent as u32,
-                    signaled,
-                )
-                .map_err(MediumError::new)?;
+            let imm = self.sent as u32;
+            let queue = &mut self.queue;
+            let written = engine.poll_transmit_with(now, |transmit| {
+                let payload = transmit.payload();
+                let source = if payload.len() >= IN_PLACE_FROM {
+                    queue.in_place(payload)
+                } else {
+                    None
+                };
+                let Some(source) = source else {
+                    // Payload copied and checksummed in one pass, header last.
+                    let staging = queue.staging();
+                    let payload_at = local_offset + HEADER_LEN;
+                    if transmit.has_crc() {
+                        let mut crc = transmit.crc_of_header();
+                        staging
+                            .write_crc(payload_at, payload, &mut crc)
+                            .map_err(staging_error)?;
+                        staging
+                            .write(local_offset, &transmit.header_with_crc(crc.finish()))
+                            .map_err(staging_error)?;
+                    } else {
+                        staging.write(payload_at, payload).map_err(staging_error)?;
+                        staging
+                            .write(local_offset, &transmit.header_with_crc(0))
+                            .map_err(staging_error)?;
+                    }
+                    queue
+                        .post_write_imm(
+                            wr_id,
+                            local_offset,
+                            transmit.len(),
+                            remote_offset,
+                            imm,
+                            signaled,
+                        )
+                        .map_err(MediumError::new)?;
+                    return Ok(None);
+                };
+                // In place: the payload is read once, for its CRC, and the
+                // adapter gathers it after the header.
+                let crc = transmit.has_crc().then(|| {
+                    let mut crc = transmit.crc_of_header();
+                    crc.update(payload);
+                    crc.finish()
+                });
+                queue
+                    .staging()
+                    .write(local_offset, &transmit.header_with_crc(crc.unwrap_or(0)))
+                    .map_err(staging_error)?;
+                queue
+                    .post_write_imm_in_place(
+                        wr_id,
+                        local_offset,
+                        HEADER_LEN,
+                        payload,
+                        source,
+                        remote_offset,
+                        imm,
+                        signaled,
+                    )
+                    .map_err(MediumError::new)?;
+                Ok::<_, MediumError>(Some(payload.len()))
+            });
+            match written {
+                None => break,
+                Some(Err(error)) => return Err(error),
+                Some(Ok(None)) => {}
+                Some(Ok(Some(in_place))) => {
+                    self.stats.writes_in_place += 1;
+                    self.stats.bytes_in_place += in_place as u64;
+                }
+            }
             self.wr_posted += 1;
             self.sent += 1;
             self.stats.writes_posted += 1;

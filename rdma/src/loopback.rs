@@ -19,7 +19,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::{HeapWindow, Window};
 
-use crate::link::{CREDIT_OFFSET, Completion, PacketQueue, QueueError, RingShape, WcStatus};
+use crate::link::{
+    CREDIT_OFFSET, Completion, InPlace, PacketQueue, QueueError, RingShape, WcStatus,
+};
+use crate::verbs::send_memory;
 
 /// Faults applied to the writes one endpoint sends.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -246,40 +249,18 @@ impl LoopbackQueue {
     }
 }
 
-impl PacketQueue for LoopbackQueue {
-    type Region = Arc<HeapWindow>;
-
-    fn receive_region(&self) -> &Arc<HeapWindow> {
-        &self.receive
-    }
-
-    fn staging(&self) -> &Arc<HeapWindow> {
-        &self.staging
-    }
-
-    fn send_queue_depth(&self) -> usize {
-        self.sq_depth
-    }
-
-    fn post_write_imm(
+impl LoopbackQueue {
+    /// The remote half of a write whose bytes were gathered into
+    /// `scratch`: placed in the peer's region (faults applied), then the
+    /// peer's receive and this side's send complete.
+    fn place_scratch(
         &mut self,
         wr_id: u64,
-        local_offset: usize,
-        len: usize,
         remote_offset: usize,
         imm: u32,
         signaled: bool,
     ) -> Result<(), QueueError> {
-        if self.write_goes_nowhere(wr_id, signaled) {
-            return Ok(());
-        }
-        // The local read: a length beyond the staging area is a local
-        // protection error, as an adapter would report it.
-        self.scratch.resize(len, 0);
-        if self.staging.read(local_offset, &mut self.scratch).is_err() {
-            self.complete_send(wr_id, WcStatus::LocProtErr, signaled);
-            return Ok(());
-        }
+        let len = self.scratch.len();
         // The remote write: beyond the peer's region is a remote access error.
         let in_bounds = remote_offset
             .checked_add(len)
@@ -323,6 +304,73 @@ impl PacketQueue for LoopbackQueue {
         }
         self.complete_send(wr_id, WcStatus::Success, signaled);
         Ok(())
+    }
+}
+
+impl PacketQueue for LoopbackQueue {
+    type Region = Arc<HeapWindow>;
+
+    fn receive_region(&self) -> &Arc<HeapWindow> {
+        &self.receive
+    }
+
+    fn staging(&self) -> &Arc<HeapWindow> {
+        &self.staging
+    }
+
+    fn send_queue_depth(&self) -> usize {
+        self.sq_depth
+    }
+
+    fn post_write_imm(
+        &mut self,
+        wr_id: u64,
+        local_offset: usize,
+        len: usize,
+        remote_offset: usize,
+        imm: u32,
+        signaled: bool,
+    ) -> Result<(), QueueError> {
+        if self.write_goes_nowhere(wr_id, signaled) {
+            return Ok(());
+        }
+        // The local read: a length beyond the staging area is a local
+        // protection error, as an adapter would report it.
+        self.scratch.resize(len, 0);
+        if self.staging.read(local_offset, &mut self.scratch).is_err() {
+            self.complete_send(wr_id, WcStatus::LocProtErr, signaled);
+            return Ok(());
+        }
+        self.place_scratch(wr_id, remote_offset, imm, signaled)
+    }
+
+    fn in_place(&self, payload: &[u8]) -> Option<InPlace> {
+        send_memory::is_send_memory(payload).then(InPlace::default)
+    }
+
+    fn post_write_imm_in_place(
+        &mut self,
+        wr_id: u64,
+        local_offset: usize,
+        header_len: usize,
+        payload: &[u8],
+        _source: InPlace,
+        remote_offset: usize,
+        imm: u32,
+        signaled: bool,
+    ) -> Result<(), QueueError> {
+        if self.write_goes_nowhere(wr_id, signaled) {
+            return Ok(());
+        }
+        // The adapter gathers the header from the staging area and the
+        // payload from where it lies.
+        self.scratch.resize(header_len, 0);
+        if self.staging.read(local_offset, &mut self.scratch).is_err() {
+            self.complete_send(wr_id, WcStatus::LocProtErr, signaled);
+            return Ok(());
+        }
+        self.scratch.extend_from_slice(payload);
+        self.place_scratch(wr_id, remote_offset, imm, signaled)
     }
 
     fn post_credit(&mut self, wr_id: u64, value: u64, signaled: bool) -> Result<(), QueueError> {

@@ -15,15 +15,16 @@ use barlink_transport::link::Link;
 
 use crate::error::RdmaError;
 use crate::link::{
-    CREDIT_OFFSET, Completion, LinkSetupError, PacketQueue, QueueError, RdmaLink, RdmaMedium,
-    RingShape,
+    CREDIT_OFFSET, Completion, InPlace, LinkSetupError, PacketQueue, QueueError, RdmaLink,
+    RdmaMedium, RingShape,
 };
 use crate::oob::{self, Hello, OobError, OobListener, OobOptions, OobStream};
 use crate::verbs::{
-    Access, CompletionQueue, Context, Gid, LinkLayer, Mtu, ProtectionDomain, QpConfig,
-    QpConnectOptions, QpEndpoint, QueuePair, RegisteredMemory, RemoteAddr, RemoteRegion,
-    WorkCompletion,
+    Access, CompletionQueue, Context, Gid, LinkLayer, MemoryRegion, Mtu, ProtectionDomain,
+    QpConfig, QpConnectOptions, QpEndpoint, QueuePair, RegisteredMemory, RemoteAddr, RemoteRegion,
+    WorkCompletion, send_memory,
 };
+use std::sync::Arc;
 
 /// Completions taken per poll call.
 const POLL_BATCH: usize = 64;
@@ -33,6 +34,8 @@ const POLL_BATCH: usize = 64;
 /// and credit word are named by the addresses and rkeys of its hello.
 #[derive(Debug)]
 pub struct VerbsQueue {
+    // Field order matters: the queue pair goes first, and with it every
+    // request that might still read a registration held below.
     qp: QueuePair,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
@@ -47,6 +50,21 @@ pub struct VerbsQueue {
     credit_source: Option<RegisteredMemory>,
     sq_depth: usize,
     wc: Vec<WorkCompletion>,
+    /// The domain whose registrations of send memory the in-place writes
+    /// name.
+    pd: ProtectionDomain,
+    /// Registrations named by in-place writes not yet known complete, by
+    /// work request: a program that drops its send memory while a write
+    /// still reads it fails that write, never the memory.
+    in_place_in_flight: VecDeque<(u64, Arc<MemoryRegion>)>,
+}
+
+impl Drop for VerbsQueue {
+    fn drop(&mut self) {
+        // No link of this domain sends again: its registrations of send
+        // memory need not hold the device open.
+        send_memory::forget_domain(&self.pd);
+    }
 }
 
 fn post_error(operation: &'static str) -> impl Fn(RdmaError) -> QueueError {
@@ -128,6 +146,48 @@ impl PacketQueue for VerbsQueue {
             .map_err(post_error("an RDMA WRITE WITH IMM"))
     }
 
+    fn in_place(&self, payload: &[u8]) -> Option<InPlace> {
+        let (sge, region) = send_memory::in_place(&self.pd, payload)?;
+        Some(InPlace {
+            sge: Some(sge),
+            region: Some(region),
+        })
+    }
+
+    fn post_write_imm_in_place(
+        &mut self,
+        wr_id: u64,
+        local_offset: usize,
+        header_len: usize,
+        _payload: &[u8],
+        source: InPlace,
+        remote_offset: usize,
+        imm: u32,
+        signaled: bool,
+    ) -> Result<(), QueueError> {
+        let operation = "an RDMA WRITE WITH IMM in place";
+        let (Some(payload), Some(region)) = (source.sge, source.region) else {
+            return Err(QueueError::Post {
+                operation,
+                detail: "the payload is not in this device's send memory".to_string(),
+            });
+        };
+        let header = self
+            .staging
+            .sge(local_offset, header_len)
+            .map_err(post_error(operation))?;
+        let len = header_len + payload.len() as usize;
+        let remote = self
+            .remote_ring
+            .at(remote_offset as u64, len)
+            .map_err(post_error(operation))?;
+        self.qp
+            .post_write_imm(wr_id, &[header, payload], remote, imm, signaled)
+            .map_err(post_error(operation))?;
+        self.in_place_in_flight.push_back((wr_id, region));
+        Ok(())
+    }
+
     fn post_credit(&mut self, wr_id: u64, value: u64, signaled: bool) -> Result<(), QueueError> {
         let bytes = value.to_le_bytes();
         match &self.credit_source {
@@ -157,7 +217,23 @@ impl PacketQueue for VerbsQueue {
     }
 
     fn poll_send(&mut self, out: &mut Vec<Completion>) -> Result<(), QueueError> {
-        Self::poll(&self.send_cq, &mut self.wc, "send", |c| out.push(c))
+        let mut last_done = None;
+        Self::poll(&self.send_cq, &mut self.wc, "send", |c| {
+            last_done = Some(c.wr_id);
+            out.push(c)
+        })?;
+        // Requests complete in order: what a completion names and all
+        // before it no longer read their registrations.
+        if let Some(done) = last_done {
+            while self
+                .in_place_in_flight
+                .front()
+                .is_some_and(|(wr_id, _)| *wr_id <= done)
+            {
+                self.in_place_in_flight.pop_front();
+            }
+        }
+        Ok(())
     }
 
     fn poll_recv(&mut self, out: &mut VecDeque<Completion>) -> Result<(), QueueError> {
@@ -487,6 +563,8 @@ impl LocalSide {
                     max_send_wr: sq_depth,
                     max_recv_wr: local.slots,
                     max_inline_data: 64,
+                    // A header from the staging area and a payload in place.
+                    max_send_sge: 2,
                     ..QpConfig::default()
                 },
             )
@@ -549,6 +627,8 @@ impl LocalSide {
             },
             credit_source,
             wc: vec![WorkCompletion::default(); POLL_BATCH],
+            pd,
+            in_place_in_flight: VecDeque::new(),
         })
     }
 }

@@ -20,7 +20,8 @@
 //! [`Window`](barlink_transport::window::Window) trait.
 //!
 //! One file per object: `context` (an open device, its queries), `pd`,
-//! `mr` (regions, SGEs, peers' regions), `registered_memory`, `cq`,
+//! `mr` (regions, SGEs, peers' regions), `registered_memory`,
+//! `send_memory` (a program's memory that links send from in place), `cq`,
 //! `work_completion`, `qp` and `qp_params`; `values` holds what they take
 //! and report, and `device_list` the walk over the devices.
 //! Each object's constructor lives with the object (`Context::alloc_pd` in
@@ -38,6 +39,7 @@ mod pd;
 mod qp;
 mod qp_params;
 mod registered_memory;
+pub(crate) mod send_memory;
 mod values;
 mod work_completion;
 
@@ -50,5 +52,6 @@ pub use pd::ProtectionDomain;
 pub use qp::{MAX_SGE, QueuePair};
 pub use qp_params::{QpConfig, QpConnectOptions, QpEndpoint, QpState};
 pub use registered_memory::{HugePolicy, MemoryOptions, RegisteredMemory};
+pub use send_memory::SendMemory;
 pub use values::{Access, DeviceAttr, Gid, LinkLayer, Mtu, PortAttr, PortState};
 pub use work_completion::{WcOpcode, WorkCompletion};

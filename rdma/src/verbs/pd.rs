@@ -61,6 +61,11 @@ impl Context {
 }
 
 impl ProtectionDomain {
+    /// Tells domains apart while this one lives (its address).
+    pub(super) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// The device's name.
     pub fn device_name(&self) -> &str {
         &self.inner.ctx.name

@@ -188,6 +188,9 @@ pub struct PortAttr {
 pub struct Access(u32);
 
 impl Access {
+    /// The local device may read: what every region allows (no flag), and
+    /// all that memory sent from in place needs.
+    pub const LOCAL_READ: Access = Access(0);
     /// The local device may write (needed for receives and RDMA READ targets).
     pub const LOCAL_WRITE: Access = Access(sys::IBV_ACCESS_LOCAL_WRITE as u32);
     /// Peers may RDMA WRITE.

@@ -1,0 +1,240 @@
+//! [`SendMemory`]: memory a program sends from, which RDMA links read in
+//! place. A packet whose payload lies in it goes out as one RDMA WRITE
+//! WITH IMM that gathers the header from the link's staging area and the
+//! payload from the program's memory: the CPU reads the payload once, for
+//! its CRC, and copies nothing.
+//!
+//! The device registration (`ibv_reg_mr`) is made the first time a link
+//! of a protection domain sends from the memory, once per domain, and
+//! lives as long as the `SendMemory` (or the link): its life is the
+//! program's handle, not an address. A registration found by address
+//! alone, as [`crate::MrCache`] finds them, could outlive the memory and
+//! keep sending pages that are no longer the program's; here dropping the
+//! handle is the moment no new send reads the memory in place.
+//!
+//! A payload that is not in send memory, or in memory the device would
+//! not register, goes through the staging area as before: sending in
+//! place is never required, only taken where it is there.
+#![allow(unsafe_code)]
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use super::mr::{MemoryRegion, Sge};
+use super::pd::ProtectionDomain;
+use super::values::Access;
+use crate::error::RdmaError;
+
+/// Every live registration; few (a program registers its large buffers),
+/// so a list.
+static REGISTERED: RwLock<Vec<Arc<Entry>>> = RwLock::new(Vec::new());
+/// `REGISTERED.len()`, read without the lock: a process that registers
+/// nothing pays one load per packet.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// A domain's registration of an entry, or why the device refused it
+/// (asked once per domain, not once per packet).
+type DomainRegion = (usize, Result<Arc<MemoryRegion>, String>);
+
+struct Entry {
+    start: usize,
+    len: usize,
+    /// Owned memory is kept alive here (`SendMemory::new`).
+    _owner: Option<Arc<[u8]>>,
+    regions: Mutex<Regions>,
+}
+
+#[derive(Default)]
+struct Regions {
+    /// Per protection domain (keyed by its address, which cannot be reused
+    /// while a region of it holds it alive).
+    by_domain: Vec<DomainRegion>,
+    /// The handle was dropped: a lookup that found the entry just before
+    /// registers nothing more.
+    dropped: bool,
+}
+
+impl Entry {
+    fn contains(&self, addr: usize, len: usize) -> bool {
+        addr >= self.start
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.start + self.len)
+    }
+
+    fn regions(&self) -> std::sync::MutexGuard<'_, Regions> {
+        self.regions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The domain's registration of the whole entry, made now if it is the
+    /// first time; `None` if the device refused it (logged once).
+    fn region_in(&self, pd: &ProtectionDomain) -> Option<Arc<MemoryRegion>> {
+        let key = pd.identity();
+        let mut regions = self.regions();
+        if regions.dropped {
+            return None;
+        }
+        if let Some((_, found)) = regions.by_domain.iter().find(|(k, _)| *k == key) {
+            return found.as_ref().ok().cloned();
+        }
+        // SAFETY: `start..start + len` is memory the program keeps mapped
+        // while the entry is registered and until every send from it has
+        // completed (the contract of `SendMemory::register_raw`, or owned
+        // by `_owner`); the device only reads it (LOCAL_READ), and
+        // barlink never makes a Rust reference to it from this region.
+        let made = unsafe { pd.register_raw(self.start as *mut u8, self.len, Access::LOCAL_READ) };
+        let made = made.map(Arc::new).map_err(|error| {
+            tracing::warn!(
+                %error,
+                device = pd.device_name(),
+                bytes = self.len,
+                "send memory could not be registered; its sends go through the staging area"
+            );
+            error.to_string()
+        });
+        let found = made.as_ref().ok().cloned();
+        regions.by_domain.push((key, made));
+        found
+    }
+}
+
+/// The entry holding `payload`, if any.
+fn entry_of(payload: &[u8]) -> Option<Arc<Entry>> {
+    if LIVE.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let addr = payload.as_ptr() as usize;
+    let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
+    registered
+        .iter()
+        .find(|entry| entry.contains(addr, payload.len()))
+        .cloned()
+}
+
+/// Whether `payload` lies wholly in send memory (what a queue without a
+/// device, such as the loopback, asks).
+pub(crate) fn is_send_memory(payload: &[u8]) -> bool {
+    !payload.is_empty() && entry_of(payload).is_some()
+}
+
+/// The scatter/gather entry that reads `payload` in place through the
+/// domain's registration of the send memory holding it, and that
+/// registration (to keep alive until the write naming it completes).
+/// `None`: not in send memory, or the device refused it.
+pub(crate) fn in_place(pd: &ProtectionDomain, payload: &[u8]) -> Option<(Sge, Arc<MemoryRegion>)> {
+    if payload.is_empty() {
+        return None;
+    }
+    let entry = entry_of(payload)?;
+    let region = entry.region_in(pd)?;
+    let offset = payload.as_ptr() as usize - entry.start;
+    let sge = region.sge(offset, payload.len()).ok()?;
+    Some((sge, region))
+}
+
+/// Drops every registration made in `pd`: its links are gone, and the
+/// domain (with its device) need not stay open for memory that no link of
+/// it will send from again.
+pub(crate) fn forget_domain(pd: &ProtectionDomain) {
+    if LIVE.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let key = pd.identity();
+    let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
+    for entry in registered.iter() {
+        entry.regions().by_domain.retain(|(k, _)| *k != key);
+    }
+}
+
+/// Memory that RDMA links send from in place while this handle lives (see
+/// the module docs). Registering is cheap: the devices register it when
+/// they first send from it.
+pub struct SendMemory {
+    entry: Arc<Entry>,
+}
+
+impl fmt::Debug for SendMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendMemory")
+            .field("start", &format_args!("{:#x}", self.entry.start))
+            .field("len", &self.entry.len)
+            .field("devices", &self.registrations())
+            .finish()
+    }
+}
+
+impl SendMemory {
+    /// Sends of ranges of `bytes` (as message buffers that point into it)
+    /// go in place. The memory cannot change while it is shared, so any
+    /// send from it reads what the caller wrote.
+    pub fn new(bytes: Arc<[u8]>) -> Result<SendMemory, RdmaError> {
+        let (start, len) = (bytes.as_ptr() as usize, bytes.len());
+        SendMemory::insert(start, len, Some(bytes))
+    }
+
+    /// Registers `len` bytes at `ptr`, memory the caller owns (a C
+    /// program's buffer).
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` stays mapped until this handle is dropped and every
+    /// send from the range has completed, and no range is modified while a
+    /// send from it is in flight (its CRC was taken before the adapter
+    /// reads it; a change in between is caught by the peer and sent again,
+    /// changed).
+    pub unsafe fn register_raw(ptr: *const u8, len: usize) -> Result<SendMemory, RdmaError> {
+        SendMemory::insert(ptr as usize, len, None)
+    }
+
+    fn insert(start: usize, len: usize, owner: Option<Arc<[u8]>>) -> Result<SendMemory, RdmaError> {
+        if len == 0 || start == 0 || start.checked_add(len).is_none() {
+            return Err(RdmaError::InvalidArgument {
+                what: format!("send memory of {len} bytes at {start:#x}: give a non-empty range"),
+            });
+        }
+        let entry = Arc::new(Entry {
+            start,
+            len,
+            _owner: owner,
+            regions: Mutex::new(Regions::default()),
+        });
+        let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
+        registered.push(Arc::clone(&entry));
+        LIVE.store(registered.len(), Ordering::Release);
+        Ok(SendMemory { entry })
+    }
+
+    /// The first byte's address.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.entry.start as *const u8
+    }
+
+    /// Bytes covered.
+    pub fn len(&self) -> usize {
+        self.entry.len
+    }
+
+    /// Whether it covers no bytes (never: registering refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.entry.len == 0
+    }
+
+    /// Protection domains it is registered in now.
+    pub fn registrations(&self) -> usize {
+        let regions = self.entry.regions();
+        regions.by_domain.iter().filter(|(_, r)| r.is_ok()).count()
+    }
+}
+
+impl Drop for SendMemory {
+    fn drop(&mut self) {
+        let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
+        registered.retain(|entry| !Arc::ptr_eq(entry, &self.entry));
+        LIVE.store(registered.len(), Ordering::Release);
+        drop(registered);
+        // Deregistered now, unless a write still in flight holds one.
+        let mut regions = self.entry.regions();
+        regions.dropped = true;
+        regions.by_domain.clear();
+    }
+}
