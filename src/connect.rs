@@ -439,6 +439,20 @@ impl<B: AsRef<[u8]>> Connection<B> {
         each_link_ref!(self, link => link.engine().stats())
     }
 
+    /// Data packets whose payload the RDMA adapter read in place from send
+    /// memory (`barlink::rdma::SendMemory`), and their payload bytes; zero
+    /// on other paths, where a registered payload goes into the ring in the
+    /// one copy the CRC takes anyway.
+    pub fn sent_in_place(&self) -> (u64, u64) {
+        match &self.link {
+            AnyLink::Rdma(link) => {
+                let stats = link.medium().stats();
+                (stats.writes_in_place, stats.bytes_in_place)
+            }
+            _ => (0, 0),
+        }
+    }
+
     /// Delivered messages waiting to be taken.
     pub fn messages_ready(&self) -> usize {
         each_link_ref!(self, link => link.engine().messages_ready())

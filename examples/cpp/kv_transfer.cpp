@@ -184,9 +184,11 @@ int prefill(const Plan& plan, const Route& route, size_t inflight) {
     std::memcpy(&verdict, reply.data(), sizeof verdict);
     barlink_stats stats = link.stats();
     std::printf("prefill: sent %zu KV blocks (%.1f MiB) zero-copy in %.3f s: %.2f GB/s acknowledged; "
-                "retransmits %" PRIu64 ", crc failures %" PRIu64 "\n",
+                "retransmits %" PRIu64 ", crc failures %" PRIu64 "; read in place by the NIC: %" PRIu64
+                " packets\n",
                 plan.total_blocks(), plan.total_bytes() / 1048576.0, elapsed,
-                plan.total_bytes() / elapsed / 1e9, stats.retransmits, stats.crc_failures);
+                plan.total_bytes() / elapsed / 1e9, stats.retransmits, stats.crc_failures,
+                stats.packets_sent_in_place);
     link.close(5000);
     return verdict.blocks_bad == 0 && verdict.blocks_ok == plan.total_blocks() ? 0 : 1;
 }

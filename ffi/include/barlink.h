@@ -54,7 +54,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 5
+#define BARLINK_ABI_VERSION_MINOR 6
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -279,6 +279,12 @@ typedef struct barlink_stats {
   // Messages received in place (`barlink_recv_message`) and not yet
   // given back with `barlink_release_message`. Since ABI version 0.5.
   uint64_t messages_held;
+  // Data packets whose payload the RDMA adapter read in place from a
+  // registered buffer (`barlink_post_send_buffer`), copying nothing; 0
+  // on other paths. Since ABI version 0.6.
+  uint64_t packets_sent_in_place;
+  // Payload bytes of those packets. Since ABI version 0.6.
+  uint64_t bytes_sent_in_place;
 } barlink_stats;
 
 #ifdef __cplusplus
@@ -577,6 +583,12 @@ enum barlink_status barlink_progress(struct barlink_link *link);
 // frees it. The caller keeps it valid until `barlink_deregister_buffer`
 // succeeded, and does not modify a range while a send of it is in flight.
 // On success `*buffer` is a new handle; on failure NULL.
+//
+// Over shared memory and BAR windows a send from it is copied once, into
+// the peer's ring, with its CRC. Over RDMA the NIC reads it in place: an
+// RDMA link registers the buffer with its device the first time it sends
+// from it (`packets_sent_in_place` in `barlink_stats` counts those
+// packets); a device that refuses the registration gets a copy instead.
 //
 // # Safety
 // `ptr..ptr+len` is memory the caller owns, under the contract above;

@@ -954,6 +954,12 @@ pub extern "C" fn barlink_progress(link: *mut barlink_link) -> barlink_status {
 /// succeeded, and does not modify a range while a send of it is in flight.
 /// On success `*buffer` is a new handle; on failure NULL.
 ///
+/// Over shared memory and BAR windows a send from it is copied once, into
+/// the peer's ring, with its CRC. Over RDMA the NIC reads it in place: an
+/// RDMA link registers the buffer with its device the first time it sends
+/// from it (`packets_sent_in_place` in `barlink_stats` counts those
+/// packets); a device that refuses the registration gets a copy instead.
+///
 /// # Safety
 /// `ptr..ptr+len` is memory the caller owns, under the contract above;
 /// `buffer` is NULL (refused) or writable.

@@ -212,6 +212,8 @@ pub(crate) struct LinkState {
     any_failed: bool,
     /// The engine's counters when the link ended.
     final_stats: Stats,
+    /// `Connection::sent_in_place` as the link ended.
+    final_in_place: (u64, u64),
     /// The path the link took and why (`barlink_link_path`).
     path: String,
     message_bytes_sent: u64,
@@ -308,6 +310,7 @@ impl LinkCell {
                 end: None,
                 any_failed: false,
                 final_stats: Stats::default(),
+                final_in_place: (0, 0),
                 message_bytes_sent: 0,
                 message_bytes_received: 0,
                 max_message_len,
@@ -579,6 +582,7 @@ impl LinkState {
         if let Some(error) = ended {
             self.end = Some(end_of(&error));
             self.final_stats = link.engine_stats().clone();
+            self.final_in_place = link.sent_in_place();
             // Dropping the link drops every payload it held: from here on
             // barlink reads none of the caller's memory.
             self.link = None;
@@ -975,9 +979,9 @@ impl LinkState {
     }
 
     pub(crate) fn stats(&self) -> barlink_stats {
-        let engine = match &self.link {
-            Some(link) => link.engine_stats(),
-            None => &self.final_stats,
+        let (engine, (packets_in_place, bytes_in_place)) = match &self.link {
+            Some(link) => (link.engine_stats(), link.sent_in_place()),
+            None => (&self.final_stats, self.final_in_place),
         };
         barlink_stats {
             struct_size: 0,
@@ -996,6 +1000,8 @@ impl LinkState {
             requests_in_flight: (self.requests.iter().filter(|(_, r)| r.report).count()
                 + self.done.len()) as u64,
             messages_held: self.held.len() as u64,
+            packets_sent_in_place: packets_in_place,
+            bytes_sent_in_place: bytes_in_place,
         }
     }
 }

@@ -13,6 +13,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use barlink::rdma::SendMemory;
+
 use crate::error::{Error, Result};
 use crate::types::barlink_status::{BARLINK_BUSY, BARLINK_INVALID_HANDLE};
 
@@ -29,6 +31,9 @@ struct RegionState {
     in_flight: u64,
     /// Deregistered: no new sends.
     dead: bool,
+    /// What lets RDMA links read the region in place; dropped (and the
+    /// devices' registrations with it) on deregistration.
+    send_memory: Option<SendMemory>,
 }
 
 // SAFETY: `Region` only stores the caller's address and length; it reads the
@@ -53,10 +58,20 @@ impl Region {
     /// Wraps a caller's range. The caller (the extern function) has checked
     /// that `ptr` is non-null and `ptr + len` does not overflow.
     pub(crate) fn new(ptr: *const u8, len: usize) -> Region {
+        // SAFETY: the contract of `barlink_register_buffer`: the memory
+        // stays valid until deregistration succeeded, which is refused while
+        // a send from it is in flight (until its payload is dropped, after
+        // the peer acknowledged it, so after the write that read it), and
+        // is not modified while a send of it is in flight. The registration
+        // is dropped at deregistration (`retire`).
+        let send_memory = unsafe { SendMemory::register_raw(ptr, len) }.ok();
         Region {
             ptr,
             len,
-            state: Mutex::new(RegionState::default()),
+            state: Mutex::new(RegionState {
+                send_memory,
+                ..RegionState::default()
+            }),
         }
     }
 
@@ -79,6 +94,7 @@ impl Region {
             ));
         }
         state.dead = true;
+        state.send_memory = None;
         Ok(())
     }
 

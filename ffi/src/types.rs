@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_void};
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
 /// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 5;
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 6;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.
@@ -226,6 +226,12 @@ pub struct barlink_stats {
     /// Messages received in place (`barlink_recv_message`) and not yet
     /// given back with `barlink_release_message`. Since ABI version 0.5.
     pub messages_held: u64,
+    /// Data packets whose payload the RDMA adapter read in place from a
+    /// registered buffer (`barlink_post_send_buffer`), copying nothing; 0
+    /// on other paths. Since ABI version 0.6.
+    pub packets_sent_in_place: u64,
+    /// Payload bytes of those packets. Since ABI version 0.6.
+    pub bytes_sent_in_place: u64,
 }
 
 /// One finished non-blocking send or receive (`barlink_poll`). This struct
@@ -360,7 +366,7 @@ const _: () = {
     assert!(
         size_of::<barlink_config>() == 40 + 2 * 36 + 3 * 8 && align_of::<barlink_config>() == 8
     );
-    assert!(size_of::<barlink_stats>() == 8 + 13 * 8 && align_of::<barlink_stats>() == 8);
+    assert!(size_of::<barlink_stats>() == 8 + 15 * 8 && align_of::<barlink_stats>() == 8);
     assert!(size_of::<barlink_completion>() == 32 && align_of::<barlink_completion>() == 8);
     assert!(size_of::<barlink_message>() == 24 && align_of::<barlink_message>() == 8);
     assert!(size_of::<barlink_status>() == 4);

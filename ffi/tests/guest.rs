@@ -122,6 +122,20 @@ fn run(mut command: Command, what: &str) -> (bool, String) {
     (status.success(), text)
 }
 
+/// Prefill's count of packets the NIC read in place from the registered
+/// KV pool.
+fn packets_in_place(text: &str) -> u64 {
+    let marker = "read in place by the NIC: ";
+    let at = text
+        .find(marker)
+        .unwrap_or_else(|| panic!("prefill printed no in-place count:\n{text}"));
+    let rest = &text[at + marker.len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("unreadable in-place count:\n{text}"))
+}
+
 /// Decode's report: the path it took, and every block verified intact.
 fn check_decode(text: &str, path: &str) {
     assert!(
@@ -152,6 +166,9 @@ fn guest_kv_transfer_over_rdma_through_the_c_abi() {
     assert!(ok, "kv_transfer failed:\n{text}");
     check_decode(&text, "rdma: ");
     assert!(text.contains("pre-shared key"), "{text}");
+    // Each 64 KiB block is one packet, its payload read by the NIC from
+    // the registered pool (resends count again).
+    assert!(packets_in_place(&text) >= BLOCKS as u64, "{text}");
 }
 
 /// Decode owns ivshmem 10.0's BAR 2, prefill 11.0's (the guest's devices
@@ -180,6 +197,11 @@ fn guest_kv_transfer_over_bar_windows_through_the_c_abi() {
     let (ok, text) = run(command, "kv_transfer over two ivshmem BARs");
     assert!(ok, "kv_transfer failed:\n{text}");
     check_decode(&text, "bar-p2p: ");
+    assert_eq!(
+        packets_in_place(&text),
+        0,
+        "only RDMA reads in place:\n{text}"
+    );
 }
 
 #[test]
@@ -226,6 +248,7 @@ fn two_guests_kv_transfer_over_rdma_through_the_c_abi() {
                 text.contains(&format!("prefill: sent {BLOCKS} KV blocks")),
                 "{text}"
             );
+            assert!(packets_in_place(&text) >= BLOCKS as u64, "{text}");
         }
     }
 }
