@@ -81,6 +81,24 @@ def test_local_rank_picks_a_gpu_through_cuda_visible_devices(clean_env):
     assert unplaced["gpu"] is None and "CUDA_VISIBLE_DEVICES" in unplaced["why"]
 
 
+def test_local_rank_counts_only_the_gpus_cuda_numbers(clean_env):
+    # A server's BMC VGA is a display controller too, first in PCI order;
+    # CUDA does not number it, so LOCAL_RANK 0 is the first NVIDIA GPU.
+    import barlink
+
+    real = barlink.topology(SERVER)
+    bmc = dict(real["gpus"][0], bdf="0000:03:00.0", vendor="0x1a03", name="BMC VGA")
+    faked = dict(real, gpus=[bmc, *real["gpus"]])
+    clean_env.setattr(_placement.barlink, "topology", lambda root: faked)
+    clean_env.setenv("LOCAL_RANK", "0")
+    assert _placement.own_place("h")["gpu"] == "0000:1a:00.0"
+    clean_env.setenv("LOCAL_RANK", "7")
+    assert _placement.own_place("h")["gpu"] == "0000:b2:00.0"
+    # An index into barlink topo's list still counts every display device.
+    clean_env.setenv("BARLINK_TORCH_GPU", "0")
+    assert _placement.own_place("h")["gpu"] == "0000:03:00.0"
+
+
 def test_a_rank_without_a_gpu_is_placed_by_its_cpus_numa_node(clean_env, tmp_path):
     nodes = tmp_path / "sys" / "devices" / "system" / "node"
     # This process may run on CPUs 0 and up: node 1 holds them.

@@ -10,9 +10,11 @@ boundary only that twice, as NCCL orders its rings by PCI distance.
 A rank's GPU is the one named by ``BARLINK_TORCH_GPU`` (a PCI address, or
 an index in ``barlink topo``'s GPU list), else the current CUDA device
 when this process already initialized CUDA, else GPU ``LOCAL_RANK`` of
-the host (through ``CUDA_VISIBLE_DEVICES`` when that lists indices), in
-PCI bus order: CUDA's order under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and its
-default one on hosts of identical GPUs. A rank without a GPU is placed by the NUMA node its CPUs
+the host (through ``CUDA_VISIBLE_DEVICES`` when that lists indices)
+among its NVIDIA GPUs in PCI bus order: CUDA's order under
+``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and its default one on hosts of
+identical GPUs. (CUDA does not count other display controllers, such as
+a server's BMC VGA, which ``barlink topo`` lists.) A rank without a GPU is placed by the NUMA node its CPUs
 are on. ``BARLINK_SYSFS_ROOT`` reads another machine's sysfs (a fixture,
 or a copy), as ``barlink topo`` does.
 """
@@ -23,6 +25,8 @@ import barlink
 
 # BARLINK_TORCH_RING values.
 TOPOLOGY, RANK = "topology", "rank"
+# The PCI vendor of the GPUs CUDA numbers.
+NVIDIA = "0x10de"
 
 
 def _sysfs_root() -> str:
@@ -107,7 +111,8 @@ def _own_gpu(gpus: list, unread: str = ""):
             if gpu["bdf"] == address:
                 return gpu, "the current CUDA device"
     local = os.environ.get("LOCAL_RANK")
-    if local is not None and local.isdigit() and gpus:
+    cuda_gpus = [gpu for gpu in gpus if gpu.get("vendor") == NVIDIA]
+    if local is not None and local.isdigit() and cuda_gpus:
         index = int(local)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
@@ -115,8 +120,8 @@ def _own_gpu(gpus: list, unread: str = ""):
             if not all(v.isdigit() for v in listed) or index >= len(listed):
                 return None, "CUDA_VISIBLE_DEVICES does not list GPU indices"
             index = int(listed[index])
-        if index < len(gpus):
-            return gpus[index], f"LOCAL_RANK={local}"
+        if index < len(cuda_gpus):
+            return cuda_gpus[index], f"LOCAL_RANK={local}"
     return None, "no GPU named (BARLINK_TORCH_GPU, CUDA, LOCAL_RANK)"
 
 
