@@ -30,21 +30,10 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import barlink
+from barlink._units import parse_size
 
 SLOTS = 4
 HEADER = struct.Struct("<II")
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = text[-1] if text and text[-1] in UNITS else ""
-    number = text[: len(text) - len(unit)]
-    if not number.isdigit() or int(number) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 64, 4K, 1M")
-    return int(number) * UNITS[unit]
-
-
 def human(size: int) -> str:
     for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
         if size >= scale and size % scale == 0:
@@ -70,7 +59,11 @@ def arguments(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--no-cli", action="store_true", help="leave the CLI row out")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.sizes = [parse_size(s) for s in (args.sizes or ("64,64K,1M" if args.quick else "64,4K,64K,1M,16M")).split(",")]
+    listed = args.sizes or ("64,64K,1M" if args.quick else "64,4K,64K,1M,16M")
+    try:
+        args.sizes = [parse_size(s) for s in listed.split(",")]
+    except ValueError as error:
+        parser.error(f"--sizes: {error}")
     args.rounds = args.rounds or (3 if args.quick else 5)
     args.bytes_per_window = args.bytes_per_window or ((8 << 20) if args.quick else (64 << 20))
     args.lat_iters = args.lat_iters or (500 if args.quick else 2000)

@@ -19,7 +19,7 @@ Tunables, read when a group is made:
   may stay silent before the others' operations fail with an error naming
   it. A background thread drives every link, so a rank is never taken
   for dead while it computes or while an operation waits on other links.
-- ``BARLINK_CHUNK_BYTES`` (default 1 MiB): the pipeline's chunk.
+- ``BARLINK_CHUNK_BYTES`` (default 1M; 256K, 4M, ... or bytes): the pipeline's chunk.
 - ``BARLINK_TORCH_TRANSPORT`` (``auto`` or ``tcp``): ``tcp`` links every
   pair over TCP, on one host too.
 - ``BARLINK_TORCH_ADDR``: the address ranks on other hosts reach this one

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 import barlink
+from barlink._units import parse_size
 
 from . import _algorithms as algo
 from . import _placement
@@ -50,6 +51,14 @@ _REDUCE_OPS = {
     dist.ReduceOp.BOR: "bor",
     dist.ReduceOp.BXOR: "bxor",
 }
+
+
+def _env_size(name: str, default: str) -> int:
+    value = os.environ.get(name, default)
+    try:
+        return parse_size(value)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
 
 
 def _env_float(name: str, default: float) -> float:
@@ -172,8 +181,8 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         self._size = size
         self._timeout = timeout.total_seconds() if timeout is not None else 1800.0
         self._peer_timeout = _env_float("BARLINK_PEER_TIMEOUT", 10.0)
-        chunk = int(os.environ.get("BARLINK_CHUNK_BYTES", 1 << 20))
-        if chunk < 64 or chunk % 64:
+        chunk = _env_size("BARLINK_CHUNK_BYTES", "1M")
+        if chunk % 64:
             raise ValueError(f"BARLINK_CHUNK_BYTES={chunk} must be a multiple of 64 bytes")
         self._chunk = chunk
         self._seq = 0

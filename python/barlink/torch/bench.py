@@ -22,16 +22,11 @@ import statistics
 import sys
 import time
 
+from barlink._units import parse_size
+
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
 REDOPS = ("sum", "avg", "min", "max", "product")
-
-
-def parse_size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    number = text.rstrip("KMG")
-    return int(float(number) * units[text[len(number):]])
 
 
 def sizes(low: int, high: int, factor: int):
