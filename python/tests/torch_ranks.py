@@ -317,6 +317,30 @@ def overlap(rank, world):
         if not request.is_completed():
             failures.append("a waited receive is not completed")
     behind.wait()
+    # Asking whether a receive completed never waits, not even while the
+    # group's thread holds the group in a queued collective (which drains
+    # that receive first, and rank 1 sends it late).
+    message = torch.zeros(16)
+    if rank == 0:
+        request = dist.irecv(message, src=1)
+        blocked = dist.all_reduce(values(rank, 37, torch.int64), async_op=True)
+        time.sleep(late / 8)  # the group's thread is waiting by now
+        asked = time.monotonic()
+        completed = request.is_completed()
+        took = time.monotonic() - asked
+        if took > late / 8:
+            failures.append(f"is_completed waited {took:.2f} s behind a queued collective")
+        if completed:
+            failures.append("a receive completed before its message was sent")
+    if rank == 1:
+        time.sleep(late / 2)
+        dist.send(values(5, 16, torch.float32), dst=0)
+    if rank != 0:
+        blocked = dist.all_reduce(values(rank, 37, torch.int64), async_op=True)
+    blocked.wait()
+    if rank == 0:
+        request.wait()
+        check("irecv asked about while queued", message, values(5, 16, torch.float32))
     # A collective called from a future's callback runs on the group's
     # thread at once, as PowerSGD's hook does.
     nested = values(rank, 37, torch.float32)

@@ -149,7 +149,9 @@ class _Work(dist._Work):
                 self._complete()
 
         if not self._done:
-            self._group._guard(poll)
+            # A poll, never a wait: while an operation holds the group
+            # (a queued collective may run for long), say what is known.
+            self._group._guard(poll, wait=False)
         return self._done
 
     def is_success(self):
@@ -322,10 +324,14 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             return seconds if seconds > 0 else self._timeout
         return float(timeout)
 
-    def _guard(self, body, what: str = ""):
+    def _guard(self, body, what: str = "", wait: bool = True):
         """Runs `body` with the group's lock; on failure closes every link
-        and remembers why, so later operations raise it at once."""
-        with self._lock:
+        and remembers why, so later operations raise it at once. Without
+        `wait`, a lock held elsewhere (an operation running) skips `body`
+        and returns None."""
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             if self._failed is not None:
                 raise barlink.LinkFailed(f"the process group failed earlier: {self._failed}")
             try:
@@ -339,6 +345,8 @@ class ProcessGroupBarlink(dist.ProcessGroup):
                 self._failed = f"{what}{': ' if what else ''}{type(error).__name__}: {error}"
                 self._abort()
                 raise
+        finally:
+            self._lock.release()
 
     def _close_links(self, timeout: float):
         for link in self._links:
