@@ -24,7 +24,8 @@
 //! - [`rng`]: the seeded generator behind fault injection, the simulator
 //!   and test data;
 //! - [`cpu`]: the CPU and the copy and CRC kernels chosen on it, for
-//!   reports.
+//!   reports;
+//! - [`units`]: sizes as people write them (`4K`, `1M`).
 //!
 //! Protocol code here contains no unsafe code: `unsafe` is denied crate-wide
 //! and allowed only where the system is touched: `window::mapping` (raw
@@ -44,6 +45,7 @@ pub mod sim;
 pub mod sync;
 pub mod tcp;
 pub mod time;
+pub mod units;
 pub mod window;
 pub mod wire;
 
