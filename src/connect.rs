@@ -399,7 +399,8 @@ pub enum AnyLink<B: AsRef<[u8]> = Vec<u8>> {
     BarP2p(RingLink<BarWindow, B>),
     /// Boxed: a verbs queue carries its completion buffers inline.
     Rdma(Box<RdmaLink<VerbsQueue, B>>),
-    Tcp(TcpLink<B>),
+    /// Boxed: its medium's buffers and state are as large.
+    Tcp(Box<TcpLink<B>>),
 }
 
 /// A link to the peer over the path [`connect`] picked. `B` is the type of
@@ -434,6 +435,15 @@ macro_rules! each_link_ref {
 }
 
 impl<B: AsRef<[u8]>> Connection<B> {
+    /// A link set up on the path `decision` chose; the decision gains
+    /// what only the link knows (a TCP link's socket buffers).
+    pub(crate) fn new(link: AnyLink<B>, mut decision: PathDecision) -> Connection<B> {
+        if let AnyLink::Tcp(link) = &link {
+            decision.reason = format!("{}; {}", decision.reason, link.medium().socket_buffers());
+        }
+        Connection { link, decision }
+    }
+
     /// The engine's counters, without copying them.
     pub fn engine_stats(&self) -> &Stats {
         each_link_ref!(self, link => link.engine().stats())
@@ -776,10 +786,10 @@ pub fn connect<B: AsRef<[u8]>>(
         (PathKind::Rdma, Peer::Remote { addr } | Peer::Rdma { addr }) => AnyLink::Rdma(Box::new(
             verbs_queue::connect(addr.as_str(), &rdma).map_err(|e| failed(e.to_string()))?,
         )),
-        (PathKind::Tcp, Peer::Remote { addr } | Peer::Tcp { addr }) => AnyLink::Tcp(
+        (PathKind::Tcp, Peer::Remote { addr } | Peer::Tcp { addr }) => AnyLink::Tcp(Box::new(
             tcp::connect(addr.as_str(), &tcp_options).map_err(|e| failed(e.to_string()))?,
-        ),
+        )),
         _ => unreachable!("prepare refused a path that cannot reach the peer"),
     };
-    Ok(Connection { link, decision })
+    Ok(Connection::new(link, decision))
 }

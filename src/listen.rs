@@ -116,15 +116,12 @@ impl Listener {
                 verbs_queue::accept(listener, timeout, &self.prepared.rdma)
                     .map_err(|e| failed(e.to_string()))?,
             )),
-            Bound::Tcp(server) => AnyLink::Tcp(
+            Bound::Tcp(server) => AnyLink::Tcp(Box::new(
                 server
                     .accept(timeout, &self.prepared.tcp)
                     .map_err(|e| failed(e.to_string()))?,
-            ),
+            )),
         };
-        Ok(Connection {
-            link,
-            decision: decision.clone(),
-        })
+        Ok(Connection::new(link, decision.clone()))
     }
 }

@@ -22,6 +22,7 @@ use std::net::TcpStream;
 
 use std::time::{Duration, Instant};
 
+use super::buffers::{self, SocketBuffers};
 use super::resume::Resume;
 use crate::auth::{SEAL_OVERHEAD, Session};
 use crate::crc::crc32c;
@@ -188,6 +189,14 @@ impl ByteQueue {
     }
 }
 
+/// A connection as the medium runs it: non-blocking, no Nagle delay,
+/// buffers as asked.
+fn configure(stream: &TcpStream, buffers: SocketBuffers) -> std::io::Result<()> {
+    stream.set_nonblocking(true)?;
+    stream.set_nodelay(true)?;
+    buffers.apply(stream)
+}
+
 /// What a TCP medium moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TcpStats {
@@ -211,6 +220,8 @@ pub struct TcpStats {
 pub struct TcpMedium {
     stream: TcpStream,
     peer: String,
+    /// Applied to every connection, the first and each that replaces it.
+    buffers: SocketBuffers,
     /// Seals every record when the link encrypts.
     cipher: Option<Session>,
     max_packet: usize,
@@ -256,20 +267,19 @@ impl TcpMedium {
         max_packet: usize,
         cipher: Option<Session>,
         resume: Option<Resume>,
+        buffers: SocketBuffers,
     ) -> Result<TcpMedium, MediumError> {
         let peer = stream
             .peer_addr()
             .map_or_else(|_| "the peer".to_string(), |a| a.to_string());
-        stream
-            .set_nonblocking(true)
-            .and_then(|()| stream.set_nodelay(true))
-            .map_err(|e| {
-                MediumError::new(format!("setting up the TCP connection to {peer}: {e}"))
-            })?;
+        configure(&stream, buffers).map_err(|e| {
+            MediumError::new(format!("setting up the TCP connection to {peer}: {e}"))
+        })?;
         let buffer = (4 * max_packet).max(MIN_BUFFER);
         Ok(TcpMedium {
             stream,
             peer,
+            buffers,
             cipher,
             max_packet,
             out: ByteQueue::with_capacity(buffer),
@@ -321,11 +331,7 @@ impl TcpMedium {
         };
         match resume.attempt() {
             Ok(Some((stream, session))) => {
-                if stream
-                    .set_nonblocking(true)
-                    .and_then(|()| stream.set_nodelay(true))
-                    .is_err()
-                {
+                if configure(&stream, self.buffers).is_err() {
                     self.down = Some((since, Instant::now() + RETRY_EVERY));
                     return false;
                 }
@@ -357,6 +363,17 @@ impl TcpMedium {
     /// What it moved so far.
     pub fn stats(&self) -> TcpStats {
         self.stats
+    }
+
+    /// How its socket buffers are sized.
+    pub fn socket_buffers(&self) -> SocketBuffers {
+        self.buffers
+    }
+
+    /// The send and receive buffer sizes of the connection now, as the
+    /// kernel reports them (see [`buffers::buffer_sizes`]).
+    pub fn buffer_sizes(&self) -> std::io::Result<(usize, usize)> {
+        buffers::buffer_sizes(&self.stream)
     }
 
     /// Whether every packet is sealed.
@@ -688,7 +705,8 @@ mod tests {
         for _ in 0..256 {
             engine.send(vec![7u8; max_packet - HEADER_LEN]).unwrap();
         }
-        let mut medium = TcpMedium::new(sender, max_packet, None, None).unwrap();
+        let mut medium =
+            TcpMedium::new(sender, max_packet, None, None, SocketBuffers::Autotuned).unwrap();
         for _ in 0..64 {
             medium.transmit(later, &mut engine).unwrap();
         }

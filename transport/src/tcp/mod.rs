@@ -33,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 mod acceptor;
+pub mod buffers;
 pub mod channel;
 mod medium;
 mod resume;
@@ -42,6 +43,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use buffers::SocketBuffers;
 pub use channel::{Channel, ChannelError, ChannelListener, ChannelOptions};
 pub use medium::{
     FRAME_HEADER_LEN, MAX_RECORD_PLAINTEXT, RECORD_HEADER_LEN, TcpMedium, TcpStats, frame_header,
@@ -84,6 +86,11 @@ pub struct TcpLinkOptions {
     /// Replace a dropped connection and go on (see the module
     /// documentation); without it a dropped connection ends the link.
     pub reconnect: bool,
+    /// `SO_SNDBUF` and `SO_RCVBUF` of every connection, in bytes, for a
+    /// path whose bandwidth-delay product is beyond the kernel's
+    /// autotuning maximum. `None`: what `BARLINK_TCP_SOCKET_BUFFER` says,
+    /// else autotuning ([`buffers`]).
+    pub socket_buffer: Option<usize>,
 }
 
 impl Default for TcpLinkOptions {
@@ -98,6 +105,7 @@ impl Default for TcpLinkOptions {
             encrypt: false,
             epoch: 1,
             reconnect: true,
+            socket_buffer: None,
         }
     }
 }
@@ -315,6 +323,9 @@ pub fn connect<B: AsRef<[u8]>>(
 
 /// The authentication to use, and whether the options can work with it.
 fn check_options(options: &TcpLinkOptions) -> Result<PeerAuth, TcpSetupError> {
+    // Refused before anyone is dialled or waited for; applied in `establish`.
+    SocketBuffers::resolve(options.socket_buffer, |name| std::env::var(name).ok())
+        .map_err(|detail| TcpSetupError::Options { detail })?;
     options
         .engine
         .validate()
@@ -378,12 +389,13 @@ fn establish<B: AsRef<[u8]>>(
     });
     let (stream, session) = channel.into_parts();
     let cipher = if options.encrypt { session } else { None };
-    let medium =
-        TcpMedium::new(stream, options.engine.mtu, cipher, resume).map_err(|e: MediumError| {
-            TcpSetupError::Hello {
-                detail: e.to_string(),
-            }
-        })?;
+    let buffers = SocketBuffers::resolve(options.socket_buffer, |name| std::env::var(name).ok())
+        .map_err(|detail| TcpSetupError::Options { detail })?;
+    let medium = TcpMedium::new(stream, options.engine.mtu, cipher, resume, buffers).map_err(
+        |e: MediumError| TcpSetupError::Hello {
+            detail: e.to_string(),
+        },
+    )?;
     tracing::info!(
         peer = ?medium,
         mtu = options.engine.mtu,

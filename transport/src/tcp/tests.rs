@@ -38,6 +38,7 @@ fn options(auth: PeerAuth, encrypt: bool) -> TcpLinkOptions {
         encrypt,
         epoch: 1,
         reconnect: true,
+        socket_buffer: None,
     }
 }
 
@@ -252,12 +253,25 @@ struct Outcome {
     crc_failures: u64,
     /// Connections the two sides replaced.
     reconnects: (u64, u64),
+    /// The server's socket buffers at the end, as the kernel reports them.
+    server_buffers: (usize, usize),
 }
 
 /// Runs 200 messages client -> server through a relay with `fault`.
 fn through_relay(encrypt: bool, reconnect: bool, fault: fn(SocketAddr) -> SocketAddr) -> Outcome {
+    through_relay_with(None, encrypt, reconnect, fault)
+}
+
+/// [`through_relay`] with socket buffers of `socket_buffer` bytes.
+fn through_relay_with(
+    socket_buffer: Option<usize>,
+    encrypt: bool,
+    reconnect: bool,
+    fault: fn(SocketAddr) -> SocketAddr,
+) -> Outcome {
     let options = TcpLinkOptions {
         reconnect,
+        socket_buffer,
         ..options(psk(1), encrypt)
     };
     let (client, server) = pair(options.clone(), options, Some(fault));
@@ -298,6 +312,7 @@ fn through_relay(encrypt: bool, reconnect: bool, fault: fn(SocketAddr) -> Socket
         error,
         crc_failures: link.engine().stats().crc_failures,
         reconnects: (client_reconnects, link.medium().stats().reconnects),
+        server_buffers: link.medium().buffer_sizes().unwrap_or_default(),
     }
 }
 
@@ -378,6 +393,27 @@ fn a_broken_connection_is_replaced_and_nothing_is_lost_or_repeated() {
             outcome.reconnects
         );
     }
+}
+
+#[test]
+fn socket_buffers_asked_for_hold_on_every_connection() {
+    // A cut connection, so the server's last one replaced its first.
+    let asked = 256 << 10;
+    let outcome = through_relay_with(Some(asked), false, true, |s| {
+        relay(s, Fault::Cut(2_000_000))
+    });
+    assert_eq!((outcome.received, &outcome.error), (200, &None));
+    assert!(outcome.reconnects.1 >= 1, "{:?}", outcome.reconnects);
+    // Twice what was asked (the kernel's bookkeeping), not autotuned.
+    assert_eq!(outcome.server_buffers, (2 * asked, 2 * asked));
+    let refused = TcpLinkOptions {
+        socket_buffer: Some(1000),
+        ..options(psk(1), false)
+    };
+    let error = connect::<Vec<u8>>("127.0.0.1:9", &refused)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("64K to 1G"), "{error}");
 }
 
 #[test]

@@ -110,7 +110,7 @@ fn link_up<B: AsRef<[u8]>>(
     })?;
     let decision = connection.decision;
     match connection.link {
-        AnyLink::Tcp(link) => Ok((link, decision)),
+        AnyLink::Tcp(link) => Ok((*link, decision)),
         _ => Err(CommandError::environment(format!(
             "bench --tcp: the link is not TCP ({decision})"
         ))),
