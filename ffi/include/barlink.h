@@ -598,8 +598,10 @@ enum barlink_status barlink_register_buffer(const void *ptr,
                                             struct barlink_buffer **buffer);
 
 // Deregisters a buffer: `BARLINK_BUSY` while sends from it are in flight
-// (their completions not yet due); afterwards the handle is invalid and
-// the caller may free the memory.
+// (their completions not yet due), or while an RDMA NIC may still read it
+// (a resend queued when its message was acknowledged; a link being
+// closed on another thread): drive the link and try again. Afterwards
+// the handle is invalid and the caller may free the memory.
 enum barlink_status barlink_deregister_buffer(struct barlink_buffer *buffer);
 
 // Fills `*stats` with the link's counters. Set `stats->struct_size =

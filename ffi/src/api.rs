@@ -992,8 +992,10 @@ pub unsafe extern "C" fn barlink_register_buffer(
 }
 
 /// Deregisters a buffer: `BARLINK_BUSY` while sends from it are in flight
-/// (their completions not yet due); afterwards the handle is invalid and
-/// the caller may free the memory.
+/// (their completions not yet due), or while an RDMA NIC may still read it
+/// (a resend queued when its message was acknowledged; a link being
+/// closed on another thread): drive the link and try again. Afterwards
+/// the handle is invalid and the caller may free the memory.
 #[unsafe(no_mangle)]
 pub extern "C" fn barlink_deregister_buffer(buffer: *mut barlink_buffer) -> barlink_status {
     boundary("barlink_deregister_buffer", || {

@@ -93,6 +93,18 @@ impl Region {
                 ),
             ));
         }
+        // The engine lets go of a payload when its message is acknowledged,
+        // but an RDMA resend of it may still be queued, and a closing link's
+        // queue pair goes after its engine: the NIC reads until those end.
+        let writes = state.send_memory.as_ref().map_or(0, SendMemory::in_flight);
+        if writes > 0 {
+            return Err(Error::new(
+                BARLINK_BUSY,
+                format!(
+                    "the NIC may still read this buffer ({writes} RDMA write(s) from it not complete): drive the link (barlink_poll) or close it, then deregister again"
+                ),
+            ));
+        }
         state.dead = true;
         state.send_memory = None;
         Ok(())

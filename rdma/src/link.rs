@@ -43,7 +43,6 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use barlink_transport::engine::{Engine, EngineConfig};
@@ -53,7 +52,8 @@ use barlink_transport::time::Time;
 use barlink_transport::window::{Window, WindowError};
 use barlink_transport::wire::HEADER_LEN;
 
-use crate::verbs::{MemoryRegion, Sge};
+use crate::verbs::Sge;
+use crate::verbs::send_memory::Hold;
 pub use crate::wc_status::WcStatus;
 
 /// Bytes before the first slot of a receive region: the credit word (u64
@@ -297,12 +297,12 @@ pub trait PacketQueue {
 }
 
 /// A payload the adapter reads in place, from [`PacketQueue::in_place`]:
-/// the gather entry naming it, and the registration that must outlive the
-/// write that names it.
+/// the gather entry naming it, and what the write that names it holds
+/// until it completes (the memory and its registration).
 #[derive(Debug, Default)]
 pub struct InPlace {
     pub(crate) sge: Option<Sge>,
-    pub(crate) region: Option<Arc<MemoryRegion>>,
+    pub(crate) hold: Option<Hold>,
 }
 
 /// Why a link could not be put together.
@@ -802,6 +802,8 @@ impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
                     .staging()
                     .write(local_offset, &transmit.header_with_crc(crc.unwrap_or(0)))
                     .map_err(staging_error)?;
+                // Signaled: its completion lets go of the program's memory
+                // (`SendMemory::in_flight`) at once, not a few writes later.
                 queue
                     .post_write_imm_in_place(
                         wr_id,
@@ -811,7 +813,7 @@ impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
                         source,
                         remote_offset,
                         imm,
-                        signaled,
+                        true,
                     )
                     .map_err(MediumError::new)?;
                 Ok::<_, MediumError>(Some(payload.len()))

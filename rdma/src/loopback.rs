@@ -345,7 +345,11 @@ impl PacketQueue for LoopbackQueue {
     }
 
     fn in_place(&self, payload: &[u8]) -> Option<InPlace> {
-        send_memory::is_send_memory(payload).then(InPlace::default)
+        let hold = send_memory::hold_without_device(payload)?;
+        Some(InPlace {
+            sge: None,
+            hold: Some(hold),
+        })
     }
 
     fn post_write_imm_in_place(

@@ -20,11 +20,10 @@ use crate::link::{
 };
 use crate::oob::{self, Hello, OobError, OobListener, OobOptions, OobStream};
 use crate::verbs::{
-    Access, CompletionQueue, Context, Gid, LinkLayer, MemoryRegion, Mtu, ProtectionDomain,
-    QpConfig, QpConnectOptions, QpEndpoint, QueuePair, RegisteredMemory, RemoteAddr, RemoteRegion,
+    Access, CompletionQueue, Context, Gid, LinkLayer, Mtu, ProtectionDomain, QpConfig,
+    QpConnectOptions, QpEndpoint, QueuePair, RegisteredMemory, RemoteAddr, RemoteRegion,
     WorkCompletion, send_memory,
 };
-use std::sync::Arc;
 
 /// Completions taken per poll call.
 const POLL_BATCH: usize = 64;
@@ -53,10 +52,9 @@ pub struct VerbsQueue {
     /// The domain whose registrations of send memory the in-place writes
     /// name.
     pd: ProtectionDomain,
-    /// Registrations named by in-place writes not yet known complete, by
-    /// work request: a program that drops its send memory while a write
-    /// still reads it fails that write, never the memory.
-    in_place_in_flight: VecDeque<(u64, Arc<MemoryRegion>)>,
+    /// What in-place writes not yet known complete hold (the program's
+    /// memory and its registration), by work request.
+    in_place_in_flight: VecDeque<(u64, send_memory::Hold)>,
 }
 
 impl Drop for VerbsQueue {
@@ -147,10 +145,10 @@ impl PacketQueue for VerbsQueue {
     }
 
     fn in_place(&self, payload: &[u8]) -> Option<InPlace> {
-        let (sge, region) = send_memory::in_place(&self.pd, payload)?;
+        let (sge, hold) = send_memory::in_place(&self.pd, payload)?;
         Some(InPlace {
             sge: Some(sge),
-            region: Some(region),
+            hold: Some(hold),
         })
     }
 
@@ -166,7 +164,7 @@ impl PacketQueue for VerbsQueue {
         signaled: bool,
     ) -> Result<(), QueueError> {
         let operation = "an RDMA WRITE WITH IMM in place";
-        let (Some(payload), Some(region)) = (source.sge, source.region) else {
+        let (Some(payload), Some(hold)) = (source.sge, source.hold) else {
             return Err(QueueError::Post {
                 operation,
                 detail: "the payload is not in this device's send memory".to_string(),
@@ -184,7 +182,7 @@ impl PacketQueue for VerbsQueue {
         self.qp
             .post_write_imm(wr_id, &[header, payload], remote, imm, signaled)
             .map_err(post_error(operation))?;
-        self.in_place_in_flight.push_back((wr_id, region));
+        self.in_place_in_flight.push_back((wr_id, hold));
         Ok(())
     }
 

@@ -7,7 +7,9 @@
 //! The device registration (`ibv_reg_mr`) is made the first time a link
 //! of a protection domain sends from the memory, once per domain, and
 //! lives as long as the `SendMemory` (or the link): its life is the
-//! program's handle, not an address. A registration found by address
+//! program's handle, not an address. Each write that reads the memory
+//! holds it (and its registration) until the write completes, and
+//! [`SendMemory::in_flight`] counts those writes. A registration found by address
 //! alone, as [`crate::MrCache`] finds them, could outlive the memory and
 //! keep sending pages that are no longer the program's; here dropping the
 //! handle is the moment no new send reads the memory in place.
@@ -37,9 +39,11 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 /// (asked once per domain, not once per packet).
 type DomainRegion = (usize, Result<Arc<MemoryRegion>, String>);
 
-struct Entry {
+pub(crate) struct Entry {
     start: usize,
     len: usize,
+    /// Writes posted that read this memory and have not completed.
+    in_flight: AtomicUsize,
     /// Owned memory is kept alive here (`SendMemory::new`).
     _owner: Option<Arc<[u8]>>,
     regions: Mutex<Regions>,
@@ -79,10 +83,12 @@ impl Entry {
             return found.as_ref().ok().cloned();
         }
         // SAFETY: `start..start + len` is memory the program keeps mapped
-        // while the entry is registered and until every send from it has
-        // completed (the contract of `SendMemory::register_raw`, or owned
-        // by `_owner`); the device only reads it (LOCAL_READ), and
-        // barlink never makes a Rust reference to it from this region.
+        // while the entry is registered and until every write from it has
+        // completed (the contract of `SendMemory::register_raw`, which
+        // `in_flight` lets it keep; or owned by `_owner`, which every
+        // write's `Hold` keeps alive); the device only reads it
+        // (LOCAL_READ), and barlink never makes a Rust reference to it
+        // from this region.
         let made = unsafe { pd.register_raw(self.start as *mut u8, self.len, Access::LOCAL_READ) };
         let made = made.map(Arc::new).map_err(|error| {
             tracing::warn!(
@@ -112,17 +118,34 @@ fn entry_of(payload: &[u8]) -> Option<Arc<Entry>> {
         .cloned()
 }
 
-/// Whether `payload` lies wholly in send memory (what a queue without a
-/// device, such as the loopback, asks).
-pub(crate) fn is_send_memory(payload: &[u8]) -> bool {
-    !payload.is_empty() && entry_of(payload).is_some()
+/// What a write that reads send memory in place holds until it
+/// completes: the memory (owned memory stays allocated, and
+/// [`SendMemory::in_flight`] counts it) and the registration it names.
+pub(crate) struct Hold {
+    entry: Arc<Entry>,
+    /// `None` for a queue without a device (the loopback).
+    _region: Option<Arc<MemoryRegion>>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.entry.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl fmt::Debug for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hold")
+            .field("start", &format_args!("{:#x}", self.entry.start))
+            .finish_non_exhaustive()
+    }
 }
 
 /// The scatter/gather entry that reads `payload` in place through the
-/// domain's registration of the send memory holding it, and that
-/// registration (to keep alive until the write naming it completes).
-/// `None`: not in send memory, or the device refused it.
-pub(crate) fn in_place(pd: &ProtectionDomain, payload: &[u8]) -> Option<(Sge, Arc<MemoryRegion>)> {
+/// domain's registration of the send memory holding it, and what the
+/// write naming it holds until it completes. `None`: not in send memory,
+/// or the device refused it.
+pub(crate) fn in_place(pd: &ProtectionDomain, payload: &[u8]) -> Option<(Sge, Hold)> {
     if payload.is_empty() {
         return None;
     }
@@ -130,7 +153,26 @@ pub(crate) fn in_place(pd: &ProtectionDomain, payload: &[u8]) -> Option<(Sge, Ar
     let region = entry.region_in(pd)?;
     let offset = payload.as_ptr() as usize - entry.start;
     let sge = region.sge(offset, payload.len()).ok()?;
-    Some((sge, region))
+    Some((sge, Hold::new(entry, Some(region))))
+}
+
+/// For a queue without a device: what a write of `payload` in place
+/// holds, if it lies in send memory.
+pub(crate) fn hold_without_device(payload: &[u8]) -> Option<Hold> {
+    if payload.is_empty() {
+        return None;
+    }
+    Some(Hold::new(entry_of(payload)?, None))
+}
+
+impl Hold {
+    fn new(entry: Arc<Entry>, region: Option<Arc<MemoryRegion>>) -> Hold {
+        entry.in_flight.fetch_add(1, Ordering::AcqRel);
+        Hold {
+            entry,
+            _region: region,
+        }
+    }
 }
 
 /// Drops every registration made in `pd`: its links are gone, and the
@@ -178,7 +220,8 @@ impl SendMemory {
     ///
     /// # Safety
     /// `ptr..ptr + len` stays mapped until this handle is dropped and every
-    /// send from the range has completed, and no range is modified while a
+    /// send from the range has completed (its message acknowledged, and
+    /// [`SendMemory::in_flight`] at 0), and no range is modified while a
     /// send from it is in flight (its CRC was taken before the adapter
     /// reads it; a change in between is caught by the peer and sent again,
     /// changed).
@@ -196,6 +239,7 @@ impl SendMemory {
             start,
             len,
             _owner: owner,
+            in_flight: AtomicUsize::new(0),
             regions: Mutex::new(Regions::default()),
         });
         let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
@@ -219,6 +263,14 @@ impl SendMemory {
         self.entry.len == 0
     }
 
+    /// Writes posted from it that have not completed: while there are
+    /// any, the adapter may still read the memory, whatever the engine
+    /// has let go of (a resend can still be queued when the first copy
+    /// is acknowledged; a link's queue pair goes after its engine).
+    pub fn in_flight(&self) -> usize {
+        self.entry.in_flight.load(Ordering::Acquire)
+    }
+
     /// Protection domains it is registered in now.
     pub fn registrations(&self) -> usize {
         let regions = self.entry.regions();
@@ -236,5 +288,25 @@ impl Drop for SendMemory {
         let mut regions = self.entry.regions();
         regions.dropped = true;
         regions.by_domain.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_in_flight_keeps_owned_memory_and_is_counted() {
+        let bytes: Arc<[u8]> = vec![7u8; 8192].into();
+        let memory = SendMemory::new(bytes.clone()).unwrap();
+        assert!(hold_without_device(&[0u8; 16]).is_none());
+        let hold = hold_without_device(&bytes[100..5000]).unwrap();
+        assert_eq!(memory.in_flight(), 1);
+        drop(memory);
+        // Not send memory any more, but the write's bytes stay allocated.
+        assert!(hold_without_device(&bytes[100..5000]).is_none());
+        assert_eq!(Arc::strong_count(&bytes), 2);
+        drop(hold);
+        assert_eq!(Arc::strong_count(&bytes), 1);
     }
 }
