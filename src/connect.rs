@@ -37,7 +37,7 @@ use barlink_transport::engine::MessageId;
 use barlink_transport::link::{
     AllowedPeers, IoError, LinkConfig, RingLink, SetupError, pair_windows,
 };
-use barlink_transport::tcp::{self, TcpLink, TcpLinkOptions};
+use barlink_transport::tcp::{self, SocketBuffers, TcpLink, TcpLinkOptions};
 use barlink_transport::window::{ShmOptions, ShmWindow};
 use barlink_transport::{Delivery, EngineConfig, PostId, PostedRecv, RecvTarget, SendError, Stats};
 use barlink_vfio::open::{BarOpenError, BarRoute, open_bar_range};
@@ -439,7 +439,20 @@ impl<B: AsRef<[u8]>> Connection<B> {
     /// what only the link knows (a TCP link's socket buffers).
     pub(crate) fn new(link: AnyLink<B>, mut decision: PathDecision) -> Connection<B> {
         if let AnyLink::Tcp(link) = &link {
-            decision.reason = format!("{}; {}", decision.reason, link.medium().socket_buffers());
+            let medium = link.medium();
+            decision.reason = format!("{}; {}", decision.reason, medium.socket_buffers());
+            // Unprivileged, the kernel grants at most net.core.wmem_max and
+            // rmem_max; it reports twice what it grants.
+            if let (SocketBuffers::Fixed(asked), Ok((send, recv))) =
+                (medium.socket_buffers(), medium.buffer_sizes())
+                && send.min(recv) / 2 < asked
+            {
+                decision.reason.push_str(&format!(
+                    " asked, {} send and {} receive granted (net.core.wmem_max, rmem_max)",
+                    send / 2,
+                    recv / 2
+                ));
+            }
         }
         Connection { link, decision }
     }

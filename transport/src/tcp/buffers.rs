@@ -39,20 +39,21 @@ impl SocketBuffers {
         explicit: Option<usize>,
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<SocketBuffers, String> {
-        let bytes = match explicit {
-            Some(bytes) => bytes,
+        let (bytes, source) = match explicit {
+            Some(bytes) => (bytes, "the link's options"),
             None => match var(SOCKET_BUFFER_VARIABLE).filter(|v| !v.trim().is_empty()) {
                 None => return Ok(SocketBuffers::Autotuned),
-                Some(text) => {
-                    parse_size(&text).map_err(|e| format!("{SOCKET_BUFFER_VARIABLE}: {e}"))?
-                }
+                Some(text) => (
+                    parse_size(&text).map_err(|e| format!("{SOCKET_BUFFER_VARIABLE}: {e}"))?,
+                    SOCKET_BUFFER_VARIABLE,
+                ),
             },
         };
         // The kernel's floor is a few KiB; below 64 KiB a connection could
         // not hold one packet of a link in flight.
         if !(64 << 10..=1 << 30).contains(&bytes) {
             return Err(format!(
-                "a socket buffer of {bytes} bytes: give 64K to 1G (the path's bandwidth times its round trip)"
+                "{source}: a socket buffer of {bytes} bytes; give 64K to 1G (the path's bandwidth times its round trip)"
             ));
         }
         Ok(SocketBuffers::Fixed(bytes))
@@ -148,6 +149,8 @@ mod tests {
         assert!(bad.starts_with(SOCKET_BUFFER_VARIABLE), "{bad}");
         let tiny = SocketBuffers::resolve(Some(4096), none).unwrap_err();
         assert!(tiny.contains("64K to 1G"), "{tiny}");
+        let huge = SocketBuffers::resolve(None, set("4G")).unwrap_err();
+        assert!(huge.starts_with(SOCKET_BUFFER_VARIABLE), "{huge}");
     }
 
     #[test]
