@@ -2,6 +2,7 @@
 optional B or iB."""
 
 import argparse
+from decimal import Decimal, InvalidOperation
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -17,9 +18,11 @@ def parse_size(text: str) -> int:
     unit = cleaned[-1] if cleaned and cleaned[-1] in UNITS else ""
     number = cleaned[: len(cleaned) - len(unit)]
     try:
-        size = float(number) * UNITS[unit]
-    except ValueError:
+        size = Decimal(number) * UNITS[unit]
+    except InvalidOperation:
         raise SizeError(f"{text!r} is not a size like 64, 4K, 1M") from None
-    if not size >= 1 or size != int(size):
+    if not size.is_finite() or size < 1 or size != size.to_integral_value():
         raise SizeError(f"{text!r} is not a whole positive number of bytes")
+    if size >= 1 << 63:
+        raise SizeError(f"{text!r} is too large a size")
     return int(size)

@@ -122,6 +122,11 @@ def _own_gpu(gpus: list, unread: str = ""):
             index = int(listed[index])
         if index < len(cuda_gpus):
             return cuda_gpus[index], f"LOCAL_RANK={local}"
+    if local is not None and gpus and not cuda_gpus:
+        return None, (
+            f"LOCAL_RANK={local} counts NVIDIA GPUs (CUDA's numbering) and this host has "
+            "none: name the GPU with BARLINK_TORCH_GPU"
+        )
     return None, "no GPU named (BARLINK_TORCH_GPU, CUDA, LOCAL_RANK)"
 
 
