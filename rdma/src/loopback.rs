@@ -250,6 +250,36 @@ impl LoopbackQueue {
 }
 
 impl LoopbackQueue {
+    /// A write's local half: `len` bytes of the staging area at
+    /// `local_offset`, then `in_place` (a payload read where it lies),
+    /// gathered into `scratch`; then its remote half.
+    fn gather(
+        &mut self,
+        write: Write,
+        local_offset: usize,
+        len: usize,
+        in_place: &[u8],
+    ) -> Result<(), QueueError> {
+        let Write {
+            wr_id,
+            remote_offset,
+            imm,
+            signaled,
+        } = write;
+        if self.write_goes_nowhere(wr_id, signaled) {
+            return Ok(());
+        }
+        // The local read: a length beyond the staging area is a local
+        // protection error, as an adapter would report it.
+        self.scratch.resize(len, 0);
+        if self.staging.read(local_offset, &mut self.scratch).is_err() {
+            self.complete_send(wr_id, WcStatus::LocProtErr, signaled);
+            return Ok(());
+        }
+        self.scratch.extend_from_slice(in_place);
+        self.place_scratch(wr_id, remote_offset, imm, signaled)
+    }
+
     /// The remote half of a write whose bytes were gathered into
     /// `scratch`: placed in the peer's region (faults applied), then the
     /// peer's receive and this side's send complete.
@@ -307,6 +337,15 @@ impl LoopbackQueue {
     }
 }
 
+/// Where a write goes and how it completes.
+#[derive(Debug, Clone, Copy)]
+struct Write {
+    wr_id: u64,
+    remote_offset: usize,
+    imm: u32,
+    signaled: bool,
+}
+
 impl PacketQueue for LoopbackQueue {
     type Region = Arc<HeapWindow>;
 
@@ -331,17 +370,13 @@ impl PacketQueue for LoopbackQueue {
         imm: u32,
         signaled: bool,
     ) -> Result<(), QueueError> {
-        if self.write_goes_nowhere(wr_id, signaled) {
-            return Ok(());
-        }
-        // The local read: a length beyond the staging area is a local
-        // protection error, as an adapter would report it.
-        self.scratch.resize(len, 0);
-        if self.staging.read(local_offset, &mut self.scratch).is_err() {
-            self.complete_send(wr_id, WcStatus::LocProtErr, signaled);
-            return Ok(());
-        }
-        self.place_scratch(wr_id, remote_offset, imm, signaled)
+        let write = Write {
+            wr_id,
+            remote_offset,
+            imm,
+            signaled,
+        };
+        self.gather(write, local_offset, len, &[])
     }
 
     fn in_place(&self, payload: &[u8]) -> Option<InPlace> {
@@ -363,18 +398,13 @@ impl PacketQueue for LoopbackQueue {
         imm: u32,
         signaled: bool,
     ) -> Result<(), QueueError> {
-        if self.write_goes_nowhere(wr_id, signaled) {
-            return Ok(());
-        }
-        // The adapter gathers the header from the staging area and the
-        // payload from where it lies.
-        self.scratch.resize(header_len, 0);
-        if self.staging.read(local_offset, &mut self.scratch).is_err() {
-            self.complete_send(wr_id, WcStatus::LocProtErr, signaled);
-            return Ok(());
-        }
-        self.scratch.extend_from_slice(payload);
-        self.place_scratch(wr_id, remote_offset, imm, signaled)
+        let write = Write {
+            wr_id,
+            remote_offset,
+            imm,
+            signaled,
+        };
+        self.gather(write, local_offset, header_len, payload)
     }
 
     fn post_credit(&mut self, wr_id: u64, value: u64, signaled: bool) -> Result<(), QueueError> {
