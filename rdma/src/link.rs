@@ -37,15 +37,15 @@
 //! A packet whose payload lies in [`SendMemory`](crate::SendMemory) goes
 //! out in place where the queue can read it there: only the header is
 //! written into the staging slot, and the write gathers the payload from
-//! the program's memory, which the engine holds until the peer
-//! acknowledged it (and so until the write that read it completed).
+//! the program's memory, which the write holds until it completes (a
+//! resend can still be queued when the first copy is acknowledged).
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::Ordering;
 
-use barlink_transport::engine::{Engine, EngineConfig};
+use barlink_transport::engine::{Engine, EngineConfig, Transmit};
 use barlink_transport::link::{IndexStats, Link, Medium, MediumError, RepeatTimer, SetupError};
 use barlink_transport::ring::{IndexKind, advance_index, decode_index, encode_index};
 use barlink_transport::time::Time;
@@ -253,23 +253,16 @@ pub trait PacketQueue {
         None
     }
 
-    /// Posts RDMA WRITE WITH IMM of `header_len` bytes at `local_offset` of
-    /// the staging area followed by `payload`, read in place through
-    /// `source` (what [`PacketQueue::in_place`] returned for it), to
-    /// `remote_offset` of the peer's receive region. `payload` stays
-    /// unchanged until the request completes. Unsignaled unless
-    /// `signaled`.
-    #[allow(clippy::too_many_arguments)]
+    /// Posts `write` (RDMA WRITE WITH IMM) of `header_len` bytes of the
+    /// staging area followed by `payload`, read in place through `source`
+    /// (what [`PacketQueue::in_place`] returned for it). `payload` stays
+    /// unchanged until the request completes.
     fn post_write_imm_in_place(
         &mut self,
-        _wr_id: u64,
-        _local_offset: usize,
+        _write: PacketWrite,
         _header_len: usize,
         _payload: &[u8],
         _source: InPlace,
-        _remote_offset: usize,
-        _imm: u32,
-        _signaled: bool,
     ) -> Result<(), QueueError> {
         Err(QueueError::Post {
             operation: "an RDMA WRITE WITH IMM in place",
@@ -294,6 +287,18 @@ pub trait PacketQueue {
 
     /// Appends the receive queue's completions to `out`, in order.
     fn poll_recv(&mut self, out: &mut VecDeque<Completion>) -> Result<(), QueueError>;
+}
+
+/// One packet's RDMA WRITE WITH IMM: the request's id, where its bytes
+/// start in the staging area and land in the peer's receive region, its
+/// immediate (the packet's count), and whether it is signaled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketWrite {
+    pub wr_id: u64,
+    pub local_offset: usize,
+    pub remote_offset: usize,
+    pub imm: u32,
+    pub signaled: bool,
 }
 
 /// A payload the adapter reads in place, from [`PacketQueue::in_place`]:
@@ -633,6 +638,76 @@ fn staging_error(error: WindowError) -> MediumError {
     MediumError::new(format_args!("writing a staging slot: {error}"))
 }
 
+/// A packet put together in its staging slot (payload copied and
+/// checksummed in one pass, header last) and written from there.
+fn write_copied<Q: PacketQueue>(
+    queue: &mut Q,
+    transmit: &Transmit<'_>,
+    write: PacketWrite,
+) -> Result<(), MediumError> {
+    let staging = queue.staging();
+    let payload_at = write.local_offset + HEADER_LEN;
+    let crc = if transmit.has_crc() {
+        let mut crc = transmit.crc_of_header();
+        staging
+            .write_crc(payload_at, transmit.payload(), &mut crc)
+            .map_err(staging_error)?;
+        crc.finish()
+    } else {
+        staging
+            .write(payload_at, transmit.payload())
+            .map_err(staging_error)?;
+        0
+    };
+    staging
+        .write(write.local_offset, &transmit.header_with_crc(crc))
+        .map_err(staging_error)?;
+    queue
+        .post_write_imm(
+            write.wr_id,
+            write.local_offset,
+            transmit.len(),
+            write.remote_offset,
+            write.imm,
+            write.signaled,
+        )
+        .map_err(MediumError::new)
+}
+
+/// A packet whose payload the adapter reads in place: the payload is read
+/// once, for its CRC, only the header goes into the staging slot, and the
+/// write gathers the two. Its payload's length, for the counters.
+fn write_in_place<Q: PacketQueue>(
+    queue: &mut Q,
+    transmit: &Transmit<'_>,
+    write: PacketWrite,
+    source: InPlace,
+) -> Result<Option<usize>, MediumError> {
+    let payload = transmit.payload();
+    let crc = transmit.has_crc().then(|| {
+        let mut crc = transmit.crc_of_header();
+        crc.update(payload);
+        crc.finish()
+    });
+    queue
+        .staging()
+        .write(
+            write.local_offset,
+            &transmit.header_with_crc(crc.unwrap_or(0)),
+        )
+        .map_err(staging_error)?;
+    // Signaled: its completion lets go of the program's memory
+    // (`SendMemory::in_flight`) at once, not a few writes later.
+    let write = PacketWrite {
+        signaled: true,
+        ..write
+    };
+    queue
+        .post_write_imm_in_place(write, HEADER_LEN, payload, source)
+        .map_err(MediumError::new)?;
+    Ok(Some(payload.len()))
+}
+
 impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
     fn activity(&mut self) -> Result<[u64; 2], MediumError> {
         self.reap()?;
@@ -748,75 +823,23 @@ impl<Q: PacketQueue> Medium for RdmaMedium<Q> {
                 }
                 break;
             }
-            let local_offset = self.remote.staging_offset(self.sent);
-            let remote_offset = self.remote.slot_offset(self.sent);
-            let wr_id = self.wr_posted;
-            let signaled = wr_id % self.signal_every == self.signal_every - 1;
-            let imm = self.sent as u32;
+            let write = PacketWrite {
+                wr_id: self.wr_posted,
+                local_offset: self.remote.staging_offset(self.sent),
+                remote_offset: self.remote.slot_offset(self.sent),
+                imm: self.sent as u32,
+                signaled: self.wr_posted % self.signal_every == self.signal_every - 1,
+            };
             let queue = &mut self.queue;
             let written = engine.poll_transmit_with(now, |transmit| {
                 let payload = transmit.payload();
-                let source = if payload.len() >= IN_PLACE_FROM {
-                    queue.in_place(payload)
-                } else {
-                    None
-                };
-                let Some(source) = source else {
-                    // Payload copied and checksummed in one pass, header last.
-                    let staging = queue.staging();
-                    let payload_at = local_offset + HEADER_LEN;
-                    if transmit.has_crc() {
-                        let mut crc = transmit.crc_of_header();
-                        staging
-                            .write_crc(payload_at, payload, &mut crc)
-                            .map_err(staging_error)?;
-                        staging
-                            .write(local_offset, &transmit.header_with_crc(crc.finish()))
-                            .map_err(staging_error)?;
-                    } else {
-                        staging.write(payload_at, payload).map_err(staging_error)?;
-                        staging
-                            .write(local_offset, &transmit.header_with_crc(0))
-                            .map_err(staging_error)?;
-                    }
-                    queue
-                        .post_write_imm(
-                            wr_id,
-                            local_offset,
-                            transmit.len(),
-                            remote_offset,
-                            imm,
-                            signaled,
-                        )
-                        .map_err(MediumError::new)?;
-                    return Ok(None);
-                };
-                // In place: the payload is read once, for its CRC, and the
-                // adapter gathers it after the header.
-                let crc = transmit.has_crc().then(|| {
-                    let mut crc = transmit.crc_of_header();
-                    crc.update(payload);
-                    crc.finish()
-                });
-                queue
-                    .staging()
-                    .write(local_offset, &transmit.header_with_crc(crc.unwrap_or(0)))
-                    .map_err(staging_error)?;
-                // Signaled: its completion lets go of the program's memory
-                // (`SendMemory::in_flight`) at once, not a few writes later.
-                queue
-                    .post_write_imm_in_place(
-                        wr_id,
-                        local_offset,
-                        HEADER_LEN,
-                        payload,
-                        source,
-                        remote_offset,
-                        imm,
-                        true,
-                    )
-                    .map_err(MediumError::new)?;
-                Ok::<_, MediumError>(Some(payload.len()))
+                match (payload.len() >= IN_PLACE_FROM)
+                    .then(|| queue.in_place(payload))
+                    .flatten()
+                {
+                    Some(source) => write_in_place(queue, transmit, write, source),
+                    None => write_copied(queue, transmit, write).map(|()| None),
+                }
             });
             match written {
                 None => break,

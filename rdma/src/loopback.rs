@@ -20,7 +20,7 @@ use barlink_transport::rng::SplitMix64;
 use barlink_transport::window::{HeapWindow, Window};
 
 use crate::link::{
-    CREDIT_OFFSET, Completion, InPlace, PacketQueue, QueueError, RingShape, WcStatus,
+    CREDIT_OFFSET, Completion, InPlace, PacketQueue, PacketWrite, QueueError, RingShape, WcStatus,
 };
 use crate::verbs::send_memory;
 
@@ -250,18 +250,18 @@ impl LoopbackQueue {
 }
 
 impl LoopbackQueue {
-    /// A write's local half: `len` bytes of the staging area at
-    /// `local_offset`, then `in_place` (a payload read where it lies),
-    /// gathered into `scratch`; then its remote half.
+    /// A write's local half: `len` bytes of the staging area, then
+    /// `in_place` (a payload read where it lies), gathered into `scratch`;
+    /// then its remote half.
     fn gather(
         &mut self,
-        write: Write,
-        local_offset: usize,
+        write: PacketWrite,
         len: usize,
         in_place: &[u8],
     ) -> Result<(), QueueError> {
-        let Write {
+        let PacketWrite {
             wr_id,
+            local_offset,
             remote_offset,
             imm,
             signaled,
@@ -337,15 +337,6 @@ impl LoopbackQueue {
     }
 }
 
-/// Where a write goes and how it completes.
-#[derive(Debug, Clone, Copy)]
-struct Write {
-    wr_id: u64,
-    remote_offset: usize,
-    imm: u32,
-    signaled: bool,
-}
-
 impl PacketQueue for LoopbackQueue {
     type Region = Arc<HeapWindow>;
 
@@ -370,13 +361,14 @@ impl PacketQueue for LoopbackQueue {
         imm: u32,
         signaled: bool,
     ) -> Result<(), QueueError> {
-        let write = Write {
+        let write = PacketWrite {
             wr_id,
+            local_offset,
             remote_offset,
             imm,
             signaled,
         };
-        self.gather(write, local_offset, len, &[])
+        self.gather(write, len, &[])
     }
 
     fn in_place(&self, payload: &[u8]) -> Option<InPlace> {
@@ -389,22 +381,12 @@ impl PacketQueue for LoopbackQueue {
 
     fn post_write_imm_in_place(
         &mut self,
-        wr_id: u64,
-        local_offset: usize,
+        write: PacketWrite,
         header_len: usize,
         payload: &[u8],
         _source: InPlace,
-        remote_offset: usize,
-        imm: u32,
-        signaled: bool,
     ) -> Result<(), QueueError> {
-        let write = Write {
-            wr_id,
-            remote_offset,
-            imm,
-            signaled,
-        };
-        self.gather(write, local_offset, header_len, payload)
+        self.gather(write, header_len, payload)
     }
 
     fn post_credit(&mut self, wr_id: u64, value: u64, signaled: bool) -> Result<(), QueueError> {

@@ -15,8 +15,8 @@ use barlink_transport::link::Link;
 
 use crate::error::RdmaError;
 use crate::link::{
-    CREDIT_OFFSET, Completion, InPlace, LinkSetupError, PacketQueue, QueueError, RdmaLink,
-    RdmaMedium, RingShape,
+    CREDIT_OFFSET, Completion, InPlace, LinkSetupError, PacketQueue, PacketWrite, QueueError,
+    RdmaLink, RdmaMedium, RingShape,
 };
 use crate::oob::{self, Hello, OobError, OobListener, OobOptions, OobStream};
 use crate::verbs::{
@@ -154,14 +154,10 @@ impl PacketQueue for VerbsQueue {
 
     fn post_write_imm_in_place(
         &mut self,
-        wr_id: u64,
-        local_offset: usize,
+        write: PacketWrite,
         header_len: usize,
         _payload: &[u8],
         source: InPlace,
-        remote_offset: usize,
-        imm: u32,
-        signaled: bool,
     ) -> Result<(), QueueError> {
         let operation = "an RDMA WRITE WITH IMM in place";
         let (Some(payload), Some(hold)) = (source.sge, source.hold) else {
@@ -172,17 +168,23 @@ impl PacketQueue for VerbsQueue {
         };
         let header = self
             .staging
-            .sge(local_offset, header_len)
+            .sge(write.local_offset, header_len)
             .map_err(post_error(operation))?;
         let len = header_len + payload.len() as usize;
         let remote = self
             .remote_ring
-            .at(remote_offset as u64, len)
+            .at(write.remote_offset as u64, len)
             .map_err(post_error(operation))?;
         self.qp
-            .post_write_imm(wr_id, &[header, payload], remote, imm, signaled)
+            .post_write_imm(
+                write.wr_id,
+                &[header, payload],
+                remote,
+                write.imm,
+                write.signaled,
+            )
             .map_err(post_error(operation))?;
-        self.in_place_in_flight.push_back((wr_id, hold));
+        self.in_place_in_flight.push_back((write.wr_id, hold));
         Ok(())
     }
 

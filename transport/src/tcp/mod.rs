@@ -291,7 +291,7 @@ impl TcpServer {
         timeout: Duration,
         options: &TcpLinkOptions,
     ) -> Result<TcpLink<B>, TcpSetupError> {
-        let auth = check_options(options)?;
+        let (auth, buffers) = check_options(options)?;
         let arrival = self
             .acceptor
             .next(Want::New, timeout, &options.channel, &auth)?
@@ -302,7 +302,14 @@ impl TcpServer {
         let rejoin = Rejoin::Reaccept {
             acceptor: Arc::clone(&self.acceptor),
         };
-        establish(arrival.channel, Some(arrival.hello), options, auth, rejoin)
+        let peer_hello = Some(arrival.hello);
+        establish(
+            arrival.channel,
+            peer_hello,
+            options,
+            (auth, buffers),
+            rejoin,
+        )
     }
 }
 
@@ -312,19 +319,21 @@ pub fn connect<B: AsRef<[u8]>>(
     addr: impl ToSocketAddrs,
     options: &TcpLinkOptions,
 ) -> Result<TcpLink<B>, TcpSetupError> {
-    let auth = check_options(options)?;
+    let (auth, buffers) = check_options(options)?;
     let mut channel = channel::connect(addr, &options.channel)?;
     channel.authenticate(&auth, true)?;
     let rejoin = Rejoin::Redial {
         addr: channel.peer_addr()?,
     };
-    establish(channel, None, options, auth, rejoin)
+    establish(channel, None, options, (auth, buffers), rejoin)
 }
 
 /// The authentication to use, and whether the options can work with it.
-fn check_options(options: &TcpLinkOptions) -> Result<PeerAuth, TcpSetupError> {
-    // Refused before anyone is dialled or waited for; applied in `establish`.
-    SocketBuffers::resolve(options.socket_buffer, |name| std::env::var(name).ok())
+/// How setup authenticates and how big the connections' buffers are, or
+/// why the options cannot work: refused before anyone is dialled or
+/// waited for.
+fn check_options(options: &TcpLinkOptions) -> Result<(PeerAuth, SocketBuffers), TcpSetupError> {
+    let buffers = SocketBuffers::resolve(options.socket_buffer, |name| std::env::var(name).ok())
         .map_err(|detail| TcpSetupError::Options { detail })?;
     options
         .engine
@@ -349,7 +358,7 @@ fn check_options(options: &TcpLinkOptions) -> Result<PeerAuth, TcpSetupError> {
                     .to_string(),
         });
     }
-    Ok(auth)
+    Ok((auth, buffers))
 }
 
 /// The hello both ways over the authenticated channel (the peer's already
@@ -359,7 +368,7 @@ fn establish<B: AsRef<[u8]>>(
     mut channel: Channel,
     peer_hello: Option<TcpHello>,
     options: &TcpLinkOptions,
-    auth: PeerAuth,
+    (auth, buffers): (PeerAuth, SocketBuffers),
     rejoin: Rejoin,
 ) -> Result<TcpLink<B>, TcpSetupError> {
     let mut ours = TcpHello::of(options);
@@ -389,8 +398,6 @@ fn establish<B: AsRef<[u8]>>(
     });
     let (stream, session) = channel.into_parts();
     let cipher = if options.encrypt { session } else { None };
-    let buffers = SocketBuffers::resolve(options.socket_buffer, |name| std::env::var(name).ok())
-        .map_err(|detail| TcpSetupError::Options { detail })?;
     let medium = TcpMedium::new(stream, options.engine.mtu, cipher, resume, buffers).map_err(
         |e: MediumError| TcpSetupError::Hello {
             detail: e.to_string(),
