@@ -17,9 +17,9 @@
 //! what the socket takes, and never waits.
 #![forbid(unsafe_code)]
 
+use std::convert::Infallible;
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::TcpStream;
-
 use std::time::{Duration, Instant};
 
 use super::buffers::{self, SocketBuffers};
@@ -27,7 +27,7 @@ use super::resume::Resume;
 use crate::auth::{SEAL_OVERHEAD, Session};
 use crate::crc::crc32c;
 use crate::engine::{Engine, Transmit};
-use crate::link::{Medium, MediumError};
+use crate::link::{Medium, MediumError, STREAM_MESSAGES_FROM};
 use crate::time::Time;
 use crate::wire::HEADER_LEN;
 
@@ -505,9 +505,26 @@ impl TcpMedium {
         let mut delivered = 0;
         while let Some(len) = next_frame(queue.readable(), self.max_packet)? {
             let packet = &queue.readable()[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len];
-            // A packet the engine refuses is counted there (CRC failure,
-            // malformed); the link goes on.
-            let _verdict = engine.handle_packet(now, packet);
+            let (header, payload) = packet.split_at(len.min(HEADER_LEN));
+            // The payload goes from the received bytes into its message
+            // in one pass with its CRC, as out of a ring slot. A packet the
+            // engine refuses is counted there (CRC failure, malformed);
+            // the link goes on.
+            let _verdict = engine.handle_packet_from(
+                now,
+                header,
+                payload.len(),
+                |offset, dst, crc, message_len| {
+                    let src = &payload[offset..offset + dst.len()];
+                    match crc {
+                        Some(crc) => {
+                            crc.copy_checked(src, dst, message_len >= STREAM_MESSAGES_FROM)
+                        }
+                        None => dst.copy_from_slice(src),
+                    }
+                    Ok::<(), Infallible>(())
+                },
+            );
             queue.consume(FRAME_HEADER_LEN + len);
             delivered += 1;
         }
