@@ -99,6 +99,64 @@ static int free_port(void) {
     return ntohs(addr.sin_port);
 }
 
+/* A TCP peer that exits while this side sends to it. Its socket closes
+ * cleanly (nothing unread), so a write after the kernel's reset is EPIPE:
+ * that must be an error the link reports (BARLINK_PEER_LOST once the peer
+ * timeout passes), never SIGPIPE, which this program leaves at its default
+ * as a server embedding the library may. */
+static void tcp_peer_gone(const barlink_config *config) {
+    char name[64];
+    int port = free_port();
+    check_true("a free TCP port (for a peer that exits)", port > 0);
+    snprintf(name, sizeof name, "tcp://127.0.0.1:%d", port);
+    barlink_config quick = *config;
+    quick.peer_timeout_ms = 500;
+    barlink_listener *listener = NULL;
+    setenv("BARLINK_PSK", "6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b", 1);
+    barlink_status listening = barlink_listen(name, &quick, &listener);
+    check("listen(tcp://, for a peer that exits)", listening, BARLINK_OK);
+    if (listening != BARLINK_OK) return;
+    pid_t peer = fork();
+    if (peer == 0) {
+        barlink_link *mine = NULL;
+        char byte = 0;
+        size_t got = 0;
+        if (barlink_connect(name, &quick, 10000, &mine) != BARLINK_OK) _exit(1);
+        if (barlink_recv(mine, &byte, 1, &got, 10000) != BARLINK_OK) _exit(2);
+        /* The answer carries the acknowledgement; then nothing is left
+         * unread here, so the kernel ends the connection with a FIN. */
+        if (barlink_send(mine, "k", 1, 10000) != BARLINK_OK) _exit(3);
+        _exit(0); /* no close: the kernel closes the socket */
+    }
+    unsetenv("BARLINK_PSK");
+    barlink_link *link = NULL;
+    check("accept a TCP peer that will exit", barlink_accept(listener, 10000, &link), BARLINK_OK);
+    check("send it one byte", barlink_send(link, "x", 1, 5000), BARLINK_OK);
+    char answer = 0;
+    size_t got = 0;
+    check("its answer", barlink_recv(link, &answer, 1, &got, 5000), BARLINK_OK);
+    int status = 0;
+    waitpid(peer, &status, 0);
+    check_true("the TCP peer took its byte and exited 0",
+               WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    signal(SIGPIPE, SIG_DFL);
+    size_t size = (size_t)1 << 20;
+    char *block = calloc(1, size);
+    barlink_status result = BARLINK_OK;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < 256 && result == BARLINK_OK; i++)
+        result = barlink_send(link, block, size, 5000);
+    if (result == BARLINK_OK) result = barlink_flush(link, 5000);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    free(block);
+    check("sending 1 MiB messages to a TCP peer that exited (no SIGPIPE)", result,
+          BARLINK_PEER_LOST);
+    check_true("reported within 5 s (peer timeout 500 ms)", t1.tv_sec - t0.tv_sec < 5);
+    check("close the link to the exited peer", barlink_close(link, 1000), BARLINK_OK);
+    check("listener_close (tcp, peer exited)", barlink_listener_close(listener), BARLINK_OK);
+}
+
 /* Peers by address: a listener on tcp://127.0.0.1:PORT serves two peers in
  * turn, each link says its path, and what is wrong with an address or with
  * the setup's keys is a clear status. */
@@ -564,6 +622,7 @@ int main(void) {
     check("listener_close", barlink_listener_close(dying_listener), BARLINK_OK);
 
     tcp_peers(&config);
+    tcp_peer_gone(&config);
     progress_thread(&config);
 
     printf("misuse: %d passed, %d failed\n", passed, failed);

@@ -22,6 +22,9 @@ use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use rustix::io::Errno;
+use rustix::net::{SendAncillaryBuffer, SendFlags};
+
 use super::buffers::{self, SocketBuffers};
 use super::resume::Resume;
 use crate::auth::{SEAL_OVERHEAD, Session};
@@ -92,10 +95,11 @@ pub fn next_frame(bytes: &[u8], max_packet: usize) -> Result<Option<usize>, Medi
     Ok((bytes.len() >= FRAME_HEADER_LEN + len).then_some(len))
 }
 
-/// Writes one packet's frame with a single `writev` from the caller's
+/// Writes one packet's frame with a single `sendmsg` from the caller's
 /// buffer (the CRC taken in a read pass instead of during a copy), and
 /// queues in `out` what the socket did not take. Returns the bytes the
-/// socket took.
+/// socket took. A peer that closed is an error here, never `SIGPIPE`: a
+/// C or Python program that embeds the link may not ignore that signal.
 fn write_direct(
     stream: &mut TcpStream,
     transmit: &Transmit<'_>,
@@ -113,12 +117,14 @@ fn write_direct(
     head[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(transmit.len()));
     head[FRAME_HEADER_LEN..].copy_from_slice(&transmit.header_with_crc(crc));
     let total = head.len() + payload.len();
+    let frame = [IoSlice::new(&head), IoSlice::new(payload)];
     let written = loop {
-        match stream.write_vectored(&[IoSlice::new(&head), IoSlice::new(payload)]) {
+        let mut no_control = SendAncillaryBuffer::default();
+        match rustix::net::sendmsg(&*stream, &frame, &mut no_control, SendFlags::NOSIGNAL) {
             Ok(n) => break n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break 0,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(Errno::AGAIN) => break 0,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     };
     if written < total {
