@@ -782,9 +782,13 @@ pub fn connect<B: AsRef<[u8]>>(
     }
     let Prepared {
         decision,
-        rdma,
-        tcp: tcp_options,
+        mut rdma,
+        tcp: mut tcp_options,
     } = prepare(peer, options)?;
+    // Setup with another node ends within the setup timeout: connection
+    // attempts, authentication and the hello alike.
+    rdma.oob = rdma.oob.ending_within(options.setup_timeout);
+    tcp_options.channel = tcp_options.channel.ending_within(options.setup_timeout);
     tracing::info!(path = %decision.path, reason = %decision.reason, ?role, "path chosen");
     let failed = |detail: String| ConnectError::Setup {
         decision: decision.clone(),

@@ -261,6 +261,41 @@ fn a_remote_peer_without_rdma_goes_over_tcp_sealed_when_asked() {
     assert!(matches!(client.link, barlink::connect::AnyLink::Tcp(_)));
 }
 
+/// A peer on another node that never answers ends `connect` within the
+/// setup timeout (the C face's `timeout_ms`), not after the TCP channel's
+/// own limits (5 s to authenticate, retries for many seconds).
+#[test]
+fn a_silent_tcp_peer_ends_connect_within_the_setup_timeout() {
+    use barlink::transport::auth::{PeerAuth, SecretKey};
+    if barlink::rdma::device::devices().is_ok_and(|d| !d.is_empty()) {
+        skipped(
+            "a_silent_tcp_peer_ends_connect_within_the_setup_timeout",
+            "this host has RDMA",
+        );
+        return;
+    }
+    // Connections complete in the kernel; nobody ever speaks on them.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let options = ConnectOptions {
+        auth: Some(PeerAuth::PreSharedKey {
+            key: SecretKey::from_hex(&"5a".repeat(32)).unwrap(),
+            source: "the test".to_string(),
+        }),
+        setup_timeout: Duration::from_millis(300),
+        ..ConnectOptions::default()
+    };
+    let started = std::time::Instant::now();
+    let error = connect::<Vec<u8>>(&Peer::Tcp { addr }, Role::Connect, &options)
+        .expect_err("nobody answers");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "took {took:?} with a 300 ms setup timeout: {error}"
+    );
+    assert!(error.to_string().contains("no answer within"), "{error}");
+}
+
 /// One listener serves peer after peer, on a link name and on a TCP port,
 /// each accepted link saying its path; a second listener on the same name
 /// is refused.

@@ -362,7 +362,9 @@ enum barlink_status barlink_accept(struct barlink_listener *listener,
 
 // Releases the name; links already accepted are not affected. A thread
 // inside `barlink_accept` on it finishes that call. The handle is invalid
-// afterwards; closing it again returns `BARLINK_INVALID_HANDLE`.
+// afterwards; closing it again returns `BARLINK_INVALID_HANDLE`. A
+// `tcp://` port stays bound while links accepted on it live: they take
+// their peers back on it after a dropped connection.
 enum barlink_status barlink_listener_close(struct barlink_listener *listener);
 
 // Connects to the peer `name` names (as `barlink_listen` takes it: a link

@@ -421,7 +421,9 @@ pub unsafe extern "C" fn barlink_accept(
 
 /// Releases the name; links already accepted are not affected. A thread
 /// inside `barlink_accept` on it finishes that call. The handle is invalid
-/// afterwards; closing it again returns `BARLINK_INVALID_HANDLE`.
+/// afterwards; closing it again returns `BARLINK_INVALID_HANDLE`. A
+/// `tcp://` port stays bound while links accepted on it live: they take
+/// their peers back on it after a dropped connection.
 #[unsafe(no_mangle)]
 pub extern "C" fn barlink_listener_close(listener: *mut barlink_listener) -> barlink_status {
     boundary("barlink_listener_close", || {

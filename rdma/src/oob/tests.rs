@@ -31,6 +31,7 @@ fn options() -> OobOptions {
         io_timeout: Duration::from_millis(500),
         auth_timeout: Duration::from_millis(500),
         auth: Some(PeerAuth::Insecure),
+        deadline: None,
     }
 }
 

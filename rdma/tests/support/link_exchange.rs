@@ -57,6 +57,7 @@ pub fn soft_roce_options(
             // X25519 under emulation is slow.
             auth_timeout: Duration::from_secs(60),
             auth: Some(test_psk(1)),
+            deadline: None,
         },
         engine: EngineConfig {
             mtu: 16 << 10,

@@ -103,9 +103,27 @@ pub struct ChannelOptions {
     /// says (`PeerAuth::from_environment`), which is an error when it says
     /// nothing.
     pub auth: Option<PeerAuth>,
+    /// When the whole setup must be over, if it must (a caller's setup
+    /// timeout, one attempt to take a peer back): every connection
+    /// attempt, pause, read and write is cut short to end by then. `None`:
+    /// each step is bounded by its own limit above only.
+    pub deadline: Option<Instant>,
 }
 
 impl ChannelOptions {
+    /// These options with the setup ending within `within` from now (or
+    /// at the deadline they already had, if that comes first).
+    pub fn ending_within(mut self, within: Duration) -> ChannelOptions {
+        let end = Instant::now() + within;
+        self.deadline = Some(self.deadline.map_or(end, |old| old.min(end)));
+        self
+    }
+
+    /// `limit` from now, cut to end at the deadline: zero once it passed.
+    fn cut(&self, limit: Duration) -> Duration {
+        cut_to(self.deadline, limit)
+    }
+
     /// The authentication to use: the options', else the environment's.
     pub fn resolve_auth(&self) -> Result<PeerAuth, ChannelError> {
         match &self.auth {
@@ -127,8 +145,16 @@ impl Default for ChannelOptions {
             io_timeout: Duration::from_secs(30),
             auth_timeout: Duration::from_secs(5),
             auth: None,
+            deadline: None,
         }
     }
+}
+
+/// `limit` from now, cut to end at `deadline`.
+fn cut_to(deadline: Option<Instant>, limit: Duration) -> Duration {
+    deadline.map_or(limit, |end| {
+        limit.min(end.saturating_duration_since(Instant::now()))
+    })
 }
 
 /// The server side: listens for one client at a time.
@@ -177,13 +203,14 @@ impl ChannelListener {
             })
     }
 
-    /// Waits at most `timeout` for a client.
+    /// Waits at most `timeout` (and not past the options' deadline) for a
+    /// client.
     pub fn accept(
         &self,
         timeout: Duration,
         options: &ChannelOptions,
     ) -> Result<Channel, ChannelError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + options.cut(timeout);
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => return Channel::new(stream, options),
@@ -211,14 +238,16 @@ impl ChannelListener {
     /// Waits at most `timeout` for a client that authenticates as `auth`
     /// requires. A client that fails (another key, another mode, garbage,
     /// silence past `options.auth_timeout`) is logged and dropped, having
-    /// received nothing but the refusal, and the wait goes on.
+    /// received nothing but the refusal, and the wait goes on. A client's
+    /// authentication, too, ends by the end of `timeout`.
     pub fn accept_authenticated(
         &self,
         timeout: Duration,
         options: &ChannelOptions,
         auth: &PeerAuth,
     ) -> Result<Channel, ChannelError> {
-        let deadline = Instant::now() + timeout;
+        let options = &options.clone().ending_within(timeout);
+        let deadline = Instant::now() + options.cut(timeout);
         let mut last_refusal = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -247,7 +276,8 @@ impl ChannelListener {
 }
 
 /// The client side: connects to `addr`, retrying while nobody listens
-/// yet, each attempt bounded by `options.connect_timeout`.
+/// yet, each attempt bounded by `options.connect_timeout`, all of it by
+/// the options' deadline.
 pub fn connect(
     addr: impl ToSocketAddrs,
     options: &ChannelOptions,
@@ -263,10 +293,18 @@ pub fn connect(
             operation: "resolving the peer's address",
             error: io::Error::new(io::ErrorKind::NotFound, "no address"),
         })?;
+    let started = Instant::now();
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let last = match TcpStream::connect_timeout(&addr, options.connect_timeout) {
+        let limit = options.cut(options.connect_timeout);
+        if limit.is_zero() {
+            return Err(ChannelError::Timeout {
+                operation: "connecting to the peer within the setup's time",
+                after: started.elapsed(),
+            });
+        }
+        let last = match TcpStream::connect_timeout(&addr, limit) {
             Ok(stream) => return Channel::new(stream, options),
             Err(error) => error,
         };
@@ -297,7 +335,7 @@ pub fn connect(
                 last,
             });
         }
-        std::thread::sleep(options.retry_interval);
+        std::thread::sleep(options.cut(options.retry_interval));
     }
 }
 
@@ -307,6 +345,8 @@ pub struct Channel {
     stream: TcpStream,
     io_timeout: Duration,
     auth_timeout: Duration,
+    /// When every step must be over ([`ChannelOptions::deadline`]).
+    deadline: Option<Instant>,
     /// Set by [`Channel::authenticate`]; the hello needs it.
     session: Option<Session>,
     /// What the stream is doing, for errors.
@@ -340,6 +380,7 @@ impl Channel {
             stream,
             io_timeout: options.io_timeout,
             auth_timeout: options.auth_timeout,
+            deadline: options.deadline,
             session: None,
             step: "talking to the peer",
         })
@@ -396,34 +437,47 @@ impl Channel {
         })
     }
 
-    /// Raw bytes to the peer (tests of hostile hellos).
+    /// Raw bytes to the peer (tests of hostile hellos), each write within
+    /// the I/O timeout, cut to the deadline.
     pub fn write_all(&mut self, bytes: &[u8], operation: &'static str) -> Result<(), ChannelError> {
+        let limit = cut_to(self.deadline, self.io_timeout);
+        if limit.is_zero() {
+            return Err(ChannelError::Timeout {
+                operation,
+                after: limit,
+            });
+        }
+        self.stream
+            .set_write_timeout(Some(limit))
+            .map_err(|error| ChannelError::Io { operation, error })?;
         self.stream
             .write_all(bytes)
             .map_err(|error| match error.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ChannelError::Timeout {
                     operation,
-                    after: self.io_timeout,
+                    after: limit,
                 },
                 _ => ChannelError::Io { operation, error },
             })
     }
 
-    /// Reads exactly `buf.len()` bytes within the I/O timeout (one
-    /// deadline for the whole read, however the bytes trickle in).
+    /// Reads exactly `buf.len()` bytes within the I/O timeout, cut to the
+    /// deadline (one limit for the whole read, however the bytes trickle
+    /// in).
     pub fn read_exact(
         &mut self,
         buf: &mut [u8],
         operation: &'static str,
     ) -> Result<(), ChannelError> {
-        let deadline = Instant::now() + self.io_timeout;
+        let limit = cut_to(self.deadline, self.io_timeout);
+        let deadline = Instant::now() + limit;
         let mut filled = 0;
         while filled < buf.len() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(ChannelError::Timeout {
                     operation,
-                    after: self.io_timeout,
+                    after: limit,
                 });
             }
             self.stream

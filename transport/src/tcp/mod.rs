@@ -284,17 +284,18 @@ impl TcpServer {
     }
 
     /// Waits at most `timeout` for a client that authenticates, then sets
-    /// up the link. Clients that fail authentication are logged and
-    /// dropped; the wait goes on.
+    /// up the link, all of it within `timeout`. Clients that fail
+    /// authentication are logged and dropped; the wait goes on.
     pub fn accept<B: AsRef<[u8]>>(
         &self,
         timeout: Duration,
         options: &TcpLinkOptions,
     ) -> Result<TcpLink<B>, TcpSetupError> {
         let (auth, buffers) = check_options(options)?;
+        let channel_options = options.channel.clone().ending_within(timeout);
         let arrival = self
             .acceptor
-            .next(Want::New, timeout, &options.channel, &auth)?
+            .next(Want::New, timeout, &channel_options, &auth)?
             .ok_or(ChannelError::Timeout {
                 operation: "waiting for the peer to connect",
                 after: timeout,
@@ -392,7 +393,11 @@ fn establish<B: AsRef<[u8]>>(
     }
     let resume = options.reconnect.then(|| Resume {
         rejoin,
-        options: options.channel.clone(),
+        // Each attempt sets its own end; the setup's has passed by then.
+        options: ChannelOptions {
+            deadline: None,
+            ..options.channel.clone()
+        },
         auth,
         hello: ours,
     });

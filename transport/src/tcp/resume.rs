@@ -17,7 +17,7 @@ use super::{HELLO_LEN, TcpHello};
 use crate::auth::{PeerAuth, Session};
 
 /// Longest one attempt may block a round: a connect, the handshake and
-/// the hello, each bounded.
+/// the hello together.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How this side takes the peer back.
@@ -50,7 +50,8 @@ impl Resume {
             io_timeout: ATTEMPT_TIMEOUT,
             auth_timeout: ATTEMPT_TIMEOUT,
             ..self.options.clone()
-        };
+        }
+        .ending_within(ATTEMPT_TIMEOUT);
         let ours = TcpHello {
             resume: true,
             ..self.hello

@@ -28,6 +28,7 @@ fn options(auth: PeerAuth, encrypt: bool) -> TcpLinkOptions {
             io_timeout: Duration::from_secs(5),
             auth_timeout: Duration::from_secs(5),
             auth: Some(auth),
+            deadline: None,
         },
         engine: EngineConfig {
             mtu: 64 << 10,
@@ -435,6 +436,61 @@ fn a_peer_that_does_not_come_back_ends_the_link_within_the_peer_timeout() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A TCP connect to `addr` completes (the kernel accepts for the
+/// listener) and then nobody says a word.
+fn silent_listener() -> (TcpListener, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    (listener, addr)
+}
+
+#[test]
+fn a_silent_server_ends_the_setup_at_its_deadline() {
+    let (_listener, addr) = silent_listener();
+    let mut options = options(psk(1), false);
+    // Authentication alone may take 5 s, the hello 5 more.
+    options.channel = options.channel.ending_within(Duration::from_millis(300));
+    let started = Instant::now();
+    let error = connect::<Vec<u8>>(addr, &options).expect_err("nobody answers");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "took {took:?}: a step ran past the setup's deadline ({error})"
+    );
+    assert!(error.to_string().contains("no answer within"), "{error}");
+}
+
+#[test]
+fn a_deadline_that_passes_while_retrying_ends_the_connect() {
+    // Nobody listens: every attempt is refused at once, and the retries
+    // (20, 50 ms apart) alone would take a second.
+    let (listener, addr) = silent_listener();
+    drop(listener);
+    let channel = options(psk(1), false)
+        .channel
+        .ending_within(Duration::from_millis(200));
+    let started = Instant::now();
+    let error = channel::connect(addr, &channel).expect_err("nobody listens");
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(700), "took {took:?} ({error})");
+    assert!(matches!(error, ChannelError::Timeout { .. }), "{error}");
+}
+
+#[test]
+fn a_client_that_never_authenticates_holds_accept_no_longer_than_its_timeout() {
+    let server = TcpServer::bind("127.0.0.1:0").unwrap();
+    let silent = TcpStream::connect(server.local_addr().unwrap()).unwrap();
+    let started = Instant::now();
+    let result = server.accept::<Vec<u8>>(Duration::from_millis(300), &options(psk(1), false));
+    let took = started.elapsed();
+    assert!(result.is_err(), "a client that said nothing was accepted");
+    assert!(
+        took < Duration::from_millis(1500),
+        "took {took:?}: its 5 s authentication limit outlived the accept's 300 ms"
+    );
+    drop(silent);
 }
 
 #[test]

@@ -79,6 +79,7 @@ pub fn connect_options(args: &BenchArgs, device: &Device) -> Result<ConnectOptio
                 io_timeout: STEP_TIMEOUT,
                 auth_timeout: STEP_TIMEOUT,
                 auth: args.remote.auth.peer_auth()?,
+                deadline: None,
             },
             engine: engine.clone(),
             epoch: 1,

@@ -80,6 +80,7 @@ fn connect_options(args: &BenchArgs) -> Result<ConnectOptions, CommandError> {
                 io_timeout: STEP_TIMEOUT,
                 auth_timeout: Duration::from_secs(10),
                 auth: None,
+                deadline: None,
             },
             ..TcpLinkOptions::default()
         },
