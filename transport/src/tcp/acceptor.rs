@@ -22,6 +22,12 @@ use crate::auth::PeerAuth;
 /// (its peer's setup or resume then fails and says so).
 const FILED_FOR: Duration = Duration::from_secs(10);
 
+/// Connections filed at most: a peer that holds the key could otherwise
+/// file connection after connection, each a descriptor for [`FILED_FOR`],
+/// until accepting fails for every link on the port. Past it the oldest
+/// goes (its peer's setup or resume fails and tries again).
+pub(super) const MAX_FILED: usize = 64;
+
 /// Longest one look at the socket blocks while filed connections wait.
 const LOOK: Duration = Duration::from_millis(20);
 
@@ -106,11 +112,7 @@ impl Acceptor {
             match self.listener.accept(left.min(LOOK), options) {
                 Ok(channel) => match Self::admit(channel, auth) {
                     Ok(arrival) if arrival.is_for(want) => return Ok(Some(arrival)),
-                    Ok(arrival) => self
-                        .filed
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push_back(arrival),
+                    Ok(arrival) => self.file(arrival),
                     Err(refusal) => last_refusal = Some(refusal),
                 },
                 Err(ChannelError::Timeout { .. }) => {}
@@ -123,6 +125,23 @@ impl Acceptor {
                 };
             }
         }
+    }
+
+    /// Connections waiting for their taker.
+    #[cfg(test)]
+    pub(super) fn filed_count(&self) -> usize {
+        self.filed.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Keeps `arrival` for the party it is for, within [`MAX_FILED`].
+    fn file(&self, arrival: Arrival) {
+        let mut filed = self.filed.lock().unwrap_or_else(|e| e.into_inner());
+        while filed.len() >= MAX_FILED {
+            if let Some(oldest) = filed.pop_front() {
+                tracing::warn!(hello = ?oldest.hello, "dropped a filed connection: too many wait");
+            }
+        }
+        filed.push_back(arrival);
     }
 
     /// Authenticates a new connection and reads its hello.

@@ -405,6 +405,11 @@ impl Channel {
         (self.stream, self.session)
     }
 
+    /// The public key the peer proved it holds (pinned keys), if it did.
+    pub fn peer_key(&self) -> Option<crate::auth::PublicKey> {
+        self.session.as_ref().and_then(Session::peer_key)
+    }
+
     /// Whether the session is authenticated (false: `--insecure`).
     pub fn is_authenticated(&self) -> bool {
         self.session.as_ref().is_some_and(Session::is_authenticated)

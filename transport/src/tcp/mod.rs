@@ -391,8 +391,10 @@ fn establish<B: AsRef<[u8]>>(
     if matches!(rejoin, Rejoin::Redial { .. }) {
         ours.link_id = peer.link_id;
     }
+    let peer_key = channel.peer_key();
     let resume = options.reconnect.then(|| Resume {
         rejoin,
+        peer_key,
         // Each attempt sets its own end; the setup's has passed by then.
         options: ChannelOptions {
             deadline: None,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::acceptor::{Acceptor, Want};
 use super::channel::{self, Channel, ChannelOptions};
 use super::{HELLO_LEN, TcpHello};
-use crate::auth::{PeerAuth, Session};
+use crate::auth::{PeerAuth, PublicKey, Session};
 
 /// Longest one attempt may block a round: a connect, the handshake and
 /// the hello together.
@@ -38,6 +38,10 @@ pub(super) struct Resume {
     pub(super) auth: PeerAuth,
     /// This side's hello, with the link's id.
     pub(super) hello: TcpHello,
+    /// The key the peer proved at setup (pinned keys): only the same key
+    /// may take the link back. Another listed peer that learned the
+    /// link's id must not.
+    pub(super) peer_key: Option<PublicKey>,
 }
 
 impl Resume {
@@ -64,6 +68,7 @@ impl Resume {
                 channel
                     .authenticate(&self.auth, true)
                     .map_err(|e| e.to_string())?;
+                self.check_key(channel.peer_key())?;
                 channel
                     .send_sealed(&ours.encode(), "sending the resume hello")
                     .map_err(|e| e.to_string())?;
@@ -79,6 +84,7 @@ impl Resume {
                 else {
                     return Ok(None);
                 };
+                self.check_key(arrival.channel.peer_key())?;
                 self.check(&arrival.hello)?;
                 arrival
                     .channel
@@ -99,6 +105,20 @@ impl Resume {
         TcpHello::decode(&bytes)
     }
 
+    /// The side taking the link back proved the key the peer proved at
+    /// setup.
+    fn check_key(&self, key: Option<PublicKey>) -> Result<(), String> {
+        if key == self.peer_key {
+            return Ok(());
+        }
+        Err(format!(
+            "a peer with key {} offered to resume a link set up with {}: only the peer that set it \
+             up may take it back",
+            describe_key(key),
+            describe_key(self.peer_key)
+        ))
+    }
+
     /// The peer's resume hello names this link.
     fn check(&self, peer: &TcpHello) -> Result<(), String> {
         if !peer.resume {
@@ -112,4 +132,11 @@ impl Resume {
         }
         self.hello.check_agreement(peer)
     }
+}
+
+fn describe_key(key: Option<PublicKey>) -> String {
+    key.map_or_else(
+        || "none (a pre-shared key)".to_string(),
+        |key| format!("{key}"),
+    )
 }

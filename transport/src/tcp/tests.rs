@@ -493,6 +493,103 @@ fn a_client_that_never_authenticates_holds_accept_no_longer_than_its_timeout() {
     drop(silent);
 }
 
+fn pinned(own: u8, peers: &[u8]) -> PeerAuth {
+    PeerAuth::PinnedKeys {
+        private: SecretKey::from_hex(&format!("{own:02x}").repeat(32)).unwrap(),
+        peers: peers
+            .iter()
+            .map(|&peer| {
+                SecretKey::from_hex(&format!("{peer:02x}").repeat(32))
+                    .unwrap()
+                    .public_key()
+            })
+            .collect(),
+        source: "test".to_string(),
+    }
+}
+
+/// With pinned keys, only the key that set a link up may take it back:
+/// another listed peer that names the link is refused.
+#[test]
+fn only_the_key_that_set_a_link_up_may_take_it_back() {
+    let listener = ChannelListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // What answers at the link's address now holds key 3, which this side
+    // lists too; the link was set up with the holder of key 2.
+    let answering = thread::spawn(move || {
+        let auth = pinned(3, &[1]);
+        let channel = options(auth.clone(), false).channel;
+        let accepted = listener.accept_authenticated(TIMEOUT, &channel, &auth);
+        thread::sleep(Duration::from_millis(300));
+        accepted.map(|_| ())
+    });
+    let ours = options(pinned(1, &[2, 3]), false);
+    let resume = Resume {
+        rejoin: Rejoin::Redial { addr },
+        options: ours.channel.clone(),
+        auth: pinned(1, &[2, 3]),
+        hello: TcpHello::of(&ours),
+        peer_key: Some(SecretKey::from_hex(&"02".repeat(32)).unwrap().public_key()),
+    };
+    let refused = resume
+        .attempt()
+        .expect_err("the holder of key 3 took the link back");
+    assert!(
+        refused.contains("only the peer that set it up"),
+        "{refused}"
+    );
+    answering.join().unwrap().unwrap();
+}
+
+/// A peer that holds the key and files connection after connection for
+/// links nobody takes holds a bounded number of descriptors.
+#[test]
+fn connections_filed_for_others_are_bounded() {
+    let acceptor = Acceptor::new(ChannelListener::bind("127.0.0.1:0").unwrap());
+    let addr = acceptor.listener().local_addr().unwrap();
+    let auth = psk(1);
+    let link = options(auth.clone(), false);
+    let flood = thread::spawn(move || {
+        (0..80u64)
+            .map(|id| {
+                let mut channel = channel::connect(addr, &link.channel).unwrap();
+                channel.authenticate(&auth, true).unwrap();
+                let hello = TcpHello {
+                    resume: true,
+                    link_id: 0xF100D + id,
+                    ..TcpHello::of(&link)
+                };
+                channel.send_sealed(&hello.encode(), "test hello").unwrap();
+                channel
+            })
+            .collect::<Vec<_>>()
+    });
+    let deadline = Instant::now() + TIMEOUT;
+    while !flood.is_finished() && Instant::now() < deadline {
+        let channel = options(psk(1), false).channel;
+        let nothing = acceptor
+            .next(
+                Want::Resume(7),
+                Duration::from_millis(50),
+                &channel,
+                &psk(1),
+            )
+            .unwrap();
+        assert!(nothing.is_none(), "no connection was for link 7");
+    }
+    let connections = flood.join().unwrap();
+    // Those still queued on the socket are filed by one more look.
+    let channel = options(psk(1), false).channel;
+    let _ = acceptor.next(
+        Want::Resume(7),
+        Duration::from_millis(500),
+        &channel,
+        &psk(1),
+    );
+    assert_eq!(acceptor.filed_count(), acceptor::MAX_FILED);
+    drop(connections);
+}
+
 #[test]
 fn hellos_are_checked() {
     let ours = TcpHello::of(&options(PeerAuth::Insecure, false));
