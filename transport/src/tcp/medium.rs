@@ -49,6 +49,10 @@ const READ_CHUNK: usize = 256 * 1024;
 /// and the partial frame moves to the front only when the buffer's tail
 /// runs short, so the larger the buffer the rarer that copy.
 const MIN_BUFFER: usize = 4 << 20;
+/// Reads one round makes at most: a peer that sends faster than this side
+/// takes its packets apart must not keep the round from returning (to
+/// send, and to hand messages over).
+const READS_PER_ROUND: usize = 16;
 /// Pause between attempts to take the peer back.
 const RETRY_EVERY: Duration = Duration::from_millis(50);
 /// Payload bytes from which a packet is written straight from the
@@ -555,13 +559,16 @@ impl Medium for TcpMedium {
             return Ok(0);
         }
         let mut delivered = 0;
-        let result = (|| loop {
-            let more = self.read_some()?;
-            self.open_records()?;
-            delivered += self.deliver(now, engine)?;
-            if !more {
-                return Ok(());
+        let result = (|| {
+            for _ in 0..READS_PER_ROUND {
+                let more = self.read_some()?;
+                self.open_records()?;
+                delivered += self.deliver(now, engine)?;
+                if !more {
+                    break;
+                }
             }
+            Ok(())
         })();
         if let Err(error) = result {
             self.connection_failed(error)?;
