@@ -43,11 +43,15 @@ pub const RECORD_HEADER_LEN: usize = 2;
 pub const MAX_RECORD_PLAINTEXT: usize = 65_535 - SEAL_OVERHEAD;
 /// Mixed into a frame header's check.
 const FRAME_TWEAK: u32 = 0x7C9A_11E5;
-/// Bytes one `read` asks for at least.
+/// Bytes one `read` takes at most (and has room for at least).
 const READ_CHUNK: usize = 256 * 1024;
-/// Bytes of each buffer at least: a read ends in the middle of a frame,
-/// and the partial frame moves to the front only when the buffer's tail
-/// runs short, so the larger the buffer the rarer that copy.
+/// Bytes of the receive buffer: three reads. The kernel copies into lines
+/// that are still in cache from the last pass, and the payload is copied
+/// out of them while still there; a partial frame moves to the front when
+/// the tail runs short of a read, a copy of hot bytes. (It grows for a
+/// frame longer than itself.)
+const RECEIVE_BUFFER: usize = 3 * READ_CHUNK;
+/// Bytes of the send queue at least.
 const MIN_BUFFER: usize = 4 << 20;
 /// Reads one round makes at most: a peer that sends faster than this side
 /// takes its packets apart must not keep the round from returning (to
@@ -294,7 +298,7 @@ impl TcpMedium {
             max_packet,
             out: ByteQueue::with_capacity(buffer),
             staged: ByteQueue::default(),
-            wire_in: ByteQueue::with_capacity(buffer),
+            wire_in: ByteQueue::with_capacity(RECEIVE_BUFFER),
             plain_in: ByteQueue::default(),
             out_limit: (2 * max_packet).max(1 << 20),
             stats: TcpStats::default(),
@@ -446,6 +450,7 @@ impl TcpMedium {
     /// hold more.
     fn read_some(&mut self) -> Result<bool, MediumError> {
         let space = self.wire_in.space(READ_CHUNK);
+        let space = &mut space[..READ_CHUNK];
         loop {
             match self.stream.read(space) {
                 Ok(0) if !self.peer_closed => {
