@@ -44,7 +44,7 @@ pub const MAX_RECORD_PLAINTEXT: usize = 65_535 - SEAL_OVERHEAD;
 /// Mixed into a frame header's check.
 const FRAME_TWEAK: u32 = 0x7C9A_11E5;
 /// Bytes one `read` takes at most (and has room for at least).
-const READ_CHUNK: usize = 256 * 1024;
+const READ_CHUNK: usize = 128 * 1024;
 /// Bytes of the receive buffer: three reads. The kernel copies into lines
 /// that are still in cache from the last pass, and the payload is copied
 /// out of them while still there; a partial frame moves to the front when
