@@ -105,13 +105,17 @@ impl Acceptor {
         let deadline = Instant::now() + timeout;
         let mut last_refusal = None;
         loop {
-            if let Some(arrival) = self.take_filed(want) {
+            if let Some(mut arrival) = self.take_filed(want) {
+                arrival.channel.adopt(options);
                 return Ok(Some(arrival));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.listener.accept(left.min(LOOK), options) {
                 Ok(channel) => match Self::admit(channel, auth) {
-                    Ok(arrival) if arrival.is_for(want) => return Ok(Some(arrival)),
+                    Ok(mut arrival) if arrival.is_for(want) => {
+                        arrival.channel.adopt(options);
+                        return Ok(Some(arrival));
+                    }
                     Ok(arrival) => self.file(arrival),
                     Err(refusal) => last_refusal = Some(refusal),
                 },

@@ -33,6 +33,9 @@ pub enum ChannelError {
         operation: &'static str,
         after: Duration,
     },
+    /// The setup's deadline ([`ChannelOptions::deadline`]) passed during
+    /// this step.
+    OutOfTime { operation: &'static str },
     /// The peer closed the connection in the middle of the setup.
     PeerClosed { operation: &'static str },
     /// The peer sent something other than the ready byte.
@@ -68,6 +71,11 @@ impl fmt::Display for ChannelError {
             ChannelError::Timeout { operation, after } => write!(
                 f,
                 "{operation}: no answer within {after:?} (is the peer running, and reachable?)"
+            ),
+            ChannelError::OutOfTime { operation } => write!(
+                f,
+                "{operation}: the setup's time ran out (the setup timeout, or the 500 ms of an \
+                 attempt to take a peer back; is the peer running, and reachable?)"
             ),
             ChannelError::PeerClosed { operation } => write!(
                 f,
@@ -150,6 +158,17 @@ impl Default for ChannelOptions {
     }
 }
 
+/// What a connection taken off the listening socket has at least to set
+/// up, even past the caller's deadline: an accept whose time is up (or a
+/// poll with no time at all) must not take a client off the queue only to
+/// drop it mid-handshake. A handshake on a live host takes milliseconds.
+pub(super) const ADMISSION_FLOOR: Duration = Duration::from_millis(250);
+
+/// `deadline`, but not sooner than [`ADMISSION_FLOOR`] from now.
+pub(super) fn with_floor(deadline: Option<Instant>) -> Option<Instant> {
+    deadline.map(|end| end.max(Instant::now() + ADMISSION_FLOOR))
+}
+
 /// `limit` from now, cut to end at `deadline`.
 fn cut_to(deadline: Option<Instant>, limit: Duration) -> Duration {
     deadline.map_or(limit, |end| {
@@ -213,7 +232,11 @@ impl ChannelListener {
         let deadline = Instant::now() + options.cut(timeout);
         loop {
             match self.listener.accept() {
-                Ok((stream, _)) => return Channel::new(stream, options),
+                Ok((stream, _)) => {
+                    let mut channel = Channel::new(stream, options)?;
+                    channel.deadline = with_floor(options.deadline);
+                    return Ok(channel);
+                }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(error) => {
@@ -293,15 +316,13 @@ pub fn connect(
             operation: "resolving the peer's address",
             error: io::Error::new(io::ErrorKind::NotFound, "no address"),
         })?;
-    let started = Instant::now();
     let mut attempts = 0;
     loop {
         attempts += 1;
         let limit = options.cut(options.connect_timeout);
         if limit.is_zero() {
-            return Err(ChannelError::Timeout {
-                operation: "connecting to the peer within the setup's time",
-                after: started.elapsed(),
+            return Err(ChannelError::OutOfTime {
+                operation: "connecting to the peer",
             });
         }
         let last = match TcpStream::connect_timeout(&addr, limit) {
@@ -399,6 +420,15 @@ impl Channel {
         Ok(())
     }
 
+    /// Takes on `options`' limits and deadline (floored as for a new
+    /// connection): a connection one party took off a shared socket and
+    /// filed for another goes on under the taker's, not the filer's.
+    pub(super) fn adopt(&mut self, options: &ChannelOptions) {
+        self.io_timeout = options.io_timeout;
+        self.auth_timeout = options.auth_timeout;
+        self.deadline = with_floor(options.deadline);
+    }
+
     /// The connection and the session, for a medium that carries packets
     /// on the same connection after setup.
     pub fn into_parts(self) -> (TcpStream, Option<Session>) {
@@ -442,15 +472,26 @@ impl Channel {
         })
     }
 
+    /// A step that ran out of its `limit`: the step's own limit, or the
+    /// setup's deadline when that cut it shorter.
+    fn timed_out(&self, operation: &'static str, limit: Duration) -> ChannelError {
+        if limit < self.io_timeout {
+            ChannelError::OutOfTime { operation }
+        } else {
+            ChannelError::Timeout {
+                operation,
+                after: limit,
+            }
+        }
+    }
+
     /// Raw bytes to the peer (tests of hostile hellos), each write within
     /// the I/O timeout, cut to the deadline.
     pub fn write_all(&mut self, bytes: &[u8], operation: &'static str) -> Result<(), ChannelError> {
         let limit = cut_to(self.deadline, self.io_timeout);
+        let timed_out = self.timed_out(operation, limit);
         if limit.is_zero() {
-            return Err(ChannelError::Timeout {
-                operation,
-                after: limit,
-            });
+            return Err(timed_out);
         }
         self.stream
             .set_write_timeout(Some(limit))
@@ -458,10 +499,7 @@ impl Channel {
         self.stream
             .write_all(bytes)
             .map_err(|error| match error.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ChannelError::Timeout {
-                    operation,
-                    after: limit,
-                },
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out,
                 _ => ChannelError::Io { operation, error },
             })
     }
@@ -480,10 +518,7 @@ impl Channel {
         while filled < buf.len() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(ChannelError::Timeout {
-                    operation,
-                    after: limit,
-                });
+                return Err(self.timed_out(operation, limit));
             }
             self.stream
                 .set_read_timeout(Some(left))
