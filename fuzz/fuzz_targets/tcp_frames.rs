@@ -5,7 +5,7 @@
 //! medium ends the link there.
 #![no_main]
 
-use barlink_transport::tcp::{FRAME_HEADER_LEN, next_frame};
+use barlink_transport::tcp::{FRAME_HEADER_LEN, hand_frame, next_frame};
 use barlink_transport::{Engine, EngineConfig, Time};
 use libfuzzer_sys::fuzz_target;
 
@@ -27,7 +27,9 @@ fuzz_target!(|data: &[u8]| {
             Ok(Some(len)) => {
                 assert!((1..=max_packet).contains(&len));
                 let packet = &stream[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len];
-                let _ = engine.handle_packet(now, packet);
+                // As the medium hands it over: payload into its message
+                // with its CRC, in one pass.
+                let _ = hand_frame(&mut engine, now, packet);
                 stream = &stream[FRAME_HEADER_LEN + len..];
                 now = now + std::time::Duration::from_micros(10);
             }

@@ -29,7 +29,7 @@ use super::buffers::{self, SocketBuffers};
 use super::resume::Resume;
 use crate::auth::{SEAL_OVERHEAD, Session};
 use crate::crc::crc32c;
-use crate::engine::{Engine, Transmit};
+use crate::engine::{Engine, PacketError, Transmit};
 use crate::link::{Medium, MediumError, STREAM_MESSAGES_FROM};
 use crate::time::Time;
 use crate::wire::HEADER_LEN;
@@ -101,6 +101,34 @@ pub fn next_frame(bytes: &[u8], max_packet: usize) -> Result<Option<usize>, Medi
         )));
     }
     Ok((bytes.len() >= FRAME_HEADER_LEN + len).then_some(len))
+}
+
+/// Hands the packet a frame carried to `engine`: its payload goes from
+/// the received bytes into its message in one pass with its CRC, as out of
+/// a ring slot. The engine's verdict on it.
+pub fn hand_frame<B: AsRef<[u8]>>(
+    engine: &mut Engine<B>,
+    now: Time,
+    packet: &[u8],
+) -> Result<(), PacketError> {
+    let (header, payload) = packet.split_at(packet.len().min(HEADER_LEN));
+    let verdict = engine.handle_packet_from(
+        now,
+        header,
+        payload.len(),
+        |offset, dst, crc, message_len| {
+            let src = &payload[offset..offset + dst.len()];
+            match crc {
+                Some(crc) => crc.copy_checked(src, dst, message_len >= STREAM_MESSAGES_FROM),
+                None => dst.copy_from_slice(src),
+            }
+            Ok::<(), Infallible>(())
+        },
+    );
+    match verdict {
+        Ok(verdict) => verdict,
+        Err(never) => match never {},
+    }
 }
 
 /// Writes one packet's frame with a single `sendmsg` from the caller's
@@ -520,26 +548,9 @@ impl TcpMedium {
         let mut delivered = 0;
         while let Some(len) = next_frame(queue.readable(), self.max_packet)? {
             let packet = &queue.readable()[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len];
-            let (header, payload) = packet.split_at(len.min(HEADER_LEN));
-            // The payload goes from the received bytes into its message
-            // in one pass with its CRC, as out of a ring slot. A packet the
-            // engine refuses is counted there (CRC failure, malformed);
-            // the link goes on.
-            let _verdict = engine.handle_packet_from(
-                now,
-                header,
-                payload.len(),
-                |offset, dst, crc, message_len| {
-                    let src = &payload[offset..offset + dst.len()];
-                    match crc {
-                        Some(crc) => {
-                            crc.copy_checked(src, dst, message_len >= STREAM_MESSAGES_FROM)
-                        }
-                        None => dst.copy_from_slice(src),
-                    }
-                    Ok::<(), Infallible>(())
-                },
-            );
+            // A packet the engine refuses is counted there (CRC failure,
+            // malformed); the link goes on.
+            let _verdict = hand_frame(engine, now, packet);
             queue.consume(FRAME_HEADER_LEN + len);
             delivered += 1;
         }

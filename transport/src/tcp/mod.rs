@@ -47,7 +47,7 @@ pub use buffers::SocketBuffers;
 pub use channel::{Channel, ChannelError, ChannelListener, ChannelOptions};
 pub use medium::{
     FRAME_HEADER_LEN, MAX_RECORD_PLAINTEXT, RECORD_HEADER_LEN, TcpMedium, TcpStats, frame_header,
-    next_frame,
+    hand_frame, next_frame,
 };
 
 use crate::auth::PeerAuth;
