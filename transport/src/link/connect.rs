@@ -24,7 +24,7 @@
 //! real peer nothing ([`ListenerStats`] counts what was dropped).
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::Mutex;
@@ -280,7 +280,7 @@ impl Listener {
 
     /// Reads who connected and answers with the verdict; `None` when the
     /// connection is refused or already gone.
-    fn admit(&self, mut stream: UnixStream, allow: &AllowedPeers, own_uid: u32) -> Option<Pending> {
+    fn admit(&self, stream: UnixStream, allow: &AllowedPeers, own_uid: u32) -> Option<Pending> {
         let peer = match PeerCredentials::of_socket(&stream) {
             Ok(peer) => peer,
             Err(error) => {
@@ -293,7 +293,7 @@ impl Listener {
         // left makes the write fail, and it is dropped.
         let _ = stream.set_nonblocking(true);
         if !allow.admits(&peer, own_uid) {
-            let _ = stream.write_all(&REFUSED);
+            let _ = send_small(&stream, &REFUSED);
             tracing::warn!(
                 name = self.name,
                 %peer,
@@ -303,9 +303,8 @@ impl Listener {
             self.count(|s| s.refused += 1);
             return None;
         }
-        if let Err(error) = stream
-            .write_all(&WELCOME)
-            .and_then(|()| stream.set_nonblocking(false))
+        if let Err(error) =
+            send_small(&stream, &WELCOME).and_then(|()| stream.set_nonblocking(false))
         {
             tracing::warn!(name = self.name, %peer, %error, "dropped a connection");
             self.count(|s| s.malformed += 1);
@@ -473,4 +472,16 @@ fn own_window(config: &LinkConfig, name: &str) -> Result<ShmWindow, SetupError> 
     let geometry = Geometry::for_window(own.len(), config.engine.mtu)?;
     init_ring(&own, geometry, GENERATION)?;
     Ok(own)
+}
+
+/// Writes a few bytes that a fresh socket has room for, as one `send`
+/// that never raises `SIGPIPE` (a client that already left is an error,
+/// not a signal to a program that left it at its default).
+fn send_small(stream: &UnixStream, bytes: &[u8]) -> std::io::Result<()> {
+    let sent = rustix::net::send(stream, bytes, rustix::net::SendFlags::NOSIGNAL)?;
+    if sent == bytes.len() {
+        Ok(())
+    } else {
+        Err(std::io::Error::from(ErrorKind::WriteZero))
+    }
 }
