@@ -186,7 +186,7 @@ impl IndexKind {
 }
 
 fn index_check(kind: IndexKind, count: u32) -> u32 {
-    crate::crc::crc32c(&count.to_le_bytes()) ^ kind.tweak()
+    crate::crc::crc32c_of_u32(count) ^ kind.tweak()
 }
 
 /// An index word as it is stored: the count modulo 2³² in the low half, a

@@ -12,7 +12,8 @@
 //! CPUs with VPCLMULQDQ but not AVX-512; elsewhere a copy, then the CRC.
 //! A checksum alone goes to `avx512` on CPUs with AVX-512 VPCLMULQDQ (up
 //! to 256 KiB), to `x86` where `crc-fast` would take its 128-bit path, else
-//! to `crc-fast`; packet headers take the `crc32` instruction.
+//! to `crc-fast`; inputs under 256 bytes (packet headers, small packets,
+//! the rings' index words) take the `crc32` instruction wherever SSE4.2 is.
 #![deny(unsafe_code)]
 
 use crc_fast::{CrcAlgorithm, Digest};
@@ -58,10 +59,14 @@ const CRC_FAST_FROM: usize = 256 << 10;
 /// Advances the raw CRC-32C register over `bytes`.
 #[inline]
 fn update_register(state: u32, bytes: &[u8]) -> u32 {
-    // Short inputs (packet headers) take the `crc32` instruction directly:
-    // no dispatch or setup costs on the latency path.
     #[cfg(target_arch = "x86_64")]
     {
+        // Short inputs (packet headers, a small message's packet, index
+        // words) take the `crc32` instruction directly: one feature test,
+        // no dispatch over the wide kernels, on the latency path.
+        if bytes.len() < x86::MIN_LEN && x86::has_crc32_instruction() {
+            return x86::update_short(state, bytes);
+        }
         if avx512::available() && (avx512::MIN_LEN..CRC_FAST_FROM).contains(&bytes.len()) {
             return avx512::update(state, bytes);
         }
@@ -300,9 +305,44 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
     !update_register(!0, bytes)
 }
 
+/// CRC-32C of `value`'s four little-endian bytes: `crc32c(&value.to_le_bytes())`
+/// in one instruction where the CPU has it (the rings check every index
+/// word they store and load with it).
+#[inline]
+pub fn crc32c_of_u32(value: u32) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_crc32_instruction() {
+        return !x86::update_u32(!0, value);
+    }
+    crc32c(&value.to_le_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_u32_checks_as_its_four_little_endian_bytes() {
+        for value in [0, 1, 0x8000_0000, 0xDEAD_BEEF, u32::MAX, 0x0102_0304] {
+            assert_eq!(
+                crc32c_of_u32(value),
+                crc_fast::checksum(CrcAlgorithm::Crc32Iscsi, &value.to_le_bytes()) as u32,
+                "value {value:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn short_inputs_check_as_crc_fast_does_up_to_the_wide_kernels() {
+        let bytes: Vec<u8> = (0..600u32).map(|i| (i * 131 + 7) as u8).collect();
+        for len in (0..300).chain([511, 512, 513, 600]) {
+            assert_eq!(
+                crc32c(&bytes[..len]),
+                crc_fast::checksum(CrcAlgorithm::Crc32Iscsi, &bytes[..len]) as u32,
+                "{len} bytes"
+            );
+        }
+    }
 
     #[test]
     fn check_value_matches_the_catalogue() {

@@ -26,10 +26,11 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    __m128i, __m256i, _mm_clmulepi64_si128, _mm_crc32_u8, _mm_crc32_u64, _mm_cvtsi32_si128,
-    _mm_cvtsi128_si64, _mm_extract_epi64, _mm_loadu_si128, _mm_set_epi64x, _mm_storeu_si128,
-    _mm_xor_si128, _mm256_castsi256_si128, _mm256_clmulepi64_epi128, _mm256_extracti128_si256,
-    _mm256_loadu_si256, _mm256_set_epi64x, _mm256_storeu_si256, _mm256_xor_si256,
+    __m128i, __m256i, _mm_clmulepi64_si128, _mm_crc32_u8, _mm_crc32_u32, _mm_crc32_u64,
+    _mm_cvtsi32_si128, _mm_cvtsi128_si64, _mm_extract_epi64, _mm_loadu_si128, _mm_set_epi64x,
+    _mm_storeu_si128, _mm_xor_si128, _mm256_castsi256_si128, _mm256_clmulepi64_epi128,
+    _mm256_extracti128_si256, _mm256_loadu_si256, _mm256_set_epi64x, _mm256_storeu_si256,
+    _mm256_xor_si256,
 };
 use std::ptr;
 use std::sync::OnceLock;
@@ -190,6 +191,32 @@ pub(super) fn available() -> bool {
             && is_x86_feature_detected!("pclmulqdq")
             && is_x86_feature_detected!("sse4.2")
     })
+}
+
+/// Whether the CPU has the `crc32` instruction (SSE4.2): what
+/// [`update_short`] and [`update_u32`] need, and nothing more. The
+/// standard library caches the answer; this is a load and a test.
+#[inline]
+pub(super) fn has_crc32_instruction() -> bool {
+    is_x86_feature_detected!("sse4.2")
+}
+
+/// Advances the raw register over a short input with the `crc32`
+/// instruction alone. Only call it when [`has_crc32_instruction`] says so.
+#[inline]
+pub(super) fn update_short(state: u32, bytes: &[u8]) -> u32 {
+    debug_assert!(has_crc32_instruction());
+    // SAFETY: the caller checked that the CPU has SSE4.2 (from CPUID).
+    unsafe { update_crc32_instruction(state, bytes) }
+}
+
+/// Advances the raw register over `value`'s four little-endian bytes.
+/// Only call it when [`has_crc32_instruction`] says so.
+#[inline]
+pub(super) fn update_u32(state: u32, value: u32) -> u32 {
+    debug_assert!(has_crc32_instruction());
+    // SAFETY: the caller checked that the CPU has SSE4.2 (from CPUID).
+    unsafe { crc32_u32_instruction(state, value) }
 }
 
 /// Advances the raw CRC register `state` (no inversion) over `bytes`.
@@ -504,6 +531,12 @@ pub(super) fn fold_lane(lane: __m128i, constants: __m128i, next: __m128i) -> __m
     let low = _mm_clmulepi64_si128::<0x00>(lane, constants);
     let high = _mm_clmulepi64_si128::<0x11>(lane, constants);
     _mm_xor_si128(_mm_xor_si128(low, high), next)
+}
+
+/// The `crc32` instruction over four bytes.
+#[target_feature(enable = "sse4.2")]
+fn crc32_u32_instruction(state: u32, value: u32) -> u32 {
+    _mm_crc32_u32(state, value)
 }
 
 /// The `crc32` instruction, eight bytes at a time.
