@@ -20,6 +20,8 @@
 use std::convert::Infallible;
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
@@ -256,6 +258,8 @@ pub struct TcpStats {
     /// them.
     pub connections_lost: u64,
     pub reconnects: u64,
+    /// Attempts to take the peer back, whatever became of them.
+    pub rejoin_attempts: u64,
 }
 
 /// Packets over one TCP connection, sealed when the link encrypts.
@@ -283,11 +287,32 @@ pub struct TcpMedium {
     /// so that the engine first takes what came before it (a close, the
     /// last acknowledgements).
     peer_closed: bool,
-    /// How a dropped connection is replaced (cold, so boxed); `None`: it
-    /// ends the link.
-    resume: Option<Box<Resume>>,
+    /// How a dropped connection is replaced; `None`: it ends the link.
+    resume: Option<Arc<Resume>>,
     /// Since when the connection is down, and when to try again.
     down: Option<(Instant, Instant)>,
+    /// The attempt to take the peer back that is under way, on a thread
+    /// of its own: a connect and a handshake may each wait, and a round
+    /// must not (a caller polling with no timeout, or many links driven by
+    /// one thread, would stall on it).
+    rejoining: Option<Receiver<Attempt>>,
+}
+
+/// What an attempt to take the peer back came to (see [`Resume::attempt`]).
+type Attempt = Result<Option<(TcpStream, Option<Session>)>, String>;
+
+/// Starts `resume`'s attempt on a thread; its outcome arrives on the
+/// receiver. The thread ends with the attempt (each step of which has a
+/// deadline), whether or not anyone still waits for it.
+fn start_attempt(resume: Arc<Resume>) -> std::io::Result<Receiver<Attempt>> {
+    let (outcome, receiver) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("barlink-tcp-rejoin".to_string())
+        .spawn(move || {
+            // The medium may be gone: then so is the connection made.
+            let _ = outcome.send(resume.attempt());
+        })?;
+    Ok(receiver)
 }
 
 impl std::fmt::Debug for TcpMedium {
@@ -332,8 +357,9 @@ impl TcpMedium {
             stats: TcpStats::default(),
             rounds: 0,
             peer_closed: false,
-            resume: resume.map(Box::new),
+            resume: resume.map(Arc::new),
             down: None,
+            rejoining: None,
         })
     }
 
@@ -362,16 +388,42 @@ impl TcpMedium {
         Ok(())
     }
 
-    /// While the connection is down, tries to take the peer back (at most
-    /// every [`RETRY_EVERY`]); whether the link has a connection again.
+    /// While the connection is down, takes the peer back: starts an
+    /// attempt (at most every [`RETRY_EVERY`]) or looks whether the one
+    /// under way ended, never waiting for it. Whether the link has a
+    /// connection again.
     fn rejoined(&mut self) -> bool {
         let Some((since, next)) = self.down else {
             return true;
         };
-        let (Some(resume), true) = (&self.resume, Instant::now() >= next) else {
+        let Some(resume) = &self.resume else {
             return false;
         };
-        match resume.attempt() {
+        let outcome = match &self.rejoining {
+            Some(pending) => match pending.try_recv() {
+                Ok(outcome) => outcome,
+                Err(TryRecvError::Empty) => return false,
+                Err(TryRecvError::Disconnected) => {
+                    Err("the attempt's thread ended without an answer".to_string())
+                }
+            },
+            None => {
+                if Instant::now() < next {
+                    return false;
+                }
+                self.stats.rejoin_attempts += 1;
+                match start_attempt(resume.clone()) {
+                    Ok(pending) => self.rejoining = Some(pending),
+                    Err(error) => {
+                        tracing::warn!(peer = self.peer, %error, "no thread for an attempt to take the peer back");
+                        self.down = Some((since, Instant::now() + RETRY_EVERY));
+                    }
+                }
+                return false;
+            }
+        };
+        self.rejoining = None;
+        match outcome {
             Ok(Some((stream, session))) => {
                 if configure(&stream, self.buffers).is_err() {
                     self.down = Some((since, Instant::now() + RETRY_EVERY));

@@ -183,6 +183,9 @@ enum Fault {
     Cut(u64),
     /// Cut, and accept no further connection.
     CutForGood(u64),
+    /// Cut, then keep listening without ever answering: a new connection
+    /// is made (the kernel completes it) and then nobody speaks.
+    CutThenSilent(u64),
 }
 
 /// A relay on loopback in front of `server`, applying `fault` to the
@@ -210,6 +213,11 @@ fn relay(server: SocketAddr, fault: Fault) -> SocketAddr {
             if index == 0 && matches!(fault, Some(Fault::CutForGood(_))) {
                 return;
             }
+            if index == 0 && matches!(fault, Some(Fault::CutThenSilent(_))) {
+                // Holds the listening socket, accepting nothing.
+                thread::sleep(Duration::from_secs(30));
+                return;
+            }
         }
     });
     addr
@@ -229,7 +237,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Option<Fault>, stop: Arc<
                 Some(Fault::Flip(at)) if (offset..offset + n as u64).contains(&at) => {
                     chunk[(at - offset) as usize] ^= 0x10;
                 }
-                Some(Fault::Cut(at) | Fault::CutForGood(at)) if offset + n as u64 >= at => {
+                Some(Fault::Cut(at) | Fault::CutForGood(at) | Fault::CutThenSilent(at))
+                    if offset + n as u64 >= at =>
+                {
                     stop.store(true, Ordering::Relaxed);
                     let _ = from.shutdown(Shutdown::Both);
                     let _ = to.shutdown(Shutdown::Both);
@@ -436,6 +446,64 @@ fn a_peer_that_does_not_come_back_ends_the_link_within_the_peer_timeout() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[test]
+fn rounds_go_on_while_an_attempt_to_take_the_peer_back_waits() {
+    // After the cut, each attempt to dial the peer again connects and then
+    // hears nothing until its own 500 ms run out. The link's rounds must
+    // not wait for it: a caller polling with no timeout gets its answer
+    // at once, and the link still ends within the peer timeout.
+    let (client, server) = pair(
+        options(psk(1), false),
+        options(psk(1), false),
+        Some(|s| relay(s, Fault::CutThenSilent(2_000_000))),
+    );
+    let mut client = client.unwrap();
+    let receiver = thread::spawn(move || {
+        let mut link = server.join().unwrap().unwrap();
+        while link.recv(TIMEOUT).is_ok() {}
+    });
+    let deadline = Instant::now() + TIMEOUT;
+    let mut index = 0;
+    while client.medium().stats().connections_lost == 0 && Instant::now() < deadline {
+        if client
+            .send_blocking(message(5, index), Duration::from_millis(10))
+            .is_ok()
+        {
+            index += 1;
+        }
+    }
+    let cut = Instant::now();
+    assert_eq!(client.medium().stats().connections_lost, 1);
+    let mut longest = Duration::ZERO;
+    let ended = loop {
+        let round = Instant::now();
+        let result = client.try_recv();
+        longest = longest.max(round.elapsed());
+        if let Err(error) = result {
+            break error;
+        }
+        assert!(cut.elapsed() < TIMEOUT, "the link never ended");
+    };
+    assert!(
+        matches!(ended, IoError::Closed(crate::LinkError::PeerLost { .. })),
+        "{ended}"
+    );
+    let stats = client.medium().stats();
+    assert!(stats.rejoin_attempts >= 2, "{stats:?}");
+    assert_eq!(stats.reconnects, 0, "{stats:?}");
+    assert!(
+        longest < Duration::from_millis(100),
+        "a round took {longest:?} while the attempt waited"
+    );
+    // The peer timeout is 3 s, counted from the last packet heard.
+    assert!(
+        cut.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        cut.elapsed()
+    );
+    receiver.join().unwrap();
 }
 
 /// A TCP connect to `addr` completes (the kernel accepts for the
