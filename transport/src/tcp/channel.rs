@@ -222,6 +222,26 @@ impl ChannelListener {
             })
     }
 
+    /// A client waiting to be taken off the socket, if one is (no wait).
+    pub(super) fn try_accept(
+        &self,
+        options: &ChannelOptions,
+    ) -> Result<Option<Channel>, ChannelError> {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => return Channel::new(stream, options).map(Some),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => {
+                    return Err(ChannelError::Io {
+                        operation: "accepting the peer",
+                        error,
+                    });
+                }
+            }
+        }
+    }
+
     /// Waits at most `timeout` (and not past the options' deadline) for a
     /// client.
     pub fn accept(
@@ -423,6 +443,18 @@ impl Channel {
     /// Takes on `options`' limits and deadline (floored as for a new
     /// connection): a connection one party took off a shared socket and
     /// filed for another goes on under the taker's, not the filer's.
+    /// When every step must be over from now on (`None`: each step's own
+    /// limit only).
+    pub(super) fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// A second handle on the connection's socket (to shut it down from
+    /// elsewhere).
+    pub(super) fn try_clone_socket(&self) -> io::Result<TcpStream> {
+        self.stream.try_clone()
+    }
+
     pub(super) fn adopt(&mut self, options: &ChannelOptions) {
         self.io_timeout = options.io_timeout;
         self.auth_timeout = options.auth_timeout;

@@ -587,6 +587,37 @@ fn a_client_that_never_authenticates_holds_accept_no_longer_than_its_timeout() {
     drop(silent);
 }
 
+#[test]
+fn clients_that_say_nothing_hold_back_no_one() {
+    // More silent connections than admissions may run at once, then a
+    // client with the key: it is linked at once, not after each silent
+    // one's 5 s authentication limit in turn.
+    let server = TcpServer::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap();
+    let silent: Vec<TcpStream> = (0..acceptor::MAX_ADMITTING + 4)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    let started = Instant::now();
+    let client = thread::spawn(move || {
+        let mut link = connect::<Vec<u8>>(addr, &options(psk(1), false)).unwrap();
+        link.send_blocking(b"through".to_vec(), TIMEOUT).unwrap();
+        link.flush(TIMEOUT).unwrap();
+    });
+    let mut link = server
+        .accept::<Vec<u8>>(TIMEOUT, &options(psk(1), false))
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(link.recv(TIMEOUT).unwrap(), b"through");
+    // The client's flush waits for the acknowledgement.
+    while !client.is_finished() {
+        link.progress().unwrap();
+    }
+    client.join().unwrap();
+    assert!(took < Duration::from_secs(2), "linked after {took:?}");
+    assert!(server.acceptor.admitting_count() <= acceptor::MAX_ADMITTING);
+    drop(silent);
+}
+
 fn pinned(own: u8, peers: &[u8]) -> PeerAuth {
     PeerAuth::PinnedKeys {
         private: SecretKey::from_hex(&format!("{own:02x}").repeat(32)).unwrap(),
