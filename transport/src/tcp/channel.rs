@@ -9,8 +9,10 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::lobby::{Lobby, Take};
 use crate::auth::{self, AuthError, FrameStream, PeerAuth, Session};
 
 /// Why setting up over TCP failed.
@@ -176,10 +178,19 @@ fn cut_to(deadline: Option<Instant>, limit: Duration) -> Duration {
     })
 }
 
-/// The server side: listens for one client at a time.
+/// How long a client that authenticated waits for an accept to take it.
+const AUTHENTICATED_KEPT_FOR: Duration = Duration::from_secs(10);
+
+/// Clients that authenticated and wait for an accept, at most.
+const AUTHENTICATED_KEPT: usize = 64;
+
+/// The server side: a listening socket.
 #[derive(Debug)]
 pub struct ChannelListener {
     listener: TcpListener,
+    /// Clients authenticated apart, waiting for
+    /// [`ChannelListener::accept_authenticated`].
+    authenticated: Lobby<Channel>,
 }
 
 impl ChannelListener {
@@ -194,6 +205,7 @@ impl ChannelListener {
                     operation: "keeping the listener",
                     error,
                 })?,
+            authenticated: Lobby::new(AUTHENTICATED_KEPT_FOR, AUTHENTICATED_KEPT),
         })
     }
 
@@ -209,7 +221,10 @@ impl ChannelListener {
                 operation: "listening for the peer",
                 error,
             })?;
-        Ok(ChannelListener { listener })
+        Ok(ChannelListener {
+            listener,
+            authenticated: Lobby::new(AUTHENTICATED_KEPT_FOR, AUTHENTICATED_KEPT),
+        })
     }
 
     /// Where it listens.
@@ -279,10 +294,13 @@ impl ChannelListener {
 
 impl ChannelListener {
     /// Waits at most `timeout` for a client that authenticates as `auth`
-    /// requires. A client that fails (another key, another mode, garbage,
+    /// requires. Each client taken off the socket authenticates on a
+    /// thread of its own (`lobby`), so one that says nothing holds back
+    /// no other; one that fails (another key, another mode, garbage,
     /// silence past `options.auth_timeout`) is logged and dropped, having
-    /// received nothing but the refusal, and the wait goes on. A client's
-    /// authentication, too, ends by the end of `timeout`.
+    /// received nothing but the refusal, and the wait goes on. A client
+    /// that authenticates after this call gave up waits, for 10 s, for the
+    /// next call.
     pub fn accept_authenticated(
         &self,
         timeout: Duration,
@@ -290,31 +308,38 @@ impl ChannelListener {
         auth: &PeerAuth,
     ) -> Result<Channel, ChannelError> {
         let options = &options.clone().ending_within(timeout);
-        let deadline = Instant::now() + options.cut(timeout);
-        let mut last_refusal = None;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let mut stream = match self.accept(left, options) {
-                Ok(stream) => stream,
-                Err(ChannelError::Timeout { .. }) if last_refusal.is_some() => {
-                    return Err(last_refusal.take().expect("checked"));
+        let auth = auth.clone();
+        let take = Take {
+            listener: self,
+            timeout: options.cut(timeout),
+            options,
+            pick: &|_: &Channel| true,
+            admit: Arc::new(move |mut channel: Channel| {
+                let peer = channel
+                    .peer_addr()
+                    .map_or_else(|_| "an unknown address".to_string(), |a| a.to_string());
+                match channel.authenticate(&auth, false) {
+                    Ok(()) => Ok(channel),
+                    Err(error) => {
+                        tracing::warn!(%peer, %error, "refused a client that failed authentication");
+                        Err(ChannelError::Refusal {
+                            peer,
+                            error: Box::new(error),
+                        })
+                    }
                 }
-                Err(error) => return Err(error),
-            };
-            let peer = stream
-                .peer_addr()
-                .map_or_else(|_| "an unknown address".to_string(), |a| a.to_string());
-            match stream.authenticate(auth, false) {
-                Ok(()) => return Ok(stream),
-                Err(error) => {
-                    tracing::warn!(%peer, %error, "refused a client that failed authentication");
-                    last_refusal = Some(ChannelError::Refusal {
-                        peer,
-                        error: Box::new(error),
-                    });
-                }
-            }
-        }
+            }),
+            refusal_is_error: true,
+        };
+        let mut channel = self
+            .authenticated
+            .next(&take)?
+            .ok_or(ChannelError::Timeout {
+                operation: "waiting for the peer to connect",
+                after: timeout,
+            })?;
+        channel.adopt(options);
+        Ok(channel)
     }
 }
 

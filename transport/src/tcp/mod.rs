@@ -35,6 +35,7 @@
 mod acceptor;
 pub mod buffers;
 pub mod channel;
+mod lobby;
 mod medium;
 mod resume;
 

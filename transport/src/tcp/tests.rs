@@ -594,7 +594,7 @@ fn clients_that_say_nothing_hold_back_no_one() {
     // one's 5 s authentication limit in turn.
     let server = TcpServer::bind("127.0.0.1:0").unwrap();
     let addr = server.local_addr().unwrap();
-    let silent: Vec<TcpStream> = (0..acceptor::MAX_ADMITTING + 4)
+    let silent: Vec<TcpStream> = (0..lobby::MAX_ADMITTING + 4)
         .map(|_| TcpStream::connect(addr).unwrap())
         .collect();
     let started = Instant::now();
@@ -614,7 +614,7 @@ fn clients_that_say_nothing_hold_back_no_one() {
     }
     client.join().unwrap();
     assert!(took < Duration::from_secs(2), "linked after {took:?}");
-    assert!(server.acceptor.admitting_count() <= acceptor::MAX_ADMITTING);
+    assert!(server.acceptor.admitting_count() <= lobby::MAX_ADMITTING);
     drop(silent);
 }
 

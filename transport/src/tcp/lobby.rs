@@ -1,0 +1,248 @@
+//! Connections admitted apart: each client taken off a listening socket
+//! is authenticated (and whatever else its admission asks) on a thread of
+//! its own, and what it comes to waits here for a taker.
+//!
+//! Admitting one client after another let one that connected and said
+//! nothing — no key needed for that — hold every other back for its
+//! authentication limit, and a stream of them kept a server from linking
+//! anyone. Here the client that proves itself first is taken first. At
+//! most [`MAX_ADMITTING`] admissions run at once; past that the one that
+//! has waited longest is cut off (a client that holds the key takes
+//! milliseconds).
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::net::TcpStream;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::channel::{ADMISSION_FLOOR, Channel, ChannelError, ChannelListener, ChannelOptions};
+
+/// Admissions running at once at most (each a thread and a descriptor).
+pub(super) const MAX_ADMITTING: usize = 16;
+
+/// Longest a taker waits before it looks at the socket again.
+const LOOK: Duration = Duration::from_millis(5);
+
+/// A connection being admitted.
+#[derive(Debug)]
+struct Admitting {
+    id: u64,
+    since: Instant,
+    /// The same socket, to cut the admission off.
+    socket: TcpStream,
+}
+
+/// What the takers and the admissions share.
+#[derive(Debug)]
+struct Hall<T> {
+    /// Admitted connections waiting for a taker, oldest first, with when
+    /// each was admitted.
+    ready: VecDeque<(Instant, T)>,
+    admitting: Vec<Admitting>,
+    next_admission: u64,
+    /// Clients refused so far, and the last refusal.
+    refusals: u64,
+    last_refusal: Option<ChannelError>,
+}
+
+/// Admitted connections of type `T` waiting for their takers, and the
+/// admissions under way.
+#[derive(Debug)]
+pub(super) struct Lobby<T> {
+    shared: Arc<(Mutex<Hall<T>>, Condvar)>,
+    /// How long an admitted connection waits for a taker, and how many
+    /// wait at most (past that the oldest goes).
+    kept_for: Duration,
+    max_kept: usize,
+}
+
+/// What a taker asks of [`Lobby::next`].
+pub(super) struct Take<'a, T> {
+    pub(super) listener: &'a ChannelListener,
+    pub(super) timeout: Duration,
+    pub(super) options: &'a ChannelOptions,
+    /// Which admitted connections this taker takes.
+    pub(super) pick: &'a dyn Fn(&T) -> bool,
+    /// What an admission does with a new connection, on its thread.
+    pub(super) admit: Arc<dyn Fn(Channel) -> Result<T, ChannelError> + Send + Sync>,
+    /// Whether a refusal during the wait is the error when nothing came.
+    pub(super) refusal_is_error: bool,
+}
+
+impl<T: Send + 'static> Lobby<T> {
+    pub(super) fn new(kept_for: Duration, max_kept: usize) -> Lobby<T> {
+        Lobby {
+            shared: Arc::new((
+                Mutex::new(Hall {
+                    ready: VecDeque::new(),
+                    admitting: Vec::new(),
+                    next_admission: 0,
+                    refusals: 0,
+                    last_refusal: None,
+                }),
+                Condvar::new(),
+            )),
+            kept_for,
+            max_kept,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Hall<T>> {
+        lock(&self.shared.0)
+    }
+
+    /// An admitted connection `take.pick` accepts: one waiting here, else
+    /// one taken off the socket and admitted within `take.timeout` (zero:
+    /// one look). Others admitted meanwhile wait here for their takers.
+    /// A client this call took off the socket keeps at least
+    /// [`ADMISSION_FLOOR`] to prove itself whatever the timeout, so that a
+    /// poll does not take a waiting client only to leave it unanswered.
+    pub(super) fn next(&self, take: &Take<'_, T>) -> Result<Option<T>, ChannelError> {
+        let deadline = Instant::now() + take.timeout;
+        let refusals_before = self.lock().refusals;
+        let mut started = Vec::new();
+        loop {
+            if let Some(taken) = self.take_ready(take.pick) {
+                return Ok(Some(taken));
+            }
+            while let Some(channel) = take.listener.try_accept(take.options)? {
+                if let Some(id) = self.admit_apart(channel, take) {
+                    started.push(id);
+                }
+            }
+            let now = Instant::now();
+            let mut hall = self.lock();
+            let floor = hall
+                .admitting
+                .iter()
+                .filter(|admitting| started.contains(&admitting.id))
+                .map(|admitting| admitting.since + ADMISSION_FLOOR)
+                .max();
+            let end = floor.map_or(deadline, |floor| deadline.max(floor));
+            if now >= end {
+                if hall.ready.iter().any(|(_, ready)| (take.pick)(ready)) {
+                    continue;
+                }
+                let refused = hall.refusals > refusals_before;
+                return match hall.last_refusal.take() {
+                    Some(refusal) if refused && take.refusal_is_error => Err(refusal),
+                    refusal => {
+                        hall.last_refusal = refusal;
+                        Ok(None)
+                    }
+                };
+            }
+            if hall.ready.iter().any(|(_, ready)| (take.pick)(ready)) {
+                continue;
+            }
+            let wait = (end - now).min(LOOK);
+            drop(
+                self.shared
+                    .1
+                    .wait_timeout(hall, wait)
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+        }
+    }
+
+    /// A waiting connection `pick` accepts, dropping those that waited too
+    /// long.
+    fn take_ready(&self, pick: &dyn Fn(&T) -> bool) -> Option<T> {
+        let mut hall = self.lock();
+        let kept_for = self.kept_for;
+        hall.ready.retain(|(since, _)| {
+            let fresh = since.elapsed() < kept_for;
+            if !fresh {
+                tracing::warn!("dropped an admitted connection nobody took");
+            }
+            fresh
+        });
+        let index = hall.ready.iter().position(|(_, ready)| pick(ready))?;
+        hall.ready.remove(index).map(|(_, taken)| taken)
+    }
+
+    /// Connections admitted and waiting for a taker.
+    #[cfg(test)]
+    pub(super) fn ready_count(&self) -> usize {
+        self.lock().ready.len()
+    }
+
+    /// Admissions under way.
+    #[cfg(test)]
+    pub(super) fn admitting_count(&self) -> usize {
+        self.lock().admitting.len()
+    }
+
+    /// Admits `channel` on a thread of its own, within the options'
+    /// authentication limit; its id, or `None` when it could not start
+    /// (the connection is dropped and the client told nothing).
+    fn admit_apart(&self, mut channel: Channel, take: &Take<'_, T>) -> Option<u64> {
+        // The whole admission within the authentication limit, and none
+        // of it within the taker's deadline: the taker may be gone by
+        // then, and another takes what it admitted.
+        channel.set_deadline(Some(Instant::now() + take.options.auth_timeout));
+        let socket = match channel.try_clone_socket() {
+            Ok(socket) => socket,
+            Err(error) => {
+                tracing::warn!(%error, "dropped a client: no second handle on its socket");
+                return None;
+            }
+        };
+        let id = {
+            let mut hall = self.lock();
+            while hall.admitting.len() >= MAX_ADMITTING {
+                let oldest = hall.admitting.remove(0);
+                tracing::warn!(
+                    waited = ?oldest.since.elapsed(),
+                    "cut off the admission that waited longest: too many clients at once"
+                );
+                let _ = oldest.socket.shutdown(std::net::Shutdown::Both);
+            }
+            let id = hall.next_admission;
+            hall.next_admission += 1;
+            hall.admitting.push(Admitting {
+                id,
+                since: Instant::now(),
+                socket,
+            });
+            id
+        };
+        let shared = Arc::clone(&self.shared);
+        let admit = Arc::clone(&take.admit);
+        let max_kept = self.max_kept;
+        let spawned = std::thread::Builder::new()
+            .name("barlink-tcp-admit".to_string())
+            .spawn(move || {
+                let outcome = admit(channel);
+                let (hall, arrived) = &*shared;
+                let mut hall = lock(hall);
+                hall.admitting.retain(|admitting| admitting.id != id);
+                match outcome {
+                    Ok(admitted) => {
+                        while hall.ready.len() >= max_kept {
+                            hall.ready.pop_front();
+                            tracing::warn!("dropped an admitted connection: too many wait");
+                        }
+                        hall.ready.push_back((Instant::now(), admitted));
+                    }
+                    Err(refusal) => {
+                        hall.refusals += 1;
+                        hall.last_refusal = Some(refusal);
+                    }
+                }
+                drop(hall);
+                arrived.notify_all();
+            });
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "dropped a client: no thread to admit it");
+            self.lock().admitting.retain(|admitting| admitting.id != id);
+            return None;
+        }
+        Some(id)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
