@@ -46,6 +46,9 @@ pub(super) enum Want {
 pub(super) struct Arrival {
     pub(super) channel: Channel,
     pub(super) hello: TcpHello,
+    /// What it was authenticated against: only a taker with the same
+    /// takes it.
+    auth: PeerAuth,
 }
 
 impl Arrival {
@@ -88,13 +91,14 @@ impl Acceptor {
         options: &ChannelOptions,
         auth: &PeerAuth,
     ) -> Result<Option<Arrival>, ChannelError> {
-        let auth = auth.clone();
+        let admit_auth = auth.clone();
         let take = Take {
             listener: &self.listener,
             timeout,
             options,
-            pick: &|arrival: &Arrival| arrival.is_for(want),
-            admit: Arc::new(move |channel| admit(channel, &auth)),
+            admission_limit: options.auth_timeout,
+            pick: &|arrival: &Arrival| arrival.is_for(want) && arrival.auth == *auth,
+            admit: Arc::new(move |channel| admit(channel, &admit_auth)),
             refusal_is_error: want == Want::New,
         };
         let mut arrival = self.filed.next(&take)?;
@@ -108,12 +112,6 @@ impl Acceptor {
     #[cfg(test)]
     pub(super) fn filed_count(&self) -> usize {
         self.filed.ready_count()
-    }
-
-    /// Admissions under way.
-    #[cfg(test)]
-    pub(super) fn admitting_count(&self) -> usize {
-        self.filed.admitting_count()
     }
 }
 
@@ -138,5 +136,9 @@ fn admit(mut channel: Channel, auth: &PeerAuth) -> Result<Arrival, ChannelError>
             error: Box::new(ChannelError::Protocol { detail }),
         }
     })?;
-    Ok(Arrival { channel, hello })
+    Ok(Arrival {
+        channel,
+        hello,
+        auth: auth.clone(),
+    })
 }

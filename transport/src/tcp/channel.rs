@@ -189,8 +189,9 @@ const AUTHENTICATED_KEPT: usize = 64;
 pub struct ChannelListener {
     listener: TcpListener,
     /// Clients authenticated apart, waiting for
-    /// [`ChannelListener::accept_authenticated`].
-    authenticated: Lobby<Channel>,
+    /// [`ChannelListener::accept_authenticated`] (with what they were
+    /// authenticated against). Each handle on the socket has its own.
+    authenticated: Lobby<(PeerAuth, Channel)>,
 }
 
 impl ChannelListener {
@@ -300,7 +301,7 @@ impl ChannelListener {
     /// silence past `options.auth_timeout`) is logged and dropped, having
     /// received nothing but the refusal, and the wait goes on. A client
     /// that authenticates after this call gave up waits, for 10 s, for the
-    /// next call.
+    /// next call on this handle with the same `auth`.
     pub fn accept_authenticated(
         &self,
         timeout: Duration,
@@ -308,18 +309,19 @@ impl ChannelListener {
         auth: &PeerAuth,
     ) -> Result<Channel, ChannelError> {
         let options = &options.clone().ending_within(timeout);
-        let auth = auth.clone();
+        let admit_auth = auth.clone();
         let take = Take {
             listener: self,
             timeout: options.cut(timeout),
             options,
-            pick: &|_: &Channel| true,
+            admission_limit: options.auth_timeout,
+            pick: &|(admitted_by, _): &(PeerAuth, Channel)| admitted_by == auth,
             admit: Arc::new(move |mut channel: Channel| {
                 let peer = channel
                     .peer_addr()
                     .map_or_else(|_| "an unknown address".to_string(), |a| a.to_string());
-                match channel.authenticate(&auth, false) {
-                    Ok(()) => Ok(channel),
+                match channel.authenticate(&admit_auth, false) {
+                    Ok(()) => Ok((admit_auth.clone(), channel)),
                     Err(error) => {
                         tracing::warn!(%peer, %error, "refused a client that failed authentication");
                         Err(ChannelError::Refusal {
@@ -331,7 +333,7 @@ impl ChannelListener {
             }),
             refusal_is_error: true,
         };
-        let mut channel = self
+        let (_, mut channel) = self
             .authenticated
             .next(&take)?
             .ok_or(ChannelError::Timeout {

@@ -6,9 +6,11 @@
 //! nothing — no key needed for that — hold every other back for its
 //! authentication limit, and a stream of them kept a server from linking
 //! anyone. Here the client that proves itself first is taken first. At
-//! most [`MAX_ADMITTING`] admissions run at once; past that the one that
-//! has waited longest is cut off (a client that holds the key takes
-//! milliseconds).
+//! most [`MAX_ADMITTING`] admissions run at once. When all are busy, the
+//! longest-waiting one is cut off only if it has waited past
+//! [`ADMISSION_FLOOR`] (a client that holds the key takes milliseconds);
+//! otherwise new clients wait in the kernel's queue until a place frees,
+//! so a burst of honest clients is admitted in turn, none dropped.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -41,10 +43,13 @@ struct Hall<T> {
     ready: VecDeque<(Instant, T)>,
     admitting: Vec<Admitting>,
     next_admission: u64,
-    /// Clients refused so far, and the last refusal.
-    refusals: u64,
-    last_refusal: Option<ChannelError>,
+    /// Recent admissions that failed on the client's side, by admission
+    /// id: each taker reports only those it started.
+    refused: VecDeque<(u64, ChannelError)>,
 }
+
+/// Failed admissions remembered for their takers.
+const REFUSALS_KEPT: usize = 64;
 
 /// Admitted connections of type `T` waiting for their takers, and the
 /// admissions under way.
@@ -62,6 +67,10 @@ pub(super) struct Take<'a, T> {
     pub(super) listener: &'a ChannelListener,
     pub(super) timeout: Duration,
     pub(super) options: &'a ChannelOptions,
+    /// How long an admission this taker starts may take in all
+    /// (authentication and whatever `admit` reads): not the taker's own
+    /// deadline, since another taker may take what it admits.
+    pub(super) admission_limit: Duration,
     /// Which admitted connections this taker takes.
     pub(super) pick: &'a dyn Fn(&T) -> bool,
     /// What an admission does with a new connection, on its thread.
@@ -78,8 +87,7 @@ impl<T: Send + 'static> Lobby<T> {
                     ready: VecDeque::new(),
                     admitting: Vec::new(),
                     next_admission: 0,
-                    refusals: 0,
-                    last_refusal: None,
+                    refused: VecDeque::new(),
                 }),
                 Condvar::new(),
             )),
@@ -95,24 +103,34 @@ impl<T: Send + 'static> Lobby<T> {
     /// An admitted connection `take.pick` accepts: one waiting here, else
     /// one taken off the socket and admitted within `take.timeout` (zero:
     /// one look). Others admitted meanwhile wait here for their takers.
-    /// A client this call took off the socket keeps at least
-    /// [`ADMISSION_FLOOR`] to prove itself whatever the timeout, so that a
-    /// poll does not take a waiting client only to leave it unanswered.
+    /// New clients are taken off the socket only until the timeout; one
+    /// this call took keeps at least [`ADMISSION_FLOOR`] to prove itself,
+    /// so that a poll does not take a waiting client only to leave it
+    /// unanswered. So the call ends by `timeout` plus that floor.
     pub(super) fn next(&self, take: &Take<'_, T>) -> Result<Option<T>, ChannelError> {
         let deadline = Instant::now() + take.timeout;
-        let refusals_before = self.lock().refusals;
-        let mut started = Vec::new();
+        let mut started: Vec<u64> = Vec::new();
+        let mut first_look = true;
         loop {
             if let Some(taken) = self.take_ready(take.pick) {
                 return Ok(Some(taken));
             }
-            while let Some(channel) = take.listener.try_accept(take.options)? {
-                if let Some(id) = self.admit_apart(channel, take) {
-                    started.push(id);
+            if first_look || Instant::now() < deadline {
+                first_look = false;
+                while self.has_room()
+                    && let Some(channel) = take.listener.try_accept(take.options)?
+                {
+                    if let Some(id) = self.admit_apart(channel, take) {
+                        started.push(id);
+                    }
                 }
             }
             let now = Instant::now();
             let mut hall = self.lock();
+            if hall.ready.iter().any(|(_, ready)| (take.pick)(ready)) {
+                continue;
+            }
+            // Admissions this call began that may still finish.
             let floor = hall
                 .admitting
                 .iter()
@@ -121,20 +139,15 @@ impl<T: Send + 'static> Lobby<T> {
                 .max();
             let end = floor.map_or(deadline, |floor| deadline.max(floor));
             if now >= end {
-                if hall.ready.iter().any(|(_, ready)| (take.pick)(ready)) {
-                    continue;
-                }
-                let refused = hall.refusals > refusals_before;
-                return match hall.last_refusal.take() {
-                    Some(refusal) if refused && take.refusal_is_error => Err(refusal),
-                    refusal => {
-                        hall.last_refusal = refusal;
-                        Ok(None)
-                    }
+                let refusal = hall
+                    .refused
+                    .iter()
+                    .rposition(|(id, _)| started.contains(id))
+                    .and_then(|at| hall.refused.remove(at));
+                return match refusal {
+                    Some((_, refusal)) if take.refusal_is_error => Err(refusal),
+                    _ => Ok(None),
                 };
-            }
-            if hall.ready.iter().any(|(_, ready)| (take.pick)(ready)) {
-                continue;
             }
             let wait = (end - now).min(LOOK);
             drop(
@@ -146,18 +159,40 @@ impl<T: Send + 'static> Lobby<T> {
         }
     }
 
+    /// Whether another admission may start: a place is free, or the
+    /// longest-waiting admission has had its [`ADMISSION_FLOOR`] and is
+    /// cut off to make one.
+    fn has_room(&self) -> bool {
+        let mut hall = self.lock();
+        if hall.admitting.len() < MAX_ADMITTING {
+            return true;
+        }
+        let Some(oldest) = hall
+            .admitting
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, admitting)| admitting.since)
+            .map(|(at, _)| at)
+        else {
+            return true;
+        };
+        if hall.admitting[oldest].since.elapsed() < ADMISSION_FLOOR {
+            return false;
+        }
+        let cut = hall.admitting.swap_remove(oldest);
+        tracing::warn!(
+            waited = ?cut.since.elapsed(),
+            "cut off the admission that waited longest: too many clients at once"
+        );
+        let _ = cut.socket.shutdown(std::net::Shutdown::Both);
+        true
+    }
+
     /// A waiting connection `pick` accepts, dropping those that waited too
     /// long.
     fn take_ready(&self, pick: &dyn Fn(&T) -> bool) -> Option<T> {
         let mut hall = self.lock();
-        let kept_for = self.kept_for;
-        hall.ready.retain(|(since, _)| {
-            let fresh = since.elapsed() < kept_for;
-            if !fresh {
-                tracing::warn!("dropped an admitted connection nobody took");
-            }
-            fresh
-        });
+        drop_stale(&mut hall, self.kept_for);
         let index = hall.ready.iter().position(|(_, ready)| pick(ready))?;
         hall.ready.remove(index).map(|(_, taken)| taken)
     }
@@ -168,20 +203,11 @@ impl<T: Send + 'static> Lobby<T> {
         self.lock().ready.len()
     }
 
-    /// Admissions under way.
-    #[cfg(test)]
-    pub(super) fn admitting_count(&self) -> usize {
-        self.lock().admitting.len()
-    }
-
-    /// Admits `channel` on a thread of its own, within the options'
-    /// authentication limit; its id, or `None` when it could not start
-    /// (the connection is dropped and the client told nothing).
+    /// Admits `channel` on a thread of its own, within the taker's
+    /// admission limit; its id, or `None` when it could not start (the
+    /// connection is dropped and the client told nothing).
     fn admit_apart(&self, mut channel: Channel, take: &Take<'_, T>) -> Option<u64> {
-        // The whole admission within the authentication limit, and none
-        // of it within the taker's deadline: the taker may be gone by
-        // then, and another takes what it admitted.
-        channel.set_deadline(Some(Instant::now() + take.options.auth_timeout));
+        channel.set_deadline(Some(Instant::now() + take.admission_limit));
         let socket = match channel.try_clone_socket() {
             Ok(socket) => socket,
             Err(error) => {
@@ -191,14 +217,6 @@ impl<T: Send + 'static> Lobby<T> {
         };
         let id = {
             let mut hall = self.lock();
-            while hall.admitting.len() >= MAX_ADMITTING {
-                let oldest = hall.admitting.remove(0);
-                tracing::warn!(
-                    waited = ?oldest.since.elapsed(),
-                    "cut off the admission that waited longest: too many clients at once"
-                );
-                let _ = oldest.socket.shutdown(std::net::Shutdown::Both);
-            }
             let id = hall.next_admission;
             hall.next_admission += 1;
             hall.admitting.push(Admitting {
@@ -210,16 +228,22 @@ impl<T: Send + 'static> Lobby<T> {
         };
         let shared = Arc::clone(&self.shared);
         let admit = Arc::clone(&take.admit);
-        let max_kept = self.max_kept;
+        let (kept_for, max_kept) = (self.kept_for, self.max_kept);
         let spawned = std::thread::Builder::new()
             .name("barlink-tcp-admit".to_string())
             .spawn(move || {
                 let outcome = admit(channel);
                 let (hall, arrived) = &*shared;
                 let mut hall = lock(hall);
-                hall.admitting.retain(|admitting| admitting.id != id);
+                let Some(at) = hall.admitting.iter().position(|a| a.id == id) else {
+                    // Cut off meanwhile: whatever it came to is dropped,
+                    // and it is nobody's refusal.
+                    return;
+                };
+                hall.admitting.swap_remove(at);
                 match outcome {
                     Ok(admitted) => {
+                        drop_stale(&mut hall, kept_for);
                         while hall.ready.len() >= max_kept {
                             hall.ready.pop_front();
                             tracing::warn!("dropped an admitted connection: too many wait");
@@ -227,8 +251,10 @@ impl<T: Send + 'static> Lobby<T> {
                         hall.ready.push_back((Instant::now(), admitted));
                     }
                     Err(refusal) => {
-                        hall.refusals += 1;
-                        hall.last_refusal = Some(refusal);
+                        if hall.refused.len() >= REFUSALS_KEPT {
+                            hall.refused.pop_front();
+                        }
+                        hall.refused.push_back((id, refusal));
                     }
                 }
                 drop(hall);
@@ -241,6 +267,17 @@ impl<T: Send + 'static> Lobby<T> {
         }
         Some(id)
     }
+}
+
+/// Drops admitted connections that waited longer than `kept_for`.
+fn drop_stale<T>(hall: &mut Hall<T>, kept_for: Duration) {
+    hall.ready.retain(|(since, _)| {
+        let fresh = since.elapsed() < kept_for;
+        if !fresh {
+            tracing::warn!("dropped an admitted connection nobody took");
+        }
+        fresh
+    });
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

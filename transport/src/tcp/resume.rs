@@ -78,6 +78,10 @@ impl Resume {
             }
             Rejoin::Reaccept { acceptor } => {
                 let want = Want::Resume(self.hello.link_id);
+                // Clients this attempt takes off the socket are admitted
+                // under the link's own limits: they may be new links for
+                // the server, and the attempt's 500 ms are not theirs.
+                let options = self.options.clone().ending_within(ATTEMPT_TIMEOUT);
                 let Some(mut arrival) = acceptor
                     .next(want, Duration::ZERO, &options, &self.auth)
                     .map_err(|e| e.to_string())?

@@ -493,8 +493,10 @@ fn rounds_go_on_while_an_attempt_to_take_the_peer_back_waits() {
     let stats = client.medium().stats();
     assert!(stats.rejoin_attempts >= 2, "{stats:?}");
     assert_eq!(stats.reconnects, 0, "{stats:?}");
+    // Each attempt waits 500 ms; a round has no reason to take a
+    // fraction of that (the margin is for a busy two-core machine).
     assert!(
-        longest < Duration::from_millis(100),
+        longest < Duration::from_millis(250),
         "a round took {longest:?} while the attempt waited"
     );
     // The peer timeout is 3 s, counted from the last packet heard.
@@ -614,8 +616,73 @@ fn clients_that_say_nothing_hold_back_no_one() {
     }
     client.join().unwrap();
     assert!(took < Duration::from_secs(2), "linked after {took:?}");
-    assert!(server.acceptor.admitting_count() <= lobby::MAX_ADMITTING);
     drop(silent);
+}
+
+#[test]
+fn a_burst_of_clients_is_linked_every_one() {
+    // More clients at once than admissions may run: the rest wait in the
+    // kernel's queue for a place, and none is cut off mid-handshake.
+    const CLIENTS: usize = 3 * lobby::MAX_ADMITTING;
+    let server = TcpServer::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|index| {
+            thread::spawn(move || {
+                let mut link = connect::<Vec<u8>>(addr, &options(psk(1), false))
+                    .unwrap_or_else(|error| panic!("client {index}: {error}"));
+                link.send_blocking(vec![index as u8; 8], TIMEOUT).unwrap();
+                link.flush(TIMEOUT).unwrap();
+            })
+        })
+        .collect();
+    let mut links: Vec<TcpLink> = (0..CLIENTS)
+        .map(|_| server.accept(TIMEOUT, &options(psk(1), false)).unwrap())
+        .collect();
+    let mut seen = vec![false; CLIENTS];
+    for link in &mut links {
+        let data = link.recv(TIMEOUT).unwrap();
+        seen[usize::from(data[0])] = true;
+    }
+    assert!(seen.iter().all(|&seen| seen), "{seen:?}");
+    while !clients.iter().all(thread::JoinHandle::is_finished) {
+        for link in &mut links {
+            link.progress().unwrap();
+        }
+    }
+    for client in clients {
+        client.join().unwrap();
+    }
+}
+
+#[test]
+fn a_trickle_of_silent_clients_does_not_stretch_an_accept() {
+    // A silent client every 50 ms for 2 s: an accept of 300 ms still ends
+    // by its timeout plus the 250 ms a client it took may take.
+    let server = TcpServer::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap();
+    let trickle = thread::spawn(move || {
+        (0..40)
+            .map(|_| {
+                thread::sleep(Duration::from_millis(50));
+                TcpStream::connect(addr).unwrap()
+            })
+            .collect::<Vec<_>>()
+    });
+    thread::sleep(Duration::from_millis(100));
+    let started = Instant::now();
+    let result = server.accept::<Vec<u8>>(Duration::from_millis(300), &options(psk(1), false));
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            result,
+            Err(TcpSetupError::Channel(ChannelError::Timeout { .. }))
+        ),
+        "{:?}",
+        result.err()
+    );
+    assert!(took < Duration::from_millis(1200), "took {took:?}");
+    drop(trickle.join().unwrap());
 }
 
 fn pinned(own: u8, peers: &[u8]) -> PeerAuth {
