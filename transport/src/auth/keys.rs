@@ -126,6 +126,31 @@ impl AuthMode {
 }
 
 impl PeerAuth {
+    /// Whether a peer that authenticated against `used` (proving
+    /// `peer_key`, with pinned keys) is one this would accept: the same
+    /// mode and secret, and with pinned keys a peer this lists. Where the
+    /// keys came from does not matter, nor the order of the list.
+    pub fn would_accept(&self, used: &PeerAuth, peer_key: Option<PublicKey>) -> bool {
+        match (self, used) {
+            (PeerAuth::Insecure, PeerAuth::Insecure) => true,
+            (
+                PeerAuth::PreSharedKey { key: ours, .. },
+                PeerAuth::PreSharedKey { key: theirs, .. },
+            ) => ours == theirs,
+            (
+                PeerAuth::PinnedKeys {
+                    private: ours,
+                    peers,
+                    ..
+                },
+                PeerAuth::PinnedKeys {
+                    private: theirs, ..
+                },
+            ) => ours == theirs && peer_key.is_some_and(|key| peers.contains(&key)),
+            _ => false,
+        }
+    }
+
     pub fn mode(&self) -> AuthMode {
         match self {
             PeerAuth::Insecure => AuthMode::Insecure,

@@ -291,3 +291,22 @@ fn sealed_messages_refuse_alteration_and_replay() {
     assert!(responder.open(&sealed).is_err(), "a replay must not open");
     assert!(responder.open(&[0u8; 3]).is_err());
 }
+
+#[test]
+fn a_peer_is_accepted_by_the_same_keys_whatever_their_source() {
+    let key = |byte: u8| Some(SecretKey([byte; 32]).public_key());
+    let elsewhere = PeerAuth::PreSharedKey {
+        key: SecretKey([1; 32]),
+        source: "another file".to_string(),
+    };
+    assert!(psk(1).would_accept(&elsewhere, None));
+    assert!(!psk(1).would_accept(&psk(2), None));
+    assert!(!psk(1).would_accept(&PeerAuth::Insecure, None));
+    assert!(PeerAuth::Insecure.would_accept(&PeerAuth::Insecure, None));
+    // Pinned: the same own key, and the peer's proven key listed here,
+    // in whatever order.
+    assert!(pinned(9, &[3, 4]).would_accept(&pinned(9, &[4, 3]), key(3)));
+    assert!(!pinned(9, &[3]).would_accept(&pinned(9, &[3, 4]), key(4)));
+    assert!(!pinned(9, &[3]).would_accept(&pinned(8, &[3]), key(3)));
+    assert!(!pinned(9, &[3]).would_accept(&pinned(9, &[3]), None));
+}

@@ -97,7 +97,9 @@ impl Acceptor {
             timeout,
             options,
             admission_limit: options.auth_timeout,
-            pick: &|arrival: &Arrival| arrival.is_for(want) && arrival.auth == *auth,
+            pick: &|arrival: &Arrival| {
+                arrival.is_for(want) && auth.would_accept(&arrival.auth, arrival.channel.peer_key())
+            },
             admit: Arc::new(move |channel| admit(channel, &admit_auth)),
             refusal_is_error: want == Want::New,
         };

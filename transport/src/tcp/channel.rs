@@ -238,6 +238,18 @@ impl ChannelListener {
             })
     }
 
+    /// Whether a client waits to be taken off the socket (no wait; an
+    /// error reads as no).
+    pub(super) fn has_waiting_client(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        poll(&mut fds, Some(&now)).is_ok_and(|ready| ready > 0)
+    }
+
     /// A client waiting to be taken off the socket, if one is (no wait).
     pub(super) fn try_accept(
         &self,
@@ -315,7 +327,9 @@ impl ChannelListener {
             timeout: options.cut(timeout),
             options,
             admission_limit: options.auth_timeout,
-            pick: &|(admitted_by, _): &(PeerAuth, Channel)| admitted_by == auth,
+            pick: &|(admitted_by, channel): &(PeerAuth, Channel)| {
+                auth.would_accept(admitted_by, channel.peer_key())
+            },
             admit: Arc::new(move |mut channel: Channel| {
                 let peer = channel
                     .peer_addr()

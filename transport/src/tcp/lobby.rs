@@ -6,11 +6,11 @@
 //! nothing — no key needed for that — hold every other back for its
 //! authentication limit, and a stream of them kept a server from linking
 //! anyone. Here the client that proves itself first is taken first. At
-//! most [`MAX_ADMITTING`] admissions run at once. When all are busy, the
-//! longest-waiting one is cut off only if it has waited past
-//! [`ADMISSION_FLOOR`] (a client that holds the key takes milliseconds);
-//! otherwise new clients wait in the kernel's queue until a place frees,
-//! so a burst of honest clients is admitted in turn, none dropped.
+//! most [`MAX_ADMITTING`] admissions run at once. When all are busy and a
+//! new client waits, the longest-waiting admission is cut off if it has
+//! had [`ADMISSION_PATIENCE`] (a client that holds the key takes a few
+//! round trips); otherwise new clients wait in the kernel's queue until a
+//! place frees, so a burst of honest clients is admitted in turn.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -21,7 +21,14 @@ use std::time::{Duration, Instant};
 use super::channel::{ADMISSION_FLOOR, Channel, ChannelError, ChannelListener, ChannelOptions};
 
 /// Admissions running at once at most (each a thread and a descriptor).
-pub(super) const MAX_ADMITTING: usize = 16;
+pub(super) const MAX_ADMITTING: usize = 64;
+
+/// How long an admission runs before, with every place taken and a new
+/// client waiting, it may be cut off to make room: long enough for a
+/// handshake over a slow path (a few round trips), short enough that
+/// silent clients must keep coming at [`MAX_ADMITTING`] a second to keep
+/// others out.
+const ADMISSION_PATIENCE: Duration = Duration::from_secs(1);
 
 /// Longest a taker waits before it looks at the socket again.
 const LOOK: Duration = Duration::from_millis(5);
@@ -117,7 +124,7 @@ impl<T: Send + 'static> Lobby<T> {
             }
             if first_look || Instant::now() < deadline {
                 first_look = false;
-                while self.has_room()
+                while self.has_room(take.listener)
                     && let Some(channel) = take.listener.try_accept(take.options)?
                 {
                     if let Some(id) = self.admit_apart(channel, take) {
@@ -159,32 +166,49 @@ impl<T: Send + 'static> Lobby<T> {
         }
     }
 
-    /// Whether another admission may start: a place is free, or the
-    /// longest-waiting admission has had its [`ADMISSION_FLOOR`] and is
-    /// cut off to make one.
-    fn has_room(&self) -> bool {
+    /// Whether another admission may start. Two bounds: admissions under
+    /// way ([`MAX_ADMITTING`]), and those plus the admitted connections
+    /// nobody has taken yet (`max_kept`), so that admissions never run
+    /// ahead of the takers further than what can be kept. At either bound,
+    /// room is made only for a client that waits on the socket, and only
+    /// from one that has had its [`ADMISSION_PATIENCE`]: the longest
+    /// admission under way is cut off, or the oldest connection nobody
+    /// took is dropped. Otherwise new clients wait in the kernel's queue.
+    fn has_room(&self, listener: &ChannelListener) -> bool {
         let mut hall = self.lock();
-        if hall.admitting.len() < MAX_ADMITTING {
-            return true;
+        drop_stale(&mut hall, self.kept_for);
+        if hall.admitting.len() >= MAX_ADMITTING {
+            let oldest = hall
+                .admitting
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, admitting)| admitting.since)
+                .map(|(at, admitting)| (at, admitting.since));
+            match oldest {
+                Some((at, since))
+                    if since.elapsed() >= ADMISSION_PATIENCE && listener.has_waiting_client() =>
+                {
+                    let cut = hall.admitting.swap_remove(at);
+                    tracing::warn!(
+                        waited = ?since.elapsed(),
+                        "cut off the admission that waited longest: too many clients at once"
+                    );
+                    let _ = cut.socket.shutdown(std::net::Shutdown::Both);
+                }
+                _ => return false,
+            }
         }
-        let Some(oldest) = hall
-            .admitting
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, admitting)| admitting.since)
-            .map(|(at, _)| at)
-        else {
-            return true;
-        };
-        if hall.admitting[oldest].since.elapsed() < ADMISSION_FLOOR {
-            return false;
+        if hall.ready.len() + hall.admitting.len() >= self.max_kept {
+            match hall.ready.front() {
+                Some((since, _))
+                    if since.elapsed() >= ADMISSION_PATIENCE && listener.has_waiting_client() =>
+                {
+                    hall.ready.pop_front();
+                    tracing::warn!("dropped an admitted connection nobody took: too many wait");
+                }
+                _ => return false,
+            }
         }
-        let cut = hall.admitting.swap_remove(oldest);
-        tracing::warn!(
-            waited = ?cut.since.elapsed(),
-            "cut off the admission that waited longest: too many clients at once"
-        );
-        let _ = cut.socket.shutdown(std::net::Shutdown::Both);
         true
     }
 

@@ -591,14 +591,12 @@ fn a_client_that_never_authenticates_holds_accept_no_longer_than_its_timeout() {
 
 #[test]
 fn clients_that_say_nothing_hold_back_no_one() {
-    // More silent connections than admissions may run at once, then a
-    // client with the key: it is linked at once, not after each silent
-    // one's 5 s authentication limit in turn.
+    // Twenty silent connections, then a client with the key: it is
+    // linked at once, not after each silent one's 5 s authentication
+    // limit in turn.
     let server = TcpServer::bind("127.0.0.1:0").unwrap();
     let addr = server.local_addr().unwrap();
-    let silent: Vec<TcpStream> = (0..lobby::MAX_ADMITTING + 4)
-        .map(|_| TcpStream::connect(addr).unwrap())
-        .collect();
+    let silent: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
     let started = Instant::now();
     let client = thread::spawn(move || {
         let mut link = connect::<Vec<u8>>(addr, &options(psk(1), false)).unwrap();
@@ -623,13 +621,19 @@ fn clients_that_say_nothing_hold_back_no_one() {
 fn a_burst_of_clients_is_linked_every_one() {
     // More clients at once than admissions may run: the rest wait in the
     // kernel's queue for a place, and none is cut off mid-handshake.
-    const CLIENTS: usize = 3 * lobby::MAX_ADMITTING;
+    const CLIENTS: usize = lobby::MAX_ADMITTING + 16;
+    // Links accepted early wait, undriven, while the rest are accepted.
+    let patient = || {
+        let mut options = options(psk(1), false);
+        options.engine.peer_timeout = TIMEOUT;
+        options
+    };
     let server = TcpServer::bind("127.0.0.1:0").unwrap();
     let addr = server.local_addr().unwrap();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|index| {
             thread::spawn(move || {
-                let mut link = connect::<Vec<u8>>(addr, &options(psk(1), false))
+                let mut link = connect::<Vec<u8>>(addr, &patient())
                     .unwrap_or_else(|error| panic!("client {index}: {error}"));
                 link.send_blocking(vec![index as u8; 8], TIMEOUT).unwrap();
                 link.flush(TIMEOUT).unwrap();
@@ -637,7 +641,7 @@ fn a_burst_of_clients_is_linked_every_one() {
         })
         .collect();
     let mut links: Vec<TcpLink> = (0..CLIENTS)
-        .map(|_| server.accept(TIMEOUT, &options(psk(1), false)).unwrap())
+        .map(|_| server.accept(TIMEOUT, &patient()).unwrap())
         .collect();
     let mut seen = vec![false; CLIENTS];
     for link in &mut links {
@@ -653,6 +657,60 @@ fn a_burst_of_clients_is_linked_every_one() {
     for client in clients {
         client.join().unwrap();
     }
+}
+
+/// Whether the server shut `silent`'s connection down (it reads the end
+/// of the stream, or an error); what the server sent is read and ignored.
+fn was_cut(silent: &TcpStream) -> bool {
+    silent.set_nonblocking(true).unwrap();
+    let mut bytes = [0u8; 256];
+    let mut reader = silent;
+    loop {
+        match reader.read(&mut bytes) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+#[test]
+fn a_silent_admission_is_cut_off_only_to_make_room_for_a_waiting_client() {
+    let server = TcpServer::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap();
+    let silent: Vec<TcpStream> = (0..lobby::MAX_ADMITTING)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    // Every place is taken, past the patience, and nobody else comes:
+    // nobody is cut off for nothing.
+    let nothing = server.accept::<Vec<u8>>(Duration::from_millis(1500), &options(psk(1), false));
+    assert!(nothing.is_err());
+    let cut = silent.iter().filter(|s| was_cut(s)).count();
+    assert_eq!(cut, 0, "silent clients cut off with nobody waiting");
+    // A client with the key comes: the longest-waiting silent one makes
+    // room for it.
+    let started = Instant::now();
+    let client = thread::spawn(move || {
+        let mut link = connect::<Vec<u8>>(addr, &options(psk(1), false)).unwrap();
+        link.send_blocking(b"room".to_vec(), TIMEOUT).unwrap();
+        link.flush(TIMEOUT).unwrap();
+    });
+    let mut link = server
+        .accept::<Vec<u8>>(TIMEOUT, &options(psk(1), false))
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(link.recv(TIMEOUT).unwrap(), b"room");
+    while !client.is_finished() {
+        link.progress().unwrap();
+    }
+    client.join().unwrap();
+    let cut = silent.iter().filter(|s| was_cut(s)).count();
+    assert!(cut >= 1, "no silent client made room");
 }
 
 #[test]
