@@ -227,9 +227,9 @@ pub(super) fn update(state: u32, bytes: &[u8]) -> u32 {
         "crc::x86::update needs AVX2, VPCLMULQDQ and SSE4.2"
     );
     if bytes.len() < MIN_LEN {
-        // Packet headers: straight to the instruction, no bounce.
-        // SAFETY: the CPU has SSE4.2 (asserted above, from CPUID).
-        return unsafe { update_crc32_instruction(state, bytes) };
+        // Below the vector setup's break-even (the dispatch in `crc` sends
+        // these to `update_short` before asking here).
+        return update_short(state, bytes);
     }
     // SAFETY: the CPU has every feature `fold` is compiled for (asserted
     // just above, from CPUID); `bytes` is readable for its length, and

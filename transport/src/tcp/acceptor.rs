@@ -96,7 +96,6 @@ impl Acceptor {
             listener: &self.listener,
             timeout,
             options,
-            admission_limit: options.auth_timeout,
             pick: &|arrival: &Arrival| {
                 arrival.is_for(want) && auth.would_accept(&arrival.auth, arrival.channel.peer_key())
             },
@@ -119,22 +118,13 @@ impl Acceptor {
 
 /// Authenticates a new connection and reads its hello.
 fn admit(mut channel: Channel, auth: &PeerAuth) -> Result<Arrival, ChannelError> {
-    let peer = channel
-        .peer_addr()
-        .map_or_else(|_| "an unknown address".to_string(), |a| a.to_string());
-    let refused = |error: ChannelError| {
-        tracing::warn!(%peer, %error, "refused a client that failed authentication");
-        ChannelError::Refusal {
-            peer: peer.clone(),
-            error: Box::new(error),
-        }
-    };
-    channel.authenticate(auth, false).map_err(refused)?;
+    channel.authenticate_client(auth)?;
     let bytes = channel.recv_sealed("waiting for the peer's TCP link hello")?;
     let hello = TcpHello::decode(&bytes).map_err(|detail| {
+        let peer = channel.peer_name();
         tracing::warn!(%peer, detail, "dropped a client whose hello does not decode");
         ChannelError::Refusal {
-            peer: peer.clone(),
+            peer,
             error: Box::new(ChannelError::Protocol { detail }),
         }
     })?;

@@ -326,24 +326,12 @@ impl ChannelListener {
             listener: self,
             timeout: options.cut(timeout),
             options,
-            admission_limit: options.auth_timeout,
             pick: &|(admitted_by, channel): &(PeerAuth, Channel)| {
                 auth.would_accept(admitted_by, channel.peer_key())
             },
             admit: Arc::new(move |mut channel: Channel| {
-                let peer = channel
-                    .peer_addr()
-                    .map_or_else(|_| "an unknown address".to_string(), |a| a.to_string());
-                match channel.authenticate(&admit_auth, false) {
-                    Ok(()) => Ok((admit_auth.clone(), channel)),
-                    Err(error) => {
-                        tracing::warn!(%peer, %error, "refused a client that failed authentication");
-                        Err(ChannelError::Refusal {
-                            peer,
-                            error: Box::new(error),
-                        })
-                    }
-                }
+                channel.authenticate_client(&admit_auth)?;
+                Ok((admit_auth.clone(), channel))
             }),
             refusal_is_error: true,
         };
@@ -481,9 +469,6 @@ impl Channel {
         Ok(())
     }
 
-    /// Takes on `options`' limits and deadline (floored as for a new
-    /// connection): a connection one party took off a shared socket and
-    /// filed for another goes on under the taker's, not the filer's.
     /// When every step must be over from now on (`None`: each step's own
     /// limit only).
     pub(super) fn set_deadline(&mut self, deadline: Option<Instant>) {
@@ -496,6 +481,29 @@ impl Channel {
         self.stream.try_clone()
     }
 
+    /// The peer's address as text, for logs and errors.
+    pub(super) fn peer_name(&self) -> String {
+        self.peer_addr()
+            .map_or_else(|_| "an unknown address".to_string(), |a| a.to_string())
+    }
+
+    /// The server's side of [`Channel::authenticate`] for a client taken
+    /// off a listening socket: a client that fails is logged, and its
+    /// error comes back as a [`ChannelError::Refusal`] naming it.
+    pub(super) fn authenticate_client(&mut self, auth: &PeerAuth) -> Result<(), ChannelError> {
+        self.authenticate(auth, false).map_err(|error| {
+            let peer = self.peer_name();
+            tracing::warn!(%peer, %error, "refused a client that failed authentication");
+            ChannelError::Refusal {
+                peer,
+                error: Box::new(error),
+            }
+        })
+    }
+
+    /// Takes on `options`' limits and deadline (floored as for a new
+    /// connection): a connection one party took off a shared socket and
+    /// filed for another goes on under the taker's, not the filer's.
     pub(super) fn adopt(&mut self, options: &ChannelOptions) {
         self.io_timeout = options.io_timeout;
         self.auth_timeout = options.auth_timeout;

@@ -73,11 +73,10 @@ pub(super) struct Lobby<T> {
 pub(super) struct Take<'a, T> {
     pub(super) listener: &'a ChannelListener,
     pub(super) timeout: Duration,
+    /// The taker's limits. An admission it starts has its
+    /// `auth_timeout` in all (authentication and whatever `admit` reads),
+    /// not the taker's deadline: another taker may take what it admits.
     pub(super) options: &'a ChannelOptions,
-    /// How long an admission this taker starts may take in all
-    /// (authentication and whatever `admit` reads): not the taker's own
-    /// deadline, since another taker may take what it admits.
-    pub(super) admission_limit: Duration,
     /// Which admitted connections this taker takes.
     pub(super) pick: &'a dyn Fn(&T) -> bool,
     /// What an admission does with a new connection, on its thread.
@@ -228,10 +227,10 @@ impl<T: Send + 'static> Lobby<T> {
     }
 
     /// Admits `channel` on a thread of its own, within the taker's
-    /// admission limit; its id, or `None` when it could not start (the
+    /// authentication limit; its id, or `None` when it could not start (the
     /// connection is dropped and the client told nothing).
     fn admit_apart(&self, mut channel: Channel, take: &Take<'_, T>) -> Option<u64> {
-        channel.set_deadline(Some(Instant::now() + take.admission_limit));
+        channel.set_deadline(Some(Instant::now() + take.options.auth_timeout));
         let socket = match channel.try_clone_socket() {
             Ok(socket) => socket,
             Err(error) => {

@@ -388,6 +388,12 @@ impl TcpMedium {
         Ok(())
     }
 
+    /// Tries to take the peer back again after [`RETRY_EVERY`]; the
+    /// connection stays down since `since`.
+    fn retry_later(&mut self, since: Instant) {
+        self.down = Some((since, Instant::now() + RETRY_EVERY));
+    }
+
     /// While the connection is down, takes the peer back: starts an
     /// attempt (at most every [`RETRY_EVERY`]) or looks whether the one
     /// under way ended, never waiting for it. Whether the link has a
@@ -416,7 +422,7 @@ impl TcpMedium {
                     Ok(pending) => self.rejoining = Some(pending),
                     Err(error) => {
                         tracing::warn!(peer = self.peer, %error, "no thread for an attempt to take the peer back");
-                        self.down = Some((since, Instant::now() + RETRY_EVERY));
+                        self.retry_later(since);
                     }
                 }
                 return false;
@@ -426,7 +432,7 @@ impl TcpMedium {
         match outcome {
             Ok(Some((stream, session))) => {
                 if configure(&stream, self.buffers).is_err() {
-                    self.down = Some((since, Instant::now() + RETRY_EVERY));
+                    self.retry_later(since);
                     return false;
                 }
                 self.stream = stream;
@@ -439,7 +445,7 @@ impl TcpMedium {
                 true
             }
             Ok(None) => {
-                self.down = Some((since, Instant::now() + RETRY_EVERY));
+                self.retry_later(since);
                 false
             }
             Err(why) => {
@@ -448,7 +454,7 @@ impl TcpMedium {
                     why,
                     "a connection offered to resume the link was refused"
                 );
-                self.down = Some((since, Instant::now() + RETRY_EVERY));
+                self.retry_later(since);
                 false
             }
         }

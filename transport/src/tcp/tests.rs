@@ -548,6 +548,32 @@ fn a_deadline_that_passes_while_retrying_ends_the_connect() {
     assert!(matches!(error, ChannelError::OutOfTime { .. }), "{error}");
 }
 
+/// A client thread: links to `addr`, sends `message`, and waits for its
+/// acknowledgement (drive the server's link with [`receive_one`]).
+fn one_message_client(
+    addr: SocketAddr,
+    options: TcpLinkOptions,
+    message: Vec<u8>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let mut link = connect::<Vec<u8>>(addr, &options)
+            .unwrap_or_else(|error| panic!("a client's setup failed: {error}"));
+        link.send_blocking(message, TIMEOUT).unwrap();
+        link.flush(TIMEOUT).unwrap();
+    })
+}
+
+/// The one message `client` sends on `link`; `link` is driven until the
+/// client has its acknowledgement, and the client joined.
+fn receive_one(link: &mut TcpLink, client: thread::JoinHandle<()>) -> Vec<u8> {
+    let data = link.recv(TIMEOUT).unwrap();
+    while !client.is_finished() {
+        link.progress().unwrap();
+    }
+    client.join().unwrap();
+    data
+}
+
 /// An accept with no time to wait (a poll) still sets up a client that
 /// is already waiting: it is never taken off the queue only to be dropped
 /// mid-handshake.
@@ -555,11 +581,7 @@ fn a_deadline_that_passes_while_retrying_ends_the_connect() {
 fn an_accept_with_no_time_left_still_sets_up_a_waiting_client() {
     let server = TcpServer::bind("127.0.0.1:0").unwrap();
     let addr = server.local_addr().unwrap();
-    let client = thread::spawn(move || {
-        let mut link = connect::<Vec<u8>>(addr, &options(psk(1), false)).unwrap();
-        link.send_blocking(b"polled".to_vec(), TIMEOUT).unwrap();
-        link.flush(TIMEOUT).unwrap();
-    });
+    let client = one_message_client(addr, options(psk(1), false), b"polled".to_vec());
     let deadline = Instant::now() + TIMEOUT;
     let mut link = loop {
         match server.accept::<Vec<u8>>(Duration::ZERO, &options(psk(1), false)) {
@@ -570,8 +592,7 @@ fn an_accept_with_no_time_left_still_sets_up_a_waiting_client() {
         assert!(Instant::now() < deadline, "no client came");
         thread::sleep(Duration::from_millis(5));
     };
-    assert_eq!(link.recv(TIMEOUT).unwrap(), b"polled");
-    client.join().unwrap();
+    assert_eq!(receive_one(&mut link, client), b"polled");
 }
 
 #[test]
@@ -598,21 +619,12 @@ fn clients_that_say_nothing_hold_back_no_one() {
     let addr = server.local_addr().unwrap();
     let silent: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
     let started = Instant::now();
-    let client = thread::spawn(move || {
-        let mut link = connect::<Vec<u8>>(addr, &options(psk(1), false)).unwrap();
-        link.send_blocking(b"through".to_vec(), TIMEOUT).unwrap();
-        link.flush(TIMEOUT).unwrap();
-    });
+    let client = one_message_client(addr, options(psk(1), false), b"through".to_vec());
     let mut link = server
         .accept::<Vec<u8>>(TIMEOUT, &options(psk(1), false))
         .unwrap();
     let took = started.elapsed();
-    assert_eq!(link.recv(TIMEOUT).unwrap(), b"through");
-    // The client's flush waits for the acknowledgement.
-    while !client.is_finished() {
-        link.progress().unwrap();
-    }
-    client.join().unwrap();
+    assert_eq!(receive_one(&mut link, client), b"through");
     assert!(took < Duration::from_secs(2), "linked after {took:?}");
     drop(silent);
 }
@@ -631,14 +643,7 @@ fn a_burst_of_clients_is_linked_every_one() {
     let server = TcpServer::bind("127.0.0.1:0").unwrap();
     let addr = server.local_addr().unwrap();
     let clients: Vec<_> = (0..CLIENTS)
-        .map(|index| {
-            thread::spawn(move || {
-                let mut link = connect::<Vec<u8>>(addr, &patient())
-                    .unwrap_or_else(|error| panic!("client {index}: {error}"));
-                link.send_blocking(vec![index as u8; 8], TIMEOUT).unwrap();
-                link.flush(TIMEOUT).unwrap();
-            })
-        })
+        .map(|index| one_message_client(addr, patient(), vec![index as u8; 8]))
         .collect();
     let mut links: Vec<TcpLink> = (0..CLIENTS)
         .map(|_| server.accept(TIMEOUT, &patient()).unwrap())
@@ -691,11 +696,7 @@ fn a_silent_admission_is_cut_off_only_to_make_room_for_a_waiting_client() {
     // A client with the key comes: the longest-waiting silent one makes
     // room for it.
     let started = Instant::now();
-    let client = thread::spawn(move || {
-        let mut link = connect::<Vec<u8>>(addr, &options(psk(1), false)).unwrap();
-        link.send_blocking(b"room".to_vec(), TIMEOUT).unwrap();
-        link.flush(TIMEOUT).unwrap();
-    });
+    let client = one_message_client(addr, options(psk(1), false), b"room".to_vec());
     let mut link = server
         .accept::<Vec<u8>>(TIMEOUT, &options(psk(1), false))
         .unwrap();
@@ -704,11 +705,7 @@ fn a_silent_admission_is_cut_off_only_to_make_room_for_a_waiting_client() {
         "{:?}",
         started.elapsed()
     );
-    assert_eq!(link.recv(TIMEOUT).unwrap(), b"room");
-    while !client.is_finished() {
-        link.progress().unwrap();
-    }
-    client.join().unwrap();
+    assert_eq!(receive_one(&mut link, client), b"room");
     let cut = silent.iter().filter(|s| was_cut(s)).count();
     assert!(cut >= 1, "no silent client made room");
 }
