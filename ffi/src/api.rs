@@ -581,8 +581,16 @@ pub unsafe extern "C" fn barlink_send(
         let cell = registry::link(key(link))?;
         // SAFETY: forwarded caller contract; the slice lives for this call.
         let data = unsafe { bytes(data, len, "data")? };
-        let mut slot = Some(cell.lock()?.copy_payload(data)?);
-        cell.blocking(millis(timeout_ms), |state| state.send_step(&mut slot))
+        // The copy is made under the first step's lock: one lock fewer.
+        let mut slot = None;
+        let mut copied = false;
+        cell.blocking(millis(timeout_ms), |state| {
+            if !copied {
+                slot = Some(state.copy_payload(data)?);
+                copied = true;
+            }
+            state.send_step(&mut slot)
+        })
     })
 }
 

@@ -9,13 +9,14 @@
 //! Completions: the engine completes messages in order (cumulative
 //! acknowledgement) and, when a session ends, fails every message still
 //! queued. It lets go of a message's buffer exactly then, which the
-//! [`Payload`]'s drop records. So after a step, the released requests are a
-//! prefix of the queue in message order; the first `k` of them succeeded,
-//! where `k` is how much `RingLink::completed` grew, and the rest failed.
+//! request sees ([`Release`]: the payload's drop sets a registered
+//! range's flag; a copy's count falls to one). So after a step, the
+//! released requests are a prefix of the queue in message order; the
+//! first `k` of them succeeded, where `k` is how much
+//! `RingLink::completed` grew, and the rest failed.
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ use barlink_transport::window::{HugePages, ShmOptions};
 
 use crate::error::{Error, Result};
 use crate::held::{HeldMessages, Lent};
-use crate::payload::{CallerMemory, Payload, Region, SendBuffers};
+use crate::payload::{CallerMemory, Payload, Region, Release, SendCopies};
 use crate::recv::{PostedRecvs, RECV_REQUEST};
 use crate::types::barlink_status::{self, *};
 use crate::types::{
@@ -171,7 +172,7 @@ pub(crate) struct LinkCell {
 struct Request {
     user_tag: u64,
     len: u64,
-    released: Arc<AtomicBool>,
+    released: Release,
     /// Posted (reported through poll/test) rather than sent blocking.
     report: bool,
 }
@@ -200,8 +201,8 @@ pub(crate) struct LinkState {
     recvs: PostedRecvs,
     /// Messages received in place and not yet released.
     held: HeldMessages,
-    /// Buffers of finished copying sends, for the next ones.
-    send_buffers: Arc<SendBuffers>,
+    /// Copies of finished copying sends, for the next ones.
+    send_copies: SendCopies,
     /// Completions of posted sends not yet reported, by request id.
     done: BTreeMap<u64, barlink_completion>,
     /// `RingLink::completed` when last looked at.
@@ -304,7 +305,7 @@ impl LinkCell {
                 requests: VecDeque::new(),
                 recvs: PostedRecvs::default(),
                 held: HeldMessages::default(),
-                send_buffers: Arc::default(),
+                send_copies: SendCopies::default(),
                 done: BTreeMap::new(),
                 completed_seen: 0,
                 end: None,
@@ -588,10 +589,13 @@ impl LinkState {
             self.link = None;
         }
         while let Some((_, front)) = self.requests.front() {
-            if !front.released.load(Ordering::Acquire) {
+            if !front.released.is_released() {
                 break;
             }
             let (msg_id, request) = self.requests.pop_front().expect("checked above");
+            if let Release::Copy(copy) = request.released {
+                self.send_copies.give(copy);
+            }
             let status = if succeeded > 0 {
                 succeeded -= 1;
                 self.message_bytes_sent += request.len;
@@ -621,15 +625,15 @@ impl LinkState {
         }
     }
 
-    /// Queues `payload` (created with `released`); gives it back when the
-    /// send queue is full.
+    /// Queues `payload` (created with `released`); gives both back when
+    /// the send queue is full.
     fn try_send(
         &mut self,
         payload: Payload,
-        released: Arc<AtomicBool>,
+        released: Release,
         user_tag: u64,
         report: bool,
-    ) -> Result<std::result::Result<u64, Payload>> {
+    ) -> Result<std::result::Result<u64, (Payload, Release)>> {
         if let Some(error) = self.end_error() {
             return Err(error);
         }
@@ -654,7 +658,7 @@ impl LinkState {
                 ));
                 Ok(Ok(id))
             }
-            Err(SendError::QueueFull(payload)) => Ok(Err(payload)),
+            Err(SendError::QueueFull(payload)) => Ok(Err((payload, released))),
             Err(SendError::TooLong { len, max, .. }) => Err(Error::new(
                 BARLINK_MESSAGE_TOO_LONG,
                 format!("message of {len} bytes exceeds max_message_bytes {max}"),
@@ -684,38 +688,23 @@ impl LinkState {
 
     /// Copies `data` into a buffer barlink owns, refusing what is too long
     /// before allocating, and allocation failure without aborting.
-    pub(crate) fn copy_payload(&self, data: &[u8]) -> Result<(Payload, Arc<AtomicBool>)> {
+    pub(crate) fn copy_payload(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
         self.check_len(data.len())?;
-        let mut bytes = self.send_buffers.take(data.len());
-        bytes.try_reserve_exact(data.len()).map_err(|_| {
-            Error::new(
-                BARLINK_OUT_OF_MEMORY,
-                format!("cannot allocate {} bytes for the message copy", data.len()),
-            )
-        })?;
-        bytes.extend_from_slice(data);
-        let released = Arc::new(AtomicBool::new(false));
-        Ok((
-            Payload::owned(bytes, Arc::clone(&self.send_buffers), Arc::clone(&released)),
-            released,
-        ))
+        self.send_copies.copy(data)
     }
 
     /// One step of a blocking send of `payload` (taken out of `slot`).
-    pub(crate) fn send_step(
-        &mut self,
-        slot: &mut Option<(Payload, Arc<AtomicBool>)>,
-    ) -> Result<Step<()>> {
+    pub(crate) fn send_step(&mut self, slot: &mut Option<(Payload, Release)>) -> Result<Step<()>> {
         let Some((payload, released)) = slot.take() else {
             return Ok(Step::Done(()));
         };
-        match self.try_send(payload, Arc::clone(&released), 0, false)? {
+        match self.try_send(payload, released, 0, false)? {
             Ok(_) => {
                 self.step();
                 Ok(Step::Done(()))
             }
-            Err(payload) => {
-                *slot = Some((payload, released));
+            Err(back) => {
+                *slot = Some(back);
                 Ok(Step::Again { moved: self.step() })
             }
         }
@@ -725,7 +714,7 @@ impl LinkState {
     pub(crate) fn post(
         &mut self,
         payload: Payload,
-        released: Arc<AtomicBool>,
+        released: Release,
         user_tag: u64,
     ) -> Result<u64> {
         match self.try_send(payload, released, user_tag, true)? {
@@ -749,10 +738,10 @@ impl LinkState {
         region: &Arc<Region>,
         offset: usize,
         len: usize,
-    ) -> Result<(Payload, Arc<AtomicBool>)> {
+    ) -> Result<(Payload, Release)> {
         self.check_len(len)?;
-        let released = Arc::new(AtomicBool::new(false));
-        let payload = region.payload(offset, len, Arc::clone(&released))?;
+        let (flag, released) = Release::flag();
+        let payload = region.payload(offset, len, flag)?;
         Ok((payload, released))
     }
 

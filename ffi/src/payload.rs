@@ -6,8 +6,8 @@
 //! retransmission from it. For a registered range, `B` is a pointer into the
 //! caller's memory: the payload goes from there straight into the peer's
 //! ring. Dropping a `Payload` is the moment barlink stops reading that
-//! memory; the drop marks the request released, and the completion
-//! reported afterwards is the caller's permission to reuse it.
+//! memory; the drop marks the request released ([`Release`]), and the
+//! completion reported afterwards is the caller's permission to reuse it.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use barlink::rdma::SendMemory;
 
 use crate::error::{Error, Result};
-use crate::types::barlink_status::{BARLINK_BUSY, BARLINK_INVALID_HANDLE};
+use crate::types::barlink_status::{BARLINK_BUSY, BARLINK_INVALID_HANDLE, BARLINK_OUT_OF_MEMORY};
 
 /// Caller memory registered with `barlink_register_buffer`.
 pub(crate) struct Region {
@@ -140,82 +140,124 @@ impl Region {
                 ptr: self.ptr.wrapping_add(offset),
                 len,
                 region: Arc::clone(self),
+                released,
             },
-            released,
         })
     }
 }
 
-/// Buffers of finished copying sends, kept to copy the next messages
+/// Copies of finished copying sends, kept to copy the next messages
 /// into: an allocation per message costs page faults and zeroing by the
 /// kernel above the allocator's mmap threshold (128 KiB), at every send.
+///
+/// A copy is shared by the payload the link holds and the request that
+/// waits for it; once the link lets go of the payload, the request holds
+/// the copy alone (its count is one), which is what says it was released.
+/// A link's state owns its copies: no lock, no flag and no allocation per
+/// message, where small messages feel each of them.
 #[derive(Debug, Default)]
-pub(crate) struct SendBuffers {
-    spares: Mutex<Spares>,
-}
-
-/// Buffers kept, oldest first, and their capacities' total.
-#[derive(Debug, Default)]
-struct Spares {
-    buffers: Vec<Vec<u8>>,
+pub(crate) struct SendCopies {
+    /// Released copies, oldest first, each held here only.
+    spares: Vec<Arc<Vec<u8>>>,
+    /// Their capacities' total.
     bytes: usize,
 }
 
-/// Most spare send buffers a link keeps, and most bytes in all.
+/// Most spare send copies a link keeps, and most bytes in all.
 const MAX_SPARE_SENDS: usize = 64;
 const MAX_SPARE_SEND_BYTES: usize = 64 << 20;
 
-impl SendBuffers {
-    fn spares(&self) -> std::sync::MutexGuard<'_, Spares> {
-        // A Vec of Vecs cannot be left half-updated: ignore poisoning.
-        self.spares.lock().unwrap_or_else(|p| p.into_inner())
+impl SendCopies {
+    /// A payload holding a copy of `data`, and what tells its request
+    /// that the link let go of it. Allocation failure is an error, never
+    /// an abort.
+    pub(crate) fn copy(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
+        let mut copy = self.take(data.len());
+        let bytes = Arc::get_mut(&mut copy).expect("a spare copy is held by nobody else");
+        bytes.clear();
+        bytes.try_reserve_exact(data.len()).map_err(|_| {
+            Error::new(
+                BARLINK_OUT_OF_MEMORY,
+                format!("cannot allocate {} bytes for the message copy", data.len()),
+            )
+        })?;
+        bytes.extend_from_slice(data);
+        let payload = Payload {
+            data: Data::Owned(Arc::clone(&copy)),
+        };
+        Ok((payload, Release::Copy(copy)))
     }
 
-    /// An empty buffer that holds `len` bytes without growing if one is
-    /// kept (the newest such), else an empty new one.
-    pub(crate) fn take(&self, len: usize) -> Vec<u8> {
-        let mut spares = self.spares();
-        match spares.buffers.iter().rposition(|b| b.capacity() >= len) {
+    /// A spare that holds `len` bytes without growing if one is kept (the
+    /// newest such), else a new empty one.
+    fn take(&mut self, len: usize) -> Arc<Vec<u8>> {
+        match self.spares.iter().rposition(|b| b.capacity() >= len) {
             Some(at) => {
-                let mut buf = spares.buffers.swap_remove(at);
-                spares.bytes -= buf.capacity();
-                buf.clear();
-                buf
+                let copy = self.spares.swap_remove(at);
+                self.bytes -= copy.capacity();
+                copy
             }
-            None => Vec::new(),
+            None => Arc::new(Vec::new()),
         }
     }
 
-    /// Keeps `buf` for a later send, within the limits (the oldest go).
-    fn give(&self, buf: Vec<u8>) {
-        if buf.capacity() == 0 || buf.capacity() > MAX_SPARE_SEND_BYTES {
+    /// Keeps a released copy for a later send, within the limits (the
+    /// oldest go); one still shared is not kept.
+    pub(crate) fn give(&mut self, copy: Arc<Vec<u8>>) {
+        let capacity = copy.capacity();
+        if capacity == 0 || capacity > MAX_SPARE_SEND_BYTES || Arc::strong_count(&copy) != 1 {
             return;
         }
-        let mut spares = self.spares();
-        spares.bytes += buf.capacity();
-        spares.buffers.push(buf);
-        while spares.buffers.len() > MAX_SPARE_SENDS || spares.bytes > MAX_SPARE_SEND_BYTES {
-            let oldest = spares.buffers.remove(0);
-            spares.bytes -= oldest.capacity();
+        self.bytes += capacity;
+        self.spares.push(copy);
+        while self.spares.len() > MAX_SPARE_SENDS || self.bytes > MAX_SPARE_SEND_BYTES {
+            let oldest = self.spares.remove(0);
+            self.bytes -= oldest.capacity();
+        }
+    }
+}
+
+/// How a send's request learns that barlink no longer reads its bytes.
+#[derive(Debug)]
+pub(crate) enum Release {
+    /// A copy barlink made: released once the link dropped its payload
+    /// (the request then holds the copy alone).
+    Copy(Arc<Vec<u8>>),
+    /// A registered range: the payload's drop sets the flag.
+    Flag(Arc<AtomicBool>),
+}
+
+impl Release {
+    /// A registered range's flag, for its payload.
+    pub(crate) fn flag() -> (Arc<AtomicBool>, Release) {
+        let flag = Arc::new(AtomicBool::new(false));
+        (Arc::clone(&flag), Release::Flag(flag))
+    }
+
+    /// Whether the link let go of the payload.
+    pub(crate) fn is_released(&self) -> bool {
+        match self {
+            Release::Copy(copy) => Arc::strong_count(copy) == 1,
+            Release::Flag(flag) => flag.load(Ordering::Acquire),
         }
     }
 }
 
 enum Data {
-    /// A copy barlink owns, and where its buffer goes once sent.
-    Owned(Vec<u8>, Arc<SendBuffers>),
+    /// A copy barlink owns (its request holds it too, see [`SendCopies`]).
+    Owned(Arc<Vec<u8>>),
     Registered {
         ptr: *const u8,
         len: usize,
         region: Arc<Region>,
+        /// Set when the engine lets go of the payload.
+        released: Arc<AtomicBool>,
     },
 }
 
 /// The `B` of barlink's links: what the engine holds for one message.
 pub(crate) struct Payload {
     data: Data,
-    /// Set when the engine lets go of the payload.
-    released: Arc<AtomicBool>,
 }
 
 // SAFETY: the only non-Send part is the pointer into a registered region;
@@ -226,7 +268,7 @@ unsafe impl Send for Payload {}
 impl fmt::Debug for Payload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.data {
-            Data::Owned(bytes, _) => write!(f, "Payload::Owned({} bytes)", bytes.len()),
+            Data::Owned(bytes) => write!(f, "Payload::Owned({} bytes)", bytes.len()),
             Data::Registered { ptr, len, .. } => {
                 write!(f, "Payload::Registered({len} bytes at {ptr:p})")
             }
@@ -234,24 +276,10 @@ impl fmt::Debug for Payload {
     }
 }
 
-impl Payload {
-    /// A copy barlink owns; its buffer goes back to `buffers` once sent.
-    pub(crate) fn owned(
-        bytes: Vec<u8>,
-        buffers: Arc<SendBuffers>,
-        released: Arc<AtomicBool>,
-    ) -> Payload {
-        Payload {
-            data: Data::Owned(bytes, buffers),
-            released,
-        }
-    }
-}
-
 impl AsRef<[u8]> for Payload {
     fn as_ref(&self) -> &[u8] {
         match &self.data {
-            Data::Owned(bytes, _) => bytes,
+            Data::Owned(bytes) => bytes,
             Data::Registered { ptr, len, .. } => {
                 if *len == 0 {
                     return &[];
@@ -271,14 +299,16 @@ impl AsRef<[u8]> for Payload {
 
 impl Drop for Payload {
     fn drop(&mut self) {
-        match &mut self.data {
-            Data::Registered { region, .. } => {
-                let mut state = region.state();
-                state.in_flight = state.in_flight.saturating_sub(1);
-            }
-            Data::Owned(bytes, buffers) => buffers.give(std::mem::take(bytes)),
+        // An owned copy's release is its count falling (see `SendCopies`).
+        if let Data::Registered {
+            region, released, ..
+        } = &self.data
+        {
+            let mut state = region.state();
+            state.in_flight = state.in_flight.saturating_sub(1);
+            drop(state);
+            released.store(true, Ordering::Release);
         }
-        self.released.store(true, Ordering::Release);
     }
 }
 
@@ -342,32 +372,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn send_buffers_are_reused_within_their_limits() {
-        let buffers = SendBuffers::default();
-        assert_eq!(buffers.take(10).capacity(), 0);
+    fn send_copies_are_reused_once_released_and_within_their_limits() {
+        let mut copies = SendCopies::default();
+        let (payload, release) = copies.copy(&[7u8; 1000]).unwrap();
+        assert_eq!(payload.as_ref(), &[7u8; 1000][..]);
+        assert!(!release.is_released(), "the link still holds the payload");
+        drop(payload);
+        assert!(release.is_released());
+        let Release::Copy(copy) = release else {
+            panic!("a copy's release is the copy")
+        };
+        let first = Arc::as_ptr(&copy);
+        copies.give(copy);
+        // The next message of that size goes into the same copy.
+        let (payload, release) = copies.copy(&[9u8; 600]).unwrap();
+        assert_eq!(payload.as_ref(), &[9u8; 600][..]);
+        let Release::Copy(copy) = &release else {
+            panic!("a copy's release is the copy")
+        };
+        assert_eq!(Arc::as_ptr(copy), first);
+        // One still shared (its payload alive) is not kept.
+        let Release::Copy(shared) = release else {
+            unreachable!()
+        };
+        copies.give(shared);
+        assert!(copies.spares.is_empty());
+        drop(payload);
         for _ in 0..MAX_SPARE_SENDS + 6 {
-            buffers.give(vec![7u8; 1000]);
+            copies.give(Arc::new(vec![7u8; 1000]));
         }
-        assert_eq!(buffers.spares().buffers.len(), MAX_SPARE_SENDS);
-        let reused = buffers.take(1000);
-        assert!(reused.is_empty() && reused.capacity() >= 1000);
-        // Too small for 2000 bytes: none fits.
-        assert_eq!(buffers.take(2000).capacity(), 0);
-        buffers.give(Vec::with_capacity(MAX_SPARE_SEND_BYTES + 1));
+        assert_eq!(copies.spares.len(), MAX_SPARE_SENDS);
+        copies.give(Arc::new(Vec::with_capacity(MAX_SPARE_SEND_BYTES + 1)));
         assert!(
-            buffers
-                .spares()
-                .buffers
+            copies
+                .spares
                 .iter()
                 .all(|b| b.capacity() <= MAX_SPARE_SEND_BYTES)
         );
         // Large ones push the oldest out: never more than the byte limit.
         for _ in 0..8 {
-            buffers.give(Vec::with_capacity(16 << 20));
+            copies.give(Arc::new(Vec::with_capacity(16 << 20)));
         }
-        let spares = buffers.spares();
-        let total: usize = spares.buffers.iter().map(Vec::capacity).sum();
+        let total: usize = copies.spares.iter().map(|b| b.capacity()).sum();
         assert!(total <= MAX_SPARE_SEND_BYTES, "{total}");
-        assert_eq!(spares.bytes, total, "the running total is the sum");
+        assert_eq!(copies.bytes, total, "the running total is the sum");
     }
 }
