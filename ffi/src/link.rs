@@ -722,7 +722,13 @@ impl LinkState {
                 self.step();
                 Ok(msg_id + 1)
             }
-            Err(_payload) => {
+            Err((payload, released)) => {
+                // A caller retrying a full queue should not allocate a
+                // copy per try: the copy goes back to the spares.
+                drop(payload);
+                if let Release::Copy(copy) = released {
+                    self.send_copies.give(copy);
+                }
                 self.step();
                 Err(Error::fixed(
                     BARLINK_WOULD_BLOCK,

@@ -6,8 +6,9 @@
 //! retransmission from it. For a registered range, `B` is a pointer into the
 //! caller's memory: the payload goes from there straight into the peer's
 //! ring. Dropping a `Payload` is the moment barlink stops reading that
-//! memory; the drop marks the request released ([`Release`]), and the
-//! completion reported afterwards is the caller's permission to reuse it.
+//! memory, which its request then sees ([`Release`]); for a registered
+//! range, the completion reported afterwards is the caller's permission
+//! to reuse it.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
