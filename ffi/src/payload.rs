@@ -154,8 +154,8 @@ impl Region {
 /// A copy is shared by the payload the link holds and the request that
 /// waits for it; once the link lets go of the payload, the request holds
 /// the copy alone (its count is one), which is what says it was released.
-/// A link's state owns its copies: no lock, no flag and no allocation per
-/// message, where small messages feel each of them.
+/// A link's state owns its copies: no lock or flag per message, and no
+/// allocation once a copy that fits is kept; small messages feel each.
 #[derive(Debug, Default)]
 pub(crate) struct SendCopies {
     /// Released copies, oldest first, each held here only.
