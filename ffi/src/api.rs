@@ -582,12 +582,12 @@ pub unsafe extern "C" fn barlink_send(
         // SAFETY: forwarded caller contract; the slice lives for this call.
         let data = unsafe { bytes(data, len, "data")? };
         // The copy is made under the first step's lock: one lock fewer.
+        // Only the first step finds the slot empty (a later one runs only
+        // after a full queue gave the payload back).
         let mut slot = None;
-        let mut copied = false;
         cell.blocking(millis(timeout_ms), |state| {
-            if !copied {
+            if slot.is_none() {
                 slot = Some(state.copy_payload(data)?);
-                copied = true;
             }
             state.send_step(&mut slot)
         })

@@ -593,9 +593,7 @@ impl LinkState {
                 break;
             }
             let (msg_id, request) = self.requests.pop_front().expect("checked above");
-            if let Release::Copy(copy) = request.released {
-                self.send_copies.give(copy);
-            }
+            self.send_copies.reclaim(request.released);
             let status = if succeeded > 0 {
                 succeeded -= 1;
                 self.message_bytes_sent += request.len;
@@ -726,9 +724,7 @@ impl LinkState {
                 // A caller retrying a full queue should not allocate a
                 // copy per try: the copy goes back to the spares.
                 drop(payload);
-                if let Release::Copy(copy) = released {
-                    self.send_copies.give(copy);
-                }
+                self.send_copies.reclaim(released);
                 self.step();
                 Err(Error::fixed(
                     BARLINK_WOULD_BLOCK,

@@ -202,9 +202,17 @@ impl SendCopies {
         }
     }
 
+    /// Keeps the copy of a request the link let go of (or never took),
+    /// for a later send; a registered range has none.
+    pub(crate) fn reclaim(&mut self, released: Release) {
+        if let Release::Copy(copy) = released {
+            self.give(copy);
+        }
+    }
+
     /// Keeps a released copy for a later send, within the limits (the
     /// oldest go); one still shared is not kept.
-    pub(crate) fn give(&mut self, copy: Arc<Vec<u8>>) {
+    fn give(&mut self, copy: Arc<Vec<u8>>) {
         let capacity = copy.capacity();
         if capacity == 0 || capacity > MAX_SPARE_SEND_BYTES || Arc::strong_count(&copy) != 1 {
             return;
@@ -380,12 +388,12 @@ mod tests {
         assert!(!release.is_released(), "the link still holds the payload");
         drop(payload);
         assert!(release.is_released());
-        let Release::Copy(copy) = release else {
+        let Release::Copy(copy) = &release else {
             panic!("a copy's release is the copy")
         };
-        let first = Arc::as_ptr(&copy);
-        copies.give(copy);
-        // The next message of that size goes into the same copy.
+        let first = Arc::as_ptr(copy);
+        copies.reclaim(release);
+        // A later message that fits goes into the same copy.
         let (payload, release) = copies.copy(&[9u8; 600]).unwrap();
         assert_eq!(payload.as_ref(), &[9u8; 600][..]);
         let Release::Copy(copy) = &release else {
@@ -393,10 +401,7 @@ mod tests {
         };
         assert_eq!(Arc::as_ptr(copy), first);
         // One still shared (its payload alive) is not kept.
-        let Release::Copy(shared) = release else {
-            unreachable!()
-        };
-        copies.give(shared);
+        copies.reclaim(release);
         assert!(copies.spares.is_empty());
         drop(payload);
         for _ in 0..MAX_SPARE_SENDS + 6 {
