@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, in one run of under 8 minutes on a machine with an NVIDIA
+# The GPU checks, in one run of under 6 minutes on a machine with an NVIDIA
 # GPU: the CUDA layer's device tests, `barlink validate --gpu`, and
 # `barlink bench --gpu` with its baselines; it prints the GPU's name, driver
 # and BAR1 size first and which routes the device allowed last.
@@ -9,6 +9,11 @@
 #                                   into target/gpu-check/ (to copy to a GPU
 #                                   machine that has no Rust toolchain)
 #   scripts/gpu-check.sh --run      only run, from target/gpu-check/
+#
+# The build also makes the Python wheel (target/gpu-check/wheels/); where
+# the GPU machine's python3 has torch, the run installs it into a temporary
+# folder and runs the placement and torch backend tests against that torch
+# and its CUDA device.
 #
 # Output also goes to $OUT (or target/gpu-check/out) as gpu-check.log and
 # bench-gpu.jsonl. Ends with "gpu-check: N passed, M failed".
@@ -29,6 +34,11 @@ build() {
     [ -n "$test_exe" ] || { echo "could not build the device tests"; return 1; }
     cp "$test_exe" "$dir/cuda-device-tests"
     strip "$dir/barlink" "$dir/cuda-device-tests" 2>/dev/null || true
+    # The Python package (abi3, so one wheel serves the GPU machine's python3).
+    local pip=target/pyenv/bin/pip
+    [ -x "$pip" ] || pip="python3 -m pip"
+    rm -rf "$dir/wheels" && mkdir -p "$dir/wheels"
+    $pip wheel -q --no-deps ./python -w "$dir/wheels" || return 1
     ls -la "$dir"
 }
 
@@ -71,10 +81,22 @@ for gpu in /sys/bus/pci/devices/*; do
     echo "sysfs $(basename "$gpu"): resource1 $(ls -la "$gpu/resource1" 2>&1 | awk '{print $1, $5}'), resource1_wc $([ -e "$gpu/resource1_wc" ] && echo present || echo absent)"
 done
 
-check "CUDA layer on the device (cuda-device-tests)" 120 "$dir/cuda-device-tests" --nocapture --test-threads=1
-check "barlink validate --gpu" 180 "$dir/barlink" validate --gpu
-check "barlink bench --gpu (table)" 180 "$dir/barlink" bench --gpu
-check "barlink bench --gpu --json" 120 sh -c "'$dir/barlink' bench --gpu --json --windows 5 > '$out/bench-gpu.jsonl'"
+check "CUDA layer on the device (cuda-device-tests)" 60 "$dir/cuda-device-tests" --nocapture --test-threads=1
+check "barlink validate --gpu" 90 "$dir/barlink" validate --gpu
+check "barlink bench --gpu (table)" 90 "$dir/barlink" bench --gpu
+check "barlink bench --gpu --json" 60 sh -c "'$dir/barlink' bench --gpu --json --windows 5 > '$out/bench-gpu.jsonl'"
+if ls "$dir"/wheels/barlink-*.whl >/dev/null 2>&1 && python3 -c 'import torch' 2>/dev/null; then
+    site=$(mktemp -d)
+    if python3 -m pip install -q --no-index --no-deps --target "$site" "$dir"/wheels/barlink-*.whl; then
+        check "python: placement on the GPU, torch backend (torch $(python3 -c 'import torch; print(torch.__version__)'))" 200 \
+            env PYTHONPATH="$site" python3 -m pytest -q -p no:cacheprovider python/tests/test_placement.py python/tests/test_torch.py
+    else
+        failed=$((failed + 1)); echo "FAILED: pip install the barlink wheel"
+    fi
+else
+    echo
+    echo "SKIPPED python: no wheel in $dir/wheels or no torch in python3"
+fi
 echo
 echo "== the platform as barlink sees it"
 timeout 30 "$dir/barlink" topo 2>&1 | head -40

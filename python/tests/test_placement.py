@@ -120,3 +120,24 @@ def test_an_unreadable_topology_places_by_cpus_and_says_why(clean_env, tmp_path)
     clean_env.setenv("BARLINK_TORCH_GPU", "0")
     with pytest.raises(ValueError, match="has 0 GPUs.*topology not readable"):
         _placement.own_place("h")
+
+
+def test_a_real_gpu_is_placed_as_the_current_cuda_device_and_by_local_rank(clean_env):
+    # Only a machine with an NVIDIA GPU (scripts/gpu-check.sh on a lent one)
+    # checks that torch's PCI address of a device is the one barlink topo lists.
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
+    clean_env.setenv("LOCAL_RANK", "0")
+    by_local_rank = _placement.own_place("h")
+    assert by_local_rank["gpu"] is not None, by_local_rank["why"]
+    assert by_local_rank["why"] == "LOCAL_RANK=0"
+    torch.cuda.init()
+    torch.cuda.set_device(0)
+    props = torch.cuda.get_device_properties(0)
+    expected = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    current = _placement.own_place("h")
+    assert current["why"] == "the current CUDA device", current
+    assert current["gpu"] == expected == by_local_rank["gpu"]
+    assert current["path"] and current["path"][-1] == expected
