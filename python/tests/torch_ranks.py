@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 import barlink
 import barlink.torch  # noqa: F401  (registers "barlink")
+from barlink._units import parse_size
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
           torch.int32, torch.int64, torch.uint8]
@@ -116,6 +117,13 @@ def matrix(rank, world):
             want = torch.cat([values(r, world * count, dtype)[rank * count:(rank + 1) * count]
                               for r in range(world)])
             check(f"all_to_all_single {dtype}", out, want)
+    # A tensor of three chunks and a bit, from every root: the tree's
+    # relays send on a tensor that arrived in several chunks.
+    chunk = parse_size(os.environ.get("BARLINK_CHUNK_BYTES", "1M"))
+    for root in range(world):
+        t = values(rank, 3 * chunk // 4 + 5, torch.int32)
+        dist.broadcast(t, src=root)
+        check(f"broadcast of 3 chunks from {root}", t, values(root, 3 * chunk // 4 + 5, torch.int32))
     # Uneven splits: rank r sends r+1 rows to everyone.
     rows = [r + 1 for r in range(world)]
     source = torch.full((world * (rank + 1), 3), float(rank))
