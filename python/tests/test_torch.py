@@ -58,6 +58,30 @@ def test_every_operation_dtype_and_reduction_matches_a_local_result(world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+def test_cuda_tensors_go_through_host_memory_and_match_a_local_result(world):
+    # Only a machine with a CUDA device runs it (scripts/gpu-check.sh on a lent GPU).
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
+    codes, outputs = run_ranks("cuda", world, peer_timeout=10.0)
+    assert codes == [0] * world, report(codes, outputs)
+
+
+def test_tensors_of_a_device_type_the_backend_does_not_take_are_refused():
+    import torch
+
+    from barlink.torch._staging import Staging
+
+    host = torch.ones(3)
+    staging = Staging("all_reduce")
+    assert staging.host(host) is host
+    staging.copy_back()
+    with pytest.raises(ValueError, match="all_reduce: the barlink backend takes CPU and CUDA tensors, not meta"):
+        staging.host(torch.ones(3, device="meta"))
+
+
+@pytest.mark.parametrize("world", [2, 3])
 def test_collectives_in_many_small_chunks_match_a_local_result(world):
     # Chunks of 1 KiB: every ring step is many messages, so steps overlap
     # chunk by chunk and targets are lent across step boundaries.

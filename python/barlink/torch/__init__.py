@@ -11,7 +11,8 @@ path ``barlink.connect`` picks (shared memory between processes of one
 host; RDMA or TCP between hosts, authenticated by the pre-shared key in
 ``BARLINK_PSK_FILE``), so every message of every collective travels in
 CRC-checked packets and is retransmitted until intact. Operations take CPU
-tensors.
+tensors, and CUDA tensors through pinned host memory (copied to the host
+when the call is made, and back when it completes).
 
 Tunables, read when a group is made:
 
@@ -34,8 +35,11 @@ Tunables, read when a group is made:
 import torch.distributed as _dist
 
 from ._group import ProcessGroupBarlink, create
+from ._staging import DEVICES
 
 __all__ = ["ProcessGroupBarlink", "create"]
 
 if "barlink" not in _dist.Backend.backend_list:
-    _dist.Backend.register_backend("barlink", create, devices=["cpu"])
+    # One backend object serves both device types. NCCL stays CUDA's
+    # default: only groups made with "barlink" (or "cuda:barlink") use it.
+    _dist.Backend.register_backend("barlink", create, devices=list(DEVICES))

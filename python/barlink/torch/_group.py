@@ -32,7 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
-from torch.futures import Future
 
 import barlink
 from barlink._units import parse_size
@@ -40,6 +39,7 @@ from barlink._units import parse_size
 from . import _algorithms as algo
 from . import _placement
 from ._queue import OperationQueue, QueuedWork
+from ._staging import Staging, future_for
 
 _REDUCE_OPS = {
     dist.ReduceOp.SUM: "sum",
@@ -120,7 +120,7 @@ class _Work(dist._Work):
         self._finish = finish
         self._poll = poll
         self._result = result
-        self._future = Future()
+        self._future = future_for(result)
         self._done = False
 
     def _complete(self):
@@ -169,7 +169,7 @@ class _Work(dist._Work):
 
 
 def _completed(outputs: list) -> dist._Work:
-    future = Future()
+    future = future_for(outputs)
     future.set_result(outputs)
     return torch._C._distributed_c10d._create_work_from_future(future)
 
@@ -415,19 +415,29 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     def next_seq(self):
         self._seq += 1
 
-    def _collective(self, name, body, outputs=(), opts=None):
+    def _collective(self, name, body, outputs=(), opts=None, staging=None):
         """Runs a collective: queued for the group's thread when the
         caller asked for `async_op` (see `_queue`), else on the calling
         thread once the queued ones have run (a handoff to the thread
         and back costs a small collective more than its transfer). Its
         Work's future holds `outputs`, the tensors it wrote: DDP's
-        gradient hook reads them there."""
+        gradient hook reads them there. `staging` holds the host
+        stand-ins of CUDA tensors: filled when the collective runs, and
+        copied back once `body` ran."""
 
         def run():
             for peer in range(self._size):
                 self.drain(peer)
             try:
-                return body()
+                if staging is not None:
+                    if staging.current_device is not None and self._ops.is_current():
+                        # The caller's device, for what this thread allocates
+                        # (a future's callbacks run here).
+                        torch.cuda.set_device(staging.current_device)
+                    staging.copy_in()
+                body()
+                if staging is not None:
+                    staging.copy_back()
             finally:
                 self.next_seq()
 
@@ -466,10 +476,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     def _one(tensors, what):
         if len(tensors) != 1:
             raise ValueError(f"{what}: the barlink backend takes one tensor per rank, not {len(tensors)}")
-        tensor = tensors[0]
-        if tensor.device.type != "cpu":
-            raise ValueError(f"{what}: the barlink backend takes CPU tensors, not {tensor.device}")
-        return tensor
+        return tensors[0]
 
     # -- collectives -----------------------------------------------------
 
@@ -477,36 +484,56 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         tensor = self._one(tensors, "all_reduce")
         op = self._reduce_op(opts)
         average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
+        staging = Staging("all_reduce")
+        host = staging.host(tensor)
         return self._collective(
-            "all_reduce", lambda: algo.all_reduce(self, tensor, op, average), [tensor], opts=opts
+            "all_reduce",
+            lambda: algo.all_reduce(self, host, op, average),
+            [tensor],
+            opts=opts,
+            staging=staging,
         )
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = self._reduce_op(opts)
         average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
+        staging = Staging("all_reduce_coalesced")
+        hosts = staging.hosts(tensors)
 
         def body():
-            for tensor in tensors:
-                algo.all_reduce(self, tensor, op, average)
+            for host in hosts:
+                algo.all_reduce(self, host, op, average)
                 self.next_seq()
 
-        return self._collective("all_reduce_coalesced", body, tensors, opts=opts)
+        return self._collective("all_reduce_coalesced", body, tensors, opts=opts, staging=staging)
 
     def broadcast(self, tensors, opts=None):
         tensor = self._one(tensors, "broadcast")
+        root = _root(opts)
+        staging = Staging("broadcast")
+        # Only the root's values leave; every other rank's are overwritten.
+        host = staging.host(tensor, read=self._rank == root, written=self._rank != root)
         return self._collective(
-            "broadcast", lambda: algo.broadcast(self, tensor, _root(opts)), [tensor], opts=opts
+            "broadcast",
+            lambda: algo.broadcast(self, host, root),
+            [tensor],
+            opts=opts,
+            staging=staging,
         )
 
     def reduce(self, tensors, opts=None):
         tensor = self._one(tensors, "reduce")
         op = self._reduce_op(opts)
         average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
+        root = _root(opts)
+        staging = Staging("reduce")
+        host = staging.host(tensor, written=self._rank == root)
         return self._collective(
             "reduce",
-            lambda: algo.reduce(self, tensor, op, average, _root(opts)),
+            lambda: algo.reduce(self, host, op, average, root),
             [tensor],
             opts=opts,
+            staging=staging,
         )
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -514,16 +541,27 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         if len(output_tensors) != 1:
             raise ValueError("all_gather: the barlink backend takes one list of outputs per rank")
         outputs = output_tensors[0]
+        staging = Staging("all_gather")
+        host = staging.host(tensor, written=False)
+        host_outputs = staging.hosts(outputs, read=False)
         return self._collective(
-            "all_gather", lambda: algo.all_gather(self, outputs, tensor), outputs, opts=opts
+            "all_gather",
+            lambda: algo.all_gather(self, host_outputs, host),
+            outputs,
+            opts=opts,
+            staging=staging,
         )
 
     def all_gather_single(self, output, input, opts=None):
+        staging = Staging("all_gather_into_tensor")
+        host = staging.host(input, written=False)
+        host_output = staging.host(output, read=False)
         return self._collective(
             "all_gather_into_tensor",
-            lambda: algo.all_gather_into(self, output, input),
+            lambda: algo.all_gather_into(self, host_output, host),
             [output],
             opts=opts,
+            staging=staging,
         )
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -531,39 +569,55 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         inputs = input_tensors[0]
         op = self._reduce_op(opts)
         average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
+        staging = Staging("reduce_scatter")
+        host_output = staging.host(output, read=False)
+        host_inputs = staging.hosts(inputs, written=False)
         return self._collective(
             "reduce_scatter",
-            lambda: algo.reduce_scatter(self, output, list(inputs), op, average),
+            lambda: algo.reduce_scatter(self, host_output, host_inputs, op, average),
             [output],
             opts=opts,
+            staging=staging,
         )
 
     def reduce_scatter_single(self, output, input, opts=None):
         op = self._reduce_op(opts)
         average = opts is not None and opts.reduceOp == dist.ReduceOp.AVG
+        staging = Staging("reduce_scatter_tensor")
+        host_output = staging.host(output, read=False)
+        host = staging.host(input, written=False)
         return self._collective(
             "reduce_scatter_tensor",
-            lambda: algo.reduce_scatter_into(self, output, input, op, average),
+            lambda: algo.reduce_scatter_into(self, host_output, host, op, average),
             [output],
             opts=opts,
+            staging=staging,
         )
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        staging = Staging("all_to_all_single")
+        host_output = staging.host(output, read=False)
+        host = staging.host(input, written=False)
         return self._collective(
             "all_to_all_single",
             lambda: algo.all_to_all_single(
-                self, output, input, list(output_split_sizes), list(input_split_sizes)
+                self, host_output, host, list(output_split_sizes), list(input_split_sizes)
             ),
             [output],
             opts=opts,
+            staging=staging,
         )
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
+        staging = Staging("all_to_all")
+        host_outputs = staging.hosts(output_tensors, read=False)
+        host_inputs = staging.hosts(input_tensors, written=False)
         return self._collective(
             "all_to_all",
-            lambda: algo.all_to_all(self, list(output_tensors), list(input_tensors)),
+            lambda: algo.all_to_all(self, host_outputs, host_inputs),
             output_tensors,
             opts=opts,
+            staging=staging,
         )
 
     def barrier(self, opts=None):
@@ -574,12 +628,17 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     def send(self, tensors, dst: int, tag: int):
         tensor = self._one(tensors, "send")
         self._check_peer(dst, "send")
+        # A CUDA tensor's values are taken once the queued calls ran; the
+        # host copy is sent in place and lives as long as the requests.
+        staging = Staging("send")
+        host = staging.host(tensor, written=False)
         self._settle()
+        staging.copy_in()
 
         def post():
             n = self._p2p_sent[dst]
             self._p2p_sent[dst] += 1
-            return algo.post_send(self, dst, tensor, f"p2p#{n} tag{tag}")
+            return algo.post_send(self, dst, host, f"p2p#{n} tag{tag}")
 
         requests = self._guard(post)
 
@@ -607,10 +666,12 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     def recv(self, tensors, src: int, tag: int):
         tensor = self._one(tensors, "recv")
         self._check_peer(src, "recv")
+        staging = Staging("recv")
+        host = staging.host(tensor, read=False)
         self._settle()
         n = self._p2p_received[src]
         self._p2p_received[src] += 1
-        receive = algo.Receive(self, src, tensor, f"p2p#{n} tag{tag}")
+        receive = algo.Receive(self, src, host, f"p2p#{n} tag{tag}")
         pending = self._pending[src]
 
         def earlier_done(wait: bool) -> bool:
@@ -628,10 +689,12 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             earlier_done(wait=True)
             receive.wait(seconds)
             pending.remove(work)
+            staging.copy_back()
 
         def poll():
             if earlier_done(wait=False) and receive.test():
                 pending.remove(work)
+                staging.copy_back()
                 return True
             return False
 

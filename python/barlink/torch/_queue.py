@@ -16,7 +16,8 @@ from concurrent.futures import Future as _Pending
 from concurrent.futures import TimeoutError as _NotYet
 
 import torch.distributed as dist
-from torch.futures import Future
+
+from ._staging import future_for
 
 
 class OperationQueue:
@@ -80,7 +81,7 @@ class QueuedWork(dist._Work):
         self._group = group
         self._name = name
         self._outputs = outputs
-        self._future = Future()
+        self._future = future_for(outputs)
         self._pending = None
 
     def start(self, queue: OperationQueue, call):
