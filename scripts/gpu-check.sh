@@ -15,8 +15,9 @@
 # folder and runs the placement and torch backend tests against that torch
 # and its CUDA device.
 #
-# Output also goes to $OUT (or target/gpu-check/out) as gpu-check.log and
-# bench-gpu.jsonl. Ends with "gpu-check: N passed, M failed".
+# Output also goes to $OUT (or target/gpu-check/out) as gpu-check.log,
+# bench-gpu.jsonl and torch-cuda.jsonl. Ends with "gpu-check: N passed, M
+# failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=target/gpu-check
@@ -89,7 +90,9 @@ if ls "$dir"/wheels/barlink-*.whl >/dev/null 2>&1 && python3 -c 'import torch' 2
     site=$(mktemp -d)
     if python3 -m pip install -q --no-index --no-deps --target "$site" "$dir"/wheels/barlink-*.whl; then
         check "python: placement on the GPU, torch backend (torch $(python3 -c 'import torch; print(torch.__version__)'))" 200 \
-            env PYTHONPATH="$site" python3 -m pytest -q -p no:cacheprovider python/tests/test_placement.py python/tests/test_torch.py
+            env PYTHONPATH="$site" python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_placement.py python/tests/test_torch.py
+        check "python -m barlink.torch.bench --device cuda (barlink and gloo on CUDA tensors)" 150 \
+            bash -c "set -o pipefail; PYTHONPATH='$site' python3 -m barlink.torch.bench --device cuda --ops all_reduce,broadcast,send_recv -b 1M -e 64M -f 8 --windows 3 --json | tee '$out/torch-cuda.jsonl'"
     else
         failed=$((failed + 1)); echo "FAILED: pip install the barlink wheel"
     fi

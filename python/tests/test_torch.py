@@ -197,3 +197,26 @@ def test_the_benchmark_checks_what_it_measured():
     assert {row["backend"] for row in rows} == {"barlink", "gloo"}
     assert all(row["wrong"] == 0 for row in rows), rows
     assert "cpu" in lines[0]["header"]
+
+
+def test_the_benchmark_on_cuda_tensors_checks_what_it_measured_or_says_why_not():
+    import json
+
+    import torch
+
+    result = subprocess.run(
+        [sys.executable, "-m", "barlink.torch.bench", "--quick", "--json", "--device", "cuda",
+         "--ops", "all_reduce,broadcast,send_recv"],
+        capture_output=True, text=True, timeout=300,
+    )
+    if not torch.cuda.is_available():
+        assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "torch sees no CUDA device" in result.stderr
+        pytest.skip("no CUDA device: checked only that --device cuda says so")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    rows = [row for row in lines if "op" in row]
+    assert {row["op"] for row in rows if row["backend"] == "barlink"} == {
+        "all_reduce", "broadcast", "send_recv"}
+    assert all(row["wrong"] == 0 and row["device"] == "cuda" for row in rows), rows
+    assert lines[0]["header"]["device"] == "cuda" and lines[0]["header"]["gpu"]

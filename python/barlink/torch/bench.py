@@ -64,8 +64,9 @@ def cpu_line() -> str:
 class Case:
     """One operation at one size: its tensors, the call, and the check."""
 
-    def __init__(self, torch, dist, op, size, dtype, redop, rank, n):
+    def __init__(self, torch, dist, op, size, dtype, redop, rank, n, device):
         self.torch, self.dist, self.op, self.rank, self.n = torch, dist, op, rank, n
+        self.device = device
         self.dtype = getattr(torch, dtype)
         self.redop = redop
         element = torch.empty(0, dtype=self.dtype).element_size()
@@ -79,7 +80,16 @@ class Case:
         """Fresh inputs whose results are exact in every dtype."""
         torch = self.torch
         base = torch.arange(self.count, dtype=torch.int64) % 5
-        return (base + (self.rank + seed) % 3).to(self.dtype)
+        return (base + (self.rank + seed) % 3).to(self.dtype).to(self.device)
+
+    def zeros(self):
+        return self.torch.zeros(self.count, dtype=self.dtype, device=self.device)
+
+    def sync(self):
+        """Waits for what the calls queued on the device, so a window
+        times the work and not its queueing."""
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
 
     def run(self, group, tensor, out):
         dist, op = self.dist, self.op
@@ -147,8 +157,9 @@ class Case:
 
     def wrong(self, group, seed: int) -> int:
         tensor = self.inputs(seed)
-        out = self.torch.zeros(self.count, dtype=self.dtype)
+        out = self.zeros()
         self.run(group, tensor, out)
+        tensor, out = tensor.cpu(), out.cpu()
         want = self.expected(seed)
         if want is None:
             return 0
@@ -164,17 +175,30 @@ class Case:
 def measure(torch, dist, groups, case, args, gloo):
     """Median time of one operation per backend, and #wrong, slowest rank."""
     tensor = case.inputs(0)
-    out = torch.zeros(case.count, dtype=case.dtype)
+    out = case.zeros()
     if case.op in ("all_reduce",) and case.redop == "product":
         tensor.fill_(1)
+    groups = dict(groups)
+    for name, group in list(groups.items()):
+        try:
+            for _ in range(args.warmup):
+                case.run(group, tensor, out)
+        except RuntimeError as error:
+            # gloo takes CUDA tensors for some operations only; it refuses
+            # the others on every rank alike, before anything moves.
+            if name == "barlink" or case.device.type == "cpu":
+                raise
+            del groups[name]
+            if case.rank == 0:
+                print(f"# {name} cannot {case.op} on {case.device.type} tensors: "
+                      f"{str(error).splitlines()[0]}", file=sys.stderr, flush=True)
     times = {name: [] for name in groups}
-    for name, group in groups.items():
-        for _ in range(args.warmup):
-            case.run(group, tensor, out)
+    case.sync()
     iters = args.iters
     if iters == 0:
         started = time.perf_counter()
         case.run(groups["barlink"], tensor, out)
+        case.sync()
         once = time.perf_counter() - started
         # Every rank must run as many: rank 0's count stands.
         agreed = torch.tensor([max(1, min(50, int(args.window / max(once, 1e-6))))])
@@ -186,6 +210,7 @@ def measure(torch, dist, groups, case, args, gloo):
             started = time.perf_counter()
             for _ in range(iters):
                 case.run(group, tensor, out)
+            case.sync()
             elapsed = torch.tensor([(time.perf_counter() - started) / iters])
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=gloo)
             times[name].append(elapsed.item())
@@ -205,6 +230,12 @@ def rank_main(rank: int, n: int, port: int, args):
     import barlink.torch  # noqa: F401  (registers the backend)
 
     torch.set_num_threads(1)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        # Ranks share the GPUs there are; the context exists before any link.
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=device)
     dist.init_process_group("gloo", rank=rank, world_size=n)
     gloo = dist.group.WORLD
     groups = {"barlink": dist.new_group(backend="barlink")}
@@ -215,7 +246,7 @@ def rank_main(rank: int, n: int, port: int, args):
         if op == "send_recv" and n < 2:
             continue
         for size in sizes(args.min_bytes, args.max_bytes, args.factor):
-            case = Case(torch, dist, op, size, args.dtype, args.redop, rank, n)
+            case = Case(torch, dist, op, size, args.dtype, args.redop, rank, n, device)
             medians, wrong, iters = measure(torch, dist, groups, case, args, gloo)
             for name, seconds in medians.items():
                 algbw = case.bytes / seconds / 1e9
@@ -233,6 +264,7 @@ def rank_main(rank: int, n: int, port: int, args):
                     "wrong": wrong[name],
                     "iters": iters,
                     "windows": args.windows,
+                    "device": args.device,
                 }
                 if name == "barlink" and "gloo" in medians:
                     row["speedup_vs_gloo"] = medians["gloo"] / seconds
@@ -282,6 +314,9 @@ def main(argv=None) -> int:
     parser.add_argument("--window", default=0.1, type=float, help="seconds per window (default 0.1)")
     parser.add_argument("--windows", default=5, type=int, help="windows per backend (default 5)")
     parser.add_argument("--no-gloo", action="store_true", help="measure barlink alone")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the tensors live (cuda: ranks share the GPUs there are, "
+                             "and gloo takes CUDA tensors too)")
     parser.add_argument("--quick", action="store_true",
                         help="4 KiB, 1 MiB and 16 MiB, 3 windows: a run of seconds")
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
@@ -308,6 +343,10 @@ def main(argv=None) -> int:
 
     import barlink
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("barlink.torch.bench: --device cuda, but torch sees no CUDA device "
+              "(torch.cuda.is_available() is False)", file=sys.stderr)
+        return 3
     context = multiprocessing.get_context("spawn")
     kernels = barlink.cpu()
     header = {
@@ -315,12 +354,16 @@ def main(argv=None) -> int:
         "copy_crc_kernel": kernels.get("copy_crc_kernel"),
         "torch": torch.__version__,
         "barlink": barlink.__version__,
+        "device": args.device,
     }
+    if args.device == "cuda":
+        header["gpu"] = torch.cuda.get_device_name(0)
     if args.json:
         print(json.dumps({"header": header}), flush=True)
     else:
+        on = f"; tensors on {header['gpu']} (through host memory)" if args.device == "cuda" else ""
         print(f"# barlink.torch.bench: {header['cpu']}; torch {header['torch']}; "
-              f"copy+CRC kernel {header['copy_crc_kernel']}")
+              f"copy+CRC kernel {header['copy_crc_kernel']}{on}")
         print(f"# {'op':>12} {'ranks':>5} {'size(B)':>12} {'count':>11} {'type':>8} {'redop':>7} "
               f"{'backend':>8} {'time(us)':>11} {'algbw':>8} {'busbw':>8} {'#wrong':>6} {'vs gloo':>8}")
     sys.stdout.flush()
