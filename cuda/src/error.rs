@@ -5,6 +5,10 @@ use std::fmt;
 
 /// `CUDA_ERROR_NO_DEVICE`: the driver loaded and found no GPU.
 pub const CUDA_ERROR_NO_DEVICE: i32 = 100;
+/// `CUDA_ERROR_STUB_LIBRARY`: the library loaded is the toolkit's stub,
+/// standing in where the driver is not installed (a container without
+/// the GPU's driver mounted).
+pub const CUDA_ERROR_STUB_LIBRARY: i32 = 34;
 /// `CUDA_ERROR_NOT_SUPPORTED`: the device or driver does not do this.
 pub const CUDA_ERROR_NOT_SUPPORTED: i32 = 801;
 /// `CUDA_ERROR_NOT_PERMITTED`.

@@ -157,7 +157,9 @@ impl DeviceBuffer {
     }
 
     /// Copies `len` bytes from `source` at `source_offset` to `offset` of
-    /// this buffer, device to device.
+    /// this buffer, device to device. The driver may return before the
+    /// copy has run: a later copy to the host waits for it, or
+    /// [`Context::synchronize`] does.
     pub fn copy_from(
         &self,
         offset: usize,
@@ -209,7 +211,8 @@ impl DeviceBuffer {
 
     /// The buffer exported as a dma-buf file descriptor, for registration
     /// with an RDMA NIC (`ibv_reg_dmabuf_mr`). The driver refuses where
-    /// the device or kernel cannot (GeForce boards, older kernels): a
+    /// the device or kernel cannot (GeForce boards, older kernels), and a
+    /// buffer that is not whole host pages cannot be exported: a
     /// [`CudaError::Refused`] saying so.
     pub fn export_dma_buf(&self) -> Result<OwnedFd, CudaError> {
         let api = self.context.device().cuda.api;
@@ -233,6 +236,19 @@ impl DeviceBuffer {
                 reason: "the device says CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0 \
                          (the open kernel modules and a data-center or workstation GPU are needed)"
                     .to_string(),
+            });
+        }
+        // cuMemGetHandleForAddressRange takes whole host pages only, and
+        // answers anything else with an invalid-value error.
+        let page = rustix::param::page_size() as u64;
+        if !self.address.is_multiple_of(page) || !(self.len as u64).is_multiple_of(page) {
+            return Err(CudaError::Refused {
+                what: "dma-buf export",
+                reason: format!(
+                    "the range must start and end on host page boundaries ({page} bytes); \
+                     this buffer is {} bytes at {:#x}: allocate a multiple of {page} bytes",
+                    self.len, self.address
+                ),
             });
         }
         self.context.make_current()?;

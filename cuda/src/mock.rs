@@ -1,7 +1,7 @@
 //! A stand-in CUDA driver for tests on machines without a GPU
 //! (`tests/mock/libcuda.c`): device memory is host memory, every device
 //! range is checked against the live allocations, IPC and dma-buf export
-//! are refused. It proves barlink's calls, bounds and error paths; a real
+//! are refused (but for a variant that exports dma-bufs). It proves barlink's calls, bounds and error paths; a real
 //! GPU proves the rest (`scripts/gpu-check.sh`).
 #![forbid(unsafe_code)]
 
@@ -20,6 +20,10 @@ pub enum MockKind {
     NoDevice,
     /// One device whose device-to-host copies flip a bit now and then.
     FlipReads,
+    /// `cuInit` answers `CUDA_ERROR_SYSTEM_DRIVER_MISMATCH`.
+    DriverMismatch,
+    /// One device that exports dma-bufs of whole host pages.
+    DmaBuf,
 }
 
 /// Compiles the stand-in into `dir` with the C compiler (`$CC`, else `cc`)
@@ -31,6 +35,8 @@ pub fn build(dir: &Path, kind: MockKind) -> Result<PathBuf, String> {
         MockKind::OneDevice => ("libcuda-mock.so", &[]),
         MockKind::NoDevice => ("libcuda-mock-nodevice.so", &["-DMOCK_NO_DEVICE"]),
         MockKind::FlipReads => ("libcuda-mock-flip.so", &["-DMOCK_FLIP_READS"]),
+        MockKind::DriverMismatch => ("libcuda-mock-mismatch.so", &["-DMOCK_DRIVER_MISMATCH"]),
+        MockKind::DmaBuf => ("libcuda-mock-dmabuf.so", &["-DMOCK_DMA_BUF"]),
     };
     // Tests build it in parallel: each compiles its own copy and renames it
     // into place, so no one loads a half-written file.

@@ -16,7 +16,7 @@
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
-use crate::error::CudaError;
+use crate::error::{CUDA_ERROR_NO_DEVICE, CUDA_ERROR_STUB_LIBRARY, CudaError};
 
 pub(crate) type CUresult = c_int;
 pub(crate) type CUdevice = c_int;
@@ -120,8 +120,14 @@ pub(crate) fn open(library: &str) -> Result<&'static Api, CudaError> {
     let rc = unsafe { (api.init)(0) };
     if rc != CUDA_SUCCESS {
         let error = api.error("cuInit", rc);
-        return Err(CudaError::NoDevice {
-            reason: error.to_string(),
+        // Only these say the machine has no GPU to use; anything else (a
+        // driver and library of different versions, a failed system call)
+        // is a fault on a machine that has one, and must not read as a skip.
+        return Err(match rc {
+            CUDA_ERROR_NO_DEVICE | CUDA_ERROR_STUB_LIBRARY => CudaError::NoDevice {
+                reason: error.to_string(),
+            },
+            _ => error,
         });
     }
     Ok(api)

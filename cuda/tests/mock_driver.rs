@@ -126,6 +126,50 @@ fn routes_the_device_refuses_say_why() {
 }
 
 #[test]
+fn a_dma_buf_is_exported_for_whole_host_pages_and_refused_otherwise() {
+    let Some(cuda) = mock_driver(
+        "a_dma_buf_is_exported_for_whole_host_pages_and_refused_otherwise",
+        MockKind::DmaBuf,
+    ) else {
+        return;
+    };
+    let context = cuda.device(0).unwrap().context().unwrap();
+    assert!(context.device().info().unwrap().dma_buf);
+    let whole = context.alloc(2 << 20).unwrap();
+    let fd = whole.export_dma_buf().expect("whole pages export");
+    assert!(std::os::fd::AsRawFd::as_raw_fd(&fd) >= 0);
+    // The driver would answer an invalid value; barlink says why first.
+    let ragged = context.alloc(4097).unwrap();
+    match ragged.export_dma_buf() {
+        Err(CudaError::Refused { what, reason }) => {
+            assert_eq!(what, "dma-buf export");
+            assert!(reason.contains("host page boundaries"), "{reason}");
+            assert!(reason.contains("4097 bytes"), "{reason}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_driver_that_fails_to_start_is_a_fault_not_an_absent_gpu() {
+    let Some(path) = mock::build_or_skip(
+        &scratch(),
+        MockKind::DriverMismatch,
+        "a_driver_that_fails_to_start_is_a_fault_not_an_absent_gpu",
+    ) else {
+        return;
+    };
+    let error = Cuda::load_from(&path).unwrap_err();
+    assert!(!error.is_environment(), "{error:?}");
+    assert!(
+        error
+            .to_string()
+            .contains("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"),
+        "{error}"
+    );
+}
+
+#[test]
 fn a_driver_without_a_gpu_says_no_device() {
     let Some(path) = mock::build_or_skip(
         &scratch(),

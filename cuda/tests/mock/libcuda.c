@@ -7,10 +7,16 @@
  *
  * Built by the tests with: cc -shared -fPIC -o libcuda-mock.so libcuda.c
  *   -DMOCK_NO_DEVICE   cuInit answers CUDA_ERROR_NO_DEVICE
+ *   -DMOCK_DRIVER_MISMATCH  cuInit answers CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
+ *                      (a GPU is there, but the library and kernel driver
+ *                      disagree: a fault, not an absent GPU)
+ *   -DMOCK_DMA_BUF     the device exports dma-bufs (a file descriptor of
+ *                      /dev/null stands in), for whole host pages only
  *   -DMOCK_FLIP_READS  every 5th device-to-host copy of 64 bytes or more
  *                      flips one bit of what it delivers (a bad path that
  *                      the validator must catch)
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,8 +32,11 @@ typedef struct { char reserved[64]; } CUipcMemHandle;
 enum {
     SUCCESS = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3,
     NO_DEVICE = 100, INVALID_DEVICE = 101, INVALID_CONTEXT = 201,
-    NOT_SUPPORTED = 801,
+    NOT_SUPPORTED = 801, SYSTEM_DRIVER_MISMATCH = 803,
 };
+
+/* Device allocations start on a host page, as the real driver's large ones do. */
+#define PAGE 4096
 
 #define MAX_ALLOCATIONS 4096
 static struct { uintptr_t base; size_t len; int host; } table[MAX_ALLOCATIONS];
@@ -82,9 +91,12 @@ static int inside(CUdeviceptr p, size_t len) {
 #define NEED_CONTEXT() do { NEED_INIT(); if (current != &primary_context) return INVALID_CONTEXT; } while (0)
 
 CUresult cuInit(unsigned flags) {
-#ifdef MOCK_NO_DEVICE
+#if defined(MOCK_NO_DEVICE)
     (void)flags;
     return NO_DEVICE;
+#elif defined(MOCK_DRIVER_MISMATCH)
+    (void)flags;
+    return SYSTEM_DRIVER_MISMATCH;
 #else
     if (flags != 0) return INVALID_VALUE;
     initialised = 1;
@@ -104,6 +116,7 @@ CUresult cuGetErrorName(CUresult e, const char **s) {
     case INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; return SUCCESS;
     case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return SUCCESS;
     case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; return SUCCESS;
+    case SYSTEM_DRIVER_MISMATCH: *s = "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"; return SUCCESS;
     default: *s = 0; return INVALID_VALUE;
     }
 }
@@ -158,7 +171,11 @@ CUresult cuDeviceGetAttribute(int *v, int attribute, CUdevice d) {
     case 76: *v = 0; return SUCCESS;
     case 99: *v = 1; return SUCCESS;  /* host register */
     case 116: *v = 0; return SUCCESS; /* GPUDirect RDMA */
+#ifdef MOCK_DMA_BUF
+    case 124: *v = 1; return SUCCESS; /* dma-buf, as on data-center boards */
+#else
     case 124: *v = 0; return SUCCESS; /* dma-buf, as on GeForce */
+#endif
     default: return INVALID_VALUE;
     }
 }
@@ -190,8 +207,8 @@ CUresult cuCtxSynchronize(void) { NEED_CONTEXT(); return SUCCESS; }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t len) {
     NEED_CONTEXT();
     if (len == 0) return INVALID_VALUE;
-    void *m = malloc(len);
-    if (!m) return OUT_OF_MEMORY;
+    void *m = 0;
+    if (posix_memalign(&m, PAGE, len) != 0) return OUT_OF_MEMORY;
     if (!track(m, len, 0)) { free(m); return OUT_OF_MEMORY; }
     *p = (CUdeviceptr)(uintptr_t)m;
     return SUCCESS;
@@ -273,9 +290,18 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr p) { NEED_CONTEXT(); (void)p; return IN
 CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t len, int type,
                                        unsigned long long flags) {
     NEED_CONTEXT();
-    (void)handle; (void)type; (void)flags;
     if (!inside(p, len)) return INVALID_VALUE;
+#ifdef MOCK_DMA_BUF
+    /* The real driver takes whole host pages, type 1 (a dma-buf fd), no flags. */
+    if (p % PAGE != 0 || len % PAGE != 0 || type != 1 || flags != 0) return INVALID_VALUE;
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return OUT_OF_MEMORY;
+    *(int *)handle = fd;
+    return SUCCESS;
+#else
+    (void)handle; (void)type; (void)flags;
     return NOT_SUPPORTED;
+#endif
 }
 
 /* For leak checks: device and host allocations still live. */
