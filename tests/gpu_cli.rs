@@ -122,6 +122,42 @@ fn bench_gpu_rows_name_the_gpu_and_the_cpu_and_check_what_landed() {
 }
 
 #[test]
+fn bench_gpu_counts_what_landed_wrong_and_exits_1() {
+    let Some(library) = mock_library(
+        "bench_gpu_counts_what_landed_wrong_and_exits_1",
+        MockKind::FlipReads,
+    ) else {
+        return;
+    };
+    let output = barlink(
+        &library,
+        &[
+            "bench",
+            "--gpu",
+            "--json",
+            "--sizes",
+            "1M",
+            "--windows",
+            "2",
+            "--lat-iters",
+            "5",
+            "--bytes-per-window",
+            "4M",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    let rows: Vec<serde_json::Value> = text(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    assert!(
+        rows.iter()
+            .any(|r| r["path"] == "barlink-gpu" && r["wrong"].as_u64().unwrap() > 0),
+        "{rows:?}"
+    );
+}
+
+#[test]
 fn validate_gpu_passes_a_sound_device_and_fails_one_whose_reads_flip_bits() {
     let test = "validate_gpu_passes_a_sound_device_and_fails_one_whose_reads_flip_bits";
     let (Some(sound), Some(flipping)) = (

@@ -81,6 +81,9 @@ struct Parent {
     pool: std::sync::Arc<StagingPool>,
     source: DeviceBuffer,
     landing: DeviceBuffer,
+    /// Where barlink's answers land in the latency loop: apart from
+    /// `landing`, which the staged copies there overwrite.
+    replies: DeviceBuffer,
     pinned: barlink::gpu::PinnedBuffer,
     imported: Result<DeviceBuffer, String>,
 }
@@ -167,6 +170,7 @@ fn measure_with_child(
         pool: StagingPool::new(context.clone(), 64 << 20),
         source: context.alloc(max).map_err(cuda)?,
         landing: context.alloc(max).map_err(cuda)?,
+        replies: context.alloc(max).map_err(cuda)?,
         pinned: context.alloc_pinned(max).map_err(cuda)?,
         imported,
         link,
@@ -176,6 +180,16 @@ fn measure_with_child(
     for (&size, &count) in plan.sizes.iter().zip(&plan.counts) {
         results.push(measure_size(&mut parent, plan, size, count)?);
     }
+    // The peer frees the buffer it exported when it ends, and freeing it
+    // while it is mapped here is undefined: unmap it, then say so.
+    let note = match std::mem::replace(&mut parent.imported, Err(String::new())) {
+        Ok(imported) => {
+            drop(imported);
+            None
+        }
+        Err(why) => Some(why),
+    };
+    barlink_send(&mut parent, 1)?;
     // The peer's counts come on its stdout once everything it sent is
     // acknowledged, which needs this side to keep driving the link.
     let last = wait_line(&lines, &mut parent.link)?;
@@ -189,7 +203,6 @@ fn measure_with_child(
     }
     parent.link.close(STEP_TIMEOUT).map_err(|e| e.to_string())?;
     wait_exit(child, &mut parent.link)?;
-    let note = parent.imported.as_ref().err().cloned();
     Ok((parent.gpu, results, note))
 }
 
@@ -298,7 +311,7 @@ fn measure_size(
     for _ in 0..plan.lat_iters {
         let started = Instant::now();
         barlink_send(parent, size)?;
-        recv_into_device(&mut parent.link, &parent.landing, 0, STEP_TIMEOUT)
+        recv_into_device(&mut parent.link, &parent.replies, 0, STEP_TIMEOUT)
             .map_err(|e| e.to_string())?;
         measured.latency_us[0].push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
 
@@ -312,11 +325,13 @@ fn measure_size(
             measured.latency_us[2].push(started.elapsed().as_secs_f64() * 1e6);
         }
     }
-    parent
-        .landing
-        .read(0, &mut back)
-        .map_err(|e| e.to_string())?;
-    measured.wrong[0] += u64::from(back != expected);
+    if plan.lat_iters > 0 {
+        parent
+            .replies
+            .read(0, &mut back)
+            .map_err(|e| e.to_string())?;
+        measured.wrong[0] += u64::from(back != expected);
+    }
     Ok(measured)
 }
 

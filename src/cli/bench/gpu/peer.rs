@@ -66,5 +66,8 @@ pub fn run_child(plan: &GpuPeerPlan) -> Result<(), String> {
     writeln!(stdout, "wrong {}", wrong.join(","))
         .and_then(|()| stdout.flush())
         .map_err(|e| format!("writing to the parent: {e}"))?;
+    // The parent maps `landing` (CUDA IPC) until it says it let go: freeing
+    // exported memory that another process still maps is undefined.
+    recv_into_device(&mut link, &landing, 0, STEP_TIMEOUT).map_err(|e| e.to_string())?;
     link.close(STEP_TIMEOUT).map_err(|e| e.to_string())
 }
