@@ -68,6 +68,14 @@ def test_cuda_tensors_go_through_host_memory_and_match_a_local_result(world):
     assert codes == [0] * world, report(codes, outputs)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_tensors_staged_as_cuda_ones_are_in_the_order_the_calls_were_made(world):
+    # The CUDA path's host stand-ins, exercised on CPU tensors: chained and
+    # asynchronous calls, point to point, futures, a strided view, DDP.
+    codes, outputs = run_ranks("staged", world)
+    assert codes == [0] * world, report(codes, outputs)
+
+
 def test_tensors_of_a_device_type_the_backend_does_not_take_are_refused():
     import torch
 

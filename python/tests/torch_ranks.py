@@ -29,6 +29,7 @@ tcp        (BARLINK_TORCH_TRANSPORT=tcp) every pair linked over TCP, then
            collectives and irecv-before-isend over those links
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -457,81 +458,94 @@ def over_tcp(rank, world):
 def on_cuda(rank, world):
     # CUDA tensors through pinned host memory; ranks share the GPUs there are
     # (main() made this rank's device current before linking).
-    device = torch.device("cuda", torch.cuda.current_device())
+    through_stand_ins(rank, world, torch.device("cuda", torch.cuda.current_device()))
+
+
+def staged(rank, world):
+    # The CUDA path's ordering without a GPU: CPU tensors staged as CUDA
+    # ones are (a stand-in filled when the call runs, copied back after).
+    from barlink.torch import _staging
+
+    _staging.Staging._staged = lambda self, tensor: True
+    through_stand_ins(rank, world, torch.device("cpu"))
+
+
+def through_stand_ins(rank, world, device):
+    cuda = device.type == "cuda"
     peer, source = (rank + 1) % world, (rank - 1) % world
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         for count in (37, 300_001):
             t = values(rank, count, dtype).to(device)
             dist.all_reduce(t)
-            check(f"cuda all_reduce {dtype} x{count}", t.cpu(), reduce_locally(world, count, dtype, "sum"))
+            check(f"{device} all_reduce {dtype} x{count}", t.cpu(), reduce_locally(world, count, dtype, "sum"))
             if t.device != device:
                 failures.append(f"all_reduce moved the tensor to {t.device}")
     # Values queued on the current stream before the call are the ones sent.
     t = torch.zeros(1 << 20, device=device)
     t.add_(rank + 1)
     dist.all_reduce(t)
-    check("cuda all_reduce after queued work", t.cpu(), torch.full((1 << 20,), float(sum(range(1, world + 1)))))
+    check(f"{device} all_reduce after queued work", t.cpu(), torch.full((1 << 20,), float(sum(range(1, world + 1)))))
     for root in range(world):
         t = values(rank, 40_001, torch.int32).to(device)
         dist.broadcast(t, src=root)
-        check(f"cuda broadcast from {root}", t.cpu(), values(root, 40_001, torch.int32))
+        check(f"{device} broadcast from {root}", t.cpu(), values(root, 40_001, torch.int32))
         t = values(rank, 1000, torch.float64).to(device)
         dist.reduce(t, dst=root)
         want = reduce_locally(world, 1000, torch.float64, "sum") if rank == root else values(rank, 1000, torch.float64)
-        check(f"cuda reduce to {root}", t.cpu(), want)
+        check(f"{device} reduce to {root}", t.cpu(), want)
     flat = torch.zeros(world * 1000, dtype=torch.int64, device=device)
     dist.all_gather_into_tensor(flat, values(rank, 1000, torch.int64).to(device))
-    check("cuda all_gather_into_tensor", flat.cpu(), torch.cat([values(r, 1000, torch.int64) for r in range(world)]))
+    check(f"{device} all_gather_into_tensor", flat.cpu(), torch.cat([values(r, 1000, torch.int64) for r in range(world)]))
     outs = [torch.zeros(1000, device=device) for _ in range(world)]
     dist.all_gather(outs, values(rank, 1000, torch.float32).to(device))
     for r in range(world):
-        check(f"cuda all_gather from {r}", outs[r].cpu(), values(r, 1000, torch.float32))
+        check(f"{device} all_gather from {r}", outs[r].cpu(), values(r, 1000, torch.float32))
     out = torch.zeros(1000, device=device)
     dist.reduce_scatter_tensor(out, values(rank, world * 1000, torch.float32).to(device))
     want = reduce_locally(world, world * 1000, torch.float32, "sum")[rank * 1000:(rank + 1) * 1000]
-    check("cuda reduce_scatter_tensor", out.cpu(), want)
+    check(f"{device} reduce_scatter_tensor", out.cpu(), want)
     out = torch.zeros(world * 100, device=device)
     dist.all_to_all_single(out, values(rank, world * 100, torch.float32).to(device))
     want = torch.cat([values(r, world * 100, torch.float32)[rank * 100:(rank + 1) * 100] for r in range(world)])
-    check("cuda all_to_all_single", out.cpu(), want)
+    check(f"{device} all_to_all_single", out.cpu(), want)
     # A non-contiguous view is written back where it lives.
     base = torch.zeros(8, 4, device=device)
     base[:, 1] = torch.arange(8.0, device=device) + rank
     dist.all_reduce(base[:, 1])
     want = sum(torch.arange(8.0) + r for r in range(world))
-    check("cuda all_reduce of a view", base[:, 1].cpu(), want)
-    check("cuda all_reduce of a view leaves the rest", base[:, 0].cpu(), torch.zeros(8))
+    check(f"{device} all_reduce of a view", base[:, 1].cpu(), want)
+    check(f"{device} all_reduce of a view leaves the rest", base[:, 0].cpu(), torch.zeros(8))
     # Point to point, both ways round the ring, receives posted first.
     got = torch.zeros(1 << 20, device=device)
     receive = dist.irecv(got, src=source)
     dist.isend(torch.full((1 << 20,), float(rank), device=device), dst=peer).wait()
     receive.wait()
-    check("cuda irecv before isend", got.cpu(), torch.full((1 << 20,), float(source)))
+    check(f"{device} irecv before isend", got.cpu(), torch.full((1 << 20,), float(source)))
     small = torch.zeros(5, device=device)
     receive = dist.irecv(small, src=source)
     dist.send(torch.full((5,), 7.0 + rank, device=device), dst=peer)
     deadline = time.monotonic() + 20
     while not receive.is_completed():
         if time.monotonic() > deadline:
-            failures.append("cuda irecv never completed by polling is_completed()")
+            failures.append(f"{device} irecv never completed by polling is_completed()")
             break
-    check("cuda irecv polled", small.cpu(), torch.full((5,), 7.0 + source))
+    check(f"{device} irecv polled", small.cpu(), torch.full((5,), 7.0 + source))
     # A call takes what the calls before it wrote, an asynchronous one too.
     t = torch.ones(1000, device=device)
     work = dist.all_reduce(t, async_op=True)
     dist.all_reduce(t)
     work.wait()
-    check("cuda all_reduce after an async one", t.cpu(), torch.full((1000,), float(world * world)))
+    check(f"{device} all_reduce after an async one", t.cpu(), torch.full((1000,), float(world * world)))
     t = torch.full((1000,), float(rank), device=device)
     works = [dist.all_reduce(t, async_op=True) for _ in range(3)]
     for w in works:
         w.wait()
-    check("cuda three async all_reduces in a row", t.cpu(),
+    check(f"{device} three async all_reduces in a row", t.cpu(),
           torch.full((1000,), float(sum(range(world)) * world ** 2)))
     # Work queued on a side stream before a call is ordered before it, for
     # what the call reads and for what it writes.
-    side = torch.cuda.Stream(device)
-    with torch.cuda.stream(side):
+    side = torch.cuda.Stream(device) if cuda else None
+    with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
         t = torch.empty(1 << 22, device=device)
         t.fill_(rank + 1.0)
         work = dist.all_reduce(t, async_op=True)
@@ -541,20 +555,21 @@ def on_cuda(rank, world):
         dist.send(torch.full((1 << 22,), 3.0 + rank, device=device), dst=peer)
         receive.wait()
         work.wait()
-    check("cuda all_reduce of side-stream work", t.cpu(),
+    check(f"{device} all_reduce of side-stream work", t.cpu(),
           torch.full((1 << 22,), float(sum(range(1, world + 1)))))
-    check("cuda irecv into side-stream work", got.cpu(), torch.full((1 << 22,), 3.0 + source))
+    check(f"{device} irecv into side-stream work", got.cpu(), torch.full((1 << 22,), 3.0 + source))
     # Asynchronous: the future holds the device tensor, its result in place.
     t = torch.ones(1000, device=device)
     future = dist.all_reduce(t, async_op=True).get_future()
     value = future.wait()[0]
     if value.device != device or value.data_ptr() != t.data_ptr():
         failures.append(f"the future holds {value.device} {value.data_ptr()}, not the tensor passed")
-    check("cuda async all_reduce", t.cpu(), torch.full((1000,), float(world)))
-    # CPU tensors still go as they are, in the same group.
-    t = values(rank, 37, torch.float32)
-    dist.all_reduce(t)
-    check("cpu all_reduce beside cuda", t, reduce_locally(world, 37, torch.float32, "sum"))
+    check(f"{device} async all_reduce", t.cpu(), torch.full((1000,), float(world)))
+    if cuda:
+        # CPU tensors still go as they are, in the same group.
+        t = values(rank, 37, torch.float32)
+        dist.all_reduce(t)
+        check("cpu all_reduce beside cuda", t, reduce_locally(world, 37, torch.float32, "sum"))
     # A model on the GPU trains as one process on the whole batch.
     ddp(rank, world, device)
 
@@ -578,7 +593,7 @@ def main():
     dist.init_process_group("barlink", **kwargs)
     run = {"matrix": matrix, "async": async_ops, "groups": groups, "mismatch": mismatch,
            "dies": dies, "relay": relay, "overlap": overlap, "ddp": ddp, "placed": placed, "tcp": over_tcp,
-           "cuda": on_cuda}[scenario]
+           "cuda": on_cuda, "staged": staged}[scenario]
     run(rank, world)
     dist.barrier()
     if failures:

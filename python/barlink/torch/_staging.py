@@ -51,24 +51,32 @@ class Staging:
         """`tensor` itself if it is in host memory, else a pinned host
         tensor of its shape and dtype, filled by `copy_in` if the call
         reads it and copied back by `copy_back` if the call writes it."""
-        kind = tensor.device.type
-        if kind == "cpu":
+        if not self._staged(tensor):
             return tensor
-        if kind != "cuda":
-            raise ValueError(
-                f"{self._what}: the barlink backend takes CPU and CUDA tensors, not {tensor.device}"
-            )
-        if tensor.device not in self._called:
+        cuda = tensor.device.type == "cuda"
+        if cuda and tensor.device not in self._called:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(tensor.device))
             self._called[tensor.device] = event
             self.current_device = torch.cuda.current_device()
-        stand_in = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        stand_in = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda)
         if read:
             self._read.append((tensor, stand_in))
         if written:
             self._written.append((tensor, stand_in))
         return stand_in
+
+    def _staged(self, tensor) -> bool:
+        """Whether `tensor` goes through a host stand-in. (The tests stage
+        CPU tensors too, to check the path's ordering without a GPU.)"""
+        kind = tensor.device.type
+        if kind == "cpu":
+            return False
+        if kind != "cuda":
+            raise ValueError(
+                f"{self._what}: the barlink backend takes CPU and CUDA tensors, not {tensor.device}"
+            )
+        return True
 
     def hosts(self, tensors, read: bool = True, written: bool = True) -> list:
         return [self.host(t, read=read, written=written) for t in tensors]
