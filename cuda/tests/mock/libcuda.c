@@ -1,5 +1,5 @@
 /* A stand-in for the CUDA driver (libcuda.so.1) for tests on machines
- * without a GPU. "Device memory" is host memory from malloc; every device
+ * without a GPU. "Device memory" is host memory, page-aligned; every device
  * range a call names is checked against the live allocations, so a copy
  * out of bounds, a double free or a stale pointer fails as
  * CUDA_ERROR_INVALID_VALUE instead of passing. It proves barlink's calls,
@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -36,7 +37,7 @@ enum {
 };
 
 /* Device allocations start on a host page, as the real driver's large ones do. */
-#define PAGE 4096
+static size_t page(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 
 #define MAX_ALLOCATIONS 4096
 static struct { uintptr_t base; size_t len; int host; } table[MAX_ALLOCATIONS];
@@ -208,7 +209,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t len) {
     NEED_CONTEXT();
     if (len == 0) return INVALID_VALUE;
     void *m = 0;
-    if (posix_memalign(&m, PAGE, len) != 0) return OUT_OF_MEMORY;
+    if (posix_memalign(&m, page(), len) != 0) return OUT_OF_MEMORY;
     if (!track(m, len, 0)) { free(m); return OUT_OF_MEMORY; }
     *p = (CUdeviceptr)(uintptr_t)m;
     return SUCCESS;
@@ -293,7 +294,7 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t len, 
     if (!inside(p, len)) return INVALID_VALUE;
 #ifdef MOCK_DMA_BUF
     /* The real driver takes whole host pages, type 1 (a dma-buf fd), no flags. */
-    if (p % PAGE != 0 || len % PAGE != 0 || type != 1 || flags != 0) return INVALID_VALUE;
+    if (p % page() != 0 || len % page() != 0 || type != 1 || flags != 0) return INVALID_VALUE;
     int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return OUT_OF_MEMORY;
     *(int *)handle = fd;
