@@ -33,6 +33,7 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -530,6 +531,13 @@ def through_stand_ins(rank, world, device):
             failures.append(f"{device} irecv never completed by polling is_completed()")
             break
     check(f"{device} irecv polled", small.cpu(), torch.full((5,), 7.0 + source))
+    # A tensor passed twice is one tensor, as on CPU: reduced twice.
+    a, b = torch.ones(100, device=device), torch.full((10,), 2.0, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all_reduce_coalesced is deprecated
+        dist.all_reduce_coalesced([a, a, b])
+    check(f"{device} all_reduce_coalesced of one tensor twice", a.cpu(), torch.full((100,), float(world ** 2)))
+    check(f"{device} all_reduce_coalesced beside it", b.cpu(), torch.full((10,), 2.0 * world))
     # A call takes what the calls before it wrote, an asynchronous one too.
     t = torch.ones(1000, device=device)
     work = dist.all_reduce(t, async_op=True)

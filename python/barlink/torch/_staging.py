@@ -43,6 +43,9 @@ class Staging:
         self._what = what
         self._read = []
         self._written = []
+        # One stand-in per tensor object, as the call's algorithm would
+        # find one tensor where it was passed twice.
+        self._stand_ins = {}
         # Per CUDA device, the caller's place in its stream at the call.
         self._called = {}
         self.current_device = None
@@ -59,11 +62,14 @@ class Staging:
             event.record(torch.cuda.current_stream(tensor.device))
             self._called[tensor.device] = event
             self.current_device = torch.cuda.current_device()
-        stand_in = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda)
-        if read:
+        stand_in, was_read, was_written = self._stand_ins.get(id(tensor), (None, False, False))
+        if stand_in is None:
+            stand_in = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda)
+        if read and not was_read:
             self._read.append((tensor, stand_in))
-        if written:
+        if written and not was_written:
             self._written.append((tensor, stand_in))
+        self._stand_ins[id(tensor)] = (stand_in, read or was_read, written or was_written)
         return stand_in
 
     def _staged(self, tensor) -> bool:
