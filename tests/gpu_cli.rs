@@ -25,6 +25,37 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// `bench --gpu --json` against `library` with a small schedule: its exit
+/// status and rows.
+fn bench_gpu(
+    library: &std::path::Path,
+    sizes: &str,
+    windows: &str,
+    lat_iters: &str,
+) -> (Option<i32>, Vec<serde_json::Value>, String) {
+    let output = barlink(
+        library,
+        &[
+            "bench",
+            "--gpu",
+            "--json",
+            "--sizes",
+            sizes,
+            "--windows",
+            windows,
+            "--lat-iters",
+            lat_iters,
+            "--bytes-per-window",
+            "4M",
+        ],
+    );
+    let rows = text(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    (output.status.code(), rows, text(&output.stderr))
+}
+
 #[test]
 fn without_a_driver_or_a_gpu_both_commands_exit_3_saying_what_is_missing() {
     let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-such-libcuda.so.1");
@@ -62,27 +93,8 @@ fn bench_gpu_rows_name_the_gpu_and_the_cpu_and_check_what_landed() {
     ) else {
         return;
     };
-    let output = barlink(
-        &library,
-        &[
-            "bench",
-            "--gpu",
-            "--json",
-            "--sizes",
-            "4K,1M",
-            "--windows",
-            "2",
-            "--lat-iters",
-            "5",
-            "--bytes-per-window",
-            "4M",
-        ],
-    );
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    let rows: Vec<serde_json::Value> = text(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
-        .collect();
+    let (status, rows, stderr) = bench_gpu(&library, "4K,1M", "2", "5");
+    assert_eq!(status, Some(0), "{stderr}");
     let paths: Vec<(&str, u64)> = rows
         .iter()
         .map(|r| {
@@ -129,27 +141,8 @@ fn bench_gpu_counts_what_landed_wrong_and_exits_1() {
     ) else {
         return;
     };
-    let output = barlink(
-        &library,
-        &[
-            "bench",
-            "--gpu",
-            "--json",
-            "--sizes",
-            "1M",
-            "--windows",
-            "4",
-            "--lat-iters",
-            "25",
-            "--bytes-per-window",
-            "4M",
-        ],
-    );
-    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
-    let rows: Vec<serde_json::Value> = text(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
-        .collect();
+    let (status, rows, stderr) = bench_gpu(&library, "1M", "4", "25");
+    assert_eq!(status, Some(1), "{stderr}");
     assert!(
         rows.iter()
             .any(|r| r["path"] == "barlink-gpu" && r["wrong"].as_u64().unwrap() > 0),
