@@ -1,8 +1,9 @@
 //! A stand-in CUDA driver for tests on machines without a GPU
 //! (`tests/mock/libcuda.c`): device memory is host memory, every device
 //! range is checked against the live allocations, IPC and dma-buf export
-//! are refused (but for a variant that exports dma-bufs). It proves barlink's calls, bounds and error paths; a real
-//! GPU proves the rest (`scripts/gpu-check.sh`).
+//! are refused (but for a variant that exports dma-bufs). It proves
+//! barlink's calls, bounds and error paths; a real GPU proves the rest
+//! (`scripts/gpu-check.sh`).
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};

@@ -179,19 +179,28 @@ def measure(torch, dist, groups, case, args, gloo):
     if case.op in ("all_reduce",) and case.redop == "product":
         tensor.fill_(1)
     groups = dict(groups)
-    for name, group in list(groups.items()):
+    refused = {}
+    for name, group in groups.items():
         try:
             for _ in range(args.warmup):
                 case.run(group, tensor, out)
         except RuntimeError as error:
-            # gloo takes CUDA tensors for some operations only; it refuses
-            # the others on every rank alike, before anything moves.
+            # gloo takes CUDA tensors for some operations only, and refuses
+            # the others before anything moves.
             if name == "barlink" or case.device.type == "cpu":
                 raise
+            refused[name] = str(error).splitlines()[0]
+    for name in [name for name in groups if name != "barlink"]:
+        # Every rank drops it if any refused (a send_recv's idle ranks
+        # never call it), or the windows' barriers would not pair up.
+        flag = torch.tensor([int(name in refused)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=gloo)
+        if flag.item():
             del groups[name]
             if case.rank == 0:
-                print(f"# {name} cannot {case.op} on {case.device.type} tensors: "
-                      f"{str(error).splitlines()[0]}", file=sys.stderr, flush=True)
+                why = refused.get(name, "refused on another rank")
+                print(f"# {name} cannot {case.op} on {case.device.type} tensors: {why}",
+                      file=sys.stderr, flush=True)
     times = {name: [] for name in groups}
     case.sync()
     iters = args.iters

@@ -181,14 +181,9 @@ fn measure_with_child(
         results.push(measure_size(&mut parent, plan, size, count)?);
     }
     // The peer frees the buffer it exported when it ends, and freeing it
-    // while it is mapped here is undefined: unmap it, then say so.
-    let note = match std::mem::replace(&mut parent.imported, Err(String::new())) {
-        Ok(imported) => {
-            drop(imported);
-            None
-        }
-        Err(why) => Some(why),
-    };
+    // while it is mapped here is undefined: unmap it (the import is
+    // dropped here), then say so.
+    let note = std::mem::replace(&mut parent.imported, Err(String::new())).err();
     barlink_send(&mut parent, 1)?;
     // The peer's counts come on its stdout once everything it sent is
     // acknowledged, which needs this side to keep driving the link.
@@ -325,13 +320,11 @@ fn measure_size(
             measured.latency_us[2].push(started.elapsed().as_secs_f64() * 1e6);
         }
     }
-    if plan.lat_iters > 0 {
-        parent
-            .replies
-            .read(0, &mut back)
-            .map_err(|e| e.to_string())?;
-        measured.wrong[0] += u64::from(back != expected);
-    }
+    parent
+        .replies
+        .read(0, &mut back)
+        .map_err(|e| e.to_string())?;
+    measured.wrong[0] += u64::from(back != expected);
     Ok(measured)
 }
 
