@@ -620,6 +620,11 @@ class ProcessGroupBarlink(dist.ProcessGroup):
             staging=staging,
         )
 
+    # torch 2.11 and older call these by their former names.
+    _allgather_base = all_gather_single
+    _reduce_scatter_base = reduce_scatter_single
+    alltoall_base = all_to_all_single
+
     def barrier(self, opts=None):
         return self._collective("barrier", lambda: algo.barrier(self), opts=opts)
 
