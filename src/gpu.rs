@@ -13,8 +13,9 @@
 //! Everything here needs the CUDA driver, loaded at run time
 //! ([`Cuda::load`]); without it the calls return [`CudaError::NoDriver`].
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use barlink_cuda::{
     Attribute, Context, Cuda, CudaError, Device, DeviceBuffer, DeviceInfo, DriverVersion,
@@ -26,12 +27,18 @@ use crate::Connection;
 
 /// Pinned host buffers kept for staging device ranges, reused once the
 /// peer acknowledged what was staged in them (allocating pinned memory
-/// takes the driver milliseconds).
+/// takes the driver milliseconds). The pool holds at most its budget of
+/// pinned memory, staged and spare together: [`send_from_device`] waits
+/// for the peer's acknowledgements rather than pin more.
 #[derive(Debug)]
 pub struct StagingPool {
     context: Context,
     spares: Mutex<Vec<PinnedBuffer>>,
-    keep_bytes: usize,
+    /// Bytes of the buffers out on a link (staged, not yet acknowledged).
+    staged: AtomicUsize,
+    /// How many buffers are out on a link.
+    staged_buffers: AtomicUsize,
+    budget_bytes: usize,
 }
 
 /// A device range staged in pinned host memory: the message type of a
@@ -47,14 +54,23 @@ pub struct Staged {
 /// The smallest pinned buffer the pool allocates.
 const MIN_STAGING: usize = 4096;
 
+/// The most buffers out on a link at once: small messages would
+/// otherwise each pin a buffer of their own up to the byte budget (each
+/// allocation a driver call of its own), far past what keeps a link's
+/// window full.
+const MAX_STAGED_BUFFERS: usize = 256;
+
 impl StagingPool {
-    /// A pool in `context` that keeps at most `keep_bytes` of spare
-    /// buffers (64 MiB is ample for a link's window of 1 MiB messages).
-    pub fn new(context: Context, keep_bytes: usize) -> Arc<StagingPool> {
+    /// A pool in `context` that pins at most `budget_bytes` (staged and
+    /// spare), or one message's buffer when a message is larger (64 MiB
+    /// keeps a link's window of 1 MiB messages in flight).
+    pub fn new(context: Context, budget_bytes: usize) -> Arc<StagingPool> {
         Arc::new(StagingPool {
             context,
             spares: Mutex::new(Vec::new()),
-            keep_bytes,
+            staged: AtomicUsize::new(0),
+            staged_buffers: AtomicUsize::new(0),
+            budget_bytes,
         })
     }
 
@@ -67,14 +83,35 @@ impl StagingPool {
         len: usize,
     ) -> Result<Staged, CudaError> {
         let mut buffer = self.take(len)?;
-        if len > 0 {
-            buffer.fill_from(source, offset, len)?;
+        if len > 0
+            && let Err(error) = buffer.fill_from(source, offset, len)
+        {
+            self.give_back(buffer);
+            return Err(error);
         }
+        self.staged
+            .fetch_add(buffer.as_ref().len(), Ordering::Relaxed);
+        self.staged_buffers.fetch_add(1, Ordering::Relaxed);
         Ok(Staged {
             buffer: Some(buffer),
             len,
             pool: Arc::clone(self),
         })
+    }
+
+    /// Bytes of pinned buffers out on a link now (staged, not yet
+    /// acknowledged by the peer).
+    pub fn staged_bytes(&self) -> usize {
+        self.staged.load(Ordering::Relaxed)
+    }
+
+    /// Whether staging `len` more bytes would pass the budget while
+    /// staged buffers are out (which the peer's acknowledgements return).
+    fn over_budget(&self, len: usize) -> bool {
+        let staged = self.staged_bytes();
+        staged > 0
+            && (staged + capacity_for(len) > self.budget_bytes
+                || self.staged_buffers.load(Ordering::Relaxed) >= MAX_STAGED_BUFFERS)
     }
 
     /// Bytes held in spare buffers now.
@@ -96,20 +133,23 @@ impl StagingPool {
                 return Ok(spares.swap_remove(i));
             }
         }
-        let capacity = len
-            .max(MIN_STAGING)
-            .checked_next_power_of_two()
-            .unwrap_or(len);
-        self.context.alloc_pinned(capacity)
+        self.context.alloc_pinned(capacity_for(len))
     }
 
     fn give_back(&self, buffer: PinnedBuffer) {
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
         let held: usize = spares.iter().map(|b| b.as_ref().len()).sum();
-        if held + buffer.as_ref().len() <= self.keep_bytes {
+        if held + self.staged_bytes() + buffer.as_ref().len() <= self.budget_bytes {
             spares.push(buffer);
         }
     }
+}
+
+/// The size of the pinned buffer the pool allocates for `len` bytes.
+fn capacity_for(len: usize) -> usize {
+    len.max(MIN_STAGING)
+        .checked_next_power_of_two()
+        .unwrap_or(len)
 }
 
 impl AsRef<[u8]> for Staged {
@@ -124,6 +164,10 @@ impl AsRef<[u8]> for Staged {
 impl Drop for Staged {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
+            self.pool
+                .staged
+                .fetch_sub(buffer.as_ref().len(), Ordering::Relaxed);
+            self.pool.staged_buffers.fetch_sub(1, Ordering::Relaxed);
             self.pool.give_back(buffer);
         }
     }
@@ -151,7 +195,8 @@ impl std::fmt::Display for DeviceSendError {
 impl std::error::Error for DeviceSendError {}
 
 /// Sends `len` bytes of `source` at `offset` as one message, waiting at
-/// most `timeout` for room on the link.
+/// most `timeout` in all for the pool's budget (the peer acknowledging
+/// earlier messages) and for room on the link.
 pub fn send_from_device(
     link: &mut Connection<Staged>,
     pool: &Arc<StagingPool>,
@@ -160,6 +205,16 @@ pub fn send_from_device(
     len: usize,
     timeout: Duration,
 ) -> Result<(), DeviceSendError> {
+    let started = Instant::now();
+    while pool.over_budget(len) {
+        link.progress_waiting(false, false)
+            .and_then(|_| link.check_open())
+            .map_err(DeviceSendError::Link)?;
+        if started.elapsed() >= timeout {
+            return Err(DeviceSendError::Link(IoError::Timeout { after: timeout }));
+        }
+    }
+    let timeout = timeout.saturating_sub(started.elapsed());
     let staged = pool
         .stage(source, offset, len)
         .map_err(DeviceSendError::Cuda)?;

@@ -115,3 +115,63 @@ fn a_message_too_large_for_the_device_buffer_is_handed_back() {
     link.flush(TIMEOUT).unwrap();
     assert_eq!(sender.join().unwrap(), b"ok");
 }
+
+#[test]
+fn staging_pins_no_more_than_its_budget_while_the_peer_lags() {
+    let Some(cuda) = mock_cuda("staging_pins_no_more_than_its_budget_while_the_peer_lags") else {
+        return;
+    };
+    let context = cuda.device(0).unwrap().context().unwrap();
+    const MESSAGES: usize = 24;
+    const SIZE: usize = 1 << 20;
+    const BUDGET: usize = 4 << 20;
+    let peer = Peer::Local {
+        name: format!("gpu-test-budget-{}", std::process::id()),
+    };
+    let receiver = {
+        let (peer, context) = (peer.clone(), context.clone());
+        thread::spawn(move || {
+            let mut link =
+                connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
+            let landing = context.alloc(SIZE).unwrap();
+            // A peer busy elsewhere: every message the sender queues in
+            // the meantime would pin a buffer of its own, unbounded.
+            thread::sleep(Duration::from_millis(300));
+            for index in 0..MESSAGES {
+                assert_eq!(
+                    recv_into_device(&mut link, &landing, 0, TIMEOUT).unwrap(),
+                    SIZE
+                );
+                let mut back = vec![0u8; SIZE];
+                landing.read(0, &mut back).unwrap();
+                assert!(
+                    back == pattern(SIZE, index as u8),
+                    "message {index} changed"
+                );
+            }
+            link.send(b"done".to_vec(), TIMEOUT).unwrap();
+            link.flush(TIMEOUT).unwrap();
+        })
+    };
+    let mut link = connect::<Staged>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
+    let pool = StagingPool::new(context.clone(), BUDGET);
+    let source = context.alloc(SIZE).unwrap();
+    let mut most = 0;
+    for index in 0..MESSAGES {
+        source.write(0, &pattern(SIZE, index as u8)).unwrap();
+        send_from_device(&mut link, &pool, &source, 0, SIZE, TIMEOUT).unwrap();
+        most = most.max(pool.staged_bytes() + pool.spare_bytes());
+    }
+    link.flush(TIMEOUT).unwrap();
+    assert_eq!(link.recv(TIMEOUT).unwrap(), b"done");
+    receiver.join().unwrap();
+    assert!(
+        most <= BUDGET,
+        "{most} bytes pinned at once, budget {BUDGET}"
+    );
+    assert!(
+        most >= 2 * SIZE,
+        "only {most} bytes in flight: the budget was not used"
+    );
+    assert_eq!(pool.staged_bytes(), 0);
+}
