@@ -22,6 +22,7 @@ pub use barlink_cuda::{
     IpcHandle, PinnedBuffer,
 };
 use barlink_transport::link::IoError;
+use barlink_transport::{Delivery, RecvTarget};
 
 use crate::Connection;
 
@@ -286,4 +287,118 @@ pub fn recv_into_device<B: AsRef<[u8]>>(
     let len = message.len();
     link.recycle(message);
     Ok(len)
+}
+
+/// Receives messages into device memory through pinned host buffers that
+/// it keeps posted on the link: the link's checked copy out of its medium
+/// lands in pinned memory, and the copy engine reads it from there at full
+/// speed (from a pageable buffer the driver would stage it once more).
+/// A message larger than `room`, or that began before a buffer was
+/// posted, arrives in a buffer of the link's and is copied from there.
+/// While its buffers are posted, take the link's messages through it.
+#[derive(Debug)]
+pub struct DeviceLanding {
+    context: Context,
+    room: usize,
+    depth: usize,
+    posted: usize,
+    landed: u64,
+    copied: u64,
+}
+
+/// A pinned buffer lent to the link to land a message in.
+struct PinnedTarget(PinnedBuffer);
+
+impl RecvTarget for PinnedTarget {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.0.as_mut()
+    }
+}
+
+impl DeviceLanding {
+    /// Lands messages of up to `room` bytes in `depth` pinned buffers of
+    /// `context`, posted on the first receive (two keep the link's copy
+    /// of the next message beside the copy engine's of this one).
+    pub fn new(context: Context, room: usize, depth: usize) -> DeviceLanding {
+        DeviceLanding {
+            context,
+            room,
+            depth: depth.max(1),
+            posted: 0,
+            landed: 0,
+            copied: 0,
+        }
+    }
+
+    /// Messages received that landed in a pinned buffer, and messages
+    /// that arrived in a buffer of the link's (pageable) instead.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.landed, self.copied)
+    }
+
+    /// Receives the next message into `destination` at `offset`, waiting
+    /// at most `timeout`; its length. Errors as [`recv_into_device`]'s.
+    pub fn recv<B: AsRef<[u8]>>(
+        &mut self,
+        link: &mut Connection<B>,
+        destination: &DeviceBuffer,
+        offset: usize,
+        timeout: Duration,
+    ) -> Result<usize, DeviceRecvError> {
+        while self.posted < self.depth {
+            let buffer =
+                self.context
+                    .alloc_pinned(self.room)
+                    .map_err(|error| DeviceRecvError::Cuda {
+                        error,
+                        message: Vec::new(),
+                    })?;
+            link.post_recv(Box::new(PinnedTarget(buffer)));
+            self.posted += 1;
+        }
+        let room = destination.len().saturating_sub(offset);
+        match link.recv_delivery(timeout).map_err(DeviceRecvError::Link)? {
+            Delivery::Message { data, .. } => {
+                self.copied += 1;
+                if data.len() > room {
+                    return Err(DeviceRecvError::TooLarge {
+                        message: data,
+                        room,
+                    });
+                }
+                if let Err(error) = destination.write(offset, &data) {
+                    return Err(DeviceRecvError::Cuda {
+                        error,
+                        message: data,
+                    });
+                }
+                let len = data.len();
+                link.recycle(data);
+                Ok(len)
+            }
+            Delivery::Landed { recv, len, .. } => {
+                self.landed += 1;
+                let mut target = recv.into_target();
+                let landed = &target.bytes_mut()[..len];
+                let result = if len > room {
+                    Err(DeviceRecvError::TooLarge {
+                        message: landed.to_vec(),
+                        room,
+                    })
+                } else {
+                    destination
+                        .write(offset, landed)
+                        .map(|()| len)
+                        .map_err(|error| DeviceRecvError::Cuda {
+                            error,
+                            message: landed.to_vec(),
+                        })
+                };
+                // Posted again at once, still in order: the buffer is free
+                // once the copy engine read it (`write` returns after).
+                link.post_recv(target);
+                result
+            }
+        }
+    }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use barlink::cuda::mock::{self, MockKind};
 use barlink::gpu::{
-    Cuda, DeviceRecvError, Staged, StagingPool, recv_into_device, send_from_device,
+    Cuda, DeviceLanding, DeviceRecvError, Staged, StagingPool, recv_into_device, send_from_device,
 };
 use barlink::{ConnectOptions, Peer, Role, connect};
 
@@ -174,4 +174,63 @@ fn staging_pins_no_more_than_its_budget_while_the_peer_lags() {
         "only {most} bytes in flight: the budget was not used"
     );
     assert_eq!(pool.staged_bytes(), 0);
+}
+
+#[test]
+fn messages_land_in_pinned_buffers_and_larger_ones_still_arrive() {
+    let Some(cuda) = mock_cuda("messages_land_in_pinned_buffers_and_larger_ones_still_arrive")
+    else {
+        return;
+    };
+    let context = cuda.device(0).unwrap().context().unwrap();
+    const ROOM: usize = 1 << 20;
+    // Twenty that fit the pinned buffers, one larger, one too large for
+    // the device buffer (handed back), and one that fits again.
+    let mut sizes: Vec<usize> = (0..20).map(|i| 1 + i * 52_021).collect();
+    sizes.extend([ROOM + 1, 3 << 20, ROOM]);
+    let peer = Peer::Local {
+        name: format!("gpu-test-landing-{}", std::process::id()),
+    };
+    let sender = {
+        let (peer, sizes) = (peer.clone(), sizes.clone());
+        thread::spawn(move || {
+            let mut link =
+                connect::<Vec<u8>>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
+            for (index, &size) in sizes.iter().enumerate() {
+                link.send(pattern(size, index as u8), TIMEOUT).unwrap();
+            }
+            link.flush(TIMEOUT).unwrap();
+            link.recv(TIMEOUT).unwrap()
+        })
+    };
+    let mut link = connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
+    let mut landing = DeviceLanding::new(context.clone(), ROOM, 2);
+    let device = context.alloc(2 << 20).unwrap();
+    for (index, &size) in sizes.iter().enumerate() {
+        let want = pattern(size, index as u8);
+        match landing.recv(&mut link, &device, 5, TIMEOUT) {
+            Ok(len) => {
+                assert_eq!(len, size, "message {index}");
+                let mut back = vec![0u8; size];
+                device.read(5, &mut back).unwrap();
+                assert!(back == want, "message {index} of {size} bytes changed");
+            }
+            Err(DeviceRecvError::TooLarge { message, room }) => {
+                assert_eq!((size, room), (3 << 20, (2 << 20) - 5));
+                assert!(message == want, "the handed-back message changed");
+            }
+            Err(other) => panic!("message {index}: {other}"),
+        }
+    }
+    let (landed, copied) = landing.counts();
+    assert_eq!(landed + copied, sizes.len() as u64);
+    // The larger ones never fit the pinned buffers; a message that began
+    // before a buffer was posted (again) arrives in the link's instead.
+    assert!(
+        landed >= 1 && copied >= 2,
+        "{landed} landed, {copied} copied"
+    );
+    link.send(b"ok".to_vec(), TIMEOUT).unwrap();
+    link.flush(TIMEOUT).unwrap();
+    assert_eq!(sender.join().unwrap(), b"ok");
 }

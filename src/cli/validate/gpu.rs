@@ -17,7 +17,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use barlink::gpu::{DeviceBuffer, Staged, StagingPool, recv_into_device, send_from_device};
+use barlink::gpu::{DeviceBuffer, DeviceLanding, Staged, StagingPool, send_from_device};
 use barlink::{ConnectOptions, Peer, Role, connect};
 use serde_json::json;
 
@@ -237,9 +237,12 @@ fn receive(
         .context
         .alloc(stream.max_size.max(8))
         .map_err(|e| e.to_string())?;
+    let mut receiver = DeviceLanding::new(gpu.context.clone(), stream.max_size.max(8), 4);
     let (mut expected, mut landed) = (Vec::new(), Vec::new());
     for index in 0..stream.count {
-        let len = recv_into_device(&mut link, &landing, 0, timeout).map_err(|e| e.to_string())?;
+        let len = receiver
+            .recv(&mut link, &landing, 0, timeout)
+            .map_err(|e| e.to_string())?;
         stream.message(index, &mut expected);
         landed.resize(len, 0);
         landing.read(0, &mut landed).map_err(|e| e.to_string())?;

@@ -22,9 +22,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use barlink::gpu::{
-    DeviceBuffer, IpcHandle, Staged, StagingPool, recv_into_device, send_from_device,
-};
+use barlink::gpu::{DeviceBuffer, DeviceLanding, IpcHandle, Staged, StagingPool, send_from_device};
 use barlink::{ConnectOptions, Peer, Role, connect};
 use barlink_transport::EngineConfig;
 use serde_json::Value;
@@ -39,6 +37,9 @@ use crate::cli::{CommandError, Status, human_size};
 
 /// The paths, in the order of [`Measured`]'s arrays.
 const PATHS: [&str; 3] = ["barlink-gpu", "cumemcpy-staged", "cuda-ipc"];
+
+/// Pinned buffers each side keeps posted to land messages in.
+pub const LANDING_DEPTH: usize = 4;
 
 pub fn engine_config(mtu: usize, window: u32, max_size: usize) -> EngineConfig {
     EngineConfig {
@@ -84,6 +85,7 @@ struct Parent {
     /// Where barlink's answers land in the latency loop: apart from
     /// `landing`, which the staged copies there overwrite.
     replies: DeviceBuffer,
+    receiver: DeviceLanding,
     pinned: barlink::gpu::PinnedBuffer,
     imported: Result<DeviceBuffer, String>,
 }
@@ -171,6 +173,7 @@ fn measure_with_child(
         source: context.alloc(max).map_err(cuda)?,
         landing: context.alloc(max).map_err(cuda)?,
         replies: context.alloc(max).map_err(cuda)?,
+        receiver: DeviceLanding::new(context.clone(), max, LANDING_DEPTH),
         pinned: context.alloc_pinned(max).map_err(cuda)?,
         imported,
         link,
@@ -281,7 +284,11 @@ fn measure_size(
         for _ in 0..count {
             barlink_send(parent, size)?;
         }
-        parent.link.recv(STEP_TIMEOUT).map_err(|e| e.to_string())?;
+        // The peer's one byte: every message of the window landed.
+        parent
+            .receiver
+            .recv(&mut parent.link, &parent.replies, 0, STEP_TIMEOUT)
+            .map_err(|e| e.to_string())?;
         measured.gbps[0].push(bytes / started.elapsed().as_secs_f64() / 1e9);
 
         let started = Instant::now();
@@ -306,7 +313,9 @@ fn measure_size(
     for _ in 0..plan.lat_iters {
         let started = Instant::now();
         barlink_send(parent, size)?;
-        recv_into_device(&mut parent.link, &parent.replies, 0, STEP_TIMEOUT)
+        parent
+            .receiver
+            .recv(&mut parent.link, &parent.replies, 0, STEP_TIMEOUT)
             .map_err(|e| e.to_string())?;
         measured.latency_us[0].push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
 

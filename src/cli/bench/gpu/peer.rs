@@ -5,11 +5,11 @@
 use std::io::Write;
 use std::path::Path;
 
-use barlink::gpu::{Staged, StagingPool, recv_into_device, send_from_device};
+use barlink::gpu::{DeviceLanding, Staged, StagingPool, send_from_device};
 use barlink::{ConnectOptions, Peer, Role, connect};
 
 use super::plan::{GpuPeerPlan, STEP_TIMEOUT, payload};
-use super::{engine_config, hex};
+use super::{LANDING_DEPTH, engine_config, hex};
 use crate::cli::bench::shm::watch_parent;
 use crate::cli::gpu;
 
@@ -38,6 +38,7 @@ pub fn run_child(plan: &GpuPeerPlan) -> Result<(), String> {
     };
     let mut link = connect::<Staged>(&peer, Role::Connect, &options).map_err(|e| e.to_string())?;
     let pool = StagingPool::new(gpu.context.clone(), 64 << 20);
+    let mut receiver = DeviceLanding::new(gpu.context.clone(), max, LANDING_DEPTH);
     let mut wrong = Vec::new();
     let mut landed = Vec::new();
     for (&size, &count) in plan.sizes.iter().zip(&plan.counts) {
@@ -45,7 +46,8 @@ pub fn run_child(plan: &GpuPeerPlan) -> Result<(), String> {
         let mut wrong_here = 0u64;
         for _ in 0..plan.windows {
             for _ in 0..count {
-                let len = recv_into_device(&mut link, &landing, 0, STEP_TIMEOUT)
+                let len = receiver
+                    .recv(&mut link, &landing, 0, STEP_TIMEOUT)
                     .map_err(|e| e.to_string())?;
                 wrong_here += u64::from(len != size);
             }
@@ -56,7 +58,9 @@ pub fn run_child(plan: &GpuPeerPlan) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
         }
         for _ in 0..plan.lat_iters {
-            recv_into_device(&mut link, &landing, 0, STEP_TIMEOUT).map_err(|e| e.to_string())?;
+            receiver
+                .recv(&mut link, &landing, 0, STEP_TIMEOUT)
+                .map_err(|e| e.to_string())?;
             send_from_device(&mut link, &pool, &landing, 0, size, STEP_TIMEOUT)
                 .map_err(|e| e.to_string())?;
         }
@@ -68,6 +72,8 @@ pub fn run_child(plan: &GpuPeerPlan) -> Result<(), String> {
         .map_err(|e| format!("writing to the parent: {e}"))?;
     // The parent maps `landing` (CUDA IPC) until it says it let go: freeing
     // exported memory that another process still maps is undefined.
-    recv_into_device(&mut link, &landing, 0, STEP_TIMEOUT).map_err(|e| e.to_string())?;
+    receiver
+        .recv(&mut link, &landing, 0, STEP_TIMEOUT)
+        .map_err(|e| e.to_string())?;
     link.close(STEP_TIMEOUT).map_err(|e| e.to_string())
 }
