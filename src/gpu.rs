@@ -61,6 +61,11 @@ const MIN_STAGING: usize = 4096;
 /// window full.
 const MAX_STAGED_BUFFERS: usize = 256;
 
+/// Copies between device and host run in pieces of this many bytes, the
+/// link driven between them: a copy of a large message in one piece
+/// would leave the link's window idle for as long as the copy takes.
+const COPY_PIECE: usize = 1 << 20;
+
 impl StagingPool {
     /// A pool in `context` that pins at most `budget_bytes` (staged and
     /// spare), or one message's buffer when a message is larger (64 MiB
@@ -83,12 +88,28 @@ impl StagingPool {
         offset: usize,
         len: usize,
     ) -> Result<Staged, CudaError> {
+        self.stage_between(source, offset, len, || {})
+    }
+
+    /// [`StagingPool::stage`], calling `between` between pieces of the
+    /// copy (to drive a link that would otherwise stall meanwhile).
+    fn stage_between(
+        self: &Arc<Self>,
+        source: &DeviceBuffer,
+        offset: usize,
+        len: usize,
+        mut between: impl FnMut(),
+    ) -> Result<Staged, CudaError> {
         let mut buffer = self.take(len)?;
-        if len > 0
-            && let Err(error) = buffer.fill_from(source, offset, len)
-        {
-            self.give_back(buffer);
-            return Err(error);
+        for start in (0..len).step_by(COPY_PIECE) {
+            if start > 0 {
+                between();
+            }
+            let end = len.min(start + COPY_PIECE);
+            if let Err(error) = source.read(offset + start, &mut buffer.as_mut()[start..end]) {
+                self.give_back(buffer);
+                return Err(error);
+            }
         }
         self.staged
             .fetch_add(buffer.as_ref().len(), Ordering::Relaxed);
@@ -216,8 +237,12 @@ pub fn send_from_device(
         }
     }
     let timeout = timeout.saturating_sub(started.elapsed());
+    // A failed round of progress is recorded by the link, and the send
+    // below reports it.
     let staged = pool
-        .stage(source, offset, len)
+        .stage_between(source, offset, len, || {
+            let _ = link.progress();
+        })
         .map_err(DeviceSendError::Cuda)?;
     link.send(staged, timeout).map_err(DeviceSendError::Link)
 }
@@ -366,7 +391,7 @@ impl DeviceLanding {
                         room,
                     });
                 }
-                if let Err(error) = destination.write(offset, &data) {
+                if let Err(error) = write_between(link, destination, offset, &data) {
                     return Err(DeviceRecvError::Cuda {
                         error,
                         message: data,
@@ -386,8 +411,7 @@ impl DeviceLanding {
                         room,
                     })
                 } else {
-                    destination
-                        .write(offset, landed)
+                    write_between(link, destination, offset, landed)
                         .map(|()| len)
                         .map_err(|error| DeviceRecvError::Cuda {
                             error,
@@ -401,4 +425,22 @@ impl DeviceLanding {
             }
         }
     }
+}
+
+/// Writes `bytes` into `destination` at `offset` piece by piece, driving
+/// `link` between the pieces (a failed round is recorded by the link and
+/// reported by its next call).
+fn write_between<B: AsRef<[u8]>>(
+    link: &mut Connection<B>,
+    destination: &DeviceBuffer,
+    offset: usize,
+    bytes: &[u8],
+) -> Result<(), CudaError> {
+    for (index, piece) in bytes.chunks(COPY_PIECE).enumerate() {
+        if index > 0 {
+            let _ = link.progress();
+        }
+        destination.write(offset + index * COPY_PIECE, piece)?;
+    }
+    Ok(())
 }
