@@ -94,10 +94,11 @@ torch_version=$(timeout 60 python3 -c 'import torch; print(torch.__version__)' 2
 if ls "$dir"/wheels/barlink-*.whl >/dev/null 2>&1 && [ -n "$torch_version" ]; then
     site=$(mktemp -d)
     if timeout 60 python3 -m pip install -q --no-index --no-deps --target "$site" "$dir"/wheels/barlink-*.whl; then
-        # The tests a GPU and this torch can change; the rest run in CI.
-        check "python: placement on the GPU, torch backend (torch $torch_version)" 150 \
+        # The tests a GPU changes; the rest run in CI (each rank's import
+        # of a CUDA torch takes seconds, so the whole suite would not fit).
+        check "python: the torch backend on the GPU (torch $torch_version)" 200 \
             env PYTHONPATH="$site" python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_placement.py python/tests/test_torch.py \
-            -k '(cuda and not staged) or placement or real_gpu or every_operation or distributed_data or benchmark'
+            -k '(cuda and not staged) or real_gpu or distributed_data'
         check "python -m barlink.torch.bench --device cuda (barlink and gloo on CUDA tensors)" 90 \
             env PYTHONPATH="$site" bash -c 'set -o pipefail; python3 -m barlink.torch.bench --device cuda --ops all_reduce,broadcast,send_recv -b 1M -e 64M -f 8 --windows 3 --json | tee "$1"' \
             _ "$out/torch-cuda.jsonl"
