@@ -82,7 +82,8 @@ else
 fi
 for gpu in /sys/bus/pci/devices/*; do
     [ "$(cat "$gpu/vendor" 2>/dev/null)" = 0x10de ] || continue
-    echo "sysfs $(basename "$gpu"): resource1 $(ls -la "$gpu/resource1" 2>&1 | awk '{print $1, $5}'), resource1_wc $([ -e "$gpu/resource1_wc" ] && echo present || echo absent)"
+    echo "sysfs $(basename "$gpu"): $(cd "$gpu" && ls resource[0-9]* 2>/dev/null | tr '\n' ' ')"
+    cat "$gpu/resource" 2>/dev/null | head -6
 done
 
 check "CUDA layer on the device (cuda-device-tests)" 60 "$dir/cuda-device-tests" --nocapture --test-threads=1

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use barlink::gpu::{Context, Cuda, CudaError, DeviceInfo};
+use barlink_topology::aperture::nvidia_bar1;
 use barlink_topology::pci::PCI_DEVICES_DIR;
 use barlink_topology::pci::resource::{human_bytes, parse_resource};
 use serde_json::json;
@@ -64,8 +65,8 @@ fn bar1_size(sysfs_root: &Path, address: &str) -> Result<u64, String> {
         .join("resource");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let (bars, _) = parse_resource(&text);
-    bars.iter()
-        .find(|bar| bar.index == 1 && bar.size > 0)
+    nvidia_bar1(&bars)
+        .filter(|bar| bar.size > 0)
         .map(|bar| bar.size)
         .ok_or_else(|| format!("{} lists no BAR1", path.display()))
 }

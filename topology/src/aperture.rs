@@ -52,8 +52,8 @@ pub enum ApertureVerdict {
 /// What is known about one GPU's aperture, and the reasoning.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Aperture {
-    /// Which BAR peers use: 1 on NVIDIA, the largest prefetchable memory BAR
-    /// elsewhere.
+    /// Which PCI BAR peers use: NVIDIA's BAR1 ([`nvidia_bar1`]: PCI BAR
+    /// 1 or 2), the largest prefetchable memory BAR elsewhere.
     pub bar_index: Option<u8>,
     pub bytes: Option<u64>,
     /// GPU memory size when known from the device id.
@@ -65,10 +65,21 @@ pub struct Aperture {
     pub explanation: String,
 }
 
+/// NVIDIA's BAR1, the aperture onto the GPU's memory: the memory BAR
+/// after the register BAR0. That is PCI BAR 1 where BAR0 is 32-bit
+/// (GeForce cards) and PCI BAR 2 where a 64-bit BAR0 takes two
+/// registers (data-center GPUs such as the H100 and H200).
+pub fn nvidia_bar1(bars: &[Bar]) -> Option<&Bar> {
+    let bar0_is_64bit = bars.iter().any(|b| b.index == 0 && b.is_64bit);
+    let index = if bar0_is_64bit { 2 } else { 1 };
+    bars.iter()
+        .find(|b| b.index == index && b.space == BarSpace::Memory)
+}
+
 /// The BAR peers use on this GPU.
 fn aperture_bar(gpu: &PciDevice) -> Option<&Bar> {
     if gpu.vendor == Some(VENDOR_NVIDIA) {
-        return gpu.bar(1);
+        return nvidia_bar1(&gpu.bars);
     }
     gpu.bars
         .iter()
@@ -104,7 +115,12 @@ pub fn assess(gpu: &PciDevice) -> Aperture {
             explanation,
         };
     };
-    let bar_name = format!("BAR{}", bar.index);
+    let bar_name = match bar.index {
+        index if gpu.vendor == Some(VENDOR_NVIDIA) && index != 1 => {
+            format!("BAR1 (PCI BAR {index}, after a 64-bit BAR0)")
+        }
+        index => format!("BAR{index}"),
+    };
     let bytes = bar.size;
     let rebar_max_bytes = if gpu.config.access.has_extended() {
         gpu.config
@@ -224,5 +240,41 @@ fn judge_by_minimum(bar_name: &str, bytes: u64) -> (ApertureVerdict, String) {
                 human_bytes(bytes)
             ),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pci::resource::parse_resource;
+
+    #[test]
+    fn nvidia_bar1_follows_a_64bit_bar0_to_pci_bar_2() {
+        // An H200's resource file (10de:2335, in a KVM guest): BAR0 is
+        // 64-bit, so the 256 GiB aperture is PCI BAR 2 and BAR 1 is empty.
+        let h200 = "\
+0x0000104002000000 0x0000104002ffffff 0x000000000014220c
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+0x0000100000000000 0x0000103fffffffff 0x000000000014220c
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+0x0000104000000000 0x0000104001ffffff 0x000000000014220c
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+";
+        let (bars, bad) = parse_resource(h200);
+        assert!(bad.is_empty());
+        let bar1 = nvidia_bar1(&bars).expect("the aperture is found");
+        assert_eq!((bar1.index, bar1.size), (2, 256 * GIB));
+
+        // A GeForce card's BAR0 is 32-bit: the aperture is PCI BAR 1.
+        let rtx = "\
+0x00000000f2000000 0x00000000f2ffffff 0x0000000000040200
+0x0000006000000000 0x00000067ffffffff 0x000000000014220c
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+0x0000006800000000 0x0000006801ffffff 0x000000000014220c
+";
+        let (bars, _) = parse_resource(rtx);
+        let bar1 = nvidia_bar1(&bars).expect("the aperture is found");
+        assert_eq!((bar1.index, bar1.size), (1, 32 * GIB));
     }
 }

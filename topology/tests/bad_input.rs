@@ -231,6 +231,35 @@ fn unknown_numa_nodes_on_a_two_socket_machine_count_as_apart() {
 }
 
 #[test]
+fn a_data_center_gpus_bar1_is_found_after_its_64bit_bar0() {
+    // H100/H200: BAR0 is 64-bit, so NVIDIA's BAR1 is PCI BAR 2.
+    let dir = TempDir::new("h200-bar1");
+    single_gpu(
+        dir.path(),
+        Dev::new(
+            "pci0000:00/0000:00:01.0/0000:01:00.0",
+            0x030200,
+            0x10de,
+            0x2335,
+        )
+        .bar(0, 16 * MIB, BarKind::Mem64Prefetch)
+        .bar(2, 256 * GIB, BarKind::Mem64Prefetch)
+        .bar(4, 32 * MIB, BarKind::Mem64Prefetch)
+        .config_len(64),
+    );
+    let topology = discover(dir.path());
+    let aperture = &topology.gpus[0].aperture;
+    assert_eq!(aperture.bar_index, Some(2));
+    assert_eq!(aperture.bytes, Some(256 * GIB));
+    assert_eq!(aperture.verdict, ApertureVerdict::Sufficient);
+    assert!(
+        aperture.explanation.starts_with("BAR1 (PCI BAR 2"),
+        "{}",
+        aperture.explanation
+    );
+}
+
+#[test]
 fn unknown_gpus_are_judged_by_stated_assumptions() {
     let dir = TempDir::new("unknown-gpu");
     let unknown_model = |bar1: u64| {
