@@ -29,8 +29,11 @@ use crate::Connection;
 /// Pinned host buffers kept for staging device ranges, reused once the
 /// peer acknowledged what was staged in them (allocating pinned memory
 /// takes the driver milliseconds). The pool holds at most its budget of
-/// pinned memory, staged and spare together: [`send_from_device`] waits
-/// for the peer's acknowledgements rather than pin more.
+/// pinned memory, staged and spare together (or one buffer, for a message
+/// larger than the budget): [`send_from_device`] waits for the peer's
+/// acknowledgements rather than pin more, and spares of other sizes are
+/// freed to make room. A pool serves one link: only that link's
+/// acknowledgements return its buffers.
 #[derive(Debug)]
 pub struct StagingPool {
     context: Context,
@@ -142,20 +145,26 @@ impl StagingPool {
         spares.iter().map(|b| b.as_ref().len()).sum()
     }
 
+    /// A buffer of `len`'s size class: a spare of that size, or a new one
+    /// once spares of other sizes were freed to keep the budget.
     fn take(&self, len: usize) -> Result<PinnedBuffer, CudaError> {
+        let capacity = capacity_for(len);
+        let mut evicted = Vec::new();
         {
             let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
-            let best = spares
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.as_ref().len() >= len)
-                .min_by_key(|(_, b)| b.as_ref().len())
-                .map(|(i, _)| i);
-            if let Some(i) = best {
+            if let Some(i) = spares.iter().position(|b| b.as_ref().len() == capacity) {
                 return Ok(spares.swap_remove(i));
             }
+            let mut held: usize = spares.iter().map(|b| b.as_ref().len()).sum();
+            while held + self.staged_bytes() + capacity > self.budget_bytes {
+                let Some(spare) = spares.pop() else { break };
+                held -= spare.as_ref().len();
+                evicted.push(spare);
+            }
         }
-        self.context.alloc_pinned(capacity_for(len))
+        // Freed outside the lock: freeing pinned memory takes the driver a while.
+        drop(evicted);
+        self.context.alloc_pinned(capacity)
     }
 
     fn give_back(&self, buffer: PinnedBuffer) {
@@ -228,8 +237,9 @@ pub fn send_from_device(
     timeout: Duration,
 ) -> Result<(), DeviceSendError> {
     let started = Instant::now();
+    let mut fresh = true;
     while pool.over_budget(len) {
-        link.progress_waiting(false, false)
+        link.progress_waiting(std::mem::take(&mut fresh), false)
             .and_then(|_| link.check_open())
             .map_err(DeviceSendError::Link)?;
         if started.elapsed() >= timeout {
@@ -268,12 +278,19 @@ pub enum DeviceRecvError {
         /// The message, checked and intact.
         message: Vec<u8>,
     },
+    /// Allocating the pinned buffers to land messages in failed; no
+    /// message was taken from the link.
+    Pinning(CudaError),
 }
 
 impl std::fmt::Display for DeviceRecvError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DeviceRecvError::Link(e) => write!(f, "receiving: {e}"),
+            DeviceRecvError::Pinning(e) => write!(
+                f,
+                "allocating pinned buffers to land messages in: {e} (no message was taken)"
+            ),
             DeviceRecvError::TooLarge { message, room } => write!(
                 f,
                 "a {} byte message does not fit the {room} bytes of the device buffer \
@@ -320,7 +337,9 @@ pub fn recv_into_device<B: AsRef<[u8]>>(
 /// speed (from a pageable buffer the driver would stage it once more).
 /// A message larger than `room`, or that began before a buffer was
 /// posted, arrives in a buffer of the link's and is copied from there.
-/// While its buffers are posted, take the link's messages through it.
+/// While its buffers are posted, take the link's messages through it: a
+/// message taken with the link's own `recv` would drop the buffer it
+/// landed in, and later messages would all take the slower way.
 #[derive(Debug)]
 pub struct DeviceLanding {
     context: Context,
@@ -347,7 +366,7 @@ impl DeviceLanding {
     pub fn new(context: Context, room: usize, depth: usize) -> DeviceLanding {
         DeviceLanding {
             context,
-            room,
+            room: room.max(1),
             depth: depth.max(1),
             posted: 0,
             landed: 0,
@@ -371,13 +390,10 @@ impl DeviceLanding {
         timeout: Duration,
     ) -> Result<usize, DeviceRecvError> {
         while self.posted < self.depth {
-            let buffer =
-                self.context
-                    .alloc_pinned(self.room)
-                    .map_err(|error| DeviceRecvError::Cuda {
-                        error,
-                        message: Vec::new(),
-                    })?;
+            let buffer = self
+                .context
+                .alloc_pinned(self.room)
+                .map_err(DeviceRecvError::Pinning)?;
             link.post_recv(Box::new(PinnedTarget(buffer)));
             self.posted += 1;
         }

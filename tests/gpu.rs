@@ -234,3 +234,66 @@ fn messages_land_in_pinned_buffers_and_larger_ones_still_arrive() {
     link.flush(TIMEOUT).unwrap();
     assert_eq!(sender.join().unwrap(), b"ok");
 }
+
+#[test]
+fn staging_keeps_its_budget_across_message_sizes() {
+    let Some(cuda) = mock_cuda("staging_keeps_its_budget_across_message_sizes") else {
+        return;
+    };
+    let context = cuda.device(0).unwrap().context().unwrap();
+    const BUDGET: usize = 4 << 20;
+    // Rounds of sizes, each round acknowledged before the next: spares of
+    // one round's size must make room for the next round's.
+    let rounds: Vec<Vec<usize>> = vec![
+        vec![1 << 20; 4],
+        vec![2 << 20; 2],
+        vec![4096; 20],
+        vec![3_000_000],
+        vec![1 << 20; 3],
+    ];
+    let sizes: Vec<usize> = rounds.iter().flatten().copied().collect();
+    let peer = Peer::Local {
+        name: format!("gpu-test-sizes-{}", std::process::id()),
+    };
+    let receiver = {
+        let (peer, context, sizes) = (peer.clone(), context.clone(), sizes.clone());
+        thread::spawn(move || {
+            let mut link =
+                connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
+            let landing = context.alloc(4 << 20).unwrap();
+            for (index, &size) in sizes.iter().enumerate() {
+                assert_eq!(
+                    recv_into_device(&mut link, &landing, 0, TIMEOUT).unwrap(),
+                    size
+                );
+                let mut back = vec![0u8; size];
+                landing.read(0, &mut back).unwrap();
+                assert!(
+                    back == pattern(size, index as u8),
+                    "message {index} changed"
+                );
+            }
+            link.send(b"done".to_vec(), TIMEOUT).unwrap();
+            link.flush(TIMEOUT).unwrap();
+        })
+    };
+    let mut link = connect::<Staged>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
+    let pool = StagingPool::new(context.clone(), BUDGET);
+    let source = context.alloc(4 << 20).unwrap();
+    let mut index = 0;
+    for round in &rounds {
+        for &size in round {
+            source.write(0, &pattern(size, index as u8)).unwrap();
+            send_from_device(&mut link, &pool, &source, 0, size, TIMEOUT).unwrap();
+            let pinned = pool.staged_bytes() + pool.spare_bytes();
+            assert!(
+                pinned <= BUDGET,
+                "{pinned} bytes pinned after message {index} of {size}"
+            );
+            index += 1;
+        }
+        link.flush(TIMEOUT).unwrap();
+    }
+    assert_eq!(link.recv(TIMEOUT).unwrap(), b"done");
+    receiver.join().unwrap();
+}
