@@ -191,6 +191,19 @@ def test_torchrun_starts_the_ranks():
     assert result.stdout.count(": ok") == 2, result.stdout
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_batch_isend_irecv_both_ways_round_the_ring(world):
+    codes, outputs = run_ranks("batch", world)
+    assert codes == [0] * world, report(codes, outputs)
+
+
+def test_a_group_bound_to_a_device_with_device_id_works():
+    codes, outputs = run_ranks("bound", 2)
+    if codes == [77, 77]:
+        pytest.skip(outputs[0].strip().splitlines()[-1])
+    assert codes == [0, 0], report(codes, outputs)
+
+
 def test_the_benchmark_checks_what_it_measured():
     result = subprocess.run(
         [sys.executable, "-m", "barlink.torch.bench", "--quick", "--json",

@@ -27,6 +27,11 @@ placed     (BARLINK_SYSFS_ROOT at the 8-GPU two-socket fixture) 4 ranks
            0 3 1 2, and the ring collectives stay exact over it
 tcp        (BARLINK_TORCH_TRANSPORT=tcp) every pair linked over TCP, then
            collectives and irecv-before-isend over those links
+batch      batch_isend_irecv both ways round the ring (pipeline
+           parallelism's call), three sizes
+bound      init_process_group(device_id=cpu:0), then an all_reduce and a
+           batch; exits 77 saying SKIPPED where torch takes only
+           accelerators there
 """
 
 import contextlib
@@ -438,6 +443,30 @@ def placed(rank, world):
         check(f"reduce_scatter x{count}", out, want)
 
 
+def batch(rank, world):
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for count in (1, 1000, 300_001):
+        to_right = values(rank, count, torch.float32)
+        from_left = torch.zeros(count)
+        ops = [dist.P2POp(dist.isend, to_right, right), dist.P2POp(dist.irecv, from_left, left)]
+        if world > 2:
+            to_left = values(rank + 7, count, torch.float32)
+            from_right = torch.zeros(count)
+            ops += [dist.P2POp(dist.isend, to_left, left), dist.P2POp(dist.irecv, from_right, right)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        check(f"batch from the left x{count}", from_left, values(left, count, torch.float32))
+        if world > 2:
+            check(f"batch from the right x{count}", from_right, values(right + 7, count, torch.float32))
+
+
+def bound(rank, world):
+    t = values(rank, 1000, torch.float32)
+    dist.all_reduce(t)
+    check("all_reduce in a group bound to cpu:0", t, reduce_locally(world, 1000, torch.float32, "sum"))
+    batch(rank, world)
+
+
 def over_tcp(rank, world):
     # torch keeps a backend written as a ProcessGroup as the group itself.
     paths = dist.group.WORLD.link_paths()
@@ -598,10 +627,21 @@ def main():
         torch.cuda.set_device(rank % torch.cuda.device_count())
         torch.zeros(1, device="cuda")
         torch.backends.cuda.matmul.allow_tf32 = False
-    dist.init_process_group("barlink", **kwargs)
+    if scenario == "bound":
+        kwargs["device_id"] = torch.device("cpu", 0)
+        try:
+            dist.init_process_group("barlink", **kwargs)
+        except ValueError as error:
+            if "accelerator" not in str(error):
+                raise
+            print(f"SKIPPED: torch {torch.__version__} binds groups to accelerators only: {error}")
+            sys.stdout.flush()
+            os._exit(77)
+    else:
+        dist.init_process_group("barlink", **kwargs)
     run = {"matrix": matrix, "async": async_ops, "groups": groups, "mismatch": mismatch,
            "dies": dies, "relay": relay, "overlap": overlap, "ddp": ddp, "placed": placed, "tcp": over_tcp,
-           "cuda": on_cuda, "staged": staged}[scenario]
+           "cuda": on_cuda, "staged": staged, "batch": batch, "bound": bound}[scenario]
     run(rank, world)
     dist.barrier()
     if failures:

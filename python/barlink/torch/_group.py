@@ -39,7 +39,7 @@ from barlink._units import parse_size
 from . import _algorithms as algo
 from . import _placement
 from ._queue import OperationQueue, QueuedWork
-from ._staging import Staging, future_for
+from ._staging import DEVICES, Staging, future_for
 
 _REDUCE_OPS = {
     dist.ReduceOp.SUM: "sum",
@@ -315,6 +315,19 @@ class ProcessGroupBarlink(dist.ProcessGroup):
 
     def __repr__(self):
         return f"ProcessGroupBarlink(rank={self._rank}, size={self._size})"
+
+    # torch registers a backend written as a ProcessGroup as the group
+    # itself, with no per-device backend behind it, yet asks the group for
+    # one (init_process_group(device_id=...), batch_isend_irecv): this
+    # group is its own backend for the devices it takes.
+    supports_splitting = False
+    supports_coalescing = False
+
+    def _get_backend(self, device):
+        kind = device.type if hasattr(device, "type") else str(device).split(":")[0]
+        if kind not in DEVICES:
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
 
     def _seconds(self, timeout=None) -> float:
         if timeout is None:
