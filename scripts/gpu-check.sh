@@ -118,6 +118,17 @@ echo
 echo "== routes the device allowed (from the tests above)"
 grep -E '^(dma-buf export|CUDA IPC export):' "$out/gpu-check.log" || echo "(the device tests did not run)"
 grep -o '"cuda_ipc_refused":"[^"]*"' "$out/bench-gpu.jsonl" 2>/dev/null | sort -u || true
+
+# Last, so that a run cut short loses only these: the host-memory link
+# and the torch backend on CPU tensors, measured on this machine's CPU
+# (a kind the development machines may not have).
+check "barlink bench on host memory, this CPU" 60 bash -c 'set -o pipefail; "$1" bench --sizes 64,4K,64K,1M,16M --windows 5 --paths barlink,raw-ring,raw-ring-crc --json | tee "$2"' \
+    _ "$dir/barlink" "$out/bench-cpu.jsonl"
+if [ -n "${site:-}" ]; then
+    check "python -m barlink.torch.bench on CPU tensors" 90 \
+        env PYTHONPATH="$site" bash -c 'set -o pipefail; python3 -m barlink.torch.bench --ops all_reduce,broadcast,all_gather,send_recv -b 4M -e 64M -f 4 --windows 3 --json | tee "$1"' \
+        _ "$out/torch-cpu.jsonl"
+fi
 echo
 echo "gpu-check: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
