@@ -105,6 +105,7 @@ if ls "$dir"/wheels/barlink-*.whl >/dev/null 2>&1 && [ -n "$torch_version" ]; th
             _ "$out/torch-cuda.jsonl"
     else
         failed=$((failed + 1)); echo "FAILED: pip install the barlink wheel"
+        site=
     fi
 else
     echo

@@ -197,7 +197,7 @@ def test_batch_isend_irecv_both_ways_round_the_ring(world):
     assert codes == [0] * world, report(codes, outputs)
 
 
-def test_a_group_bound_to_a_device_with_device_id_works():
+def test_a_group_bound_with_device_id_to_cuda_or_cpu_works():
     codes, outputs = run_ranks("bound", 2)
     if codes == [77, 77]:
         pytest.skip(outputs[0].strip().splitlines()[-1])

@@ -6,7 +6,7 @@ differed and exits 1 otherwise.
 matrix     every operation, dtype and reduction against a local result
 async      isend/irecv both ways (receives posted first), Work objects
 groups     a subgroup made by new_group beside the world group, and a
-           group of one rank
+           group of one rank; the subgroup destroyed, the world going on
 mismatch   ranks give all_reduce tensors of different shapes, then of
            different dtypes of one size: each rank gets barlink.Mismatch
 dies       the last rank exits before an all_reduce: the others get an
@@ -29,9 +29,9 @@ tcp        (BARLINK_TORCH_TRANSPORT=tcp) every pair linked over TCP, then
            collectives and irecv-before-isend over those links
 batch      batch_isend_irecv both ways round the ring (pipeline
            parallelism's call), three sizes
-bound      init_process_group(device_id=cpu:0), then an all_reduce and a
-           batch; exits 77 saying SKIPPED where torch takes only
-           accelerators there
+bound      init_process_group(device_id=...): the rank's CUDA device where
+           there is one, else cpu:0 (exits 77 saying SKIPPED where torch
+           binds accelerators only); then an all_reduce and a batch
 """
 
 import contextlib
@@ -204,6 +204,15 @@ def groups(rank, world):
     t = torch.ones(4)
     dist.all_reduce(t)
     check("world all_reduce after the subgroup", t, torch.full((4,), float(world)))
+    # A subgroup destroyed while the world goes on (torch finds it by the
+    # name it gave it).
+    if rank in members:
+        if not group.group_name:
+            failures.append("the subgroup has no name")
+        dist.destroy_process_group(group)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    check("world all_reduce after the subgroup was destroyed", t, torch.full((4,), float(world)))
 
 
 def mismatch(rank, world):
@@ -463,7 +472,12 @@ def batch(rank, world):
 def bound(rank, world):
     t = values(rank, 1000, torch.float32)
     dist.all_reduce(t)
-    check("all_reduce in a group bound to cpu:0", t, reduce_locally(world, 1000, torch.float32, "sum"))
+    check("all_reduce in a bound group", t, reduce_locally(world, 1000, torch.float32, "sum"))
+    if torch.cuda.is_available():
+        t = values(rank, 1000, torch.float32).cuda()
+        dist.all_reduce(t)
+        check("all_reduce of a CUDA tensor in a bound group", t.cpu(),
+              reduce_locally(world, 1000, torch.float32, "sum"))
     batch(rank, world)
 
 
@@ -628,7 +642,11 @@ def main():
         torch.zeros(1, device="cuda")
         torch.backends.cuda.matmul.allow_tf32 = False
     if scenario == "bound":
-        kwargs["device_id"] = torch.device("cpu", 0)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
+        else:
+            kwargs["device_id"] = torch.device("cpu", 0)
         try:
             dist.init_process_group("barlink", **kwargs)
         except ValueError as error:

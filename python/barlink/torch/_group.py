@@ -322,6 +322,29 @@ class ProcessGroupBarlink(dist.ProcessGroup):
     # group is its own backend for the devices it takes.
     supports_splitting = False
     supports_coalescing = False
+    # Asked by torch.compile's cost model and FSDP2 of the group's backend.
+    _supports_time_estimate = False
+    supports_time_estimate = False
+
+    def supports_tensor_alloc(self, device):
+        return False
+
+    # torch keeps a group's name and description in its backends, which a
+    # group that is its own backend lacks ("ProcessGroup name not set"
+    # when a subgroup is destroyed): this group keeps them itself.
+    def _set_group_name(self, name):
+        self._barlink_group_name = name
+
+    @property
+    def group_name(self):
+        return getattr(self, "_barlink_group_name", "")
+
+    def _set_group_desc(self, desc):
+        self._barlink_group_desc = desc
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_barlink_group_desc", "")
 
     def _get_backend(self, device):
         kind = device.type if hasattr(device, "type") else str(device).split(":")[0]
