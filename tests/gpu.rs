@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use barlink::cuda::mock::{self, MockKind};
 use barlink::gpu::{
-    Cuda, DeviceLanding, DeviceRecvError, Staged, StagingPool, recv_into_device, send_from_device,
+    Context, Cuda, DeviceLanding, DeviceRecvError, Staged, StagingPool, recv_into_device,
+    send_from_device,
 };
 use barlink::{ConnectOptions, Peer, Role, connect};
 
@@ -26,6 +27,38 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ seed)
         .collect()
+}
+
+/// A peer that waits `delay`, then receives `sizes` into device memory
+/// (message i is `pattern(size, i)`), checks each, and answers "done".
+fn checking_receiver(
+    peer: &Peer,
+    context: &Context,
+    sizes: Vec<usize>,
+    delay: Duration,
+) -> thread::JoinHandle<()> {
+    let (peer, context) = (peer.clone(), context.clone());
+    thread::spawn(move || {
+        let mut link = connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
+        let landing = context
+            .alloc(sizes.iter().copied().max().unwrap_or(1))
+            .unwrap();
+        thread::sleep(delay);
+        for (index, &size) in sizes.iter().enumerate() {
+            assert_eq!(
+                recv_into_device(&mut link, &landing, 0, TIMEOUT).unwrap(),
+                size
+            );
+            let mut back = vec![0u8; size];
+            landing.read(0, &mut back).unwrap();
+            assert!(
+                back == pattern(size, index as u8),
+                "message {index} changed"
+            );
+        }
+        link.send(b"done".to_vec(), TIMEOUT).unwrap();
+        link.flush(TIMEOUT).unwrap();
+    })
 }
 
 #[test]
@@ -128,31 +161,14 @@ fn staging_pins_no_more_than_its_budget_while_the_peer_lags() {
     let peer = Peer::Local {
         name: format!("gpu-test-budget-{}", std::process::id()),
     };
-    let receiver = {
-        let (peer, context) = (peer.clone(), context.clone());
-        thread::spawn(move || {
-            let mut link =
-                connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
-            let landing = context.alloc(SIZE).unwrap();
-            // A peer busy elsewhere: every message the sender queues in
-            // the meantime would pin a buffer of its own, unbounded.
-            thread::sleep(Duration::from_millis(300));
-            for index in 0..MESSAGES {
-                assert_eq!(
-                    recv_into_device(&mut link, &landing, 0, TIMEOUT).unwrap(),
-                    SIZE
-                );
-                let mut back = vec![0u8; SIZE];
-                landing.read(0, &mut back).unwrap();
-                assert!(
-                    back == pattern(SIZE, index as u8),
-                    "message {index} changed"
-                );
-            }
-            link.send(b"done".to_vec(), TIMEOUT).unwrap();
-            link.flush(TIMEOUT).unwrap();
-        })
-    };
+    // A peer busy elsewhere: every message the sender queues in the
+    // meantime would pin a buffer of its own, unbounded.
+    let receiver = checking_receiver(
+        &peer,
+        &context,
+        vec![SIZE; MESSAGES],
+        Duration::from_millis(300),
+    );
     let mut link = connect::<Staged>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
     let pool = StagingPool::new(context.clone(), BUDGET);
     let source = context.alloc(SIZE).unwrap();
@@ -255,28 +271,7 @@ fn staging_keeps_its_budget_across_message_sizes() {
     let peer = Peer::Local {
         name: format!("gpu-test-sizes-{}", std::process::id()),
     };
-    let receiver = {
-        let (peer, context, sizes) = (peer.clone(), context.clone(), sizes.clone());
-        thread::spawn(move || {
-            let mut link =
-                connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
-            let landing = context.alloc(4 << 20).unwrap();
-            for (index, &size) in sizes.iter().enumerate() {
-                assert_eq!(
-                    recv_into_device(&mut link, &landing, 0, TIMEOUT).unwrap(),
-                    size
-                );
-                let mut back = vec![0u8; size];
-                landing.read(0, &mut back).unwrap();
-                assert!(
-                    back == pattern(size, index as u8),
-                    "message {index} changed"
-                );
-            }
-            link.send(b"done".to_vec(), TIMEOUT).unwrap();
-            link.flush(TIMEOUT).unwrap();
-        })
-    };
+    let receiver = checking_receiver(&peer, &context, sizes, Duration::ZERO);
     let mut link = connect::<Staged>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
     let pool = StagingPool::new(context.clone(), BUDGET);
     let source = context.alloc(4 << 20).unwrap();
