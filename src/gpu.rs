@@ -323,7 +323,7 @@ pub fn recv_into_device<B: AsRef<[u8]>>(
     if message.len() > room {
         return Err(DeviceRecvError::TooLarge { message, room });
     }
-    if let Err(error) = destination.write(offset, &message) {
+    if let Err(error) = write_between(link, destination, offset, &message) {
         return Err(DeviceRecvError::Cuda { error, message });
     }
     let len = message.len();
