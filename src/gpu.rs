@@ -337,38 +337,47 @@ pub fn recv_into_device<B: AsRef<[u8]>>(
 /// speed (from a pageable buffer the driver would stage it once more).
 /// A message larger than `room`, or that began before a buffer was
 /// posted, arrives in a buffer of the link's and is copied from there.
-/// While its buffers are posted, take the link's messages through it: a
-/// message taken with the link's own `recv` would drop the buffer it
-/// landed in, and later messages would all take the slower way.
+/// A message taken with the link's own `recv` instead drops the buffer it
+/// landed in; the next [`DeviceLanding::post`] or receive posts another.
 #[derive(Debug)]
 pub struct DeviceLanding {
     context: Context,
     room: usize,
     depth: usize,
-    posted: usize,
+    /// Its buffers alive: posted, holding a message, or being read.
+    buffers: Arc<AtomicUsize>,
     landed: u64,
     copied: u64,
 }
 
 /// A pinned buffer lent to the link to land a message in.
-struct PinnedTarget(PinnedBuffer);
+struct PinnedTarget {
+    buffer: PinnedBuffer,
+    alive: Arc<AtomicUsize>,
+}
+
+impl Drop for PinnedTarget {
+    fn drop(&mut self) {
+        self.alive.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 impl RecvTarget for PinnedTarget {
     fn bytes_mut(&mut self) -> &mut [u8] {
-        self.0.as_mut()
+        self.buffer.as_mut()
     }
 }
 
 impl DeviceLanding {
     /// Lands messages of up to `room` bytes in `depth` pinned buffers of
-    /// `context`, posted on the first receive (two keep the link's copy
+    /// `context`, posted by the first receive or post (two keep the link's copy
     /// of the next message beside the copy engine's of this one).
     pub fn new(context: Context, room: usize, depth: usize) -> DeviceLanding {
         DeviceLanding {
             context,
             room: room.max(1),
             depth: depth.max(1),
-            posted: 0,
+            buffers: Arc::new(AtomicUsize::new(0)),
             landed: 0,
             copied: 0,
         }
@@ -380,6 +389,27 @@ impl DeviceLanding {
         (self.landed, self.copied)
     }
 
+    /// Posts pinned buffers on `link` until `depth` of them are out: a
+    /// message that begins after this lands in one. A receive does it
+    /// first; call it to have buffers posted before the next receive.
+    pub fn post<B: AsRef<[u8]>>(
+        &mut self,
+        link: &mut Connection<B>,
+    ) -> Result<(), DeviceRecvError> {
+        while self.buffers.load(Ordering::Relaxed) < self.depth {
+            let buffer = self
+                .context
+                .alloc_pinned(self.room)
+                .map_err(DeviceRecvError::Pinning)?;
+            self.buffers.fetch_add(1, Ordering::Relaxed);
+            link.post_recv(Box::new(PinnedTarget {
+                buffer,
+                alive: Arc::clone(&self.buffers),
+            }));
+        }
+        Ok(())
+    }
+
     /// Receives the next message into `destination` at `offset`, waiting
     /// at most `timeout`; its length. Errors as [`recv_into_device`]'s.
     pub fn recv<B: AsRef<[u8]>>(
@@ -389,14 +419,7 @@ impl DeviceLanding {
         offset: usize,
         timeout: Duration,
     ) -> Result<usize, DeviceRecvError> {
-        while self.posted < self.depth {
-            let buffer = self
-                .context
-                .alloc_pinned(self.room)
-                .map_err(DeviceRecvError::Pinning)?;
-            link.post_recv(Box::new(PinnedTarget(buffer)));
-            self.posted += 1;
-        }
+        self.post(link)?;
         let room = destination.len().saturating_sub(offset);
         match link.recv_delivery(timeout).map_err(DeviceRecvError::Link)? {
             Delivery::Message { data, .. } => {

@@ -292,3 +292,57 @@ fn staging_keeps_its_budget_across_message_sizes() {
     assert_eq!(link.recv(TIMEOUT).unwrap(), b"done");
     receiver.join().unwrap();
 }
+
+#[test]
+fn a_buffer_dropped_by_the_links_own_recv_is_posted_again() {
+    let Some(cuda) = mock_cuda("a_buffer_dropped_by_the_links_own_recv_is_posted_again") else {
+        return;
+    };
+    let context = cuda.device(0).unwrap().context().unwrap();
+    const MESSAGES: usize = 8;
+    let peer = Peer::Local {
+        name: format!("gpu-test-repost-{}", std::process::id()),
+    };
+    // In lockstep: each message goes once the last was answered, so every
+    // one begins while the receiver's buffers are posted.
+    let sender = {
+        let peer = peer.clone();
+        thread::spawn(move || {
+            let mut link =
+                connect::<Vec<u8>>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
+            for index in 0..MESSAGES {
+                link.send(pattern(1000 + index, index as u8), TIMEOUT)
+                    .unwrap();
+                assert_eq!(link.recv(TIMEOUT).unwrap(), b"next");
+            }
+        })
+    };
+    let mut link = connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
+    let mut landing = DeviceLanding::new(context.clone(), 64 << 10, 2);
+    let device = context.alloc(64 << 10).unwrap();
+    landing.post(&mut link).unwrap();
+    for index in 0..MESSAGES {
+        let want = pattern(1000 + index, index as u8);
+        if index == 2 || index == 3 {
+            // Taken past the landing: the buffer it landed in is dropped.
+            assert!(
+                link.recv(TIMEOUT).unwrap() == want,
+                "message {index} changed"
+            );
+        } else {
+            assert_eq!(
+                landing.recv(&mut link, &device, 0, TIMEOUT).unwrap(),
+                want.len()
+            );
+            let mut back = vec![0u8; want.len()];
+            device.read(0, &mut back).unwrap();
+            assert!(back == want, "message {index} changed");
+        }
+        landing.post(&mut link).unwrap();
+        link.send(b"next".to_vec(), TIMEOUT).unwrap();
+    }
+    sender.join().unwrap();
+    // Every message through the landing landed, those after the two
+    // dropped buffers too.
+    assert_eq!(landing.counts(), (MESSAGES as u64 - 2, 0));
+}
