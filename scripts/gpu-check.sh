@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The GPU checks, in one run of under 10 minutes on a machine with an NVIDIA
-# GPU: the CUDA layer's device tests, `barlink validate --gpu`, and
-# `barlink bench --gpu` with its baselines, then the torch backend on CUDA
-# tensors; it prints the GPU's name, driver and BAR1 size first and which
-# routes the device allowed last.
+# The GPU checks, in one run on a machine with an NVIDIA GPU (about 3
+# minutes on an H200 machine): the CUDA layer's device tests, `barlink
+# validate --gpu`, and `barlink bench --gpu` with its baselines, then the
+# torch backend on CUDA tensors; it prints the GPU's name, driver and BAR1
+# size first and which routes the device allowed, then measures the CPU.
+# Each step has a limit; together they pass 10 minutes, so a run cut short
+# loses the CPU measurements, which come last.
 #
 #   scripts/gpu-check.sh            build with cargo here, then run
 #   scripts/gpu-check.sh --build    only build: release binaries, stripped,
@@ -17,8 +19,8 @@
 # and its CUDA device.
 #
 # Output also goes to $OUT (or target/gpu-check/out) as gpu-check.log,
-# bench-gpu.jsonl and torch-cuda.jsonl. Ends with "gpu-check: N passed, M
-# failed".
+# bench-gpu.jsonl, torch-cuda.jsonl, bench-cpu.jsonl and torch-cpu.jsonl.
+# Ends with "gpu-check: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=target/gpu-check
