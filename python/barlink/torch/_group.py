@@ -347,7 +347,7 @@ class ProcessGroupBarlink(dist.ProcessGroup):
         return getattr(self, "_barlink_group_desc", "")
 
     def _get_backend(self, device):
-        kind = device.type if hasattr(device, "type") else str(device).split(":")[0]
+        kind = torch.device(device).type
         if kind not in DEVICES:
             raise RuntimeError(f"No backend type associated with device type {kind}")
         return self
