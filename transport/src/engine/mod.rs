@@ -131,13 +131,13 @@ impl Transmit<'_> {
             "buffer of {} bytes < packet of {len}",
             out.len()
         );
-        out[HEADER_LEN..len].copy_from_slice(self.payload);
         let crc = if self.crc {
-            // The CRC of the copy, which the copy just brought into cache.
+            // Copied and checked in one pass where the CPU allows.
             let mut crc = self.crc_of_header();
-            crc.update(&out[HEADER_LEN..len]);
+            crc.copy_checked(self.payload, &mut out[HEADER_LEN..len], false);
             crc.finish()
         } else {
+            out[HEADER_LEN..len].copy_from_slice(self.payload);
             0
         };
         out[..HEADER_LEN].copy_from_slice(&self.header_with_crc(crc));
