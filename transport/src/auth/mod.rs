@@ -24,8 +24,11 @@
 #![forbid(unsafe_code)]
 
 mod keys;
+mod record;
 
 use std::fmt;
+
+use record::RecordKeys;
 
 pub use keys::{
     AuthMode, KEY_FILE_VAR, PEER_KEYS_VAR, PSK_FILE_VAR, PSK_VAR, PeerAuth, PublicKey, SecretKey,
@@ -306,9 +309,20 @@ impl Handshake {
             key.copy_from_slice(remote);
             PublicKey(key)
         });
-        let transport = self.state.into_transport_mode().map_err(AuthError::noise)?;
+        let mut state = self.state;
+        if !state.is_handshake_finished() {
+            return Err(AuthError::Malformed {
+                detail: "the handshake is not finished".to_string(),
+            });
+        }
+        let (initiator_sends, responder_sends) = state.dangerously_get_raw_split();
+        let keys = if state.is_initiator() {
+            RecordKeys::new(&initiator_sends, &responder_sends)
+        } else {
+            RecordKeys::new(&responder_sends, &initiator_sends)
+        }?;
         Ok(Session {
-            transport: Some(transport),
+            keys: Some(keys),
             peer_key,
             mode: self.mode,
         })
@@ -319,7 +333,7 @@ impl Handshake {
 /// authenticated, in order) for the peer, or passed through unchanged when
 /// the setup runs without authentication.
 pub struct Session {
-    transport: Option<snow::TransportState>,
+    keys: Option<RecordKeys>,
     peer_key: Option<PublicKey>,
     mode: AuthMode,
 }
@@ -327,7 +341,7 @@ pub struct Session {
 impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Session")
-            .field("sealed", &self.transport.is_some())
+            .field("sealed", &self.keys.is_some())
             .field("peer_key", &self.peer_key)
             .finish()
     }
@@ -337,14 +351,14 @@ impl Session {
     /// A session that seals nothing (`--insecure`).
     pub fn insecure() -> Session {
         Session {
-            transport: None,
+            keys: None,
             peer_key: None,
             mode: AuthMode::Insecure,
         }
     }
 
     pub fn is_authenticated(&self) -> bool {
-        self.transport.is_some()
+        self.keys.is_some()
     }
 
     /// The peer's proven public key (pinned keys only).
@@ -372,80 +386,51 @@ impl Session {
         Ok(self.open(&frame)?)
     }
 
-    /// Seals `plaintext` into `out` (at least `plaintext.len() + 16`
-    /// bytes) and returns the sealed length, without allocating: for a
-    /// medium that seals every record. Without a session it copies.
-    pub fn seal_into(&mut self, plaintext: &[u8], out: &mut [u8]) -> Result<usize, AuthError> {
-        let Some(transport) = &mut self.transport else {
-            out[..plaintext.len()].copy_from_slice(plaintext);
-            return Ok(plaintext.len());
-        };
-        transport
-            .write_message(plaintext, out)
-            .map_err(AuthError::noise)
-    }
-
-    /// Opens `sealed` into `out` (at least `sealed.len()` bytes) and
-    /// returns the plaintext length; an altered, replayed or reordered
-    /// message is refused.
-    pub fn open_into(&mut self, sealed: &[u8], out: &mut [u8]) -> Result<usize, AuthError> {
-        let Some(transport) = &mut self.transport else {
-            out[..sealed.len()].copy_from_slice(sealed);
-            return Ok(sealed.len());
-        };
-        if sealed.len() < SEAL_OVERHEAD {
+    /// Encrypts `in_out` where it lies and returns the tag that follows
+    /// it on the wire (at most `MAX_FRAME - 16` bytes at once): for a
+    /// medium that seals records in its own buffers, with no copy.
+    pub fn seal_in_place(&mut self, in_out: &mut [u8]) -> Result<[u8; SEAL_OVERHEAD], AuthError> {
+        if in_out.len() + SEAL_OVERHEAD > MAX_FRAME {
             return Err(AuthError::Malformed {
-                detail: format!(
-                    "a sealed message of {} bytes is shorter than its tag",
-                    sealed.len()
-                ),
+                detail: format!("a message of {} bytes is too long to seal", in_out.len()),
             });
         }
-        transport
-            .read_message(sealed, out)
-            .map_err(|_| AuthError::Malformed {
-                detail: "a sealed message does not open: altered on the way".to_string(),
-            })
+        self.keys_mut()?.seal_in_place(in_out)
+    }
+
+    /// Opens `in_out` (ciphertext, then its tag) where it lies and returns
+    /// the plaintext's length, at its front; an altered, replayed or
+    /// reordered message is refused.
+    pub fn open_in_place(&mut self, in_out: &mut [u8]) -> Result<usize, AuthError> {
+        self.keys_mut()?.open_in_place(in_out)
+    }
+
+    fn keys_mut(&mut self) -> Result<&mut RecordKeys, AuthError> {
+        self.keys.as_mut().ok_or_else(|| AuthError::Noise {
+            detail: "a session without authentication seals nothing".to_string(),
+        })
     }
 
     /// `plaintext` sealed for the peer (at most `MAX_FRAME - 16` bytes).
     pub fn seal(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, AuthError> {
-        let Some(transport) = &mut self.transport else {
+        if self.keys.is_none() {
             return Ok(plaintext.to_vec());
-        };
-        if plaintext.len() + SEAL_OVERHEAD > MAX_FRAME {
-            return Err(AuthError::Malformed {
-                detail: format!("a message of {} bytes is too long to seal", plaintext.len()),
-            });
         }
-        let mut sealed = vec![0u8; plaintext.len() + SEAL_OVERHEAD];
-        let len = transport
-            .write_message(plaintext, &mut sealed)
-            .map_err(AuthError::noise)?;
-        sealed.truncate(len);
+        let mut sealed = Vec::with_capacity(plaintext.len() + SEAL_OVERHEAD);
+        sealed.extend_from_slice(plaintext);
+        let tag = self.seal_in_place(&mut sealed)?;
+        sealed.extend_from_slice(&tag);
         Ok(sealed)
     }
 
     /// The plaintext of a message the peer sealed; an altered, replayed or
     /// reordered one is refused.
     pub fn open(&mut self, sealed: &[u8]) -> Result<Vec<u8>, AuthError> {
-        let Some(transport) = &mut self.transport else {
+        if self.keys.is_none() {
             return Ok(sealed.to_vec());
-        };
-        if sealed.len() < SEAL_OVERHEAD {
-            return Err(AuthError::Malformed {
-                detail: format!(
-                    "a sealed message of {} bytes is shorter than its tag",
-                    sealed.len()
-                ),
-            });
         }
-        let mut plaintext = vec![0u8; sealed.len()];
-        let len = transport
-            .read_message(sealed, &mut plaintext)
-            .map_err(|_| AuthError::Malformed {
-                detail: "a sealed message does not open: altered on the way".to_string(),
-            })?;
+        let mut plaintext = sealed.to_vec();
+        let len = self.open_in_place(&mut plaintext)?;
         plaintext.truncate(len);
         Ok(plaintext)
     }

@@ -292,6 +292,58 @@ fn sealed_messages_refuse_alteration_and_replay() {
     assert!(responder.open(&[0u8; 3]).is_err());
 }
 
+/// Sealed in place with ring, each message is still a Noise transport
+/// message: snow's own transport state, holding the other end of the same
+/// handshake, opens what this side seals and seals what it opens, in
+/// order.
+#[test]
+fn sealed_messages_are_noise_transport_messages() {
+    for auth in [psk(3), pinned(2, &[2])] {
+        let ours = preamble(auth.mode());
+        let mut initiator = Handshake::new(&auth, true, &ours, &ours).unwrap();
+        let mut responder = Handshake::new(&auth, false, &ours, &ours).unwrap();
+        while !(initiator.is_finished() && responder.is_finished()) {
+            let (from, to) = if initiator.is_my_turn() {
+                (&mut initiator, &mut responder)
+            } else {
+                (&mut responder, &mut initiator)
+            };
+            let message = from.write_message().unwrap();
+            to.read_message(&message).unwrap();
+        }
+        let mut session = initiator.finish().unwrap();
+        let mut noise = responder.state.into_transport_mode().unwrap();
+        let mut buf = vec![0u8; MAX_FRAME];
+        for round in 0..3u8 {
+            let plaintext = vec![round; 100 + usize::from(round)];
+            let sealed = session.seal(&plaintext).unwrap();
+            let len = noise.read_message(&sealed, &mut buf).unwrap();
+            assert_eq!(
+                &buf[..len],
+                &plaintext[..],
+                "{:?} round {round}",
+                auth.mode()
+            );
+            let len = noise.write_message(&plaintext, &mut buf).unwrap();
+            assert_eq!(session.open(&buf[..len]).unwrap(), plaintext);
+        }
+        let mut in_place = *b"in place, then opened by snow";
+        let tag = session.seal_in_place(&mut in_place).unwrap();
+        let mut sealed = in_place.to_vec();
+        sealed.extend_from_slice(&tag);
+        let len = noise.read_message(&sealed, &mut buf).unwrap();
+        assert_eq!(&buf[..len], b"in place, then opened by snow");
+    }
+}
+
+#[test]
+fn an_insecure_session_seals_nothing_in_place() {
+    let mut session = Session::insecure();
+    assert!(session.seal_in_place(&mut [1u8; 8]).is_err());
+    assert!(session.open_in_place(&mut [1u8; 24]).is_err());
+    assert_eq!(session.seal(b"plain").unwrap(), b"plain");
+}
+
 #[test]
 fn a_peer_is_accepted_by_the_same_keys_whatever_their_source() {
     let key = |byte: u8| Some(SecretKey([byte; 32]).public_key());

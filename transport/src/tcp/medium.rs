@@ -7,11 +7,15 @@
 //! packet ends the link with an error: the byte stream cannot be trusted to
 //! say where the next frame starts.
 //!
-//! When the link encrypts, the stream of frames is cut into records of at
-//! most [`MAX_RECORD_PLAINTEXT`] bytes, each sealed by the session the
-//! setup's handshake made (AES-256-GCM, nonces in order): a record
-//! altered, dropped, replayed or reordered on the way does not open, and
-//! the link ends with an error rather than deliver anything from it.
+//! When the link encrypts, frames travel in records of at most
+//! [`MAX_RECORD_PLAINTEXT`] bytes, each sealed by the session the setup's
+//! handshake made (AES-256-GCM, nonces in order): a record altered,
+//! dropped, replayed or reordered on the way does not open, and the link
+//! ends with an error rather than deliver anything from it. A record holds
+//! whole frames (packets are at most [`MAX_SEALED_PACKET`] bytes), so each
+//! is sealed where its frames were written and opened where it was read,
+//! and its packets go to the engine from there: no byte is copied for the
+//! cipher.
 //!
 //! The socket is non-blocking; a round reads what has arrived and writes
 //! what the socket takes, and never waits.
@@ -43,6 +47,8 @@ pub const RECORD_HEADER_LEN: usize = 2;
 /// Plaintext bytes a record carries at most (a Noise message is at most
 /// 65,535 bytes, its tag included).
 pub const MAX_RECORD_PLAINTEXT: usize = 65_535 - SEAL_OVERHEAD;
+/// The largest packet of a link that encrypts: one frame fills a record.
+pub const MAX_SEALED_PACKET: usize = MAX_RECORD_PLAINTEXT - FRAME_HEADER_LEN;
 /// Mixed into a frame header's check.
 const FRAME_TWEAK: u32 = 0x7C9A_11E5;
 /// Bytes one `read` takes at most (and has room for at least).
@@ -271,14 +277,15 @@ pub struct TcpMedium {
     /// Seals every record when the link encrypts.
     cipher: Option<Session>,
     max_packet: usize,
-    /// Wire bytes the socket has not taken yet.
+    /// Wire bytes the socket has not taken yet; encrypting, the record
+    /// being filled comes last (its length reserved, its frames in the
+    /// clear) and is not sent before it is sealed.
     out: ByteQueue,
-    /// Encrypting: frames not sealed yet.
-    staged: ByteQueue,
+    /// Encrypting: plaintext bytes of the record at the back of `out` that
+    /// is still being filled.
+    open_record: Option<usize>,
     /// Wire bytes read and not yet used.
     wire_in: ByteQueue,
-    /// Encrypting: opened plaintext not yet framed.
-    plain_in: ByteQueue,
     /// Bytes queued to send past which a round stops taking packets.
     out_limit: usize,
     stats: TcpStats,
@@ -342,6 +349,12 @@ impl TcpMedium {
         configure(&stream, buffers).map_err(|e| {
             MediumError::new(format!("setting up the TCP connection to {peer}: {e}"))
         })?;
+        if cipher.is_some() && max_packet > MAX_SEALED_PACKET {
+            return Err(MediumError::new(format!(
+                "packets of {max_packet} bytes; a link that encrypts carries at most \
+                 {MAX_SEALED_PACKET}, one sealed record each"
+            )));
+        }
         let buffer = (4 * max_packet).max(MIN_BUFFER);
         Ok(TcpMedium {
             stream,
@@ -350,9 +363,8 @@ impl TcpMedium {
             cipher,
             max_packet,
             out: ByteQueue::with_capacity(buffer),
-            staged: ByteQueue::default(),
+            open_record: None,
             wire_in: ByteQueue::with_capacity(RECEIVE_BUFFER),
-            plain_in: ByteQueue::default(),
             out_limit: (2 * max_packet).max(1 << 20),
             stats: TcpStats::default(),
             rounds: 0,
@@ -372,15 +384,12 @@ impl TcpMedium {
         }
         tracing::warn!(peer = self.peer, %error, "TCP connection lost; taking the peer back");
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        for queue in [
-            &mut self.out,
-            &mut self.staged,
-            &mut self.wire_in,
-            &mut self.plain_in,
-        ] {
+        // Records sealed for the old connection's session go with it.
+        for queue in [&mut self.out, &mut self.wire_in] {
             queue.start = 0;
             queue.end = 0;
         }
+        self.open_record = None;
         self.peer_closed = false;
         let now = Instant::now();
         self.down = Some((now, now));
@@ -488,14 +497,24 @@ impl TcpMedium {
         ))
     }
 
-    /// Writes what the socket takes now.
+    /// Writes what the socket takes now of the sealed bytes.
     fn flush(&mut self) -> Result<(), MediumError> {
         flush_queue(
             &mut self.stream,
             &mut self.out,
+            self.open_record
+                .map_or(0, |plain| RECORD_HEADER_LEN + plain),
             &mut self.stats.wire_bytes_sent,
         )
         .map_err(|e| self.send_failed(&e))
+    }
+
+    /// Wire bytes queued that are ready to go (all but the open record).
+    fn ready_to_send(&self) -> usize {
+        self.out.len()
+            - self
+                .open_record
+                .map_or(0, |plain| RECORD_HEADER_LEN + plain)
     }
 
     /// The connection failed while sending.
@@ -509,27 +528,16 @@ impl TcpMedium {
         self.lost("sending", error)
     }
 
-    /// Seals the staged frames into records.
-    fn seal_staged(&mut self) -> Result<(), MediumError> {
-        let Some(cipher) = &mut self.cipher else {
-            return Ok(());
-        };
-        while self.staged.len() > 0 {
-            let take = self.staged.len().min(MAX_RECORD_PLAINTEXT);
-            let space = self.out.space(RECORD_HEADER_LEN + take + SEAL_OVERHEAD);
-            let sealed = cipher
-                .seal_into(
-                    &self.staged.readable()[..take],
-                    &mut space[RECORD_HEADER_LEN..],
-                )
-                .map_err(|e| MediumError::new(format!("sealing a record: {e}")))?;
-            let len = u16::try_from(sealed).expect("a record fits 64 KiB");
-            space[..RECORD_HEADER_LEN].copy_from_slice(&len.to_le_bytes());
-            self.out.commit(RECORD_HEADER_LEN + sealed);
-            self.staged.consume(take);
-            self.stats.records_sealed += 1;
+    /// Seals the record being filled, if any.
+    fn seal_open_record(&mut self) -> Result<(), MediumError> {
+        match &mut self.cipher {
+            Some(cipher) => {
+                let sealed = seal_record(&mut self.out, &mut self.open_record, cipher)?;
+                self.stats.records_sealed += u64::from(sealed);
+                Ok(())
+            }
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Reads what has arrived, at most one chunk; whether the socket may
@@ -562,34 +570,53 @@ impl TcpMedium {
         }
     }
 
-    /// Opens every complete record into the plaintext queue.
-    fn open_records(&mut self) -> Result<(), MediumError> {
-        let Some(cipher) = &mut self.cipher else {
-            return Ok(());
-        };
+    /// Opens every complete record where it was read and hands its
+    /// frames to the engine.
+    fn open_records<B: AsRef<[u8]>>(
+        &mut self,
+        now: Time,
+        engine: &mut Engine<B>,
+        cipher: &mut Session,
+    ) -> Result<usize, MediumError> {
+        let mut delivered = 0;
         loop {
             let bytes = self.wire_in.readable();
             if bytes.len() < RECORD_HEADER_LEN {
-                return Ok(());
+                break;
             }
             let len = usize::from(u16::from_le_bytes([bytes[0], bytes[1]]));
             if bytes.len() < RECORD_HEADER_LEN + len {
-                return Ok(());
+                break;
             }
-            let sealed = &self.wire_in.buf[self.wire_in.start + RECORD_HEADER_LEN..][..len];
-            let opened = cipher
-                .open_into(sealed, self.plain_in.space(len))
-                .map_err(|e| {
-                    MediumError::new(format!(
-                        "a sealed record from {} does not open ({e}): it was altered, dropped, replayed \
-                         or reordered on the way; nothing of it was delivered",
+            let start = self.wire_in.start + RECORD_HEADER_LEN;
+            let record = &mut self.wire_in.buf[start..start + len];
+            let opened = cipher.open_in_place(record).map_err(|e| {
+                MediumError::new(format!(
+                    "a sealed record from {} does not open ({e}): it was altered, dropped, replayed \
+                     or reordered on the way; nothing of it was delivered",
+                    self.peer
+                ))
+            })?;
+            let mut frames = &self.wire_in.buf[start..start + opened];
+            while !frames.is_empty() {
+                let Some(len) = next_frame(frames, self.max_packet)? else {
+                    return Err(MediumError::new(format!(
+                        "a sealed record from {} ends inside a frame: the peer does not frame \
+                         records as this side does (another barlink version?)",
                         self.peer
-                    ))
-                })?;
-            self.plain_in.commit(opened);
+                    )));
+                };
+                // A packet the engine refuses is counted there (CRC failure,
+                // malformed); the link goes on.
+                let _verdict = hand_frame(engine, now, &frames[FRAME_HEADER_LEN..][..len]);
+                frames = &frames[FRAME_HEADER_LEN + len..];
+                delivered += 1;
+            }
             self.wire_in.consume(RECORD_HEADER_LEN + len);
             self.stats.records_opened += 1;
         }
+        self.stats.packets_received += delivered as u64;
+        Ok(delivered)
     }
 
     /// Hands every complete frame to the engine.
@@ -598,11 +625,12 @@ impl TcpMedium {
         now: Time,
         engine: &mut Engine<B>,
     ) -> Result<usize, MediumError> {
-        let queue = if self.cipher.is_some() {
-            &mut self.plain_in
-        } else {
-            &mut self.wire_in
-        };
+        if let Some(mut cipher) = self.cipher.take() {
+            let delivered = self.open_records(now, engine, &mut cipher);
+            self.cipher = Some(cipher);
+            return delivered;
+        }
+        let queue = &mut self.wire_in;
         let mut delivered = 0;
         while let Some(len) = next_frame(queue.readable(), self.max_packet)? {
             let packet = &queue.readable()[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len];
@@ -636,7 +664,6 @@ impl Medium for TcpMedium {
         let result = (|| {
             for _ in 0..READS_PER_ROUND {
                 let more = self.read_some()?;
-                self.open_records()?;
                 delivered += self.deliver(now, engine)?;
                 if !more {
                     break;
@@ -683,20 +710,25 @@ impl TcpMedium {
         // timers would run while they wait for the socket.
         let mut refused = self.out.len() > 0;
         let mut sent = 0;
-        while !refused && self.out.len() + self.staged.len() < self.out_limit {
-            let encrypting = self.cipher.is_some();
-            let (stream, out, staged) = (&mut self.stream, &mut self.out, &mut self.staged);
-            let wire_bytes_sent = &mut self.stats.wire_bytes_sent;
+        while !refused && self.out.len() < self.out_limit {
+            let (stream, out, cipher) = (&mut self.stream, &mut self.out, &mut self.cipher);
+            let (open_record, stats) = (&mut self.open_record, &mut self.stats);
+            let wire_bytes_sent = &mut stats.wire_bytes_sent;
             let refused_now = &mut refused;
             let framed = engine.poll_transmit_with(now, |transmit| {
-                if encrypting || transmit.payload().len() < DIRECT_WRITE_FROM {
-                    queue_frame(if encrypting { staged } else { out }, transmit);
+                if let Some(cipher) = cipher {
+                    let sealed = frame_into_record(out, open_record, cipher, transmit)?;
+                    stats.records_sealed += u64::from(sealed);
+                    return Ok(());
+                }
+                if transmit.payload().len() < DIRECT_WRITE_FROM {
+                    queue_frame(out, transmit);
                     return Ok(());
                 }
                 // Small frames batched before it go first; then it goes
                 // straight from the caller's buffer to the socket, and only
                 // what the socket does not take is copied.
-                flush_queue(stream, out, wire_bytes_sent)?;
+                flush_queue(stream, out, 0, wire_bytes_sent)?;
                 if out.len() == 0 {
                     *wire_bytes_sent += write_direct(stream, transmit, out)? as u64;
                 } else {
@@ -708,15 +740,17 @@ impl TcpMedium {
             let Some(framed) = framed else {
                 break;
             };
-            framed.map_err(|e| self.send_failed(&e))?;
+            framed.map_err(|e| match e {
+                FrameError::Io(e) => self.send_failed(&e),
+                FrameError::Seal(e) => e,
+            })?;
             sent += 1;
-            if self.staged.len() >= MAX_RECORD_PLAINTEXT {
-                self.seal_staged()?;
+            if self.ready_to_send() >= MAX_RECORD_PLAINTEXT {
                 self.flush()?;
-                refused = self.out.len() > 0;
+                refused = self.ready_to_send() > 0;
             }
         }
-        self.seal_staged()?;
+        self.seal_open_record()?;
         self.flush()?;
         self.stats.packets_sent += sent as u64;
         Ok(sent)
@@ -732,15 +766,91 @@ fn queue_frame(queue: &mut ByteQueue, transmit: &Transmit<'_>) {
     queue.commit(FRAME_HEADER_LEN + len);
 }
 
-/// Writes what the socket takes of `queue`, adding each write's bytes to
-/// `sent` as it goes (so an error later still leaves them counted).
+/// Why a packet did not reach the send queue.
+enum FrameError {
+    Io(std::io::Error),
+    Seal(MediumError),
+}
+
+impl From<std::io::Error> for FrameError {
+    fn from(error: std::io::Error) -> Self {
+        FrameError::Io(error)
+    }
+}
+
+/// Appends `transmit`'s frame to the record being filled at the back of
+/// `out` (`open` its plaintext bytes so far), sealing that record first
+/// when the frame does not fit in it. Whether a record was sealed.
+fn frame_into_record(
+    out: &mut ByteQueue,
+    open: &mut Option<usize>,
+    cipher: &mut Session,
+    transmit: &Transmit<'_>,
+) -> Result<bool, FrameError> {
+    let frame = FRAME_HEADER_LEN + transmit.len();
+    if frame > MAX_RECORD_PLAINTEXT {
+        return Err(FrameError::Seal(MediumError::new(format!(
+            "a packet of {} bytes; a link that encrypts carries at most {MAX_SEALED_PACKET}",
+            transmit.len()
+        ))));
+    }
+    let mut sealed = false;
+    if open.is_some_and(|plain| plain + frame > MAX_RECORD_PLAINTEXT) {
+        sealed = seal_record(out, open, cipher).map_err(FrameError::Seal)?;
+    }
+    // Room for the frame, and for the tag that follows it if the record
+    // ends with it (so sealing never moves the queue's bytes).
+    let plain = match *open {
+        Some(plain) => plain,
+        None => {
+            out.space(RECORD_HEADER_LEN + frame + SEAL_OVERHEAD);
+            out.commit(RECORD_HEADER_LEN);
+            0
+        }
+    };
+    let space = out.space(frame + SEAL_OVERHEAD);
+    space[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(transmit.len()));
+    transmit.write_to(&mut space[FRAME_HEADER_LEN..frame]);
+    out.commit(frame);
+    *open = Some(plain + frame);
+    Ok(sealed)
+}
+
+/// Seals the record being filled at the back of `out`, where it lies, and
+/// appends its tag. Whether there was one.
+fn seal_record(
+    out: &mut ByteQueue,
+    open: &mut Option<usize>,
+    cipher: &mut Session,
+) -> Result<bool, MediumError> {
+    let Some(plain) = open.take() else {
+        return Ok(false);
+    };
+    out.space(SEAL_OVERHEAD);
+    let end = out.end;
+    let start = end - plain;
+    let tag = cipher
+        .seal_in_place(&mut out.buf[start..end])
+        .map_err(|e| MediumError::new(format!("sealing a record: {e}")))?;
+    let len = u16::try_from(plain + SEAL_OVERHEAD).expect("a record fits 64 KiB");
+    out.buf[start - RECORD_HEADER_LEN..start].copy_from_slice(&len.to_le_bytes());
+    out.space(SEAL_OVERHEAD)[..SEAL_OVERHEAD].copy_from_slice(&tag);
+    out.commit(SEAL_OVERHEAD);
+    Ok(true)
+}
+
+/// Writes what the socket takes of `queue` but its last `keep` bytes,
+/// adding each write's bytes to `sent` as it goes (so an error later
+/// still leaves them counted).
 fn flush_queue(
     stream: &mut TcpStream,
     queue: &mut ByteQueue,
+    keep: usize,
     sent: &mut u64,
 ) -> std::io::Result<()> {
-    while queue.len() > 0 {
-        match stream.write(queue.readable()) {
+    while queue.len() > keep {
+        let ready = &queue.readable()[..queue.len() - keep];
+        match stream.write(ready) {
             Ok(0) => return Err(std::io::Error::from(ErrorKind::WriteZero)),
             Ok(n) => {
                 queue.consume(n);
@@ -781,12 +891,95 @@ mod tests {
 
     #[test]
     fn packets_stay_with_the_engine_while_the_socket_is_full() {
+        packets_stay_with_the_engine_until_the_socket_takes_them(None);
+    }
+
+    #[test]
+    fn sealed_packets_stay_with_the_engine_while_the_socket_is_full() {
+        packets_stay_with_the_engine_until_the_socket_takes_them(Some(sessions().0));
+    }
+
+    /// Both ends of a finished handshake (initiator, responder).
+    fn sessions() -> (Session, Session) {
+        use crate::auth::{Handshake, PeerAuth, SecretKey, preamble};
+        let auth = PeerAuth::PreSharedKey {
+            key: SecretKey::from_hex(&"5a".repeat(32)).unwrap(),
+            source: "test".to_string(),
+        };
+        let ours = preamble(auth.mode());
+        let mut initiator = Handshake::new(&auth, true, &ours, &ours).unwrap();
+        let mut responder = Handshake::new(&auth, false, &ours, &ours).unwrap();
+        while !(initiator.is_finished() && responder.is_finished()) {
+            let (from, to) = if initiator.is_my_turn() {
+                (&mut initiator, &mut responder)
+            } else {
+                (&mut responder, &mut initiator)
+            };
+            to.read_message(&from.write_message().unwrap()).unwrap();
+        }
+        (initiator.finish().unwrap(), responder.finish().unwrap())
+    }
+
+    #[test]
+    fn a_sealed_record_must_hold_whole_frames() {
+        let (mut sealing, opening) = sessions();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut writer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (reader, _) = listener.accept().unwrap();
+        // A frame of 100 bytes announced, 50 of them in the record.
+        let mut record = frame_header(100).to_vec();
+        record.extend_from_slice(&[9u8; 50]);
+        let sealed = sealing.seal(&record).unwrap();
+        let mut wire = u16::try_from(sealed.len()).unwrap().to_le_bytes().to_vec();
+        wire.extend_from_slice(&sealed);
+        writer.write_all(&wire).unwrap();
+        let config = crate::engine::EngineConfig::default();
+        let mut engine = Engine::<Vec<u8>>::new(config.clone(), 1, Time::ZERO).unwrap();
+        let mut medium = TcpMedium::new(
+            reader,
+            config.mtu,
+            Some(opening),
+            None,
+            SocketBuffers::Autotuned,
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let error = loop {
+            match medium.receive(Time::ZERO, &mut engine) {
+                Err(error) => break error.to_string(),
+                Ok(_) if Instant::now() < deadline => std::thread::yield_now(),
+                Ok(_) => panic!("a record ending inside a frame was taken"),
+            }
+        };
+        assert!(error.contains("ends inside a frame"), "{error}");
+    }
+
+    #[test]
+    fn an_encrypting_medium_refuses_packets_larger_than_a_record() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let error = TcpMedium::new(
+            stream,
+            MAX_SEALED_PACKET + 1,
+            Some(sessions().0),
+            None,
+            SocketBuffers::Autotuned,
+        )
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("one sealed record each"),
+            "{error}"
+        );
+    }
+
+    fn packets_stay_with_the_engine_until_the_socket_takes_them(cipher: Option<Session>) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         // Accepted and never read: the socket fills.
         let (_receiver, _) = listener.accept().unwrap();
+        let sealed = cipher.is_some();
         let config = crate::engine::EngineConfig {
-            mtu: 64 * 1024,
+            mtu: if sealed { MAX_SEALED_PACKET } else { 64 * 1024 },
             ..crate::engine::EngineConfig::default()
         };
         let max_packet = config.mtu;
@@ -810,7 +1003,7 @@ mod tests {
             engine.send(vec![7u8; max_packet - HEADER_LEN]).unwrap();
         }
         let mut medium =
-            TcpMedium::new(sender, max_packet, None, None, SocketBuffers::Autotuned).unwrap();
+            TcpMedium::new(sender, max_packet, cipher, None, SocketBuffers::Autotuned).unwrap();
         for _ in 0..64 {
             medium.transmit(later, &mut engine).unwrap();
         }
@@ -823,11 +1016,20 @@ mod tests {
             engine.has_unsent(),
             "the socket took 16 MiB without a reader: nothing was ever refused"
         );
+        // Plain: at most the one frame the socket took part of. Sealed:
+        // the records of one round, none of them still open.
+        let most = if sealed {
+            medium.out_limit + RECORD_HEADER_LEN + MAX_RECORD_PLAINTEXT + SEAL_OVERHEAD
+        } else {
+            FRAME_HEADER_LEN + max_packet
+        };
         assert!(
-            medium.out.len() <= FRAME_HEADER_LEN + max_packet,
-            "{} bytes were copied to wait for the socket: more than the one frame it took part of",
+            medium.out.len() <= most,
+            "{} bytes were copied to wait for the socket (at most {most})",
             medium.out.len()
         );
+        assert_eq!(medium.open_record, None, "a record was left unsealed");
+        assert_eq!(medium.stats.records_sealed > 0, sealed);
     }
 
     #[test]

@@ -47,8 +47,8 @@ use std::time::Duration;
 pub use buffers::SocketBuffers;
 pub use channel::{Channel, ChannelError, ChannelListener, ChannelOptions};
 pub use medium::{
-    FRAME_HEADER_LEN, MAX_RECORD_PLAINTEXT, RECORD_HEADER_LEN, TcpMedium, TcpStats, frame_header,
-    hand_frame, next_frame,
+    FRAME_HEADER_LEN, MAX_RECORD_PLAINTEXT, MAX_SEALED_PACKET, RECORD_HEADER_LEN, TcpMedium,
+    TcpStats, frame_header, hand_frame, next_frame,
 };
 
 use crate::auth::PeerAuth;
@@ -61,8 +61,9 @@ use resume::{Rejoin, Resume};
 pub const DEFAULT_PORT: u16 = 18_616;
 /// `b"BLTH"`.
 pub const HELLO_MAGIC: [u8; 4] = *b"BLTH";
-/// The TCP link protocol this build speaks.
-pub const HELLO_VERSION: u16 = 1;
+/// The TCP link protocol this build speaks. Version 2: a sealed record
+/// holds whole frames.
+pub const HELLO_VERSION: u16 = 2;
 /// Bytes of a hello.
 pub const HELLO_LEN: usize = 32;
 /// Largest packet a TCP link carries (a bound on what a peer's frame may
@@ -166,7 +167,7 @@ pub struct TcpHello {
 impl TcpHello {
     fn of(options: &TcpLinkOptions) -> TcpHello {
         TcpHello {
-            engine_mtu: options.engine.mtu as u32,
+            engine_mtu: engine_config(options).mtu as u32,
             max_message_len: options.engine.max_message_len,
             crc: options.engine.crc,
             encrypt: options.encrypt,
@@ -363,6 +364,17 @@ fn check_options(options: &TcpLinkOptions) -> Result<(PeerAuth, SocketBuffers), 
     Ok((auth, buffers))
 }
 
+/// The engine's configuration on this link: as asked, but a link that
+/// encrypts carries packets of at most [`MAX_SEALED_PACKET`] (one sealed
+/// record each).
+pub fn engine_config(options: &TcpLinkOptions) -> EngineConfig {
+    let mut engine = options.engine.clone();
+    if options.encrypt {
+        engine.mtu = engine.mtu.min(MAX_SEALED_PACKET);
+    }
+    engine
+}
+
 /// The hello both ways over the authenticated channel (the peer's already
 /// read when the acceptor took the connection), then the medium on the
 /// same connection.
@@ -406,21 +418,19 @@ fn establish<B: AsRef<[u8]>>(
     });
     let (stream, session) = channel.into_parts();
     let cipher = if options.encrypt { session } else { None };
-    let medium = TcpMedium::new(stream, options.engine.mtu, cipher, resume, buffers).map_err(
-        |e: MediumError| TcpSetupError::Hello {
-            detail: e.to_string(),
-        },
-    )?;
+    let engine = engine_config(options);
+    let medium =
+        TcpMedium::new(stream, engine.mtu, cipher, resume, buffers).map_err(|e: MediumError| {
+            TcpSetupError::Hello {
+                detail: e.to_string(),
+            }
+        })?;
     tracing::info!(
         peer = ?medium,
-        mtu = options.engine.mtu,
+        mtu = engine.mtu,
         "TCP link set up"
     );
-    Ok(Link::with_medium(
-        medium,
-        options.engine.clone(),
-        options.epoch,
-    )?)
+    Ok(Link::with_medium(medium, engine, options.epoch)?)
 }
 
 /// An id for a new link: distinct between links, not secret (it travels

@@ -123,6 +123,9 @@ fn both_ways(encrypt: bool) {
     assert_eq!((received, error), (400, None));
     assert_eq!(client.medium().is_encrypted(), encrypt);
     assert_eq!(stats.records_opened > 0, encrypt, "{stats:?}");
+    // Asked for 64 KiB packets; sealed, one frame fills a record.
+    let mtu = client.engine().config().mtu;
+    assert_eq!(mtu, if encrypt { MAX_SEALED_PACKET } else { 64 << 10 });
 }
 
 #[test]
