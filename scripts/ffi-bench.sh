@@ -27,12 +27,20 @@ while [ $# -gt 0 ]; do
     esac
 done
 target="${CARGO_TARGET_DIR:-$root/target}"
-./scripts/ffi-test.sh --build >/dev/null
-cargo build --release --quiet --bin barlink
 work="$target/ffi-bench"
 mkdir -p "$work"
-gcc -O2 -Wall -Wextra -std=c11 -I ffi/include ffi/bench/ffi_bench.c \
-    -L "$target/release" -lbarlink_c -Wl,-rpath,"$target/release" -o "$work/ffi_bench"
+# On a machine without Rust or a C compiler: FFI_BENCH=path/to/ffi_bench
+# (built here, its library found through LD_LIBRARY_PATH) and
+# BARLINK_BIN=path/to/barlink skip the build.
+barlink="${BARLINK_BIN:-$target/release/barlink}"
+ffi_bench="${FFI_BENCH:-}"
+if [ -z "$ffi_bench" ]; then
+    ./scripts/ffi-test.sh --build >/dev/null
+    cargo build --release --quiet --bin barlink
+    gcc -O2 -Wall -Wextra -std=c11 -I ffi/include ffi/bench/ffi_bench.c \
+        -L "$target/release" -lbarlink_c -Wl,-rpath,"$target/release" -o "$work/ffi_bench"
+    ffi_bench="$work/ffi_bench"
+fi
 bytes_of() { # 64K -> 65536, as barlink bench reads sizes
     python3 -c 'import sys
 u={"":1,"K":1<<10,"M":1<<20,"G":1<<30}
@@ -41,11 +49,11 @@ print(",".join(str(int(s.rstrip("KMG"))*u[s[len(s.rstrip("KMG")):]]) for s in sy
 c_sizes=$(bytes_of "$sizes")
 c_bytes=$(bytes_of "$bytes")
 echo "# scripts/ffi-bench.sh: C ABI / Rust link, $rounds rounds, sizes $sizes, $windows windows of $bytes, C receiving $recv"
-"$target/release/barlink" bench --paths barlink --sizes 64 --windows 1 --lat-iters 1 | grep '^# cpu'
+"$barlink" bench --paths barlink --sizes 64 --windows 1 --lat-iters 1 | grep '^# cpu'
 for round in $(seq "$rounds"); do
-    "$target/release/barlink" bench --paths barlink --sizes "$sizes" --windows "$windows" \
+    "$barlink" bench --paths barlink --sizes "$sizes" --windows "$windows" \
         --bytes-per-window "$bytes" --lat-iters "$lat" --json >"$work/rust.$round.jsonl"
-    "$work/ffi_bench" --sizes "$c_sizes" --windows "$windows" --bytes-per-window "$c_bytes" \
+    "$ffi_bench" --sizes "$c_sizes" --windows "$windows" --bytes-per-window "$c_bytes" \
         --lat-iters "$lat" --recv "$recv" --json >"$work/c.$round.jsonl"
 done
 python3 - "$work" "$rounds" <<'PY'
