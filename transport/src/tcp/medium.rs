@@ -67,6 +67,10 @@ const MIN_BUFFER: usize = 4 << 20;
 const READS_PER_ROUND: usize = 16;
 /// Pause between attempts to take the peer back.
 const RETRY_EVERY: Duration = Duration::from_millis(50);
+/// Sealed bytes from which a round writes them before sealing more: one
+/// system call for several records (each on loopback costs the kernel's
+/// whole send path).
+const SEALED_WRITE_FROM: usize = 512 * 1024;
 /// Payload bytes from which a packet is written straight from the
 /// caller's buffer; smaller ones are copied and go out together, one
 /// system call for many.
@@ -745,7 +749,7 @@ impl TcpMedium {
                 FrameError::Seal(e) => e,
             })?;
             sent += 1;
-            if self.ready_to_send() >= MAX_RECORD_PLAINTEXT {
+            if self.ready_to_send() >= SEALED_WRITE_FROM {
                 self.flush()?;
                 refused = self.ready_to_send() > 0;
             }
