@@ -22,14 +22,11 @@
 #![forbid(unsafe_code)]
 
 use std::convert::Infallible;
-use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
-
-use rustix::io::Errno;
-use rustix::net::{SendAncillaryBuffer, SendFlags};
 
 use super::buffers::{self, SocketBuffers};
 use super::resume::Resume;
@@ -67,14 +64,11 @@ const MIN_BUFFER: usize = 4 << 20;
 const READS_PER_ROUND: usize = 16;
 /// Pause between attempts to take the peer back.
 const RETRY_EVERY: Duration = Duration::from_millis(50);
-/// Sealed bytes from which a round writes them before sealing more: one
-/// system call for several records (each on loopback costs the kernel's
-/// whole send path).
-const SEALED_WRITE_FROM: usize = 512 * 1024;
-/// Payload bytes from which a packet is written straight from the
-/// caller's buffer; smaller ones are copied and go out together, one
-/// system call for many.
-const DIRECT_WRITE_FROM: usize = 16 * 1024;
+/// Queued bytes from which a round writes them before framing more: one
+/// system call for many packets (each call on loopback runs the kernel's
+/// whole send path and wakes the reader, which costs more than copying
+/// the packets into the queue).
+const WRITE_FROM: usize = 512 * 1024;
 
 /// The check of a frame length.
 fn frame_check(len: u32) -> u32 {
@@ -141,54 +135,6 @@ pub fn hand_frame<B: AsRef<[u8]>>(
         Ok(verdict) => verdict,
         Err(never) => match never {},
     }
-}
-
-/// Writes one packet's frame with a single `sendmsg` from the caller's
-/// buffer (the CRC taken in a read pass instead of during a copy), and
-/// queues in `out` what the socket did not take. Returns the bytes the
-/// socket took. A peer that closed is an error here, never `SIGPIPE`: a
-/// C or Python program that embeds the link may not ignore that signal.
-fn write_direct(
-    stream: &mut TcpStream,
-    transmit: &Transmit<'_>,
-    out: &mut ByteQueue,
-) -> std::io::Result<usize> {
-    let payload = transmit.payload();
-    let crc = if transmit.has_crc() {
-        let mut crc = transmit.crc_of_header();
-        crc.update(payload);
-        crc.finish()
-    } else {
-        0
-    };
-    let mut head = [0u8; FRAME_HEADER_LEN + HEADER_LEN];
-    head[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(transmit.len()));
-    head[FRAME_HEADER_LEN..].copy_from_slice(&transmit.header_with_crc(crc));
-    let total = head.len() + payload.len();
-    let frame = [IoSlice::new(&head), IoSlice::new(payload)];
-    let written = loop {
-        let mut no_control = SendAncillaryBuffer::default();
-        match rustix::net::sendmsg(&*stream, &frame, &mut no_control, SendFlags::NOSIGNAL) {
-            Ok(n) => break n,
-            Err(Errno::AGAIN) => break 0,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    };
-    if written < total {
-        let rest = total - written;
-        let space = out.space(rest);
-        let mut at = 0;
-        if written < head.len() {
-            let from_head = &head[written..];
-            space[..from_head.len()].copy_from_slice(from_head);
-            at = from_head.len();
-        }
-        let from_payload = &payload[written.saturating_sub(head.len())..];
-        space[at..at + from_payload.len()].copy_from_slice(from_payload);
-        out.commit(rest);
-    }
-    Ok(written)
 }
 
 /// A byte buffer read from the front and written at the back, allocated
@@ -715,41 +661,27 @@ impl TcpMedium {
         let mut refused = self.out.len() > 0;
         let mut sent = 0;
         while !refused && self.out.len() < self.out_limit {
-            let (stream, out, cipher) = (&mut self.stream, &mut self.out, &mut self.cipher);
+            let (out, cipher) = (&mut self.out, &mut self.cipher);
             let (open_record, stats) = (&mut self.open_record, &mut self.stats);
-            let wire_bytes_sent = &mut stats.wire_bytes_sent;
-            let refused_now = &mut refused;
-            let framed = engine.poll_transmit_with(now, |transmit| {
-                if let Some(cipher) = cipher {
+            // Each packet is copied into the queue with its CRC taken in
+            // the same pass (sealed: into its record, sealed there).
+            let framed = engine.poll_transmit_with(now, |transmit| match cipher {
+                Some(cipher) => {
                     let sealed = frame_into_record(out, open_record, cipher, transmit)?;
                     stats.records_sealed += u64::from(sealed);
-                    return Ok(());
+                    Ok::<(), MediumError>(())
                 }
-                if transmit.payload().len() < DIRECT_WRITE_FROM {
+                None => {
                     queue_frame(out, transmit);
-                    return Ok(());
+                    Ok(())
                 }
-                // Small frames batched before it go first; then it goes
-                // straight from the caller's buffer to the socket, and only
-                // what the socket does not take is copied.
-                flush_queue(stream, out, 0, wire_bytes_sent)?;
-                if out.len() == 0 {
-                    *wire_bytes_sent += write_direct(stream, transmit, out)? as u64;
-                } else {
-                    queue_frame(out, transmit);
-                }
-                *refused_now = out.len() > 0;
-                Ok(())
             });
             let Some(framed) = framed else {
                 break;
             };
-            framed.map_err(|e| match e {
-                FrameError::Io(e) => self.send_failed(&e),
-                FrameError::Seal(e) => e,
-            })?;
+            framed?;
             sent += 1;
-            if self.ready_to_send() >= SEALED_WRITE_FROM {
+            if self.ready_to_send() >= WRITE_FROM {
                 self.flush()?;
                 refused = self.ready_to_send() > 0;
             }
@@ -770,18 +702,6 @@ fn queue_frame(queue: &mut ByteQueue, transmit: &Transmit<'_>) {
     queue.commit(FRAME_HEADER_LEN + len);
 }
 
-/// Why a packet did not reach the send queue.
-enum FrameError {
-    Io(std::io::Error),
-    Seal(MediumError),
-}
-
-impl From<std::io::Error> for FrameError {
-    fn from(error: std::io::Error) -> Self {
-        FrameError::Io(error)
-    }
-}
-
 /// Appends `transmit`'s frame to the record being filled at the back of
 /// `out` (`open` its plaintext bytes so far), sealing that record first
 /// when the frame does not fit in it. Whether a record was sealed.
@@ -790,17 +710,17 @@ fn frame_into_record(
     open: &mut Option<usize>,
     cipher: &mut Session,
     transmit: &Transmit<'_>,
-) -> Result<bool, FrameError> {
+) -> Result<bool, MediumError> {
     let frame = FRAME_HEADER_LEN + transmit.len();
     if frame > MAX_RECORD_PLAINTEXT {
-        return Err(FrameError::Seal(MediumError::new(format!(
+        return Err(MediumError::new(format!(
             "a packet of {} bytes; a link that encrypts carries at most {MAX_SEALED_PACKET}",
             transmit.len()
-        ))));
+        )));
     }
     let mut sealed = false;
     if open.is_some_and(|plain| plain + frame > MAX_RECORD_PLAINTEXT) {
-        sealed = seal_record(out, open, cipher).map_err(FrameError::Seal)?;
+        sealed = seal_record(out, open, cipher)?;
     }
     // Room for the frame, and for the tag that follows it if the record
     // ends with it (so sealing never moves the queue's bytes).
@@ -1020,13 +940,14 @@ mod tests {
             engine.has_unsent(),
             "the socket took 16 MiB without a reader: nothing was ever refused"
         );
-        // Plain: at most the one frame the socket took part of. Sealed:
-        // the records of one round, none of them still open.
-        let most = if sealed {
-            medium.out_limit + RECORD_HEADER_LEN + MAX_RECORD_PLAINTEXT + SEAL_OVERHEAD
-        } else {
-            FRAME_HEADER_LEN + max_packet
-        };
+        // At most what one round queues before it writes: its limit and
+        // the frame (sealed: the record) that crossed it; none left open.
+        let most = medium.out_limit.max(WRITE_FROM)
+            + if sealed {
+                RECORD_HEADER_LEN + MAX_RECORD_PLAINTEXT + SEAL_OVERHEAD
+            } else {
+                FRAME_HEADER_LEN + max_packet
+            };
         assert!(
             medium.out.len() <= most,
             "{} bytes were copied to wait for the socket (at most {most})",
