@@ -101,3 +101,18 @@ fn next_nonce(counter: &mut u64) -> Result<Nonce, AuthError> {
     *counter += 1;
     Ok(nonce)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_message_number_is_never_used() {
+        assert!(nonce_of(u64::MAX - 1).is_ok());
+        assert!(nonce_of(u64::MAX).is_err());
+        let mut keys = RecordKeys::new(&[1; 32], &[1; 32]).unwrap();
+        keys.send_nonce = u64::MAX;
+        assert!(keys.seal_in_place(&mut [0u8; 8]).is_err());
+        assert_eq!(keys.send_nonce, u64::MAX, "a refused seal takes no number");
+    }
+}

@@ -337,6 +337,20 @@ fn sealed_messages_are_noise_transport_messages() {
 }
 
 #[test]
+fn a_message_that_fails_to_open_takes_no_number() {
+    let (mut initiator, mut responder) =
+        handshake_pair(&psk(4), preamble(AuthMode::PreSharedKey), |_, _| {}).unwrap();
+    let first = initiator.seal(b"first").unwrap();
+    let second = initiator.seal(b"second").unwrap();
+    let mut altered = first.clone();
+    altered[2] ^= 4;
+    assert!(responder.open(&altered).is_err());
+    assert!(responder.open(&second).is_err(), "out of order");
+    assert_eq!(responder.open(&first).unwrap(), b"first");
+    assert_eq!(responder.open(&second).unwrap(), b"second");
+}
+
+#[test]
 fn an_insecure_session_seals_nothing_in_place() {
     let mut session = Session::insecure();
     assert!(session.seal_in_place(&mut [1u8; 8]).is_err());

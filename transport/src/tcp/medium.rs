@@ -526,8 +526,10 @@ impl TcpMedium {
         &mut self,
         now: Time,
         engine: &mut Engine<B>,
-        cipher: &mut Session,
     ) -> Result<usize, MediumError> {
+        let Some(cipher) = &mut self.cipher else {
+            return Ok(0);
+        };
         let mut delivered = 0;
         loop {
             let bytes = self.wire_in.readable();
@@ -575,10 +577,8 @@ impl TcpMedium {
         now: Time,
         engine: &mut Engine<B>,
     ) -> Result<usize, MediumError> {
-        if let Some(mut cipher) = self.cipher.take() {
-            let delivered = self.open_records(now, engine, &mut cipher);
-            self.cipher = Some(cipher);
-            return delivered;
+        if self.cipher.is_some() {
+            return self.open_records(now, engine);
         }
         let queue = &mut self.wire_in;
         let mut delivered = 0;
@@ -747,15 +747,17 @@ fn seal_record(
     open: &mut Option<usize>,
     cipher: &mut Session,
 ) -> Result<bool, MediumError> {
-    let Some(plain) = open.take() else {
+    let Some(plain) = *open else {
         return Ok(false);
     };
     out.space(SEAL_OVERHEAD);
     let end = out.end;
     let start = end - plain;
+    // Still open if sealing fails: an open record is never written.
     let tag = cipher
         .seal_in_place(&mut out.buf[start..end])
         .map_err(|e| MediumError::new(format!("sealing a record: {e}")))?;
+    *open = None;
     let len = u16::try_from(plain + SEAL_OVERHEAD).expect("a record fits 64 KiB");
     out.buf[start - RECORD_HEADER_LEN..start].copy_from_slice(&len.to_le_bytes());
     out.space(SEAL_OVERHEAD)[..SEAL_OVERHEAD].copy_from_slice(&tag);
@@ -940,14 +942,15 @@ mod tests {
             engine.has_unsent(),
             "the socket took 16 MiB without a reader: nothing was ever refused"
         );
-        // At most what one round queues before it writes: its limit and
-        // the frame (sealed: the record) that crossed it; none left open.
-        let most = medium.out_limit.max(WRITE_FROM)
-            + if sealed {
-                RECORD_HEADER_LEN + MAX_RECORD_PLAINTEXT + SEAL_OVERHEAD
-            } else {
-                FRAME_HEADER_LEN + max_packet
-            };
+        // Once a write leaves bytes behind, the round takes no more
+        // packets: at most the batch it wrote, the frame (sealed: the
+        // record) that crossed it, and the record it sealed at its end.
+        let unit = if sealed {
+            RECORD_HEADER_LEN + MAX_RECORD_PLAINTEXT + SEAL_OVERHEAD
+        } else {
+            FRAME_HEADER_LEN + max_packet
+        };
+        let most = WRITE_FROM + 2 * unit;
         assert!(
             medium.out.len() <= most,
             "{} bytes were copied to wait for the socket (at most {most})",

@@ -121,6 +121,15 @@ fn both_ways(encrypt: bool) {
     assert_eq!((received, error), (400, None));
     let ((received, error), stats) = server.join().unwrap();
     assert_eq!((received, error), (400, None));
+    // On one clean connection: a record or frame the peer could not take
+    // would have dropped it (and the engine's resends hidden that).
+    for stats in [stats, client.medium().stats()] {
+        assert_eq!(
+            (stats.connections_lost, stats.reconnects),
+            (0, 0),
+            "{stats:?}"
+        );
+    }
     assert_eq!(client.medium().is_encrypted(), encrypt);
     assert_eq!(stats.records_opened > 0, encrypt, "{stats:?}");
     // Asked for 64 KiB packets; sealed, one frame fills a record.
