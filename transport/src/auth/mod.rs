@@ -329,6 +329,34 @@ impl Handshake {
     }
 }
 
+/// Both sides' handshakes run to their end in memory, each message passed
+/// through `tamper` (its index, its bytes) on the way, the responder
+/// seeing `responder_sees` as the initiator's preamble: for tests.
+#[cfg(test)]
+pub(crate) fn run_handshakes(
+    auth: &PeerAuth,
+    responder_sees: [u8; PREAMBLE_LEN],
+    mut tamper: impl FnMut(usize, &mut Vec<u8>),
+) -> Result<(Handshake, Handshake), AuthError> {
+    let initiator_preamble = preamble(auth.mode());
+    let responder_preamble = preamble(auth.mode());
+    let mut initiator = Handshake::new(auth, true, &initiator_preamble, &responder_preamble)?;
+    let mut responder = Handshake::new(auth, false, &responder_sees, &responder_preamble)?;
+    let mut index = 0;
+    while !(initiator.is_finished() && responder.is_finished()) {
+        let (from, to) = if initiator.is_my_turn() {
+            (&mut initiator, &mut responder)
+        } else {
+            (&mut responder, &mut initiator)
+        };
+        let mut message = from.write_message()?;
+        tamper(index, &mut message);
+        to.read_message(&message)?;
+        index += 1;
+    }
+    Ok((initiator, responder))
+}
+
 /// What follows authentication: messages sealed (encrypted and
 /// authenticated, in order) for the peer, or passed through unchanged when
 /// the setup runs without authentication.

@@ -225,24 +225,9 @@ fn preambles_are_checked_field_by_field() {
 fn handshake_pair(
     auth: &PeerAuth,
     responder_sees: [u8; PREAMBLE_LEN],
-    mut tamper: impl FnMut(usize, &mut Vec<u8>),
+    tamper: impl FnMut(usize, &mut Vec<u8>),
 ) -> Result<(Session, Session), AuthError> {
-    let initiator_preamble = preamble(auth.mode());
-    let responder_preamble = preamble(auth.mode());
-    let mut initiator = Handshake::new(auth, true, &initiator_preamble, &responder_preamble)?;
-    let mut responder = Handshake::new(auth, false, &responder_sees, &responder_preamble)?;
-    let mut index = 0;
-    while !(initiator.is_finished() && responder.is_finished()) {
-        let (from, to) = if initiator.is_my_turn() {
-            (&mut initiator, &mut responder)
-        } else {
-            (&mut responder, &mut initiator)
-        };
-        let mut message = from.write_message()?;
-        tamper(index, &mut message);
-        to.read_message(&message)?;
-        index += 1;
-    }
+    let (initiator, responder) = run_handshakes(auth, responder_sees, tamper)?;
     Ok((initiator.finish()?, responder.finish()?))
 }
 
@@ -299,18 +284,8 @@ fn sealed_messages_refuse_alteration_and_replay() {
 #[test]
 fn sealed_messages_are_noise_transport_messages() {
     for auth in [psk(3), pinned(2, &[2])] {
-        let ours = preamble(auth.mode());
-        let mut initiator = Handshake::new(&auth, true, &ours, &ours).unwrap();
-        let mut responder = Handshake::new(&auth, false, &ours, &ours).unwrap();
-        while !(initiator.is_finished() && responder.is_finished()) {
-            let (from, to) = if initiator.is_my_turn() {
-                (&mut initiator, &mut responder)
-            } else {
-                (&mut responder, &mut initiator)
-            };
-            let message = from.write_message().unwrap();
-            to.read_message(&message).unwrap();
-        }
+        let (initiator, responder) =
+            run_handshakes(&auth, preamble(auth.mode()), |_, _| {}).unwrap();
         let mut session = initiator.finish().unwrap();
         let mut noise = responder.state.into_transport_mode().unwrap();
         let mut buf = vec![0u8; MAX_FRAME];

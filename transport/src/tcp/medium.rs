@@ -827,22 +827,13 @@ mod tests {
 
     /// Both ends of a finished handshake (initiator, responder).
     fn sessions() -> (Session, Session) {
-        use crate::auth::{Handshake, PeerAuth, SecretKey, preamble};
+        use crate::auth::{PeerAuth, SecretKey, preamble, run_handshakes};
         let auth = PeerAuth::PreSharedKey {
             key: SecretKey::from_hex(&"5a".repeat(32)).unwrap(),
             source: "test".to_string(),
         };
-        let ours = preamble(auth.mode());
-        let mut initiator = Handshake::new(&auth, true, &ours, &ours).unwrap();
-        let mut responder = Handshake::new(&auth, false, &ours, &ours).unwrap();
-        while !(initiator.is_finished() && responder.is_finished()) {
-            let (from, to) = if initiator.is_my_turn() {
-                (&mut initiator, &mut responder)
-            } else {
-                (&mut responder, &mut initiator)
-            };
-            to.read_message(&from.write_message().unwrap()).unwrap();
-        }
+        let (initiator, responder) =
+            run_handshakes(&auth, preamble(auth.mode()), |_, _| {}).unwrap();
         (initiator.finish().unwrap(), responder.finish().unwrap())
     }
 
