@@ -447,24 +447,28 @@ impl TcpMedium {
         ))
     }
 
-    /// Writes what the socket takes now of the sealed bytes.
+    /// Writes what the socket takes now of the bytes ready to go.
     fn flush(&mut self) -> Result<(), MediumError> {
+        let keep = self.open_tail();
         flush_queue(
             &mut self.stream,
             &mut self.out,
-            self.open_record
-                .map_or(0, |plain| RECORD_HEADER_LEN + plain),
+            keep,
             &mut self.stats.wire_bytes_sent,
         )
         .map_err(|e| self.send_failed(&e))
     }
 
+    /// Bytes at the back of `out` that the record being filled holds (its
+    /// length and its frames so far): not to be sent yet.
+    fn open_tail(&self) -> usize {
+        self.open_record
+            .map_or(0, |plain| RECORD_HEADER_LEN + plain)
+    }
+
     /// Wire bytes queued that are ready to go (all but the open record).
     fn ready_to_send(&self) -> usize {
-        self.out.len()
-            - self
-                .open_record
-                .map_or(0, |plain| RECORD_HEADER_LEN + plain)
+        self.out.len() - self.open_tail()
     }
 
     /// The connection failed while sending.
