@@ -13,7 +13,7 @@ use barlink::gpu::{
     Context, Cuda, DeviceLanding, DeviceRecvError, Staged, StagingPool, recv_into_device,
     send_from_device,
 };
-use barlink::{ConnectOptions, Peer, Role, connect};
+use barlink::{ConnectOptions, Connection, Peer, Role, connect};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -29,28 +29,30 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// A peer that waits `delay`, then receives `sizes` into device memory
-/// (message i is `pattern(size, i)`), checks each, and answers "done".
+/// A peer that waits `delay`, then receives `sizes` into device memory at
+/// `offset` (message i is `pattern(size, i)`), checks each, and answers
+/// "done".
 fn checking_receiver(
     peer: &Peer,
     context: &Context,
     sizes: Vec<usize>,
     delay: Duration,
+    offset: usize,
 ) -> thread::JoinHandle<()> {
     let (peer, context) = (peer.clone(), context.clone());
     thread::spawn(move || {
         let mut link = connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
         let landing = context
-            .alloc(sizes.iter().copied().max().unwrap_or(1))
+            .alloc(offset + sizes.iter().copied().max().unwrap_or(1))
             .unwrap();
         thread::sleep(delay);
         for (index, &size) in sizes.iter().enumerate() {
             assert_eq!(
-                recv_into_device(&mut link, &landing, 0, TIMEOUT).unwrap(),
+                recv_into_device(&mut link, &landing, offset, TIMEOUT).unwrap(),
                 size
             );
             let mut back = vec![0u8; size];
-            landing.read(0, &mut back).unwrap();
+            landing.read(offset, &mut back).unwrap();
             assert!(
                 back == pattern(size, index as u8),
                 "message {index} changed"
@@ -58,6 +60,20 @@ fn checking_receiver(
         }
         link.send(b"done".to_vec(), TIMEOUT).unwrap();
         link.flush(TIMEOUT).unwrap();
+    })
+}
+
+/// A thread that connects to `peer` over host memory and runs `talk` on
+/// the link (the side a test does not hold).
+fn connecting_peer<T: Send + 'static>(
+    peer: &Peer,
+    talk: impl FnOnce(&mut Connection<Vec<u8>>) -> T + Send + 'static,
+) -> thread::JoinHandle<T> {
+    let peer = peer.clone();
+    thread::spawn(move || {
+        let mut link =
+            connect::<Vec<u8>>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
+        talk(&mut link)
     })
 }
 
@@ -71,26 +87,7 @@ fn device_ranges_cross_a_link_intact_and_staging_is_reused() {
     let peer = Peer::Local {
         name: format!("gpu-test-{}", std::process::id()),
     };
-    let receiver = {
-        let (peer, context) = (peer.clone(), context.clone());
-        thread::spawn(move || {
-            let mut link =
-                connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
-            let landing = context.alloc(4 << 20).unwrap();
-            for (index, &size) in sizes.iter().enumerate() {
-                let len = recv_into_device(&mut link, &landing, 7, TIMEOUT).unwrap();
-                assert_eq!(len, size);
-                let mut back = vec![0u8; size];
-                landing.read(7, &mut back).unwrap();
-                assert!(
-                    back == pattern(size, index as u8),
-                    "message {index} changed"
-                );
-            }
-            link.send(b"done".to_vec(), TIMEOUT).unwrap();
-            link.flush(TIMEOUT).unwrap();
-        })
-    };
+    let receiver = checking_receiver(&peer, &context, sizes.to_vec(), Duration::ZERO, 7);
     let mut link = connect::<Staged>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
     let pool = StagingPool::new(context.clone(), 64 << 20);
     let source = context.alloc(4 << 20).unwrap();
@@ -117,17 +114,12 @@ fn a_message_too_large_for_the_device_buffer_is_handed_back() {
     let peer = Peer::Local {
         name: format!("gpu-test-large-{}", std::process::id()),
     };
-    let sender = {
-        let peer = peer.clone();
-        thread::spawn(move || {
-            let mut link =
-                connect::<Vec<u8>>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
-            link.send(pattern(10_000, 9), TIMEOUT).unwrap();
-            link.send(b"x".to_vec(), TIMEOUT).unwrap();
-            link.flush(TIMEOUT).unwrap();
-            link.recv(TIMEOUT).unwrap()
-        })
-    };
+    let sender = connecting_peer(&peer, |link| {
+        link.send(pattern(10_000, 9), TIMEOUT).unwrap();
+        link.send(b"x".to_vec(), TIMEOUT).unwrap();
+        link.flush(TIMEOUT).unwrap();
+        link.recv(TIMEOUT).unwrap()
+    });
     let mut link = connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
     let small = context.alloc(8192).unwrap();
     match recv_into_device(&mut link, &small, 0, TIMEOUT) {
@@ -168,6 +160,7 @@ fn staging_pins_no_more_than_its_budget_while_the_peer_lags() {
         &context,
         vec![SIZE; MESSAGES],
         Duration::from_millis(300),
+        0,
     );
     let mut link = connect::<Staged>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
     let pool = StagingPool::new(context.clone(), BUDGET);
@@ -208,10 +201,8 @@ fn messages_land_in_pinned_buffers_and_larger_ones_still_arrive() {
         name: format!("gpu-test-landing-{}", std::process::id()),
     };
     let sender = {
-        let (peer, sizes) = (peer.clone(), sizes.clone());
-        thread::spawn(move || {
-            let mut link =
-                connect::<Vec<u8>>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
+        let sizes = sizes.clone();
+        connecting_peer(&peer, move |link| {
             for (index, &size) in sizes.iter().enumerate() {
                 link.send(pattern(size, index as u8), TIMEOUT).unwrap();
             }
@@ -271,7 +262,7 @@ fn staging_keeps_its_budget_across_message_sizes() {
     let peer = Peer::Local {
         name: format!("gpu-test-sizes-{}", std::process::id()),
     };
-    let receiver = checking_receiver(&peer, &context, sizes, Duration::ZERO);
+    let receiver = checking_receiver(&peer, &context, sizes, Duration::ZERO, 0);
     let mut link = connect::<Staged>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
     let pool = StagingPool::new(context.clone(), BUDGET);
     let source = context.alloc(4 << 20).unwrap();
@@ -305,18 +296,13 @@ fn a_buffer_dropped_by_the_links_own_recv_is_posted_again() {
     };
     // In lockstep: each message goes once the last was answered, so every
     // one begins while the receiver's buffers are posted.
-    let sender = {
-        let peer = peer.clone();
-        thread::spawn(move || {
-            let mut link =
-                connect::<Vec<u8>>(&peer, Role::Connect, &ConnectOptions::default()).unwrap();
-            for index in 0..MESSAGES {
-                link.send(pattern(1000 + index, index as u8), TIMEOUT)
-                    .unwrap();
-                assert_eq!(link.recv(TIMEOUT).unwrap(), b"next");
-            }
-        })
-    };
+    let sender = connecting_peer(&peer, |link| {
+        for index in 0..MESSAGES {
+            link.send(pattern(1000 + index, index as u8), TIMEOUT)
+                .unwrap();
+            assert_eq!(link.recv(TIMEOUT).unwrap(), b"next");
+        }
+    });
     let mut link = connect::<Vec<u8>>(&peer, Role::Accept, &ConnectOptions::default()).unwrap();
     let mut landing = DeviceLanding::new(context.clone(), 64 << 10, 2);
     let device = context.alloc(64 << 10).unwrap();
