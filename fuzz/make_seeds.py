@@ -59,3 +59,20 @@ write("engine_packets", "send-and-ack",
 write("engine_packets", "restart-mid-message",
       hello + op_packet(1, count=2, msg_len=1) + op_packet(4, epoch_sel=1) + bytes([7]))
 write("engine_packets", "silence", hello + bytes([5, 255] + [0] * 8) * 4)
+
+# tcp_records scripts: op 0 seals the plaintext that follows (two-byte
+# length first); op 1 seals frames of packets (a count, then each packet
+# with its two-byte length); op 2 flips a bit; op 3 replays a record; op 4
+# drops the last one; op 5 appends the attacker's own bytes.
+def sealed_frames(*packets):
+    return bytes([1, len(packets)]) + b"".join(
+        struct.pack("<H", len(p)) + p for p in packets)
+
+hello_packet = packet(4, peer_epoch=0)
+data_packet = packet(1, seq=0, msg_len=5, count=1, payload=b"hello")
+write("tcp_records", "two-records",
+      sealed_frames(hello_packet) + sealed_frames(data_packet))
+write("tcp_records", "flipped", sealed_frames(hello_packet, data_packet) + bytes([2, 40, 0]))
+write("tcp_records", "replayed", sealed_frames(hello_packet) + bytes([3, 0, 0]))
+write("tcp_records", "plaintext-then-garbage",
+      bytes([0, 5, 0]) + b"abcde" + bytes([5, 4, 0]) + b"\x10\x00xy")

@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 use std::convert::Infallible;
+use std::fmt;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use super::buffers::{self, SocketBuffers};
 use super::resume::Resume;
-use crate::auth::{SEAL_OVERHEAD, Session};
+use crate::auth::{AuthError, SEAL_OVERHEAD, Session};
 use crate::crc::crc32c;
 use crate::engine::{Engine, PacketError, Transmit};
 use crate::link::{Medium, MediumError, STREAM_MESSAGES_FROM};
@@ -135,6 +136,53 @@ pub fn hand_frame<B: AsRef<[u8]>>(
         Ok(verdict) => verdict,
         Err(never) => match never {},
     }
+}
+
+/// Opens the sealed record that begins `bytes` where it lies, once all of
+/// it is there: the bytes it took (length, ciphertext and tag) and the
+/// length of its plaintext, which now follows the record's length.
+/// `Ok(None)` while it is incomplete; an error for a record that does not
+/// open, of which nothing may be used.
+pub fn open_record(
+    bytes: &mut [u8],
+    cipher: &mut Session,
+) -> Result<Option<(usize, usize)>, AuthError> {
+    if bytes.len() < RECORD_HEADER_LEN {
+        return Ok(None);
+    }
+    let len = usize::from(u16::from_le_bytes([bytes[0], bytes[1]]));
+    let Some(record) = bytes.get_mut(RECORD_HEADER_LEN..RECORD_HEADER_LEN + len) else {
+        return Ok(None);
+    };
+    let plain = cipher.open_in_place(record)?;
+    Ok(Some((RECORD_HEADER_LEN + len, plain)))
+}
+
+/// Hands every frame of an opened record's plaintext to `engine` (from
+/// `peer`, for the errors); how many there were. A record holds whole
+/// frames: one that ends inside a frame ends the connection.
+pub fn hand_record<B: AsRef<[u8]>>(
+    engine: &mut Engine<B>,
+    now: Time,
+    mut frames: &[u8],
+    max_packet: usize,
+    peer: &dyn fmt::Display,
+) -> Result<usize, MediumError> {
+    let mut handed = 0;
+    while !frames.is_empty() {
+        let Some(len) = next_frame(frames, max_packet)? else {
+            return Err(MediumError::new(format!(
+                "a sealed record from {peer} ends inside a frame: the peer does not frame records \
+                 as this side does (another barlink version?)"
+            )));
+        };
+        // A packet the engine refuses is counted there (CRC failure,
+        // malformed); the link goes on.
+        let _verdict = hand_frame(engine, now, &frames[FRAME_HEADER_LEN..][..len]);
+        frames = &frames[FRAME_HEADER_LEN + len..];
+        handed += 1;
+    }
+    Ok(handed)
 }
 
 /// A byte buffer read from the front and written at the back, allocated
@@ -536,39 +584,21 @@ impl TcpMedium {
         };
         let mut delivered = 0;
         loop {
-            let bytes = self.wire_in.readable();
-            if bytes.len() < RECORD_HEADER_LEN {
-                break;
-            }
-            let len = usize::from(u16::from_le_bytes([bytes[0], bytes[1]]));
-            if bytes.len() < RECORD_HEADER_LEN + len {
-                break;
-            }
-            let start = self.wire_in.start + RECORD_HEADER_LEN;
-            let record = &mut self.wire_in.buf[start..start + len];
-            let opened = cipher.open_in_place(record).map_err(|e| {
+            let start = self.wire_in.start;
+            let bytes = &mut self.wire_in.buf[start..self.wire_in.end];
+            let opened = open_record(bytes, cipher).map_err(|e| {
                 MediumError::new(format!(
                     "a sealed record from {} does not open ({e}): it was altered, dropped, replayed \
                      or reordered on the way; nothing of it was delivered",
                     self.peer
                 ))
             })?;
-            let mut frames = &self.wire_in.buf[start..start + opened];
-            while !frames.is_empty() {
-                let Some(len) = next_frame(frames, self.max_packet)? else {
-                    return Err(MediumError::new(format!(
-                        "a sealed record from {} ends inside a frame: the peer does not frame \
-                         records as this side does (another barlink version?)",
-                        self.peer
-                    )));
-                };
-                // A packet the engine refuses is counted there (CRC failure,
-                // malformed); the link goes on.
-                let _verdict = hand_frame(engine, now, &frames[FRAME_HEADER_LEN..][..len]);
-                frames = &frames[FRAME_HEADER_LEN + len..];
-                delivered += 1;
-            }
-            self.wire_in.consume(RECORD_HEADER_LEN + len);
+            let Some((taken, plain)) = opened else {
+                break;
+            };
+            let frames = &bytes[RECORD_HEADER_LEN..RECORD_HEADER_LEN + plain];
+            delivered += hand_record(engine, now, frames, self.max_packet, &self.peer)?;
+            self.wire_in.consume(taken);
             self.stats.records_opened += 1;
         }
         self.stats.packets_received += delivered as u64;

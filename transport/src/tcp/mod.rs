@@ -48,7 +48,7 @@ pub use buffers::SocketBuffers;
 pub use channel::{Channel, ChannelError, ChannelListener, ChannelOptions};
 pub use medium::{
     FRAME_HEADER_LEN, MAX_RECORD_PLAINTEXT, MAX_SEALED_PACKET, RECORD_HEADER_LEN, TcpMedium,
-    TcpStats, frame_header, hand_frame, next_frame,
+    TcpStats, frame_header, hand_frame, hand_record, next_frame, open_record,
 };
 
 use crate::auth::PeerAuth;
