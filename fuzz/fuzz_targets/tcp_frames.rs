@@ -22,19 +22,14 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut engine: Engine<Vec<u8>> = Engine::new(config, 1, Time::ZERO).expect("valid config");
     let mut now = Time::ZERO;
-    loop {
-        match next_frame(stream, max_packet) {
-            Ok(Some(len)) => {
-                assert!((1..=max_packet).contains(&len));
-                let packet = &stream[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len];
-                // As the medium hands it over: payload into its message
-                // with its CRC, in one pass.
-                let _ = hand_frame(&mut engine, now, packet);
-                stream = &stream[FRAME_HEADER_LEN + len..];
-                now = now + std::time::Duration::from_micros(10);
-            }
-            Ok(None) | Err(_) => break,
-        }
+    while let Ok(Some(len)) = next_frame(stream, max_packet) {
+        assert!((1..=max_packet).contains(&len));
+        let packet = &stream[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len];
+        // As the medium hands it over: payload into its message with its
+        // CRC, in one pass.
+        let _ = hand_frame(&mut engine, now, packet);
+        stream = &stream[FRAME_HEADER_LEN + len..];
+        now += std::time::Duration::from_micros(10);
     }
     while engine.poll_transmit_with(now, |t| t.len()).is_some() {}
 });
