@@ -10,6 +10,22 @@ use super::control::{done_message, parse_done};
 use super::{STEP_TIMEOUT, counters, link_error, message_of};
 use crate::cli::CommandError;
 
+/// Bytes the untimed windows before each size's timed ones move at least:
+/// a new connection runs slower for its first tens of milliseconds (the
+/// kernel's buffers and the CPUs come up to speed), which iperf3's baseline
+/// omits too (`-O`).
+const WARMUP_BYTES: usize = 256 << 20;
+/// Untimed windows at most, for sizes whose windows are small.
+const MAX_WARMUP_WINDOWS: usize = 8;
+
+/// How many untimed windows of `count` messages of `size` bytes come
+/// first; both sides reckon it from the plan.
+pub fn warmup_windows(size: usize, count: usize) -> usize {
+    WARMUP_BYTES
+        .div_ceil(size.max(1) * count.max(1))
+        .clamp(1, MAX_WARMUP_WINDOWS)
+}
+
 /// What barlink's windows of one size measured.
 pub struct Windows {
     pub gbps: Vec<f64>,
@@ -39,7 +55,8 @@ pub fn send_windows<M: Medium, B: AsRef<[u8]> + Clone>(
         server_before: (0, 0),
         server_now: (0, 0),
     };
-    for window in 0..=windows {
+    let warmup = warmup_windows(size, count);
+    for window in 0..warmup + windows {
         let copies: Vec<B> = (0..count).map(|_| message.clone()).collect();
         let start = Instant::now();
         for copy in copies {
@@ -58,13 +75,13 @@ pub fn send_windows<M: Medium, B: AsRef<[u8]> + Clone>(
                 done.len()
             ))
         })?;
-        if window == 0 {
+        if window + 1 == warmup {
             out.server_before = (retransmits, crc_errors);
         }
         out.server_now = (retransmits, crc_errors);
         out.received = got;
         link.recycle(done);
-        if window > 0 {
+        if window >= warmup {
             out.gbps.push((size * count) as f64 / seconds / 1e9);
         }
     }
@@ -129,7 +146,7 @@ pub fn receive_windows<M: Medium>(
 ) -> Result<(), CommandError> {
     let expected = message_of(size);
     let mut received = 0u64;
-    for window in 0..=windows {
+    for window in 0..warmup_windows(size, count) + windows {
         for index in 0..count {
             let data = link
                 .recv(STEP_TIMEOUT)
