@@ -685,7 +685,11 @@ fn flush_one_way(from: &mut Engine, to: &mut Engine, now: Time) -> Vec<PacketKin
 
 /// Connects a pair and lets the handshake settle.
 fn settled_pair() -> SimPair {
-    let mut pair = pair(Faults::none(), 11);
+    settled(pair(Faults::none(), 11))
+}
+
+/// Lets `pair`'s handshake settle.
+fn settled(mut pair: SimPair) -> SimPair {
     for _ in 0..4 {
         flush_one_way(&mut pair.a, &mut pair.b, pair.now);
         flush_one_way(&mut pair.b, &mut pair.a, pair.now);
@@ -698,7 +702,24 @@ fn settled_pair() -> SimPair {
 
 #[test]
 fn a_reply_carries_the_acknowledgement_of_its_request() {
-    let mut pair = settled_pair();
+    reply_carries_the_acknowledgement(settled_pair());
+}
+
+#[test]
+fn a_reply_carries_the_acknowledgement_with_a_window_of_four_packets() {
+    // Its acknowledgement threshold is 1: the request's one packet may
+    // still wait for the reply.
+    let small = EngineConfig {
+        recv_window: 4,
+        send_window: 4,
+        ..config()
+    };
+    assert_eq!(small.ack_threshold(), 1);
+    let pair = SimPair::new(small.clone(), small, Faults::none(), Faults::none(), 12).unwrap();
+    reply_carries_the_acknowledgement(settled(pair));
+}
+
+fn reply_carries_the_acknowledgement(mut pair: SimPair) {
     let id = pair.a.send(b"request".to_vec()).unwrap();
     assert_eq!(
         flush_one_way(&mut pair.a, &mut pair.b, pair.now),

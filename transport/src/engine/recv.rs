@@ -414,10 +414,14 @@ impl Receiver {
     /// about to go out. The wait ends when the caller takes the message, at
     /// the ack deadline (`ack_delay` after the data arrived), or when
     /// [`EngineConfig::ack_threshold`] packets are unacknowledged — so a request/response pair
-    /// costs two packets, not four.
+    /// costs two packets, not four. One packet may always wait: a window
+    /// under 8 packets has a threshold of 1, and its one-packet requests
+    /// would each be acknowledged on their own before the answer could
+    /// carry it (their credit comes back only when the caller takes them,
+    /// so holding the acknowledgement costs the peer nothing).
     pub(super) fn may_hold_ack(&self, now: Time, config: &EngineConfig) -> bool {
         self.undelivered_packets > 0
-            && self.unacked_packets < config.ack_threshold()
+            && self.unacked_packets < config.ack_threshold().max(2)
             && self.naks.is_empty()
             && self.ack_deadline.is_some_and(|deadline| now < deadline)
     }
