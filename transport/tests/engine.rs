@@ -748,6 +748,34 @@ fn reply_carries_the_acknowledgement(mut pair: SimPair) {
 }
 
 #[test]
+fn an_acknowledgement_of_a_gap_is_not_held_for_an_answer() {
+    let mut pair = settled_pair();
+    pair.a.send(b"first".to_vec()).unwrap();
+    assert_eq!(
+        flush_one_way(&mut pair.a, &mut pair.b, pair.now),
+        vec![PacketKind::Data]
+    );
+    // B holds the first message's acknowledgement for an answer.
+    assert!(flush_one_way(&mut pair.b, &mut pair.a, pair.now).is_empty());
+    // The second message's packet is lost, the third's arrives: B tells
+    // A about the gap at once, though the first still waits for B's caller.
+    pair.a.send(b"second".to_vec()).unwrap();
+    pair.a.send(b"third".to_vec()).unwrap();
+    let mut buf = vec![0u8; config().mtu];
+    let lost = pair
+        .a
+        .poll_transmit(pair.now, &mut buf)
+        .expect("the second");
+    assert!(lost > 0);
+    let len = pair.a.poll_transmit(pair.now, &mut buf).expect("the third");
+    let _ = pair.b.handle_packet(pair.now, &buf[..len]);
+    assert_eq!(
+        flush_one_way(&mut pair.b, &mut pair.a, pair.now),
+        vec![PacketKind::Ack]
+    );
+}
+
+#[test]
 fn a_held_acknowledgement_goes_out_by_the_ack_deadline() {
     let mut pair = settled_pair();
     pair.a.send(b"request".to_vec()).unwrap();

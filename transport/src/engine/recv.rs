@@ -179,8 +179,12 @@ pub(super) struct Receiver {
     pub(super) undelivered_bytes: usize,
     unacked_packets: u32,
     ack_deadline: Option<Time>,
-    /// An acknowledgement should go out at the next chance.
+    /// An acknowledgement should go out at the next chance, not held for
+    /// an answer (a gap, a duplicate, a window update, a new peer).
     pub(super) ack_now: bool,
+    /// The peer asked for an acknowledgement (it is about to wait): due
+    /// now, but an answer about to go may carry it.
+    ack_requested: bool,
     /// Serial of the last intact packet from the peer (0: none yet).
     last_intact_xmit: u32,
     /// Corrupt packets since the last intact one.
@@ -404,6 +408,7 @@ impl Receiver {
 
     pub(super) fn wants_ack(&self, now: Time, config: &EngineConfig) -> bool {
         self.ack_now
+            || self.ack_requested
             || self.unacked_packets >= config.ack_threshold()
             || self.ack_deadline.is_some_and(|deadline| now >= deadline)
     }
@@ -417,10 +422,13 @@ impl Receiver {
     /// costs two packets, not four. One packet may always wait: a window
     /// under 8 packets has a threshold of 1, and its one-packet requests
     /// would each be acknowledged on their own before the answer could
-    /// carry it (their credit comes back only when the caller takes them,
-    /// so holding the acknowledgement costs the peer nothing).
+    /// carry it (their credit comes back only when the caller takes them;
+    /// the wait holds back the sender's in-flight slot, for `ack_delay` at
+    /// most). An acknowledgement that reports a gap, a duplicate or a
+    /// window update never waits.
     pub(super) fn may_hold_ack(&self, now: Time, config: &EngineConfig) -> bool {
         self.undelivered_packets > 0
+            && !self.ack_now
             && self.unacked_packets < config.ack_threshold().max(2)
             && self.naks.is_empty()
             && self.ack_deadline.is_some_and(|deadline| now < deadline)
@@ -433,6 +441,7 @@ impl Receiver {
     /// Every outgoing packet carries the acknowledgement state.
     pub(super) fn on_ack_sent(&mut self, credit: u32) {
         self.ack_now = false;
+        self.ack_requested = false;
         self.unacked_packets = 0;
         self.ack_deadline = None;
         self.window_edge = self.window_edge.max(self.next_seq + u64::from(credit));
@@ -741,7 +750,7 @@ impl Receiver {
         }
         self.unacked_packets += 1;
         if repr.flags & flags::ACK_REQUESTED != 0 {
-            self.ack_now = true;
+            self.ack_requested = true;
         }
         if self.ack_deadline.is_none() {
             self.ack_deadline = Some(now + config.ack_delay);
