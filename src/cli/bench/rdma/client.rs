@@ -172,7 +172,6 @@ impl Client<'_> {
     /// One size: barlink's windows and round trips, then perftest's; the rows.
     fn measure_size(&mut self, size: usize, count: usize) -> Result<Vec<Row>, CommandError> {
         let message: Arc<[u8]> = message_of(size).into();
-        let before = counters(&self.link);
         let mut windows = send_windows(&mut self.link, &message, count, self.schedule.windows)?;
         let iters = lat_iters_for(self.schedule.lat_iters, size);
         let mut latencies = round_trips(&mut self.link, &message, iters, &mut self.failed, &note)?;
@@ -180,6 +179,8 @@ impl Client<'_> {
             .flush(STEP_TIMEOUT)
             .map_err(link_error(&format!("size {size}: flush")))?;
         let after = counters(&self.link);
+        // Both sides' counts leave the warm-up out.
+        let before = windows.client_before;
         let (sent, received) = (windows.sent, windows.received);
         let lost = sent.saturating_sub(received);
         if lost > 0 {

@@ -22,7 +22,7 @@ use crate::cli::CommandError;
 use crate::cli::bench::rdma::perftest::Baseline;
 
 /// Version of the control messages.
-const PROTOCOL: u64 = 1;
+const PROTOCOL: u64 = 2;
 
 /// What the client asks of the server.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,7 +67,7 @@ impl Schedule {
         let version = Version::deserialize(value).map_err(|e| format!("plan: {e}"))?;
         if version.barlink_bench_rdma.as_u64() != Some(PROTOCOL) {
             return Err(format!(
-                "the client speaks another version of bench --rdma ({}); run the same barlink on both sides",
+                "the client speaks another version of bench --rdma/--tcp ({}); run the same barlink on both sides",
                 version.barlink_bench_rdma
             ));
         }

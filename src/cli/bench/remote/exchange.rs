@@ -31,6 +31,8 @@ pub struct Windows {
     pub gbps: Vec<f64>,
     pub sent: u64,
     pub received: u64,
+    /// This side's (retransmits, CRC errors) after the warm-up.
+    pub client_before: (u64, u64),
     /// The server's (retransmits, CRC errors) after the warm-up and at the end.
     pub server_before: (u64, u64),
     pub server_now: (u64, u64),
@@ -52,6 +54,7 @@ pub fn send_windows<M: Medium, B: AsRef<[u8]> + Clone>(
         gbps: Vec::with_capacity(windows),
         sent: 0,
         received: 0,
+        client_before: (0, 0),
         server_before: (0, 0),
         server_now: (0, 0),
     };
@@ -76,6 +79,7 @@ pub fn send_windows<M: Medium, B: AsRef<[u8]> + Clone>(
             ))
         })?;
         if window + 1 == warmup {
+            out.client_before = counters(link);
             out.server_before = (retransmits, crc_errors);
         }
         out.server_now = (retransmits, crc_errors);
@@ -146,12 +150,13 @@ pub fn receive_windows<M: Medium>(
 ) -> Result<(), CommandError> {
     let expected = message_of(size);
     let mut received = 0u64;
-    for window in 0..warmup_windows(size, count) + windows {
+    let warmup = warmup_windows(size, count);
+    for window in 0..warmup + windows {
         for index in 0..count {
             let data = link
                 .recv(STEP_TIMEOUT)
                 .map_err(link_error(&format!("size {size}: receiving")))?;
-            let check_bytes = window == 0 || index == 0;
+            let check_bytes = window < warmup || index == 0;
             if data.len() != size || (check_bytes && data != expected) {
                 *failed = true;
                 note(&format!(

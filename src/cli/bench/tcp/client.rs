@@ -139,7 +139,6 @@ impl Client {
     /// One size: barlink's windows and round trips, then the baselines.
     fn measure_size(&mut self, size: usize, count: usize) -> Result<Vec<Row>, CommandError> {
         let message: Arc<[u8]> = message_of(size).into();
-        let before = counters(&self.link);
         let mut windows = send_windows(&mut self.link, &message, count, self.schedule.windows)?;
         let iters = lat_iters_for(self.schedule.lat_iters, size);
         let mut latencies = round_trips(&mut self.link, &message, iters, &mut self.failed, &note)?;
@@ -147,6 +146,8 @@ impl Client {
             CommandError::environment(format!("bench --tcp: size {size}: flush: {e}"))
         })?;
         let after = counters(&self.link);
+        // Both sides' counts leave the warm-up out.
+        let before = windows.client_before;
         let (sent, received) = (windows.sent, windows.received);
         let lost = sent.saturating_sub(received);
         if lost > 0 {
