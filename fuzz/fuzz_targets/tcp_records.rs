@@ -1,12 +1,12 @@
 //! Sealed records on an encrypting TCP link, as an attacker on the path
 //! shapes them: the input is a script of records sealed by the real peer
-//! (arbitrary plaintext, or frames of packets), bits flipped, records replayed or
-//! dropped, and bytes of the attacker's own. The receiving side opens
-//! records where they lie and hands their frames to an engine, as the
-//! medium does. It never panics, and the records that open are exactly
-//! the first ones the peer sealed, in order, unaltered: anything else
-//! stops the stream. Every record before the first change opens, and an
-//! untouched script opens in full.
+//! (arbitrary plaintext, or frames of packets), bits flipped, records
+//! replayed or dropped, and bytes of the attacker's own. The receiving
+//! side opens records where they lie and hands their frames to an engine,
+//! as the medium does. It never panics, and the records that open are
+//! exactly the first ones the peer sealed, in order, unaltered: anything
+//! else stops the stream. Every record before the first change opens,
+//! and an untouched script opens in full.
 #![no_main]
 
 use barlink_transport::auth::{Handshake, PeerAuth, SecretKey, Session, preamble};
