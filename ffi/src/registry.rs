@@ -147,31 +147,45 @@ fn remove(value: u64, kind: Kind) -> Result<Object> {
 /// has not moved since it was looked up.
 static REMOVALS: AtomicU64 = AtomicU64::new(0);
 
+/// Links a thread's lookups remember: a server thread often drives a few
+/// links in turn (a request in from one, out to another).
+const CACHED_LINKS: usize = 4;
+
+/// One remembered lookup: its handle value, [`REMOVALS`] as read before
+/// the lookup, and the cell.
+type CachedLink = Option<(u64, u64, Weak<LinkCell>)>;
+
 thread_local! {
-    /// This thread's last link lookup: its handle value, [`REMOVALS`] as
-    /// read before the lookup, and the cell. Every call on a link looks it
-    /// up, and a thread mostly calls one link; the registry's lock and
-    /// hash then stay out of the way. A weak reference: the cache never
-    /// keeps a closed link's cell alive.
-    static LAST_LINK: RefCell<Option<(u64, u64, Weak<LinkCell>)>> = const { RefCell::new(None) };
+    /// This thread's last link lookups, the newest first. Every call on a
+    /// link looks it up; the registry's lock and hash then stay out of the
+    /// way. Weak references: the cache never keeps a closed link's cell
+    /// alive.
+    static LAST_LINKS: RefCell<[CachedLink; CACHED_LINKS]> =
+        const { RefCell::new([const { None }; CACHED_LINKS]) };
 }
 
-/// The cell this thread looked `value` up as last, if no handle was
+/// The cell this thread looked `value` up as lately, if no handle was
 /// removed since.
 fn cached_link(value: u64, removals: u64) -> Option<Arc<LinkCell>> {
-    LAST_LINK
-        .try_with(|last| match &*last.try_borrow().ok()? {
-            Some((cached, seen, cell)) if *cached == value && *seen == removals => cell.upgrade(),
-            _ => None,
+    LAST_LINKS
+        .try_with(|last| {
+            let last = last.try_borrow().ok()?;
+            last.iter().find_map(|entry| match entry {
+                Some((cached, seen, cell)) if *cached == value && *seen == removals => {
+                    cell.upgrade()
+                }
+                _ => None,
+            })
         })
         .ok()
         .flatten()
 }
 
 fn cache_link(value: u64, removals: u64, cell: &Arc<LinkCell>) {
-    let _ = LAST_LINK.try_with(|last| {
+    let _ = LAST_LINKS.try_with(|last| {
         if let Ok(mut last) = last.try_borrow_mut() {
-            *last = Some((value, removals, Arc::downgrade(cell)));
+            last.rotate_right(1);
+            last[0] = Some((value, removals, Arc::downgrade(cell)));
         }
     });
 }

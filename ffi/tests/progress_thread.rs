@@ -56,8 +56,9 @@ fn a_link_this_thread_used_is_refused_once_closed_and_its_thread_ends() {
     }
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
-    // `b` is the link this thread looked up last: the one its cache holds.
+    // This thread looked both links up, `b` last: its cache holds both.
     expect(send(b, b"late"), BARLINK_INVALID_HANDLE, "already closed");
+    expect(send(a, b"late"), BARLINK_INVALID_HANDLE, "already closed");
     assert_eq!(
         progress_threads_settle_at(before),
         before,
