@@ -24,6 +24,12 @@ enum Message {
     /// Hot paths (a request still pending, a full queue) allocate nothing.
     Static(&'static CStr),
     Owned(Cow<'static, str>),
+    /// A blocking call's wait ran out: no text is made unless asked for
+    /// (`barlink_last_error`), as a caller polling with a timeout of 0
+    /// gets this on every call that finds nothing.
+    TimedOut {
+        after_ms: u128,
+    },
 }
 
 impl Error {
@@ -39,6 +45,15 @@ impl Error {
         Error {
             status,
             message: Message::Static(message),
+            needed: None,
+        }
+    }
+
+    /// `BARLINK_TIMEOUT` after waiting `after_ms`: "timed out after N ms".
+    pub(crate) fn timed_out(after_ms: u128) -> Self {
+        Error {
+            status: BARLINK_TIMEOUT,
+            message: Message::TimedOut { after_ms },
             needed: None,
         }
     }
@@ -59,6 +74,11 @@ enum LastError {
     None,
     Static(&'static CStr),
     Owned(CString),
+    /// Made into text when first read.
+    TimedOut {
+        function: &'static str,
+        after_ms: u128,
+    },
 }
 
 thread_local! {
@@ -85,10 +105,18 @@ fn owned(text: &str) -> LastError {
 /// It stays valid until the thread's next barlink call.
 pub(crate) fn last_error_ptr() -> *const c_char {
     LAST_ERROR
-        .try_with(|slot| match &*slot.borrow() {
-            LastError::None => c"".as_ptr(),
-            LastError::Static(text) => text.as_ptr(),
-            LastError::Owned(text) => text.as_ptr(),
+        .try_with(|slot| {
+            let Ok(mut slot) = slot.try_borrow_mut() else {
+                return c"".as_ptr();
+            };
+            if let LastError::TimedOut { function, after_ms } = *slot {
+                *slot = owned(&format!("{function}: timed out after {after_ms} ms"));
+            }
+            match &*slot {
+                LastError::None | LastError::TimedOut { .. } => c"".as_ptr(),
+                LastError::Static(text) => text.as_ptr(),
+                LastError::Owned(text) => text.as_ptr(),
+            }
         })
         .unwrap_or(c"".as_ptr())
 }
@@ -107,6 +135,7 @@ pub(crate) fn boundary(
             set_last_error(match error.message {
                 Message::Static(text) => LastError::Static(text),
                 Message::Owned(text) => owned(&format!("{function}: {text}")),
+                Message::TimedOut { after_ms } => LastError::TimedOut { function, after_ms },
             });
             error.status
         }

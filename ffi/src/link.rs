@@ -362,6 +362,10 @@ impl LinkCell {
             match outcome {
                 Step::Done(value) => return Ok(value),
                 Step::Again { moved } => {
+                    // A timeout of 0 is one round: no clock to read.
+                    if timeout.is_zero() {
+                        return Err(Error::timed_out(0));
+                    }
                     let start = *start.get_or_insert_with(Instant::now);
                     // While idle, read the clock every few rounds only, and
                     // give the CPU up every SPINS_BEFORE_YIELD: a yield is a
@@ -371,15 +375,10 @@ impl LinkCell {
                     } else {
                         idle_rounds = idle_rounds.wrapping_add(1);
                     }
-                    if (timeout.is_zero()
-                        || moved
-                        || idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS))
+                    if (moved || idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS))
                         && start.elapsed() >= timeout
                     {
-                        return Err(Error::new(
-                            BARLINK_TIMEOUT,
-                            format!("timed out after {} ms", timeout.as_millis()),
-                        ));
+                        return Err(Error::timed_out(timeout.as_millis()));
                     }
                     if idle_rounds.is_multiple_of(SPINS_BEFORE_YIELD) && !moved {
                         std::thread::yield_now();

@@ -309,9 +309,25 @@ fn too_small_buffers_lose_nothing() {
     assert_eq!(big, message);
     let (status, len) = recv(b, &mut small, 5000);
     assert_eq!((status, &small[..len]), (BARLINK_OK, &b"second"[..]));
-    // Nothing more: a timeout, the link still up.
+    // Nothing more: a timeout, the link still up. Its message is made
+    // when first read, then stays until the next call.
     let (status, _) = recv(b, &mut small, 10);
-    expect(status, BARLINK_TIMEOUT, "timed out");
+    assert_eq!(status, BARLINK_TIMEOUT);
+    let first = barlink_last_error();
+    assert_eq!(last_error(), "barlink_recv: timed out after 10 ms");
+    assert_eq!(
+        barlink_last_error(),
+        first,
+        "a second read gives the same text"
+    );
+    let (status, _) = recv(b, &mut small, 0);
+    expect(
+        status,
+        BARLINK_TIMEOUT,
+        "barlink_recv: timed out after 0 ms",
+    );
+    assert_eq!(barlink_progress(b), BARLINK_OK);
+    assert_eq!(last_error(), "", "a call that succeeds clears it");
     // Send arguments.
     // SAFETY: NULL data with a length is refused.
     let status = unsafe { barlink_send(a, ptr::null(), 5, 0) };
