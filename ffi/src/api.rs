@@ -585,12 +585,20 @@ pub unsafe extern "C" fn barlink_send(
         // Only the first step finds the slot empty (a later one runs only
         // after a full queue gave the payload back).
         let mut slot = None;
-        cell.blocking(millis(timeout_ms), |state| {
+        let sent = cell.blocking(millis(timeout_ms), |state| {
             if slot.is_none() {
                 slot = Some(state.copy_payload(data)?);
             }
             state.send_step(&mut slot)
-        })
+        });
+        // Timed out (or failed) with the copy still here: keep it for the
+        // retry, as a full queue's post does.
+        if let Some((payload, released)) = slot.take()
+            && let Ok(mut state) = cell.lock()
+        {
+            state.keep_unsent(payload, released);
+        }
+        sent
     })
 }
 

@@ -720,10 +720,7 @@ impl LinkState {
                 Ok(msg_id + 1)
             }
             Err((payload, released)) => {
-                // A caller retrying a full queue should not allocate a
-                // copy per try: the copy goes back to the spares.
-                drop(payload);
-                self.send_copies.reclaim(released);
+                self.keep_unsent(payload, released);
                 self.step();
                 Err(Error::fixed(
                     BARLINK_WOULD_BLOCK,
@@ -731,6 +728,14 @@ impl LinkState {
                 ))
             }
         }
+    }
+
+    /// Takes back a send's payload that never went into the queue (it was
+    /// full): a caller retrying a full queue should not allocate a copy
+    /// per try, so the copy goes back to the spares.
+    pub(crate) fn keep_unsent(&mut self, payload: Payload, released: Release) {
+        drop(payload);
+        self.send_copies.reclaim(released);
     }
 
     /// A registered range as a payload (for `post`).
