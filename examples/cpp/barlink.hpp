@@ -58,6 +58,8 @@ public:
     Config& window_bytes(uint64_t bytes) { config_.window_bytes = bytes; return *this; }
     Config& max_message_bytes(uint64_t bytes) { config_.max_message_bytes = bytes; return *this; }
     Config& peer_timeout_ms(uint32_t ms) { config_.peer_timeout_ms = ms; return *this; }
+    // Most bytes of copies kept for unacknowledged sends (0: the default).
+    Config& send_queue_bytes(uint64_t bytes) { config_.send_queue_bytes = bytes; return *this; }
     Config& transport(barlink_transport t) { config_.transport = static_cast<uint32_t>(t); return *this; }
     // The BAR windows of a peer on this host, "DEVICE/BAR@OFFSET+LEN": the
     // one this side's ring lives in, then the peer's (which names them

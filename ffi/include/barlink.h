@@ -54,7 +54,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 6
+#define BARLINK_ABI_VERSION_MINOR 7
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -207,6 +207,14 @@ typedef struct barlink_config {
   // The root the PCI topology and the BARs' `resourceN` files are read
   // under; NULL: `/` (a fixture tree in tests).
   const char *sysfs_root;
+  // Most bytes of memory in the message copies barlink keeps for
+  // `barlink_send` and `barlink_post_send` until the peer acknowledges
+  // them, as a socket's send buffer: beyond it `barlink_send` waits and
+  // `barlink_post_send` returns `BARLINK_WOULD_BLOCK`. A message larger than the limit
+  // still goes when no copy is held. 0 = default (four ring windows or
+  // 64 MiB, whichever is more). Zero-copy sends from registered buffers
+  // do not count. (ABI 0.7.)
+  uint64_t send_queue_bytes;
 } barlink_config;
 
 // A message received in place (`barlink_recv_message`): `len` bytes at
@@ -421,9 +429,10 @@ enum barlink_status barlink_listener_path(struct barlink_listener *listener,
 
 // Sends `len` bytes at `data`: copies them (the caller may reuse `data` at
 // once), queues the message and drives the link; waits at most
-// `timeout_ms` while the send queue is full. `BARLINK_OK` means queued,
-// not yet acknowledged: `barlink_flush` waits for that. `data` may be NULL
-// when `len` is 0.
+// `timeout_ms` while the send queue is full (the copies held for
+// unacknowledged sends reached `send_queue_bytes`, or 4096 messages
+// wait). `BARLINK_OK` means queued, not yet acknowledged: `barlink_flush`
+// waits for that. `data` may be NULL when `len` is 0.
 //
 // # Safety
 // Unless `len` is 0, `data` points to `len` readable bytes.
@@ -496,7 +505,8 @@ enum barlink_status barlink_flush(struct barlink_link *link, uint32_t timeout_ms
 // `*request` gets an id (never 0) that `barlink_poll`, `barlink_test` and
 // `barlink_wait` report exactly once when the peer acknowledged the
 // message or the link ended. `BARLINK_WOULD_BLOCK`: the send queue is
-// full; poll and retry. `user_tag` comes back in the completion.
+// full (as for `barlink_send`); poll and retry. `user_tag` comes back in
+// the completion.
 //
 // # Safety
 // Unless `len` is 0, `data` points to `len` readable bytes; `request` is

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result, boundary, last_error_ptr};
 use crate::held::Lent;
-use crate::link::{LinkState, RecvInto};
+use crate::link::{LinkState, RecvInto, Step};
 use crate::payload::{CallerMemory, Region};
 use crate::peer::{ConfigTexts, ListenerCell, Setup, connect_link};
 use crate::registry;
@@ -150,10 +150,10 @@ unsafe fn read_config(config: *const barlink_config) -> Result<barlink_config> {
         && size < ours
         && !(size - CONFIG_SIZE_V0_4).is_multiple_of(size_of::<usize>())
     {
-        // Part of a pointer field would come from the caller and part be
-        // zero: a pointer nobody meant.
+        // Part of a field (a pointer, or send_queue_bytes) would come from
+        // the caller and part be zero: a value nobody meant.
         return Err(Error::invalid(format!(
-            "config.struct_size is {size}: it ends inside a pointer field; set it with barlink_config_init or to sizeof(barlink_config)"
+            "config.struct_size is {size}: it ends inside a field; set it with barlink_config_init or to sizeof(barlink_config)"
         )));
     }
     // SAFETY: the caller's struct is `size` bytes long (contract); u8 reads
@@ -564,9 +564,10 @@ unsafe fn write_text(text: &str, buf: *mut c_char, capacity: usize, len: *mut us
 
 /// Sends `len` bytes at `data`: copies them (the caller may reuse `data` at
 /// once), queues the message and drives the link; waits at most
-/// `timeout_ms` while the send queue is full. `BARLINK_OK` means queued,
-/// not yet acknowledged: `barlink_flush` waits for that. `data` may be NULL
-/// when `len` is 0.
+/// `timeout_ms` while the send queue is full (the copies held for
+/// unacknowledged sends reached `send_queue_bytes`, or 4096 messages
+/// wait). `BARLINK_OK` means queued, not yet acknowledged: `barlink_flush`
+/// waits for that. `data` may be NULL when `len` is 0.
 ///
 /// # Safety
 /// Unless `len` is 0, `data` points to `len` readable bytes.
@@ -587,6 +588,14 @@ pub unsafe extern "C" fn barlink_send(
         let mut slot = None;
         let sent = cell.blocking(millis(timeout_ms), |state| {
             if slot.is_none() {
+                state.check_len(data.len())?;
+                // The copies held for unacknowledged sends are at their
+                // limit: wait for acknowledgements, driving the link.
+                if !state.copy_fits(data.len()) {
+                    return Ok(Step::Again {
+                        moved: state.step(),
+                    });
+                }
                 slot = Some(state.copy_payload(data)?);
             }
             state.send_step(&mut slot)
@@ -778,7 +787,8 @@ pub extern "C" fn barlink_flush(link: *mut barlink_link, timeout_ms: u32) -> bar
 /// `*request` gets an id (never 0) that `barlink_poll`, `barlink_test` and
 /// `barlink_wait` report exactly once when the peer acknowledged the
 /// message or the link ended. `BARLINK_WOULD_BLOCK`: the send queue is
-/// full; poll and retry. `user_tag` comes back in the completion.
+/// full (as for `barlink_send`); poll and retry. `user_tag` comes back in
+/// the completion.
 ///
 /// # Safety
 /// Unless `len` is 0, `data` points to `len` readable bytes; `request` is
@@ -799,7 +809,7 @@ pub unsafe extern "C" fn barlink_post_send(
         // SAFETY: forwarded caller contract; the slice lives for this call.
         let data = unsafe { bytes(data, len, "data")? };
         let mut state = cell.lock()?;
-        let (payload, released) = state.copy_payload(data)?;
+        let (payload, released) = state.copy_to_post(data)?;
         let id = state.post(payload, released, user_tag)?;
         // SAFETY: as above.
         unsafe { put(request, id) };
@@ -929,8 +939,8 @@ pub extern "C" fn barlink_test(link: *mut barlink_link, request: u64) -> barlink
     boundary("barlink_test", || {
         let cell = registry::link(key(link))?;
         match cell.lock()?.test(request)? {
-            crate::link::Step::Done(()) => Ok(()),
-            crate::link::Step::Again { .. } => Err(Error::fixed(
+            Step::Done(()) => Ok(()),
+            Step::Again { .. } => Err(Error::fixed(
                 BARLINK_PENDING,
                 c"barlink_test: the request has not completed yet",
             )),

@@ -47,6 +47,38 @@ pub(crate) const DEFAULT_MTU: usize = 128 << 10;
 /// a mistake (the window is memory each side maps), not a tuning.
 const MAX_WINDOW_BYTES: u64 = 4 << 30;
 
+/// The least the default send-queue limit allows, and how many ring
+/// windows it covers otherwise: enough copies that the ring never runs dry
+/// between a blocking sender's calls, even of messages of several windows.
+const MIN_SEND_QUEUE_BYTES: u64 = 64 << 20;
+const SEND_QUEUE_WINDOWS: u64 = 4;
+
+/// What a link's sends are held to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendLimits {
+    /// Longest message (`max_message_bytes`).
+    pub(crate) max_message_len: u64,
+    /// Most bytes of copies held for unacknowledged sends
+    /// (`send_queue_bytes`).
+    pub(crate) queue_bytes: u64,
+}
+
+impl SendLimits {
+    /// The limits a checked config sets for a link of `link`'s windows.
+    pub(crate) fn new(config: &barlink_config, link: &LinkConfig) -> SendLimits {
+        let queue_bytes = match config.send_queue_bytes {
+            0 => (link.window_len as u64)
+                .saturating_mul(SEND_QUEUE_WINDOWS)
+                .max(MIN_SEND_QUEUE_BYTES),
+            bytes => bytes,
+        };
+        SendLimits {
+            max_message_len: link.engine.max_message_len,
+            queue_bytes,
+        }
+    }
+}
+
 /// Checks a caller's config (already widened to this library's layout) and
 /// turns it into the transport's.
 pub(crate) fn link_config(config: &barlink_config) -> Result<LinkConfig> {
@@ -219,7 +251,12 @@ pub(crate) struct LinkState {
     path: String,
     message_bytes_sent: u64,
     message_bytes_received: u64,
-    max_message_len: u64,
+    limits: SendLimits,
+    /// Bytes of memory (the copies' capacities) that requests of copying
+    /// sends hold until the peer acknowledges them. New copies wait while
+    /// it is past `limits.queue_bytes`; a call already past that check
+    /// when another thread's copy went in may add one message more.
+    copies_held: u64,
 }
 
 /// The buffer of one `barlink_recv` call, and whether it is posted to
@@ -264,10 +301,10 @@ impl LinkCell {
     /// driving it until `deadline` at most.
     pub(crate) fn established(
         link: Connection<Payload>,
-        max_message_len: u64,
+        limits: SendLimits,
         deadline: Instant,
     ) -> Result<LinkCell> {
-        let cell = LinkCell::new(link, max_message_len);
+        let cell = LinkCell::new(link, limits);
         {
             let mut state = cell.lock()?;
             loop {
@@ -292,7 +329,7 @@ impl LinkCell {
         Ok(cell)
     }
 
-    fn new(link: Connection<Payload>, max_message_len: u64) -> LinkCell {
+    fn new(link: Connection<Payload>, limits: SendLimits) -> LinkCell {
         let path = link.decision.to_string();
         LinkCell {
             state: Mutex::new(LinkState {
@@ -314,7 +351,8 @@ impl LinkCell {
                 final_in_place: (0, 0),
                 message_bytes_sent: 0,
                 message_bytes_received: 0,
-                max_message_len,
+                limits,
+                copies_held: 0,
             }),
         }
     }
@@ -452,6 +490,7 @@ impl LinkCell {
         };
         state.link = None;
         state.requests.clear();
+        state.copies_held = 0;
         state.recvs = PostedRecvs::default();
         state.done.clear();
         state.received.clear();
@@ -592,6 +631,7 @@ impl LinkState {
                 break;
             }
             let (msg_id, request) = self.requests.pop_front().expect("checked above");
+            self.copies_held -= request.released.copy_bytes();
             self.send_copies.reclaim(request.released);
             let status = if succeeded > 0 {
                 succeeded -= 1;
@@ -644,6 +684,7 @@ impl LinkState {
                     self.requests.back().is_none_or(|(last, _)| *last < id),
                     "the engine numbers messages in order"
                 );
+                self.copies_held += released.copy_bytes();
                 self.requests.push_back((
                     id,
                     Request {
@@ -670,13 +711,13 @@ impl LinkState {
         }
     }
 
-    fn check_len(&self, len: usize) -> Result<()> {
-        if len as u64 > self.max_message_len {
+    pub(crate) fn check_len(&self, len: usize) -> Result<()> {
+        if len as u64 > self.limits.max_message_len {
             return Err(Error::new(
                 BARLINK_MESSAGE_TOO_LONG,
                 format!(
                     "message of {len} bytes exceeds max_message_bytes {}",
-                    self.max_message_len
+                    self.limits.max_message_len
                 ),
             ));
         }
@@ -688,6 +729,32 @@ impl LinkState {
     pub(crate) fn copy_payload(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
         self.check_len(data.len())?;
         self.send_copies.copy(data)
+    }
+
+    /// Whether a copy of `len` more bytes fits under `send_queue_bytes`:
+    /// always while no copy is held, so a message larger than the limit
+    /// still goes, alone.
+    pub(crate) fn copy_fits(&self, len: usize) -> bool {
+        self.copies_held == 0
+            || self.copies_held.saturating_add(len as u64) <= self.limits.queue_bytes
+    }
+
+    /// A copy of `data` for a posted send, if it fits under the limit now
+    /// or after one round of progress (which may bring acknowledgements).
+    pub(crate) fn copy_to_post(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
+        self.check_len(data.len())?;
+        if !self.copy_fits(data.len()) {
+            self.step();
+            if !self.copy_fits(data.len()) {
+                // A caller polling a full queue retries often: no text
+                // is made per try.
+                return Err(Error::fixed(
+                    BARLINK_WOULD_BLOCK,
+                    c"barlink_post_send: the copies of unacknowledged sends reached send_queue_bytes: poll completions and retry",
+                ));
+            }
+        }
+        self.copy_payload(data)
     }
 
     /// One step of a blocking send of `payload` (taken out of `slot`).

@@ -190,9 +190,24 @@ impl SendCopies {
     }
 
     /// A spare that holds `len` bytes without growing if one is kept (the
-    /// newest such), else a new empty one.
+    /// newest if it fits, else the smallest, and none more than four times
+    /// too large: a copy's capacity is what counts against
+    /// `send_queue_bytes`), else a new empty one.
     fn take(&mut self, len: usize) -> Arc<Vec<u8>> {
-        match self.spares.iter().rposition(|b| b.capacity() >= len) {
+        let most = len.saturating_mul(4).max(64 << 10);
+        let fit = |b: &Arc<Vec<u8>>| (len..=most).contains(&b.capacity());
+        // Messages of one size in a row (the usual stream) find theirs last.
+        let fits = match self.spares.last() {
+            Some(newest) if fit(newest) => Some(self.spares.len() - 1),
+            _ => self
+                .spares
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| fit(b))
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(at, _)| at),
+        };
+        match fits {
             Some(at) => {
                 let copy = self.spares.swap_remove(at);
                 self.bytes -= copy.capacity();
@@ -241,6 +256,15 @@ impl Release {
     pub(crate) fn flag() -> (Arc<AtomicBool>, Release) {
         let flag = Arc::new(AtomicBool::new(false));
         (Arc::clone(&flag), Release::Flag(flag))
+    }
+
+    /// The memory a copy barlink made takes (its capacity, which counts
+    /// against `send_queue_bytes`); 0 for the caller's registered memory.
+    pub(crate) fn copy_bytes(&self) -> u64 {
+        match self {
+            Release::Copy(copy) => copy.capacity() as u64,
+            Release::Flag(_) => 0,
+        }
     }
 
     /// Whether the link let go of the payload.
@@ -422,5 +446,29 @@ mod tests {
         let total: usize = copies.spares.iter().map(|b| b.capacity()).sum();
         assert!(total <= MAX_SPARE_SEND_BYTES, "{total}");
         assert_eq!(copies.bytes, total, "the running total is the sum");
+    }
+
+    /// A copy's capacity is what counts against `send_queue_bytes`: a small
+    /// message takes the smallest spare that holds it, never one more than
+    /// four times too large (nor 64 KiB, for small ones).
+    #[test]
+    fn a_small_message_does_not_take_a_large_spare() {
+        let mut copies = SendCopies::default();
+        for capacity in [16 << 20, 1 << 20, 300 << 10] {
+            copies.give(Arc::new(Vec::with_capacity(capacity)));
+        }
+        let (_payload, release) = copies.copy(&[1u8; 100]).unwrap();
+        assert!(release.copy_bytes() < 64 << 10, "{}", release.copy_bytes());
+        let (_payload, release) = copies.copy(&[1u8; 256 << 10]).unwrap();
+        assert_eq!(release.copy_bytes(), 300 << 10, "the smallest that fits");
+        let (_payload, release) = copies.copy(&[1u8; 900 << 10]).unwrap();
+        assert_eq!(release.copy_bytes(), 1 << 20);
+        assert_eq!(
+            copies.spares.len(),
+            1,
+            "the 16 MiB spare waits for a large one"
+        );
+        let (_payload, release) = copies.copy(&[1u8; 5 << 20]).unwrap();
+        assert_eq!(release.copy_bytes(), 16 << 20);
     }
 }

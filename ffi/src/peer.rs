@@ -22,7 +22,7 @@ use barlink::{
 use barlink_transport::link::{LinkConfig, Listener, SetupError};
 
 use crate::error::{Error, Result};
-use crate::link::{LinkCell, link_config};
+use crate::link::{LinkCell, SendLimits, link_config};
 use crate::payload::Payload;
 use crate::types::barlink_status::*;
 use crate::types::{BARLINK_CONFIG_PROGRESS_THREAD, barlink_config};
@@ -49,6 +49,7 @@ pub(crate) struct ConfigTexts {
 #[derive(Debug, Clone)]
 pub(crate) struct Setup {
     link: LinkConfig,
+    limits: SendLimits,
     transport: u32,
     progress_thread: bool,
     bars: Option<BarEnds>,
@@ -66,8 +67,10 @@ impl Setup {
                 "BARLINK_TRANSPORT_BAR needs the two BAR windows: set config.own_bar and config.peer_bar",
             ));
         }
+        let link = link_config(config)?;
         Ok(Setup {
-            link: link_config(config)?,
+            limits: SendLimits::new(config, &link),
+            link,
             transport: config.transport,
             progress_thread: config.flags & BARLINK_CONFIG_PROGRESS_THREAD != 0,
             bars,
@@ -247,8 +250,7 @@ impl ListenerCell {
                 (link, setup)
             }
         };
-        LinkCell::established(link, setup.link.engine.max_message_len, start + timeout)?
-            .start(setup.progress_thread)
+        LinkCell::established(link, setup.limits, start + timeout)?.start(setup.progress_thread)
     }
 
     /// The path accepted links take, and why.
@@ -278,6 +280,5 @@ pub(crate) fn connect_link(name: &str, setup: Setup, timeout: Duration) -> Resul
                 .map_err(connect_error)?
         }
     };
-    LinkCell::established(link, setup.link.engine.max_message_len, start + timeout)?
-        .start(setup.progress_thread)
+    LinkCell::established(link, setup.limits, start + timeout)?.start(setup.progress_thread)
 }

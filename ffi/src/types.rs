@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_void};
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
 /// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 6;
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 7;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.
@@ -161,6 +161,14 @@ pub struct barlink_config {
     /// The root the PCI topology and the BARs' `resourceN` files are read
     /// under; NULL: `/` (a fixture tree in tests).
     pub sysfs_root: *const c_char,
+    /// Most bytes of memory in the message copies barlink keeps for
+    /// `barlink_send` and `barlink_post_send` until the peer acknowledges
+    /// them, as a socket's send buffer: beyond it `barlink_send` waits and
+    /// `barlink_post_send` returns `BARLINK_WOULD_BLOCK`. A message larger than the limit
+    /// still goes when no copy is held. 0 = default (four ring windows or
+    /// 64 MiB, whichever is more). Zero-copy sends from registered buffers
+    /// do not count. (ABI 0.7.)
+    pub send_queue_bytes: u64,
 }
 
 impl Default for barlink_config {
@@ -183,6 +191,7 @@ impl Default for barlink_config {
             own_bar: std::ptr::null(),
             peer_bar: std::ptr::null(),
             sysfs_root: std::ptr::null(),
+            send_queue_bytes: 0,
         }
     }
 }
@@ -358,13 +367,14 @@ impl barlink_status {
     }
 }
 
-// The layouts the header promises; a change here is an ABI break. The
-// config's three string pointers make it 64-bit only: on a 32-bit target
-// it would gain padding, which `read_config` must never see.
+// The layouts the header promises; a change here is an ABI break (fields
+// are only added at the end). The config's three string pointers make it
+// 64-bit only: on a 32-bit target it would gain padding, which
+// `read_config` must never see.
 const _: () = {
     use std::mem::{align_of, size_of};
     assert!(
-        size_of::<barlink_config>() == 40 + 2 * 36 + 3 * 8 && align_of::<barlink_config>() == 8
+        size_of::<barlink_config>() == 40 + 2 * 36 + 3 * 8 + 8 && align_of::<barlink_config>() == 8
     );
     assert!(size_of::<barlink_stats>() == 8 + 15 * 8 && align_of::<barlink_stats>() == 8);
     assert!(size_of::<barlink_completion>() == 32 && align_of::<barlink_completion>() == 8);

@@ -505,6 +505,82 @@ fn message_too_long() {
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
 
+/// Copies of unacknowledged sends are bounded in bytes, as a socket's send
+/// buffer is: a peer that keeps its link up but never receives makes
+/// `barlink_send` wait and `barlink_post_send` say "would block" once
+/// `send_queue_bytes` are held, not queue copies until memory runs out; a
+/// message larger than the limit still goes alone.
+#[test]
+fn copies_held_for_a_peer_that_does_not_receive_are_bounded() {
+    let mut config = barlink_config::default();
+    // SAFETY: valid out-pointer.
+    unsafe { barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>()) };
+    assert_eq!(config.send_queue_bytes, 0, "0 is the default");
+    config.send_queue_bytes = 4 << 20;
+    let (a, b) = pair(Some(&config));
+    // b answers (acknowledges what its credit admits) but takes nothing.
+    let driver = drive(b);
+    let message = vec![7u8; 1 << 20];
+    let mut sent = 0;
+    let status = loop {
+        // SAFETY: a live slice.
+        let status = unsafe { barlink_send(a, message.as_ptr().cast(), message.len(), 50) };
+        if status != BARLINK_OK || sent == 64 {
+            break status;
+        }
+        sent += 1;
+    };
+    assert_eq!(status, BARLINK_TIMEOUT, "{}", last_error());
+    // A post would block too; one may still go if acknowledgements came
+    // late (a starved driver thread), and then it is received below.
+    let mut posted = 0;
+    let status = loop {
+        let mut request = 0;
+        // SAFETY: valid data and out-pointer.
+        let status = unsafe {
+            barlink_post_send(a, message.as_ptr().cast(), message.len(), 0, &mut request)
+        };
+        if status != BARLINK_OK || posted == 4 {
+            assert_eq!(request, 0);
+            break status;
+        }
+        posted += 1;
+    };
+    expect(status, BARLINK_WOULD_BLOCK, "send_queue_bytes");
+    sent += posted;
+    // b's ring and credit take about one window (4 MiB); the rest waits
+    // as copies here, at most 4 MiB of them.
+    assert!((4..=12).contains(&sent), "{sent} sends went");
+    drop(driver);
+    // Once b receives, every message arrives, in order, and sends go again.
+    let driver = drive(a);
+    let mut buf = vec![0u8; 6 << 20];
+    for _ in 0..sent {
+        assert_eq!(
+            recv(b, &mut buf, 5000),
+            (BARLINK_OK, 1 << 20),
+            "{}",
+            last_error()
+        );
+        assert_eq!(buf[..1 << 20], message[..]);
+    }
+    drop(driver);
+    let driver = drive(b);
+    assert_eq!(barlink_flush(a, 5000), BARLINK_OK, "{}", last_error());
+    assert_eq!(completions(a, posted).len(), posted);
+    // Nothing held: a message larger than the limit goes, alone.
+    let large = vec![9u8; 6 << 20];
+    assert_eq!(send(a, &large), BARLINK_OK, "{}", last_error());
+    drop(driver);
+    let driver = drive(a);
+    assert_eq!(recv(b, &mut buf, 5000), (BARLINK_OK, 6 << 20));
+    drop(driver);
+    assert!(buf.iter().all(|&byte| byte == 9));
+    assert_eq!(barlink_progress(b), BARLINK_OK);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
 #[test]
 fn posted_zero_copy_sends_complete_once() {
     let (a, b) = pair(None);

@@ -2,8 +2,9 @@
 //! (a 112-byte `barlink_config`) calls `barlink_config_init`, which writes
 //! no byte past those 112; the current header's `barlink_config_init`
 //! (a macro for `barlink_config_init_size(config, sizeof *config)`) fills
-//! every field it declares; a `struct_size` that ends inside a pointer
-//! field is refused rather than read as a pointer nobody meant.
+//! every field it declares; a `struct_size` that ends inside a field (a
+//! pointer, or the 0.7 `send_queue_bytes`) is refused rather than read
+//! as a value nobody meant.
 
 use std::mem::size_of;
 use std::ptr;
@@ -90,13 +91,14 @@ fn the_sized_init_fills_every_field_the_caller_has() {
 }
 
 #[test]
-fn a_struct_size_that_splits_a_pointer_is_refused() {
+fn a_struct_size_that_splits_a_field_is_refused() {
     let mut config = barlink_config::default();
     // SAFETY: a whole, writable config.
     unsafe { barlink_config_init_size(&mut config, size_of::<barlink_config>()) };
     for size in [
         V0_4_SIZE + 4,
         V0_4_SIZE + 12,
+        V0_4_SIZE + 28,
         size_of::<barlink_config>() - 1,
     ] {
         let mut bad = config;
@@ -104,11 +106,14 @@ fn a_struct_size_that_splits_a_pointer_is_refused() {
         expect(
             listen_with(&bad),
             BARLINK_INVALID_ARGUMENT,
-            "ends inside a pointer field",
+            "ends inside a field",
         );
     }
-    // Whole pointers are fine: 0.4 plus own_bar, which is NULL here.
-    let mut whole = config;
-    whole.struct_size = (V0_4_SIZE + 8) as u32;
-    assert_eq!(listen_with(&whole), BARLINK_OK, "{}", last_error());
+    // Whole fields are fine: 0.4 plus own_bar, which is NULL here; 0.6
+    // (the three pointers), send_queue_bytes taking its default.
+    for size in [V0_4_SIZE + 8, V0_4_SIZE + 24] {
+        let mut whole = config;
+        whole.struct_size = size as u32;
+        assert_eq!(listen_with(&whole), BARLINK_OK, "{}", last_error());
+    }
 }
