@@ -724,10 +724,10 @@ impl LinkState {
         Ok(())
     }
 
-    /// Copies `data` into a buffer barlink owns, refusing what is too long
-    /// before allocating, and allocation failure without aborting.
+    /// Copies `data` into a buffer barlink owns (its length already passed
+    /// [`LinkState::check_len`], before the send-queue limit was asked),
+    /// refusing allocation failure without aborting.
     pub(crate) fn copy_payload(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
-        self.check_len(data.len())?;
         self.send_copies.copy(data)
     }
 

@@ -184,7 +184,14 @@ fn cached_link(value: u64, removals: u64) -> Option<Arc<LinkCell>> {
 fn cache_link(value: u64, removals: u64, cell: &Arc<LinkCell>) {
     let _ = LAST_LINKS.try_with(|last| {
         if let Ok(mut last) = last.try_borrow_mut() {
-            last.rotate_right(1);
+            // An entry left stale for this handle by a removal elsewhere is
+            // replaced, not kept beside the new one, so live links are not
+            // crowded out.
+            let end = last
+                .iter()
+                .position(|entry| entry.as_ref().is_some_and(|(cached, ..)| *cached == value))
+                .unwrap_or(CACHED_LINKS - 1);
+            last[..=end].rotate_right(1);
             last[0] = Some((value, removals, Arc::downgrade(cell)));
         }
     });

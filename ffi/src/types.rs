@@ -164,10 +164,10 @@ pub struct barlink_config {
     /// Most bytes of memory in the message copies barlink keeps for
     /// `barlink_send` and `barlink_post_send` until the peer acknowledges
     /// them, as a socket's send buffer: beyond it `barlink_send` waits and
-    /// `barlink_post_send` returns `BARLINK_WOULD_BLOCK`. A message larger than the limit
-    /// still goes when no copy is held. 0 = default (four ring windows or
-    /// 64 MiB, whichever is more). Zero-copy sends from registered buffers
-    /// do not count. (ABI 0.7.)
+    /// `barlink_post_send` returns `BARLINK_WOULD_BLOCK`. A message larger
+    /// than the limit still goes when no copy is held. 0 = default (four
+    /// ring windows or 64 MiB, whichever is more). Zero-copy sends from
+    /// registered buffers do not count. (ABI 0.7.)
     pub send_queue_bytes: u64,
 }
 
