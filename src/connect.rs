@@ -586,6 +586,13 @@ impl<B: AsRef<[u8]>> Connection<B> {
         each_link!(self, link => link.recv(timeout))
     }
 
+    /// The next message into `buf`, whose memory it is assembled in where
+    /// it can be (see [`barlink_transport::link::Link::recv_into`]); its
+    /// length.
+    pub fn recv_into(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, IoError> {
+        each_link!(self, link => link.recv_into(buf, timeout))
+    }
+
     /// Waits until every queued message is acknowledged.
     pub fn flush(&mut self, timeout: Duration) -> Result<(), IoError> {
         each_link!(self, link => link.flush(timeout))

@@ -204,6 +204,48 @@ fn messages_that_land_around_the_cache_arrive_intact_through_faults() {
     );
 }
 
+#[test]
+fn messages_received_into_one_buffer_land_in_that_buffer() {
+    // Four messages of 64 KiB (large enough not to be taken in a batch)
+    // wait in the ring before the receiver asks for any. A receive that
+    // read them all at once would assemble the three behind the first in
+    // buffers of its own; one that stops at the message its caller waits
+    // for assembles each in the buffer the caller gives back.
+    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let (mut a, mut b) = thread_links(window_a, window_b, |w| w, |w| w);
+    // A first message brings the session up.
+    a.send_blocking(vec![7u8; 8], TIMEOUT).unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while b.try_recv().unwrap().is_none() {
+        a.progress().unwrap();
+        assert!(Instant::now() < deadline, "the session did not come up");
+    }
+    let sent: Vec<Vec<u8>> = (0..4u64)
+        .map(|seed| {
+            let mut data = vec![0u8; 64 << 10];
+            SplitMix64::new(seed + 1).fill(&mut data);
+            data
+        })
+        .collect();
+    for data in &sent {
+        a.send_blocking(data.clone(), TIMEOUT).unwrap();
+    }
+    a.push(TIMEOUT).unwrap();
+    let mut buf = Vec::with_capacity(64 << 10);
+    let memory = buf.as_ptr();
+    for (index, want) in sent.iter().enumerate() {
+        let len = b.recv_into(&mut buf, TIMEOUT).unwrap();
+        assert_eq!(len, want.len());
+        assert!(buf == *want, "message {index} differs");
+        assert_eq!(
+            buf.as_ptr(),
+            memory,
+            "message {index} landed outside the caller's buffer"
+        );
+    }
+}
+
 /// A posted target standing for one range of a larger buffer.
 struct RangeOf {
     bytes: Vec<u8>,

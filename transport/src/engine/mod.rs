@@ -265,6 +265,11 @@ impl<B: AsRef<[u8]>> Engine<B> {
         self.receiver.buffered_bytes()
     }
 
+    /// Bytes of the delivered messages not yet taken.
+    pub fn ready_bytes(&self) -> usize {
+        self.receiver.undelivered_bytes
+    }
+
     /// Whether data from the peer waits for this side's caller (buffered
     /// ahead of a gap, being assembled, or delivered and not yet taken):
     /// it holds credit this side granted, so the peer may be waiting for

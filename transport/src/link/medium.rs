@@ -117,6 +117,24 @@ impl IndexStats {
     }
 }
 
+/// How far one [`Medium::receive`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intake {
+    /// Every packet that has arrived.
+    All,
+    /// Up to the packet that makes one more message ready to deliver: the
+    /// caller waits for a message, and the packets behind it stay in the
+    /// medium until the next round (a medium may take small messages in a
+    /// batch, where a round costs more than they do). A large message
+    /// read ahead takes a
+    /// buffer of its own while the caller still holds the one before, so
+    /// a stream of them cycles through two buffers or more where one
+    /// would do (the caller's, given back before it asks for the next).
+    /// A medium that cannot leave packets where they are (a byte stream
+    /// already read) may hand over more.
+    FirstMessage,
+}
+
 /// Moves an engine's packets to the peer and the peer's packets to the
 /// engine. One round of a link calls [`Medium::activity`], then (unless the
 /// round can be skipped) [`Medium::receive`] and [`Medium::transmit`].
@@ -131,15 +149,17 @@ pub trait Medium {
     /// on what it observed.
     fn activity(&mut self) -> Result<[u64; 2], MediumError>;
 
-    /// Hands every packet that has arrived to `engine` (through
+    /// Hands the packets that have arrived to `engine` (through
     /// [`Engine::handle_packet_from`], so the payload is copied once, with
-    /// its CRC) and frees what they occupied. Returns how many packets were
-    /// handed over. Bytes a peer wrote are untrusted: lengths go through
-    /// the engine's checks against the room actually there.
+    /// its CRC) and frees what they occupied: all of them, or as `intake`
+    /// allows. Returns how many packets were handed over. Bytes a peer
+    /// wrote are untrusted: lengths go through the engine's checks against
+    /// the room actually there.
     fn receive<B: AsRef<[u8]>>(
         &mut self,
         now: Time,
         engine: &mut Engine<B>,
+        intake: Intake,
     ) -> Result<usize, MediumError>;
 
     /// Takes packets from [`Engine::poll_transmit_with`] while the medium

@@ -24,7 +24,7 @@ mod medium;
 mod named;
 mod thread;
 
-pub use medium::{IndexStats, Medium, MediumError, REPUBLISH_EVERY, RepeatTimer};
+pub use medium::{IndexStats, Intake, Medium, MediumError, REPUBLISH_EVERY, RepeatTimer};
 pub use named::{NamedOptions, Side, connect_named, create_named_ring, pair_windows};
 pub use thread::{ProgressOptions, ProgressThread};
 
@@ -61,7 +61,8 @@ struct Quiet {
 enum Round {
     /// Receive, send, timers, completions.
     Full,
-    /// As `Full`, but stop once a message has been delivered if nothing
+    /// As `Full`, but receive only up to the next message
+    /// ([`Intake::FirstMessage`]) and stop once it is delivered if nothing
     /// needs sending and no timer is due: a blocking receive's caller is
     /// waiting for it, and the rest of the round (counting completions)
     /// can wait for the next call without harm.
@@ -87,6 +88,13 @@ const SPINS_BEFORE_YIELD: u32 = 1024;
 
 /// Idle rounds between clock reads in a blocking call.
 const CLOCK_EVERY_IDLE_ROUNDS: u32 = 8;
+
+/// A receive that waits for one message ([`Intake::FirstMessage`]) stops
+/// once the messages it made ready hold this many bytes. Smaller messages
+/// are taken in a batch: the round that stops costs a load of the peer's
+/// index line, as much as moving a few small messages, while it spares a
+/// large one a buffer of its own.
+const FIRST_MESSAGE_STOP_BYTES: usize = 64 << 10;
 
 /// Messages from this many bytes land around the cache (where the CPU's
 /// copies do that faster, see [`Window::read_crc_streaming`]): larger than
@@ -498,14 +506,21 @@ impl<W: Window> Medium for RingMedium<W> {
         &mut self,
         now: Time,
         engine: &mut Engine<B>,
+        intake: Intake,
     ) -> Result<usize, MediumError> {
         self.apply_head_word();
         if self.consumer.next_slot_offset().is_none() {
             return Ok(0);
         }
         let room = self.own_geometry.slot_size as usize - HEADER_LEN;
+        let ready_before = engine.ready_bytes();
         let mut handed = 0;
         while let Some(slot) = self.consumer.next_slot_offset() {
+            if intake == Intake::FirstMessage
+                && engine.ready_bytes().saturating_sub(ready_before) >= FIRST_MESSAGE_STOP_BYTES
+            {
+                break;
+            }
             // A small packet's lines all at once, rather than the payload's
             // only after the header has been parsed.
             self.own.prefetch(slot, SMALL_PACKET);
@@ -804,7 +819,11 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             return Ok(Moved::Nothing);
         }
         self.quiet = None;
-        let mut moved = self.medium.receive(now, &mut self.engine)? > 0;
+        let intake = match round {
+            Round::Full => Intake::All,
+            Round::UntilDelivery => Intake::FirstMessage,
+        };
+        let mut moved = self.medium.receive(now, &mut self.engine, intake)? > 0;
         if round == Round::UntilDelivery
             && self.engine.messages_ready() > 0
             && !self.engine.wants_transmit(now)
@@ -940,6 +959,21 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             self.check_open()?;
             self.wait_step(&mut deadline, timeout, Round::UntilDelivery)?;
         }
+    }
+
+    /// [`Link::recv`] for a caller that reuses one buffer, as a socket's
+    /// reader does: `buf`'s memory goes to the link first (as
+    /// [`Link::recycle`] gives it), so the next message is assembled in
+    /// it unless an earlier round already began that message elsewhere.
+    /// On return `buf` holds the message, wherever it landed, and the
+    /// message's length is returned. On an error `buf` is empty; its
+    /// memory stays with the link for a later message.
+    pub fn recv_into(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, IoError> {
+        if buf.capacity() > 0 {
+            self.recycle(std::mem::take(buf));
+        }
+        *buf = self.recv(timeout)?;
+        Ok(buf.len())
     }
 
     /// A delivered message if one is ready (after one round of progress).

@@ -248,6 +248,17 @@ where
         result
     }
 
+    /// [`ProgressThread::recv`] into a buffer the caller reuses, as
+    /// [`Link::recv_into`](super::Link::recv_into) receives (the thread
+    /// reads ahead, so the message may have landed in another buffer).
+    pub fn recv_into(&self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, IoError> {
+        if buf.capacity() > 0 {
+            self.recycle(std::mem::take(buf));
+        }
+        *buf = self.recv(timeout)?;
+        Ok(buf.len())
+    }
+
     /// A delivered message if one is ready.
     pub fn try_recv(&self) -> Result<Option<Vec<u8>>, IoError> {
         let mut link = self.lock()?;

@@ -34,7 +34,7 @@ use super::resume::Resume;
 use crate::auth::{AuthError, SEAL_OVERHEAD, Session};
 use crate::crc::crc32c;
 use crate::engine::{Engine, PacketError, Transmit};
-use crate::link::{Medium, MediumError, STREAM_MESSAGES_FROM};
+use crate::link::{Intake, Medium, MediumError, STREAM_MESSAGES_FROM};
 use crate::time::Time;
 use crate::wire::HEADER_LEN;
 
@@ -640,7 +640,10 @@ impl Medium for TcpMedium {
         &mut self,
         now: Time,
         engine: &mut Engine<B>,
+        _intake: Intake,
     ) -> Result<usize, MediumError> {
+        // A byte stream is read in whole buffers: everything read is
+        // handed over, whatever `_intake` asks.
         if !self.rejoined() {
             return Ok(0);
         }
@@ -896,7 +899,7 @@ mod tests {
         .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         let error = loop {
-            match medium.receive(Time::ZERO, &mut engine) {
+            match medium.receive(Time::ZERO, &mut engine, Intake::All) {
                 Err(error) => break error.to_string(),
                 Ok(_) if Instant::now() < deadline => std::thread::yield_now(),
                 Ok(_) => panic!("a record ending inside a frame was taken"),

@@ -105,9 +105,8 @@ fn keep_others_moving(
 /// caller's thread ([`RingLink`]) or a progress thread of its own.
 trait DrivenLink {
     fn send_blocking(&mut self, data: Arc<[u8]>, timeout: Duration) -> Result<(), IoError>;
-    fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError>;
+    fn recv_into(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, IoError>;
     fn flush(&mut self, timeout: Duration) -> Result<(), IoError>;
-    fn recycle(&mut self, buf: Vec<u8>);
     /// One round of progress, where the caller drives it.
     fn poke(&mut self) -> Result<(), IoError>;
     fn stats(&self) -> barlink_transport::Stats;
@@ -117,14 +116,11 @@ impl<W: Window> DrivenLink for RingLink<W, Arc<[u8]>> {
     fn send_blocking(&mut self, data: Arc<[u8]>, timeout: Duration) -> Result<(), IoError> {
         RingLink::send_blocking(self, data, timeout).map(drop)
     }
-    fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError> {
-        RingLink::recv(self, timeout)
+    fn recv_into(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, IoError> {
+        RingLink::recv_into(self, buf, timeout)
     }
     fn flush(&mut self, timeout: Duration) -> Result<(), IoError> {
         RingLink::flush(self, timeout)
-    }
-    fn recycle(&mut self, buf: Vec<u8>) {
-        RingLink::recycle(self, buf)
     }
     fn poke(&mut self) -> Result<(), IoError> {
         self.progress().map(drop)
@@ -138,14 +134,11 @@ impl<M: Medium + Send + 'static> DrivenLink for ProgressThread<M, Arc<[u8]>> {
     fn send_blocking(&mut self, data: Arc<[u8]>, timeout: Duration) -> Result<(), IoError> {
         ProgressThread::send_blocking(self, data, timeout).map(drop)
     }
-    fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, IoError> {
-        ProgressThread::recv(self, timeout)
+    fn recv_into(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, IoError> {
+        ProgressThread::recv_into(self, buf, timeout)
     }
     fn flush(&mut self, timeout: Duration) -> Result<(), IoError> {
         ProgressThread::flush(self, timeout)
-    }
-    fn recycle(&mut self, buf: Vec<u8>) {
-        ProgressThread::recycle(self, buf)
     }
     /// Its own thread drives it.
     fn poke(&mut self) -> Result<(), IoError> {
@@ -170,8 +163,9 @@ impl<L: DrivenLink> Pipe for LinkPipe<L> {
         buf: &mut Vec<u8>,
         within: Duration,
     ) -> Result<Option<usize>, String> {
-        let data = unless_timed_out(self.0.recv(within))?;
-        Ok(data.map(|data| swap_in(buf, data, |old| self.0.recycle(old))))
+        // Into the caller's buffer, as the raw ring receives: a stream of
+        // large messages keeps landing in the same memory.
+        unless_timed_out(self.0.recv_into(buf, within))
     }
     fn flush_within(&mut self, within: Duration) -> Result<bool, String> {
         Ok(unless_timed_out(self.0.flush(within))?.is_some())
@@ -182,14 +176,6 @@ impl<L: DrivenLink> Pipe for LinkPipe<L> {
     fn counters(&self) -> (u64, u64) {
         counters(&self.0.stats())
     }
-}
-
-/// Puts a received message in `buf` and hands the buffer it replaces back
-/// to the engine (the next message reuses it); the message's length.
-fn swap_in(buf: &mut Vec<u8>, data: Vec<u8>, recycle: impl FnOnce(Vec<u8>)) -> usize {
-    let len = data.len();
-    recycle(std::mem::replace(buf, data));
-    len
 }
 
 /// Retransmissions and rejected packets, as the "done" message carries them.
