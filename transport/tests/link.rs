@@ -246,6 +246,34 @@ fn messages_received_into_one_buffer_land_in_that_buffer() {
     }
 }
 
+#[test]
+fn small_messages_waiting_in_the_ring_are_taken_in_one_round() {
+    // The receive that stops at a large message still takes small ones in
+    // a batch: one round for eight, not a round (and a load of the peer's
+    // index line) for each.
+    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let (mut a, mut b) = thread_links(window_a, window_b, |w| w, |w| w);
+    a.send_blocking(vec![7u8; 8], TIMEOUT).unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while b.try_recv().unwrap().is_none() {
+        a.progress().unwrap();
+        assert!(Instant::now() < deadline, "the session did not come up");
+    }
+    for index in 0..8u8 {
+        a.send_blocking(vec![index; 64], TIMEOUT).unwrap();
+    }
+    a.push(TIMEOUT).unwrap();
+    let mut buf = Vec::new();
+    b.recv_into(&mut buf, TIMEOUT).unwrap();
+    assert_eq!(buf, vec![0u8; 64]);
+    assert_eq!(
+        b.engine().messages_ready(),
+        7,
+        "the other seven came in the same round"
+    );
+}
+
 /// A posted target standing for one range of a larger buffer.
 struct RangeOf {
     bytes: Vec<u8>,
