@@ -587,8 +587,9 @@ impl<B: AsRef<[u8]>> Connection<B> {
     }
 
     /// The next message into `buf`, whose memory it is assembled in where
-    /// it can be (see [`barlink_transport::link::Link::recv_into`]); its
-    /// length.
+    /// the medium allows (a ring; see
+    /// [`barlink_transport::link::Link::recv_into`]); its length. On an
+    /// error `buf` is empty.
     pub fn recv_into(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, IoError> {
         each_link!(self, link => link.recv_into(buf, timeout))
     }
@@ -611,8 +612,8 @@ impl<B: AsRef<[u8]>> Connection<B> {
 
     /// [`Connection::progress`] for a caller spinning while it waits:
     /// reads the clock only every few idle rounds, or when `fresh`; with
-    /// `for_delivery`, a round that delivers a message returns early (see
-    /// `Link::progress_waiting`).
+    /// `for_delivery`, a round takes in about 64 KiB of messages and
+    /// returns early once it delivers one (see `Link::progress_waiting`).
     pub fn progress_waiting(&mut self, fresh: bool, for_delivery: bool) -> Result<bool, IoError> {
         each_link!(self, link => link.progress_waiting(fresh, for_delivery))
     }

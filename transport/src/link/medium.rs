@@ -126,12 +126,11 @@ pub enum Intake {
     /// caller waits for a message, and the packets behind it stay in the
     /// medium until the next round (a medium may take small messages in a
     /// batch, where a round costs more than they do). A large message
-    /// read ahead takes a
-    /// buffer of its own while the caller still holds the one before, so
-    /// a stream of them cycles through two buffers or more where one
-    /// would do (the caller's, given back before it asks for the next).
-    /// A medium that cannot leave packets where they are (a byte stream
-    /// already read) may hand over more.
+    /// read ahead takes a buffer of its own while the caller still holds
+    /// the one before, so a stream of them cycles through two buffers or
+    /// more where one would do (the caller's, given back before it asks
+    /// for the next). A medium that cannot leave packets where they are
+    /// (a byte stream already read) may hand over more.
     FirstMessage,
 }
 

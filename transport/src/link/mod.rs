@@ -61,8 +61,8 @@ struct Quiet {
 enum Round {
     /// Receive, send, timers, completions.
     Full,
-    /// As `Full`, but receive only up to the next message
-    /// ([`Intake::FirstMessage`]) and stop once it is delivered if nothing
+    /// As `Full`, but receive only until a message is ready (small ones
+    /// in a batch: [`Intake::FirstMessage`]) and stop once it is delivered if nothing
     /// needs sending and no timer is due: a blocking receive's caller is
     /// waiting for it, and the rest of the round (counting completions)
     /// can wait for the next call without harm.
@@ -749,7 +749,9 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     /// may have been away since the last idle round. `for_delivery`: the
     /// caller waits for a message, and a round that delivers one returns
     /// at once when nothing needs to go out and no timer is due, as
-    /// [`Link::recv`]'s rounds do (see `progress_inner`).
+    /// [`Link::recv`]'s rounds do (see `progress_inner`); such a round
+    /// takes in packets only until about 64 KiB of messages are ready
+    /// ([`Intake::FirstMessage`]), leaving the rest for the next round.
     pub fn progress_waiting(&mut self, fresh: bool, for_delivery: bool) -> Result<bool, IoError> {
         let round = if for_delivery {
             Round::UntilDelivery
@@ -961,13 +963,14 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         }
     }
 
-    /// [`Link::recv`] for a caller that reuses one buffer, as a socket's
-    /// reader does: `buf`'s memory goes to the link first (as
-    /// [`Link::recycle`] gives it), so the next message is assembled in
-    /// it unless an earlier round already began that message elsewhere.
-    /// On return `buf` holds the message, wherever it landed, and the
-    /// message's length is returned. On an error `buf` is empty; its
-    /// memory stays with the link for a later message.
+    /// [`Link::recv`] for a caller that reuses one buffer: `buf`'s memory
+    /// goes to the link first (as [`Link::recycle`] gives it), so on a
+    /// ring the next message is assembled in it, unless it is too small
+    /// for the message or an earlier round (a `Full` one, or a medium that
+    /// reads ahead: TCP, RDMA) already began that message elsewhere. On
+    /// return `buf` holds the message, wherever it landed, and the
+    /// message's length is returned. On an error `buf` is empty (unlike a
+    /// socket's read): its memory went to the link's spare buffers.
     pub fn recv_into(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, IoError> {
         if buf.capacity() > 0 {
             self.recycle(std::mem::take(buf));

@@ -249,8 +249,9 @@ where
     }
 
     /// [`ProgressThread::recv`] into a buffer the caller reuses, as
-    /// [`Link::recv_into`](super::Link::recv_into) receives (the thread
-    /// reads ahead, so the message may have landed in another buffer).
+    /// [`Link::recv_into`](super::Link::recv_into) receives. The thread's
+    /// rounds read everything that arrived, so a message has usually
+    /// begun in another buffer by the time the caller asks.
     pub fn recv_into(&self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, IoError> {
         if buf.capacity() > 0 {
             self.recycle(std::mem::take(buf));
