@@ -204,6 +204,22 @@ fn messages_that_land_around_the_cache_arrive_intact_through_faults() {
     );
 }
 
+/// Two ring links over heap windows, driven by the calling thread, with
+/// their session up (a first message from `a` has reached `b`), so that
+/// `a` can fill `b`'s ring before `b` receives.
+fn linked_in_one_thread() -> (RingLink<Arc<HeapWindow>>, RingLink<Arc<HeapWindow>>) {
+    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let (mut a, mut b) = thread_links(window_a, window_b, |w| w, |w| w);
+    a.send_blocking(vec![7u8; 8], TIMEOUT).unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while b.try_recv().unwrap().is_none() {
+        a.progress().unwrap();
+        assert!(Instant::now() < deadline, "the session did not come up");
+    }
+    (a, b)
+}
+
 #[test]
 fn messages_received_into_one_buffer_land_in_that_buffer() {
     // Four messages of 64 KiB (large enough not to be taken in a batch)
@@ -211,16 +227,7 @@ fn messages_received_into_one_buffer_land_in_that_buffer() {
     // read them all at once would assemble the three behind the first in
     // buffers of its own; one that stops at the message its caller waits
     // for assembles each in the buffer the caller gives back.
-    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    let (mut a, mut b) = thread_links(window_a, window_b, |w| w, |w| w);
-    // A first message brings the session up.
-    a.send_blocking(vec![7u8; 8], TIMEOUT).unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    while b.try_recv().unwrap().is_none() {
-        a.progress().unwrap();
-        assert!(Instant::now() < deadline, "the session did not come up");
-    }
+    let (mut a, mut b) = linked_in_one_thread();
     let sent: Vec<Vec<u8>> = (0..4u64)
         .map(|seed| {
             let mut data = vec![0u8; 64 << 10];
@@ -251,15 +258,7 @@ fn small_messages_waiting_in_the_ring_are_taken_in_one_round() {
     // The receive that stops at a large message still takes small ones in
     // a batch: one round for eight, not a round (and a load of the peer's
     // index line) for each.
-    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    let (mut a, mut b) = thread_links(window_a, window_b, |w| w, |w| w);
-    a.send_blocking(vec![7u8; 8], TIMEOUT).unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    while b.try_recv().unwrap().is_none() {
-        a.progress().unwrap();
-        assert!(Instant::now() < deadline, "the session did not come up");
-    }
+    let (mut a, mut b) = linked_in_one_thread();
     for index in 0..8u8 {
         a.send_blocking(vec![index; 64], TIMEOUT).unwrap();
     }

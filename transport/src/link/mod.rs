@@ -62,10 +62,10 @@ enum Round {
     /// Receive, send, timers, completions.
     Full,
     /// As `Full`, but receive only until a message is ready (small ones
-    /// in a batch: [`Intake::FirstMessage`]) and stop once it is delivered if nothing
-    /// needs sending and no timer is due: a blocking receive's caller is
-    /// waiting for it, and the rest of the round (counting completions)
-    /// can wait for the next call without harm.
+    /// in a batch: [`Intake::FirstMessage`]) and stop once it is
+    /// delivered if nothing needs sending and no timer is due: a blocking
+    /// receive's caller is waiting for it, and the rest of the round
+    /// (counting completions) can wait for the next call without harm.
     UntilDelivery,
 }
 
@@ -556,7 +556,9 @@ impl<W: Window> Medium for RingMedium<W> {
             // The sender can still never stall on slots we hold back: it
             // runs out only when the unread and the held-back fill the
             // ring, and then we hold back fewer than a quarter of it, so
-            // the unread ones will carry us over the threshold.
+            // the unread ones will carry us over the threshold (in this
+            // round, or in the next if this one stops at a message: the
+            // sender waits on those unread slots either way).
             if self.unpublished_bytes >= PUBLISH_BYTES
                 || self.unpublished_packets >= (self.own_geometry.slot_count / 4).max(1)
             {
