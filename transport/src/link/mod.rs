@@ -513,12 +513,15 @@ impl<W: Window> Medium for RingMedium<W> {
             return Ok(0);
         }
         let room = self.own_geometry.slot_size as usize - HEADER_LEN;
-        let ready_before = engine.ready_bytes();
+        // Ready bytes only grow within a round (the caller takes none).
+        let stop_at = (intake == Intake::FirstMessage).then(|| {
+            engine
+                .ready_bytes()
+                .saturating_add(FIRST_MESSAGE_STOP_BYTES)
+        });
         let mut handed = 0;
         while let Some(slot) = self.consumer.next_slot_offset() {
-            if intake == Intake::FirstMessage
-                && engine.ready_bytes().saturating_sub(ready_before) >= FIRST_MESSAGE_STOP_BYTES
-            {
+            if stop_at.is_some_and(|stop_at| engine.ready_bytes() >= stop_at) {
                 break;
             }
             // A small packet's lines all at once, rather than the payload's
