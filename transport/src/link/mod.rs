@@ -432,8 +432,9 @@ impl<W: Window> RingMedium<W> {
 /// published together at the end of a batch.
 const PUBLISH_BYTES: usize = 16 << 10;
 
-/// Bytes of a slot worth fetching as soon as a packet is known to be there:
-/// a header and a small message's payload.
+/// Bytes of a slot worth fetching ahead, as soon as a packet is known to
+/// be there (to read it) or a slot is known to be the next one written (to
+/// write it): a header and a small message's payload.
 const SMALL_PACKET: usize = 256;
 
 impl<W: Window> RingMedium<W> {
@@ -624,6 +625,14 @@ impl<W: Window> Medium for RingMedium<W> {
         }
         if let Some(head) = unpublished {
             self.publish_head(head)?;
+        }
+        // The next packet's slot, while the peer reads this one: its lines
+        // are then ours when that packet is written, rather than taken
+        // from the peer's core one after another as the writes reach them.
+        if sent > 0
+            && let Some(slot) = self.producer.next_slot_offset()
+        {
+            self.peer.prefetch_for_write(slot, SMALL_PACKET);
         }
         Ok(sent)
     }

@@ -453,6 +453,11 @@ impl<W: Window> Window for FaultWindow<W> {
         // A hint: it moves no data, so there is nothing to fault.
         self.inner.prefetch(offset, len);
     }
+
+    fn prefetch_for_write(&self, offset: usize, len: usize) {
+        // A hint too: nothing to fault.
+        self.inner.prefetch_for_write(offset, len);
+    }
 }
 
 #[cfg(test)]

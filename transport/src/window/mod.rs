@@ -194,6 +194,18 @@ pub trait Window: Send + Sync {
     fn prefetch(&self, offset: usize, len: usize) {
         let _ = (offset, len);
     }
+
+    /// A hint that `len` bytes at `offset` will be written soon: windows
+    /// over host memory take their cache lines for this core now (the
+    /// peer's core last read them), so that the writes need not wait, one
+    /// line after another, for that core to give them up. Call it while
+    /// nothing waits on this core, e.g. right after publishing a packet,
+    /// for the slot the next one goes into. Out-of-range parts are
+    /// ignored; the default does nothing (and must stay so for device
+    /// memory).
+    fn prefetch_for_write(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
+    }
 }
 
 /// Bytes copied between CRC updates by the default [`Window::write_crc`]
@@ -274,6 +286,9 @@ macro_rules! forward_window {
             fn prefetch(&self, offset: usize, len: usize) {
                 (**self).prefetch(offset, len)
             }
+            fn prefetch_for_write(&self, offset: usize, len: usize) {
+                (**self).prefetch_for_write(offset, len)
+            }
         }
     )*};
 }
@@ -346,6 +361,9 @@ macro_rules! window_over_mapping {
             }
             fn prefetch(&self, offset: usize, len: usize) {
                 self.mapping.prefetch(offset, len)
+            }
+            fn prefetch_for_write(&self, offset: usize, len: usize) {
+                self.mapping.prefetch_for_write(offset, len)
             }
             fn store_fence(&self) {
                 // Host memory: the index's Release store orders the rest.
