@@ -66,6 +66,26 @@ fn describe(cpuinfo: &str) -> Option<String> {
 }
 
 /// The features the kernels dispatch on, those this CPU has.
+/// Whether the CPU has `prefetchw`, which takes a cache line in the state
+/// a write needs (CPUID 8000_0001h, ECX bit 8: every AMD CPU of this
+/// century, Intel from Broadwell on; Linux calls it `3dnowprefetch`).
+/// Checked once.
+pub(crate) fn has_prefetchw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static PREFETCHW: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *PREFETCHW.get_or_init(|| {
+            let highest_extended = std::arch::x86_64::__cpuid(0x8000_0000).eax;
+            highest_extended >= 0x8000_0001
+                && std::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 fn features() -> Vec<&'static str> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -85,6 +105,9 @@ fn features() -> Vec<&'static str> {
             "avx512f",
             "avx512vl"
         );
+        if has_prefetchw() {
+            present.push("prefetchw");
+        }
         present
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -112,6 +135,27 @@ mod tests {
         assert_eq!(describe("processor\t: 0\n"), None);
     }
 
+    /// The CPUID bit read for `prefetchw` is the one Linux reports as
+    /// `3dnowprefetch`: a wrong bit would run an instruction the CPU may
+    /// lack, or skip one it has.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn the_prefetchw_check_agrees_with_the_kernel() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let Some(flags) = cpuinfo.lines().find(|line| line.starts_with("flags")) else {
+            println!(
+                "SKIPPED the_prefetchw_check_agrees_with_the_kernel: /proc/cpuinfo lists no flags"
+            );
+            return;
+        };
+        let kernel_says = flags.split_whitespace().any(|flag| flag == "3dnowprefetch");
+        assert_eq!(has_prefetchw(), kernel_says);
+        assert_eq!(
+            CpuReport::current().features.contains(&"prefetchw"),
+            kernel_says
+        );
+    }
+
     #[test]
     fn the_report_names_a_kernel_of_each_kind() {
         let report = CpuReport::current();
@@ -130,7 +174,7 @@ mod tests {
         {
             assert_eq!(
                 report.copy_crc_kernel,
-                "avx512-vpclmulqdq fused, non-temporal stores into large messages"
+                "avx512-vpclmulqdq fused, destination lines taken ahead, non-temporal stores into large messages"
             );
             assert!(report.features.contains(&"avx512f"));
         }

@@ -34,6 +34,10 @@ const STEP: usize = 64 * REGISTERS;
 pub(super) const MIN_LEN: usize = STEP;
 
 const FOLD_256: (i64, i64) = x86::fold_by(STEP as u32);
+
+/// How far ahead of the stores the destination's lines are taken for
+/// writing: two steps' worth (design change 57).
+const WRITE_AHEAD: usize = 2 * STEP;
 const FOLD_64: (i64, i64) = x86::fold_by(64);
 
 /// Whether this CPU can run [`copy_update`] and [`update`] (checked once).
@@ -141,8 +145,32 @@ unsafe fn fold<const STREAM: bool>(
     );
     let k256 = broadcast(FOLD_256);
     let steps = len / STEP;
+    // Ordinary stores into lines another core holds (a peer's ring slot,
+    // which its reader read last) wait for each line in turn; asked for
+    // ahead, the lines come in parallel. Non-temporal stores need no line.
+    let write_ahead = match dst {
+        Some(dst) if !STREAM && crate::cpu::has_prefetchw() => Some(dst),
+        _ => None,
+    };
     for step in 1..steps {
         let base = step * STEP;
+        if let Some(dst) = write_ahead
+            && base + WRITE_AHEAD + STEP <= len
+        {
+            for line in 0..REGISTERS {
+                // SAFETY: `base + WRITE_AHEAD + STEP <= len`: inside the
+                // destination range the caller vouched for. `prefetchw`
+                // exists on this CPU (checked above), changes nothing the
+                // program can observe and never faults.
+                unsafe {
+                    std::arch::asm!(
+                        "prefetchw [{line}]",
+                        line = in(reg) dst.add(base + WRITE_AHEAD + 64 * line).cast_const(),
+                        options(nostack, preserves_flags, readonly),
+                    );
+                }
+            }
+        }
         for (index, lane) in lanes.iter_mut().enumerate() {
             *lane = fold_register(*lane, k256, load64(base + 64 * index));
         }

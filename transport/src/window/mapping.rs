@@ -229,7 +229,7 @@ impl Mapping {
     /// CPU has `prefetchw`; elsewhere does nothing.
     pub(crate) fn prefetch_for_write(&self, offset: usize, len: usize) {
         #[cfg(target_arch = "x86_64")]
-        if write_prefetch() {
+        if crate::cpu::has_prefetchw() {
             let end = offset.saturating_add(len).min(self.len);
             let mut at = offset;
             while at < end {
@@ -630,19 +630,6 @@ fn avx2_copies() -> bool {
     }
 }
 
-/// Whether the CPU has `prefetchw` (CPUID 8000_0001h, ECX bit 8: every
-/// AMD CPU of this century, Intel from Broadwell on). Checked once.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn write_prefetch() -> bool {
-    static WRITE_PREFETCH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WRITE_PREFETCH.get_or_init(|| {
-        let highest_extended = std::arch::x86_64::__cpuid(0x8000_0000).eax;
-        highest_extended >= 0x8000_0001
-            && std::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0
-    })
-}
-
 /// Copies below this many bytes go to `memcpy`, whose small-size paths
 /// are as good as any and which has no placement cliff there.
 const VECTOR_COPY_MIN: usize = 512;
@@ -811,23 +798,6 @@ mod tests {
         read: true,
         write: true,
     };
-
-    /// The CPUID bit read for `prefetchw` is the one Linux reports as
-    /// `3dnowprefetch`: a wrong bit would run an instruction the CPU may
-    /// lack, or skip one it has.
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    #[test]
-    fn the_write_prefetch_check_agrees_with_the_kernel() {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
-        let Some(flags) = cpuinfo.lines().find(|line| line.starts_with("flags")) else {
-            println!(
-                "SKIPPED the_write_prefetch_check_agrees_with_the_kernel: /proc/cpuinfo lists no flags"
-            );
-            return;
-        };
-        let kernel_says = flags.split_whitespace().any(|flag| flag == "3dnowprefetch");
-        assert_eq!(write_prefetch(), kernel_says);
-    }
 
     #[test]
     fn prefetch_hints_leave_the_bytes_alone_at_any_offset() {
