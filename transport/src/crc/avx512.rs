@@ -2,8 +2,8 @@
 //! fused with the copy: each 64-byte vector is loaded once, stored, and
 //! folded, so a payload crosses the core once whatever the mode.
 //!
-//! Four ZMM registers hold sixteen 16-byte lanes and advance 256 bytes a
-//! step (two multiplies and one three-way XOR per register); at the end
+//! `REGISTERS` ZMM registers of four 16-byte lanes each advance `STEP`
+//! bytes a step (two multiplies and one three-way XOR per register); at the end
 //! they fold into one register, its four lanes into one, and the `crc32`
 //! instruction finishes the lane and the last few bytes, as in [`super::x86`],
 //! whose constants and tail this module shares. Where the multiplier is
@@ -33,12 +33,12 @@ const STEP: usize = 64 * REGISTERS;
 /// instruction) is as fast and has less to set up.
 pub(super) const MIN_LEN: usize = STEP;
 
-const FOLD_256: (i64, i64) = x86::fold_by(STEP as u32);
+const FOLD_STEP: (i64, i64) = x86::fold_by(STEP as u32);
+const FOLD_64: (i64, i64) = x86::fold_by(64);
 
 /// How far ahead of the stores the destination's lines are taken for
 /// writing: two steps' worth (design change 57).
 const WRITE_AHEAD: usize = 2 * STEP;
-const FOLD_64: (i64, i64) = x86::fold_by(64);
 
 /// Whether this CPU can run [`copy_update`] and [`update`] (checked once).
 pub(super) fn available() -> bool {
@@ -102,7 +102,7 @@ pub(super) unsafe fn copy_update_streaming(
     }
 }
 
-/// The kernel: 256-byte steps, then 64-byte steps, then the AVX2 kernel's
+/// The kernel: `STEP`-byte steps, then 64-byte steps, then the AVX2 kernel's
 /// tail for the last bytes.
 ///
 /// # Safety
@@ -143,7 +143,7 @@ unsafe fn fold<const STREAM: bool>(
         lanes[0],
         _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, state.into()),
     );
-    let k256 = broadcast(FOLD_256);
+    let k_step = broadcast(FOLD_STEP);
     let steps = len / STEP;
     // Ordinary stores into lines another core holds (a peer's ring slot,
     // which its reader read last) wait for each line in turn; asked for
@@ -172,10 +172,10 @@ unsafe fn fold<const STREAM: bool>(
             }
         }
         for (index, lane) in lanes.iter_mut().enumerate() {
-            *lane = fold_register(*lane, k256, load64(base + 64 * index));
+            *lane = fold_register(*lane, k_step, load64(base + 64 * index));
         }
     }
-    // The four registers into one, oldest first, 64 bytes apart; then
+    // The registers into one, oldest first, 64 bytes apart; then
     // whole 64-byte blocks of the tail the same way.
     let k64 = broadcast(FOLD_64);
     let mut folded = lanes[0];

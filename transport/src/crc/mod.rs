@@ -252,7 +252,11 @@ pub fn copy_kernel() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
         if avx512::available() {
-            return "avx512-vpclmulqdq fused, destination lines taken ahead, non-temporal stores into large messages";
+            return if crate::cpu::has_prefetchw() {
+                "avx512-vpclmulqdq fused, destination lines taken ahead, non-temporal stores into large messages"
+            } else {
+                "avx512-vpclmulqdq fused, non-temporal stores into large messages"
+            };
         }
         if x86::available() {
             return "avx2-vpclmulqdq fused, 3 crc32 streams";

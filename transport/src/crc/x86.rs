@@ -161,10 +161,10 @@ fn shift_constant(bytes: usize) -> u32 {
 }
 
 /// Short inputs from this many bytes on run as three `crc32` streams side
-/// by side: the instruction takes three cycles and the core starts one a
-/// cycle, so one stream leaves it idle two cycles in three. A packet's
-/// 76 checked header bytes then take four steps and a join instead of
-/// thirteen steps.
+/// by side: each instruction waits for the one before it in its stream,
+/// while the core can start a new one every cycle, so a single stream
+/// leaves it mostly idle (a packet header is such an input, on both sides
+/// of every message; design change 58).
 const THREE_STREAMS_FROM: usize = 48;
 
 /// The most 8-byte words a stream of [`update_three_streams`] takes:

@@ -799,8 +799,11 @@ mod tests {
         write: true,
     };
 
+    /// The hints clip their ranges to the region: ranges that run past its
+    /// end, start at it, or would overflow the address arithmetic are
+    /// taken without a fault, and nothing they touch changes.
     #[test]
-    fn prefetch_hints_leave_the_bytes_alone_at_any_offset() {
+    fn prefetch_hints_clip_to_the_region_and_change_nothing() {
         let window = crate::window::HeapWindow::new(4096).unwrap();
         let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
         window.write(0, &pattern).unwrap();
