@@ -158,15 +158,12 @@ unsafe fn fold<const STREAM: bool>(
             && base + WRITE_AHEAD + STEP <= len
         {
             for line in 0..REGISTERS {
-                // SAFETY: `base + WRITE_AHEAD + STEP <= len`: inside the
-                // destination range the caller vouched for. `prefetchw`
-                // exists on this CPU (checked above), changes nothing the
-                // program can observe and never faults.
+                // SAFETY: `base + WRITE_AHEAD + STEP <= len`: the address
+                // is inside the destination range the caller vouched for;
+                // the CPU has `prefetchw` (checked above).
                 unsafe {
-                    std::arch::asm!(
-                        "prefetchw [{line}]",
-                        line = in(reg) dst.add(base + WRITE_AHEAD + 64 * line).cast_const(),
-                        options(nostack, preserves_flags, readonly),
+                    crate::window::mapping::prefetch_line_for_write(
+                        dst.add(base + WRITE_AHEAD + 64 * line).cast_const(),
                     );
                 }
             }

@@ -434,8 +434,9 @@ const PUBLISH_BYTES: usize = 16 << 10;
 
 /// Bytes of a slot worth fetching ahead, as soon as a packet is known to
 /// be there (to read it) or a slot is known to be the next one written (to
-/// write it): a header and a small message's payload.
-const SMALL_PACKET: usize = 256;
+/// write it): a header and a small message's payload. The raw-ring
+/// baselines take the next slot's the same way.
+pub const SMALL_PACKET: usize = 256;
 
 impl<W: Window> RingMedium<W> {
     /// Gives the slots read so far back to the peer.

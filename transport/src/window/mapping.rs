@@ -228,27 +228,17 @@ impl Mapping {
     /// the region) for this core, in the state a write needs, where the
     /// CPU has `prefetchw`; elsewhere does nothing.
     pub(crate) fn prefetch_for_write(&self, offset: usize, len: usize) {
-        #[cfg(target_arch = "x86_64")]
-        if crate::cpu::has_prefetchw() {
-            let end = offset.saturating_add(len).min(self.len);
-            let mut at = offset;
-            while at < end {
-                // SAFETY: `at < self.len`: the address is inside the live
-                // region. `prefetchw` exists on this CPU (checked above),
-                // changes nothing the program can observe and never
-                // faults.
-                unsafe {
-                    std::arch::asm!(
-                        "prefetchw [{line}]",
-                        line = in(reg) self.base.as_ptr().add(at).cast_const(),
-                        options(nostack, preserves_flags, readonly),
-                    );
-                }
-                at += 64;
-            }
+        if !crate::cpu::has_prefetchw() {
+            return;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (offset, len);
+        let end = offset.saturating_add(len).min(self.len);
+        let mut at = offset;
+        while at < end {
+            // SAFETY: `at < self.len`: the address is inside the live
+            // region; the CPU has `prefetchw` (checked above).
+            unsafe { prefetch_line_for_write(self.base.as_ptr().add(at).cast_const()) };
+            at += 64;
+        }
     }
 
     /// Starts fetching the cache lines of `offset..offset + len` (clipped
@@ -628,6 +618,28 @@ fn avx2_copies() -> bool {
     {
         false
     }
+}
+
+/// Takes the cache line holding `line` for this core, in the state a write
+/// needs (`prefetchw`): a hint that changes nothing the program can observe
+/// and never faults, whatever the address. Does nothing off x86-64.
+///
+/// # Safety
+/// The CPU must have `prefetchw` ([`crate::cpu::has_prefetchw`]).
+#[inline]
+pub(crate) unsafe fn prefetch_line_for_write(line: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller checked that the CPU has the instruction; it
+    // reads and writes nothing the program can observe.
+    unsafe {
+        std::arch::asm!(
+            "prefetchw [{line}]",
+            line = in(reg) line,
+            options(nostack, preserves_flags, readonly),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = line;
 }
 
 /// Copies below this many bytes go to `memcpy`, whose small-size paths

@@ -33,7 +33,7 @@ pub mod fault;
 pub mod fd_passing;
 pub mod heap;
 #[allow(unsafe_code)]
-mod mapping;
+pub(crate) mod mapping;
 pub mod scribbler;
 pub mod shm;
 

@@ -31,10 +31,6 @@ pub(super) struct RawRingPipe {
 const RAW_SLOT_HEADER: usize = 16;
 const RAW_CRC_AT: usize = 12;
 
-/// Bytes of the next slot taken for writing after each packet, as the link
-/// takes them: a header and a small message.
-const NEXT_SLOT_PREFETCH: usize = 256;
-
 impl RawRingPipe {
     pub(super) fn new(own: ShmWindow, peer: ShmWindow, crc: bool) -> Result<Self, String> {
         let own_info = barlink_transport::link::read_ring_info(&own).map_err(|e| e.to_string())?;
@@ -112,7 +108,8 @@ impl Pipe for RawRingPipe {
             // The link's hint, so that the baseline stays the limit: the
             // next slot's lines taken for writing while the peer reads.
             if let Some(slot) = self.producer.next_slot_offset() {
-                self.peer.prefetch_for_write(slot, NEXT_SLOT_PREFETCH);
+                self.peer
+                    .prefetch_for_write(slot, barlink_transport::link::SMALL_PACKET);
             }
         }
         Ok(())
