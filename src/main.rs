@@ -73,6 +73,12 @@ fn init_logging() {
 fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
+    // A limit on the kernels that names none would be ignored deep in the
+    // transport; refuse it here, before any figure is taken without it.
+    if let Err(error) = barlink_transport::cpu::IsaLimit::from_env() {
+        eprintln!("barlink: {error}");
+        return ExitCode::from(2);
+    }
     let outcome = match cli.command {
         Command::Bench(args) => cli::bench::run(&args),
         Command::Soak(args) => cli::soak::run(&args),

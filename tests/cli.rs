@@ -642,3 +642,61 @@ fn doctor_says_whether_remote_setup_is_authenticated() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `BARLINK_CPU_ISA` that names no limit is refused before anything runs
+/// (exit 2, naming the variable and its values), not ignored.
+#[test]
+fn a_cpu_isa_limit_that_names_none_is_refused() {
+    let output = Command::new(env!("CARGO_BIN_EXE_barlink"))
+        .args(["bench", "--quick", "--sizes", "64", "--paths", "barlink"])
+        .env("BARLINK_CPU_ISA", "avx-512")
+        .output()
+        .expect("the barlink binary runs");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("BARLINK_CPU_ISA") && stderr.contains("avx2"),
+        "{stderr}"
+    );
+    assert!(stdout(&output).is_empty(), "nothing measured: {output:?}");
+}
+
+/// `BARLINK_CPU_ISA=portable` takes barlink's own kernels out on any CPU:
+/// both processes of the bench run without them, every message still
+/// arrives checked, and every row says the kernels were limited.
+#[test]
+fn a_cpu_isa_limit_reaches_the_kernels_and_every_row() {
+    let run = |limit: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_barlink"));
+        command.args([
+            "bench",
+            "--json",
+            "--sizes",
+            "4K",
+            "--paths",
+            "barlink",
+            "--windows",
+            "1",
+            "--bytes-per-window",
+            "1M",
+            "--lat-iters",
+            "10",
+        ]);
+        command.env_remove("BARLINK_CPU_ISA");
+        if let Some(limit) = limit {
+            command.env("BARLINK_CPU_ISA", limit);
+        }
+        let output = command.output().expect("the barlink binary runs");
+        assert!(output.status.success(), "{output:?}");
+        json_rows(&output)
+    };
+    for row in run(Some("PORTABLE")) {
+        assert_eq!(row["cpu_isa_limit"], "portable", "{row}");
+        assert_eq!(row["copy_crc_kernel"], "copy, then crc-fast", "{row}");
+        assert_eq!(row["crc_kernel"], "crc-fast", "{row}");
+        assert_eq!(row["crc_errors"], 0, "{row}");
+    }
+    for row in run(None) {
+        assert!(row["cpu_isa_limit"].is_null(), "{row}");
+    }
+}

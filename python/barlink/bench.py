@@ -312,10 +312,12 @@ def report(args, samples, cli_note: Optional[str], stats) -> None:
                     "rounds": len(samples[path][size]),
                     "cpu": cpu["model"], "cpu_features": cpu["features"],
                     "copy_crc_kernel": cpu["copy_crc_kernel"], "copy_kernel": cpu["copy_kernel"],
+                    "cpu_isa_limit": cpu["isa_limit"],
                 }))
         return
     print(f"# python -m barlink.bench: barlink {barlink.__version__}, Python {sys.version.split()[0]}")
-    print(f"# cpu: {cpu['model']} ({', '.join(cpu['features'])}); copy+crc: {cpu['copy_crc_kernel']}; copy: {cpu['copy_kernel']}")
+    limit = f" (kernels limited to {cpu['isa_limit']} by BARLINK_CPU_ISA)" if cpu["isa_limit"] else ""
+    print(f"# cpu: {cpu['model']} ({', '.join(cpu['features'])}){limit}; copy+crc: {cpu['copy_crc_kernel']}; copy: {cpu['copy_kernel']}")
     print(f"# {args.rounds} rounds, medians; ratios taken round by round. python: send(bytes) + recv(copy=False)")
     if cli_note:
         print(f"# cli-barlink: not measured: {cli_note}")

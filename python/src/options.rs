@@ -199,6 +199,7 @@ pub fn cpu_json() -> String {
         "crc_kernel": cpu.crc_kernel,
         "copy_crc_kernel": cpu.copy_crc_kernel,
         "copy_kernel": cpu.copy_kernel,
+        "isa_limit": cpu.isa_limit,
     })
     .to_string()
 }

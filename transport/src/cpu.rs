@@ -19,6 +19,8 @@ pub struct CpuReport {
     pub copy_crc_kernel: &'static str,
     /// The kernel behind a plain window copy of 512 bytes or more.
     pub copy_kernel: &'static str,
+    /// The limit `BARLINK_CPU_ISA` put on the kernels, if it put one.
+    pub isa_limit: Option<&'static str>,
 }
 
 impl CpuReport {
@@ -30,8 +32,82 @@ impl CpuReport {
             crc_kernel: crate::crc::checksum_kernel(),
             copy_crc_kernel: crate::crc::copy_kernel(),
             copy_kernel: crate::window::copy_kernel(),
+            isa_limit: (isa_limit() != IsaLimit::Avx512).then(|| isa_limit().name()),
         }
     }
+}
+
+/// The widest of barlink's own vector kernels a process may use. By
+/// default whatever the CPU has; `BARLINK_CPU_ISA` lowers it, as oneDNN's
+/// `ONEDNN_MAX_CPU_ISA` does: to run the kernels of an older CPU on a newer
+/// one (to compare them on one machine, or to keep 512-bit instructions
+/// off a CPU that slows its clock for them). A limit above what the CPU
+/// has changes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum IsaLimit {
+    /// None of barlink's own vector or `crc32` kernels: copies by
+    /// `memcpy`, checksums by `crc-fast`.
+    Portable,
+    /// The 256-bit kernels (AVX2 with VPCLMULQDQ), not the 512-bit ones.
+    Avx2,
+    /// Every kernel the CPU can run (the default).
+    Avx512,
+}
+
+impl IsaLimit {
+    /// The environment variable that sets the limit.
+    pub const VARIABLE: &'static str = "BARLINK_CPU_ISA";
+
+    /// The limit a value of [`IsaLimit::VARIABLE`] names (`avx512`, `avx2`
+    /// or `portable`, in any case), or `None`.
+    pub fn parse(value: &str) -> Option<IsaLimit> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "avx512" => Some(IsaLimit::Avx512),
+            "avx2" => Some(IsaLimit::Avx2),
+            "portable" => Some(IsaLimit::Portable),
+            _ => None,
+        }
+    }
+
+    /// The value that names this limit.
+    pub fn name(self) -> &'static str {
+        match self {
+            IsaLimit::Avx512 => "avx512",
+            IsaLimit::Avx2 => "avx2",
+            IsaLimit::Portable => "portable",
+        }
+    }
+
+    /// The limit the environment sets: `Ok(None)` when the variable is
+    /// unset or empty, an error naming the variable and its values when
+    /// it names no limit. Commands check this at start so that a typo is
+    /// refused rather than ignored.
+    pub fn from_env() -> Result<Option<IsaLimit>, String> {
+        let Some(value) = std::env::var_os(Self::VARIABLE).filter(|v| !v.is_empty()) else {
+            return Ok(None);
+        };
+        let text = value.to_string_lossy();
+        Self::parse(&text).map(Some).ok_or_else(|| {
+            format!(
+                "{}={text:?} names no instruction set limit: use avx512, avx2 or portable, or unset it",
+                Self::VARIABLE
+            )
+        })
+    }
+}
+
+/// The limit on the kernels for this process (see [`IsaLimit`]), read once.
+/// A value that names no limit is ignored with a warning: commands refuse
+/// it before they get here ([`IsaLimit::from_env`]).
+pub fn isa_limit() -> IsaLimit {
+    static LIMIT: std::sync::OnceLock<IsaLimit> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| match IsaLimit::from_env() {
+        Ok(limit) => limit.unwrap_or(IsaLimit::Avx512),
+        Err(error) => {
+            tracing::warn!(%error, "ignored; every kernel the CPU has stays in use");
+            IsaLimit::Avx512
+        }
+    })
 }
 
 /// The first processor's model name in `/proc/cpuinfo`, with its family,
@@ -160,6 +236,20 @@ mod tests {
     }
 
     #[test]
+    fn an_isa_limit_is_named_in_any_case_and_nothing_else_is_one() {
+        assert_eq!(IsaLimit::parse("AVX2"), Some(IsaLimit::Avx2));
+        assert_eq!(IsaLimit::parse(" avx512 "), Some(IsaLimit::Avx512));
+        assert_eq!(IsaLimit::parse("portable"), Some(IsaLimit::Portable));
+        for wrong in ["", "avx", "sse4.2", "avx-512"] {
+            assert_eq!(IsaLimit::parse(wrong), None, "{wrong:?}");
+        }
+        for limit in [IsaLimit::Portable, IsaLimit::Avx2, IsaLimit::Avx512] {
+            assert_eq!(IsaLimit::parse(limit.name()), Some(limit));
+        }
+        assert!(IsaLimit::Portable < IsaLimit::Avx2 && IsaLimit::Avx2 < IsaLimit::Avx512);
+    }
+
+    #[test]
     fn the_report_names_a_kernel_of_each_kind() {
         let report = CpuReport::current();
         assert!(!report.model.is_empty());
@@ -174,6 +264,7 @@ mod tests {
         if std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("vpclmulqdq")
+            && isa_limit() == IsaLimit::Avx512
         {
             let expected = if has_prefetchw() {
                 "avx512-vpclmulqdq fused, destination lines taken ahead, non-temporal stores into large messages"

@@ -51,8 +51,12 @@ pub fn cpu() -> &'static CpuReport {
 /// The header line that says where every figure below came from.
 pub fn print_cpu_line() {
     let cpu = cpu();
+    let limit = cpu
+        .isa_limit
+        .map(|limit| format!(" (limited to {limit} by BARLINK_CPU_ISA)"))
+        .unwrap_or_default();
     println!(
-        "# cpu: {} [{}]  kernels: copy+crc {}; crc {}; copy {}",
+        "# cpu: {} [{}]  kernels{limit}: copy+crc {}; crc {}; copy {}",
         cpu.model,
         cpu.features.join(" "),
         cpu.copy_crc_kernel,
@@ -86,6 +90,7 @@ pub fn common_json(
         "copy_crc_kernel": cpu().copy_crc_kernel,
         "crc_kernel": cpu().crc_kernel,
         "copy_kernel": cpu().copy_kernel,
+        "cpu_isa_limit": cpu().isa_limit,
     }) {
         serde_json::Value::Object(map) => map,
         _ => unreachable!("a JSON object literal"),

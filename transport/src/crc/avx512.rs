@@ -44,7 +44,8 @@ const WRITE_AHEAD: usize = 2 * STEP;
 pub(super) fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        x86::available()
+        crate::cpu::isa_limit() >= crate::cpu::IsaLimit::Avx512
+            && x86::available()
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512vl")
     })

@@ -285,7 +285,8 @@ pub fn checksum_kernel() -> &'static str {
 fn crc_fast_is_wider() -> bool {
     static WIDER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WIDER.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
+        crate::cpu::isa_limit() >= crate::cpu::IsaLimit::Avx512
+            && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512vl")
             && is_x86_feature_detected!("vpclmulqdq")
     })

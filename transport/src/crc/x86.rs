@@ -216,7 +216,8 @@ pub(super) enum Stable {
 pub(super) fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
+        crate::cpu::isa_limit() >= crate::cpu::IsaLimit::Avx2
+            && is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("vpclmulqdq")
             && is_x86_feature_detected!("pclmulqdq")
             && is_x86_feature_detected!("sse4.2")
@@ -224,11 +225,16 @@ pub(super) fn available() -> bool {
 }
 
 /// Whether the CPU has the `crc32` instruction (SSE4.2): what
-/// [`update_short`] and [`update_u32`] need, and nothing more. The
-/// standard library caches the answer; this is a load and a test.
+/// [`update_short`] and [`update_u32`] need, and nothing more; and no
+/// `portable` limit ([`crate::cpu::IsaLimit`]) keeps it off. Checked once:
+/// after that a load and a test.
 #[inline]
 pub(super) fn has_crc32_instruction() -> bool {
-    is_x86_feature_detected!("sse4.2")
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        crate::cpu::isa_limit() > crate::cpu::IsaLimit::Portable
+            && is_x86_feature_detected!("sse4.2")
+    })
 }
 
 /// Advances the raw register over a short input (below [`MIN_LEN`]) with

@@ -611,7 +611,8 @@ fn avx2_copies() -> bool {
             let vendor = std::arch::x86_64::__cpuid(0);
             let amd =
                 (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-            amd && std::arch::is_x86_feature_detected!("avx2")
+            amd && crate::cpu::isa_limit() >= crate::cpu::IsaLimit::Avx2
+                && std::arch::is_x86_feature_detected!("avx2")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
