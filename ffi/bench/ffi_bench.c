@@ -3,8 +3,9 @@
  * barlink_post_send + barlink_poll (copying), and with
  * barlink_post_send_buffer (zero-copy from a registered buffer); and the
  * one-way latency of a message there and back, halved. The child receives
- * in place (barlink_recv_message, then barlink_release_message: the Rust
- * link's receive, no copy after the checked one) or, with --recv copy,
+ * in place (barlink_recv_message, giving each message back with
+ * barlink_release_message when it next receives: the Rust link's receive,
+ * no copy after the checked one) or, with --recv copy,
  * with barlink_recv into its own buffer; it checks the first and last
  * bytes of every message. Default config throughout (barlink_config_init).
  *
@@ -84,24 +85,38 @@ static void fill(unsigned char *buf, size_t len) {
     for (size_t i = 0; i < len; i++) buf[i] = (unsigned char)(i * 131 + 7);
 }
 
+/* The message received in place last, held until the next receive (or
+ * release_held) gives it back: as the Rust bench's receiver hands its
+ * last buffer back when it next receives (`recv_into`), so that the give
+ * back is not between a request and its answer in either bench. */
+static barlink_message held;
+static int holding = 0;
+
+static void release_held(barlink_link *link) {
+    if (holding) {
+        TRY("release_message", barlink_release_message(link, &held));
+        holding = 0;
+    }
+}
+
 /* Receives the next message: copied into `buf`, or in place, its first
- * and last bytes copied into `buf` (where the checks read them), then
- * released. Returns its length. */
+ * and last bytes copied into `buf` (where the checks read them) and the
+ * message held until the next call. Returns its length. */
 static size_t receive(barlink_link *link, unsigned char *buf, size_t max) {
     size_t len = 0;
     if (!recv_in_place) {
         TRY("recv", barlink_recv(link, buf, max, &len, TIMEOUT_MS));
         return len;
     }
-    barlink_message message;
-    TRY("recv_message", barlink_recv_message(link, &message, TIMEOUT_MS));
-    len = message.len;
+    release_held(link);
+    TRY("recv_message", barlink_recv_message(link, &held, TIMEOUT_MS));
+    holding = 1;
+    len = held.len;
     if (len > max) die("a message longer than the largest size", BARLINK_BUFFER_TOO_SMALL);
     if (len > 0) {
-        buf[0] = ((const unsigned char *)message.data)[0];
-        buf[len - 1] = ((const unsigned char *)message.data)[len - 1];
+        buf[0] = ((const unsigned char *)held.data)[0];
+        buf[len - 1] = ((const unsigned char *)held.data)[len - 1];
     }
-    TRY("release_message", barlink_release_message(link, &message));
     return len;
 }
 
@@ -131,6 +146,7 @@ static void child(const char *name, unsigned char *buf, size_t max) {
             TRY("send pong", barlink_send(link, buf, len, TIMEOUT_MS));
         }
     }
+    release_held(link);
     TRY("flush", barlink_flush(link, TIMEOUT_MS));
     /* The parent closes first; answering until then lets its close finish. */
     size_t len = 0;
@@ -280,6 +296,7 @@ int main(int argc, char **argv) {
         }
         fflush(stdout);
     }
+    release_held(link);
     TRY("flush", barlink_flush(link, TIMEOUT_MS));
     TRY("close", barlink_close(link, TIMEOUT_MS));
     int status = 0;
