@@ -662,8 +662,9 @@ fn a_cpu_isa_limit_that_names_none_is_refused() {
 }
 
 /// `BARLINK_CPU_ISA=portable` takes barlink's own kernels out on any CPU:
-/// both processes of the bench run without them, every message still
-/// arrives checked, and every row says the kernels were limited.
+/// the rows (the parent's report; the child inherits the variable) say
+/// the kernels were limited and name the portable ones, and every message
+/// still arrives checked.
 #[test]
 fn a_cpu_isa_limit_reaches_the_kernels_and_every_row() {
     let run = |limit: Option<&str>| {

@@ -40,13 +40,18 @@ impl CpuReport {
 /// The widest of barlink's own vector kernels a process may use. By
 /// default whatever the CPU has; `BARLINK_CPU_ISA` lowers it, as oneDNN's
 /// `ONEDNN_MAX_CPU_ISA` does: to run the kernels of an older CPU on a newer
-/// one (to compare them on one machine, or to keep 512-bit instructions
-/// off a CPU that slows its clock for them). A limit above what the CPU
-/// has changes nothing.
+/// one (to compare them on one machine), or with `avx2` to keep 512-bit
+/// instructions off a CPU that slows its clock for them. A limit above
+/// what the CPU has changes nothing. Only barlink's own code obeys it:
+/// under `portable` checksums go to `crc-fast`, which picks its own path
+/// (512 bits wide where the CPU has AVX-512). The Python and C faces log
+/// no warnings, so there a value that names no limit is ignored silently
+/// (the CPU report then names no limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum IsaLimit {
     /// None of barlink's own vector or `crc32` kernels: copies by
-    /// `memcpy`, checksums by `crc-fast`.
+    /// `memcpy`, checksums by `crc-fast` (whose own dispatch this does not
+    /// reach: not a way to keep 512-bit instructions off).
     Portable,
     /// The 256-bit kernels (AVX2 with VPCLMULQDQ), not the 512-bit ones.
     Avx2,

@@ -14,6 +14,8 @@
 //! to 256 KiB), to `x86` where `crc-fast` would take its 128-bit path, else
 //! to `crc-fast`; inputs under 256 bytes (packet headers, small packets,
 //! the rings' index words) take the `crc32` instruction wherever SSE4.2 is.
+//! `BARLINK_CPU_ISA` ([`crate::cpu::IsaLimit`]) can hold all of this below
+//! what the CPU has.
 #![deny(unsafe_code)]
 
 use crc_fast::{CrcAlgorithm, Digest};
@@ -279,8 +281,9 @@ pub fn checksum_kernel() -> &'static str {
     "crc-fast"
 }
 
-/// Whether `crc-fast` has a 512-bit path here (AVX-512 VPCLMULQDQ), which
-/// beats ours.
+/// Whether checksums may take `crc-fast`'s 512-bit path (AVX-512
+/// VPCLMULQDQ), which beats ours: the CPU has it and no `avx2` limit
+/// ([`crate::cpu::IsaLimit`]) keeps it off.
 #[cfg(target_arch = "x86_64")]
 fn crc_fast_is_wider() -> bool {
     static WIDER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

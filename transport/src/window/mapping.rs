@@ -600,7 +600,8 @@ pub fn copy_kernel() -> &'static str {
 /// with AVX2, whose `memcpy` falls off a cliff at some placements (design
 /// change 18; on Zen 4 a milder one, design change 35). Elsewhere
 /// `memcpy` measured as fast or faster at every size and placement tried
-/// (design change 23). Checked once.
+/// (design change 23). A `portable` limit ([`crate::cpu::IsaLimit`]) keeps
+/// them off too. Checked once.
 #[inline]
 fn avx2_copies() -> bool {
     #[cfg(target_arch = "x86_64")]
