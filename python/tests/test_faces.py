@@ -2,7 +2,10 @@
 face reports."""
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -66,6 +69,29 @@ def test_cpu_names_the_kernels():
     cpu = barlink.cpu()
     assert cpu["model"]
     assert cpu["copy_crc_kernel"]
+
+
+def cpu_in_a_process_with(isa):
+    """barlink.cpu() in a fresh interpreter with BARLINK_CPU_ISA=isa (the
+    limit is read once per process): the report and what went to stderr."""
+    env = dict(os.environ, BARLINK_CPU_ISA=isa)
+    done = subprocess.run(
+        [sys.executable, "-c", "import barlink, json; print(json.dumps(barlink.cpu()))"],
+        env=env, capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout), done.stderr
+
+
+def test_a_cpu_isa_limit_reaches_the_kernels():
+    cpu, _ = cpu_in_a_process_with("portable")
+    assert cpu["isa_limit"] == "portable"
+    assert cpu["copy_crc_kernel"] == "copy, then crc-fast"
+
+
+def test_a_cpu_isa_limit_that_names_none_is_ignored_with_a_warning():
+    # A program with no logger of its own still hears of the typo.
+    cpu, stderr = cpu_in_a_process_with("avx-512")
+    assert cpu["isa_limit"] is None
+    assert "BARLINK_CPU_ISA" in stderr and "avx2" in stderr, stderr
 
 
 def bar_tree(root):

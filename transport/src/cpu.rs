@@ -44,9 +44,7 @@ impl CpuReport {
 /// instructions off a CPU that slows its clock for them. A limit above
 /// what the CPU has changes nothing. Only barlink's own code obeys it:
 /// under `portable` checksums go to `crc-fast`, which picks its own path
-/// (512 bits wide where the CPU has AVX-512). The Python and C faces log
-/// no warnings, so there a value that names no limit is ignored silently
-/// (the CPU report then names no limit).
+/// (512 bits wide where the CPU has AVX-512).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum IsaLimit {
     /// None of barlink's own vector or `crc32` kernels: copies by
@@ -103,13 +101,21 @@ impl IsaLimit {
 
 /// The limit on the kernels for this process (see [`IsaLimit`]), read once.
 /// A value that names no limit is ignored with a warning: commands refuse
-/// it before they get here ([`IsaLimit::from_env`]).
+/// it before they get here ([`IsaLimit::from_env`]). The warning goes to
+/// the log, or to stderr in a process that set up no logging (a C or
+/// Python program), as NCCL's warnings about its variables do: a typo
+/// there must not pass unseen.
 pub fn isa_limit() -> IsaLimit {
     static LIMIT: std::sync::OnceLock<IsaLimit> = std::sync::OnceLock::new();
     *LIMIT.get_or_init(|| match IsaLimit::from_env() {
         Ok(limit) => limit.unwrap_or(IsaLimit::Avx512),
         Err(error) => {
-            tracing::warn!(%error, "ignored; every kernel the CPU has stays in use");
+            const IGNORED: &str = "ignored; every kernel the CPU has stays in use";
+            if tracing::dispatcher::has_been_set() {
+                tracing::warn!(%error, "{IGNORED}");
+            } else {
+                eprintln!("barlink: warning: {error}: {IGNORED}");
+            }
             IsaLimit::Avx512
         }
     })
