@@ -72,7 +72,9 @@ fn update_register(state: u32, bytes: &[u8]) -> u32 {
         if avx512::available() && (avx512::MIN_LEN..CRC_FAST_FROM).contains(&bytes.len()) {
             return avx512::update(state, bytes);
         }
-        if x86::available() && (bytes.len() < x86::MIN_LEN || !crc_fast_is_wider()) {
+        // Where the 512-bit kernel runs, `crc-fast`'s 512-bit loop beats
+        // ours on what is left (the longest inputs): it takes them below.
+        if x86::available() && (bytes.len() < x86::MIN_LEN || !avx512::available()) {
             return x86::update(state, bytes);
         }
     }
@@ -274,25 +276,11 @@ pub fn checksum_kernel() -> &'static str {
         if avx512::available() {
             return "avx512-vpclmulqdq below 256 KiB, crc-fast above";
         }
-        if x86::available() && !crc_fast_is_wider() {
+        if x86::available() {
             return "avx2-vpclmulqdq, 3 crc32 streams";
         }
     }
     "crc-fast"
-}
-
-/// Whether checksums may take `crc-fast`'s 512-bit path (AVX-512
-/// VPCLMULQDQ), which beats ours: the CPU has it and no `avx2` limit
-/// ([`crate::cpu::IsaLimit`]) keeps it off.
-#[cfg(target_arch = "x86_64")]
-fn crc_fast_is_wider() -> bool {
-    static WIDER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WIDER.get_or_init(|| {
-        crate::cpu::isa_limit() >= crate::cpu::IsaLimit::Avx512
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("vpclmulqdq")
-    })
 }
 
 impl Default for Crc32c {
