@@ -275,13 +275,14 @@ if [[ -x "$work/kv_transfer" ]]; then
 fi
 
 # The C ABI benchmark (scripts/ffi-bench.sh runs it for figures): it builds
-# with -Werror and a short run moves every mode's messages intact.
+# with -Werror and a short run moves every mode's messages intact (1 MiB:
+# blocking sends read in place).
 # shellcheck disable=SC2086
 if run_check "C ABI benchmark builds (gcc -std=c11 -Werror, shared library)" "$logs/bench-build.log" \
     gcc -std=c11 -O2 -Wall -Wextra -Werror $cflags ffi/bench/ffi_bench.c -o "$work/ffi_bench" $libs $rpath; then
     for how in in-place copy; do
-        run_check "C ABI benchmark smoke run (64 B and 64 KiB, every mode, received $how, checked by the receiver)" \
-            "$logs/bench-$how.log" "$work/ffi_bench" --sizes 64,65536 --windows 1 --bytes-per-window 1048576 \
+        run_check "C ABI benchmark smoke run (64 B, 64 KiB and 1 MiB, every mode, received $how, checked by the receiver)" \
+            "$logs/bench-$how.log" "$work/ffi_bench" --sizes 64,65536,1048576 --windows 1 --bytes-per-window 1048576 \
             --lat-iters 10 --recv "$how" || true
     done
 fi

@@ -16,11 +16,13 @@
  * OWNERSHIP
  *         barlink frees what it allocates; the caller frees what it owns.
  *         Strings barlink returns are static or thread-local (see each).
- *         Data given to barlink_send / barlink_post_send is copied: reuse it
- *         at once. A range of a registered buffer given to
- *         barlink_post_send_buffer stays barlink's (read, never written)
- *         until its completion is reported or the link is closed: do not
- *         modify or free it before. Received messages are copied into the
+ *         Data given to barlink_send / barlink_post_send is the caller's
+ *         again when the call returns (copied, or for a long blocking send
+ *         read in place until acknowledged or copied). A range of a
+ *         registered buffer given to barlink_post_send_buffer stays
+ *         barlink's (read, never written) until its completion is
+ *         reported or the link is closed: do not modify or free it
+ *         before. Received messages are copied into the
  *         caller's buffer, or lent in place by barlink_recv_message until
  *         barlink_release_message.
  *
@@ -427,12 +429,17 @@ enum barlink_status barlink_listener_path(struct barlink_listener *listener,
                                           size_t capacity,
                                           size_t *len);
 
-// Sends `len` bytes at `data`: copies them (the caller may reuse `data` at
-// once), queues the message and drives the link; waits at most
+// Sends `len` bytes at `data`, queues the message and drives the link;
+// the caller may reuse `data` once the call returns. Waits at most
 // `timeout_ms` while the send queue is full (the copies held for
 // unacknowledged sends reached `send_queue_bytes`, or 4096 messages
-// wait). `BARLINK_OK` means queued, not yet acknowledged: `barlink_flush`
-// waits for that. `data` may be NULL when `len` is 0.
+// wait). A message shorter than four packets (512 KiB at the default
+// MTU) is copied. A longer one is read in place while the call drives
+// the link, until the peer acknowledges it; if nothing moves for about
+// as long as a copy would take (a peer slow to answer), it is copied
+// then. `BARLINK_OK` means queued (and, for a long message, usually
+// acknowledged already): `barlink_flush` waits for every acknowledgement.
+// `data` may be NULL when `len` is 0.
 //
 // # Safety
 // Unless `len` is 0, `data` points to `len` readable bytes.

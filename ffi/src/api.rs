@@ -8,7 +8,7 @@ use std::ffi::{CStr, c_char, c_void};
 use std::mem::size_of;
 use std::ptr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result, boundary, last_error_ptr};
 use crate::held::Lent;
@@ -562,12 +562,17 @@ unsafe fn write_text(text: &str, buf: *mut c_char, capacity: usize, len: *mut us
 
 // ----------------------------------------------------------- blocking I/O
 
-/// Sends `len` bytes at `data`: copies them (the caller may reuse `data` at
-/// once), queues the message and drives the link; waits at most
+/// Sends `len` bytes at `data`, queues the message and drives the link;
+/// the caller may reuse `data` once the call returns. Waits at most
 /// `timeout_ms` while the send queue is full (the copies held for
 /// unacknowledged sends reached `send_queue_bytes`, or 4096 messages
-/// wait). `BARLINK_OK` means queued, not yet acknowledged: `barlink_flush`
-/// waits for that. `data` may be NULL when `len` is 0.
+/// wait). A message shorter than four packets (512 KiB at the default
+/// MTU) is copied. A longer one is read in place while the call drives
+/// the link, until the peer acknowledges it; if nothing moves for about
+/// as long as a copy would take (a peer slow to answer), it is copied
+/// then. `BARLINK_OK` means queued (and, for a long message, usually
+/// acknowledged already): `barlink_flush` waits for every acknowledgement.
+/// `data` may be NULL when `len` is 0.
 ///
 /// # Safety
 /// Unless `len` is 0, `data` points to `len` readable bytes.
@@ -582,32 +587,79 @@ pub unsafe extern "C" fn barlink_send(
         let cell = registry::link(key(link))?;
         // SAFETY: forwarded caller contract; the slice lives for this call.
         let data = unsafe { bytes(data, len, "data")? };
-        // The copy is made under the first step's lock: one lock fewer.
+        // The payload is made under the first step's lock: one lock fewer.
         // Only the first step finds the slot empty (a later one runs only
         // after a full queue gave the payload back).
         let mut slot = None;
+        let mut loan = None;
         let sent = cell.blocking(millis(timeout_ms), |state| {
             if slot.is_none() {
                 state.check_len(data.len())?;
                 // The copies held for unacknowledged sends are at their
-                // limit: wait for acknowledgements, driving the link.
+                // limit: wait for acknowledgements, driving the link. (A
+                // lent message waits too: it may need a copy.)
                 if !state.copy_fits(data.len()) {
                     return Ok(Step::Again {
                         moved: state.step(),
                     });
                 }
-                slot = Some(state.copy_payload(data)?);
+                let (payload, released, lent) = state.blocking_payload(data)?;
+                slot = Some((payload, released));
+                loan = lent;
             }
             state.send_step(&mut slot)
         });
-        // Timed out (or failed) with the copy still here: keep it for the
-        // retry, as a full queue's post does.
+        // Timed out (or failed) with the payload still here: keep a copy
+        // for the retry, as a full queue's post does; lent bytes just go.
         if let Some((payload, released)) = slot.take()
             && let Ok(mut state) = cell.lock()
         {
             state.keep_unsent(payload, released);
         }
-        sent
+        let msg_id = sent?;
+        let Some(loan) = loan else {
+            return Ok(());
+        };
+        // The link reads the caller's bytes in place: drive it while the
+        // message moves, until the peer acknowledges it; once nothing has
+        // moved for about as long as copying the bytes would take (the
+        // peer is slow to answer, or does not read now), copy them (if
+        // still unacknowledged) and return.
+        let patience = LinkState::loan_wait(data.len());
+        let mut quiet_since: Option<Instant> = None;
+        let waited = cell.blocking(millis(timeout_ms), |state| {
+            if let Some(status) = state.loan_outcome(msg_id) {
+                return Ok(Step::Done(Some(status)));
+            }
+            let moved = state.step();
+            if moved {
+                quiet_since = None;
+            } else if quiet_since.get_or_insert_with(Instant::now).elapsed() >= patience {
+                return Ok(Step::Done(None));
+            }
+            Ok(Step::Again { moved })
+        });
+        let mut state = cell.lock_even_if_closed();
+        match waited {
+            Ok(Some(BARLINK_OK)) => Ok(()),
+            Ok(Some(status)) => Err(state.end_error().unwrap_or_else(|| {
+                Error::new(
+                    status,
+                    "the link ended before the peer acknowledged the message",
+                )
+            })),
+            // Still unacknowledged: the copy takes the caller's bytes' place
+            // and the message stays queued, as a copying send's does.
+            Ok(None) => state.settle_loan(msg_id, &loan),
+            Err(error) => {
+                state.settle_loan(msg_id, &loan)?;
+                if error.status == BARLINK_TIMEOUT {
+                    Ok(())
+                } else {
+                    Err(error)
+                }
+            }
+        }
     })
 }
 

@@ -17,7 +17,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use barlink::Connection;
@@ -30,7 +30,7 @@ use barlink_transport::window::{HugePages, ShmOptions};
 
 use crate::error::{Error, Result};
 use crate::held::{HeldMessages, Lent};
-use crate::payload::{CallerMemory, Payload, Region, Release, SendCopies};
+use crate::payload::{CallerMemory, Payload, Region, Release, SendCopies, SendLoan};
 use crate::recv::{PostedRecvs, RECV_REQUEST};
 use crate::types::barlink_status::{self, *};
 use crate::types::{
@@ -52,6 +52,16 @@ const MAX_WINDOW_BYTES: u64 = 4 << 30;
 /// between a blocking sender's calls, even of messages of several windows.
 const MIN_SEND_QUEUE_BYTES: u64 = 64 << 20;
 const SEND_QUEUE_WINDOWS: u64 = 4;
+/// Packets a blocking send's message fills at least for its bytes to be
+/// read in place ([`SendLoan`]): waiting for the acknowledgement costs about
+/// one packet's time, which the copy of a message this long outweighs.
+const LOAN_FROM_PACKETS: u64 = 4;
+/// How long a blocking send that lent its bytes waits with nothing moving
+/// (for the acknowledgement, or for the peer to read), per byte, before it
+/// copies them and returns: about the time the copy takes (8 bytes a
+/// nanosecond), so a peer that is slow to answer costs a send at most
+/// twice its copy.
+const LOAN_WAIT_BYTES_PER_NS: u64 = 8;
 
 /// What a link's sends are held to.
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +71,8 @@ pub(crate) struct SendLimits {
     /// Most bytes of copies held for unacknowledged sends
     /// (`send_queue_bytes`).
     pub(crate) queue_bytes: u64,
+    /// Shortest message a blocking send reads in place.
+    pub(crate) loan_from: u64,
 }
 
 impl SendLimits {
@@ -75,6 +87,7 @@ impl SendLimits {
         SendLimits {
             max_message_len: link.engine.max_message_len,
             queue_bytes,
+            loan_from: u64::from(link.engine.max_payload_len()).saturating_mul(LOAN_FROM_PACKETS),
         }
     }
 }
@@ -207,6 +220,9 @@ struct Request {
     released: Release,
     /// Posted (reported through poll/test) rather than sent blocking.
     report: bool,
+    /// A blocking send that lent its bytes waits for the outcome
+    /// (`LinkState::loan_outcomes`).
+    awaited: bool,
 }
 
 #[derive(Debug)]
@@ -257,6 +273,9 @@ pub(crate) struct LinkState {
     /// it is past `limits.queue_bytes`; a call already past that check
     /// when another thread's copy went in may add one message more.
     copies_held: u64,
+    /// How the messages of blocking sends waiting on their lent bytes
+    /// ended, by message id, until each call takes its own.
+    loan_outcomes: BTreeMap<u64, barlink_status>,
 }
 
 /// The buffer of one `barlink_recv` call, and whether it is posted to
@@ -353,6 +372,7 @@ impl LinkCell {
                 message_bytes_received: 0,
                 limits,
                 copies_held: 0,
+                loan_outcomes: BTreeMap::new(),
             }),
         }
     }
@@ -374,6 +394,12 @@ impl LinkCell {
             ));
         }
         Ok(state)
+    }
+
+    /// Locks the state whatever happened to the link: for a call that must
+    /// take its memory back from it before returning.
+    pub(crate) fn lock_even_if_closed(&self) -> MutexGuard<'_, LinkState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs `step` under the lock until it is done or `timeout` passed,
@@ -499,7 +525,7 @@ impl LinkCell {
 }
 
 impl LinkState {
-    fn end_error(&self) -> Option<Error> {
+    pub(crate) fn end_error(&self) -> Option<Error> {
         self.end
             .as_ref()
             .map(|(status, message)| Error::new(*status, message.clone()))
@@ -616,7 +642,7 @@ impl LinkState {
             return;
         };
         let completed = link.completed();
-        let mut succeeded = completed.saturating_sub(self.completed_seen);
+        let succeeded = completed.saturating_sub(self.completed_seen);
         self.completed_seen = completed;
         if let Some(error) = ended {
             self.end = Some(end_of(&error));
@@ -626,6 +652,12 @@ impl LinkState {
             // barlink reads none of the caller's memory.
             self.link = None;
         }
+        self.complete_released(succeeded);
+    }
+
+    /// Turns the requests whose payloads the link let go of, oldest first,
+    /// into completions: the first `succeeded` of them were acknowledged.
+    fn complete_released(&mut self, mut succeeded: u64) {
         while let Some((_, front)) = self.requests.front() {
             if !front.released.is_released() {
                 break;
@@ -646,6 +678,9 @@ impl LinkState {
                     None => BARLINK_LINK_FAILED,
                 }
             };
+            if request.awaited {
+                self.loan_outcomes.insert(msg_id, status);
+            }
             if request.report {
                 let id = msg_id + 1;
                 self.done.insert(
@@ -678,6 +713,7 @@ impl LinkState {
             return Err(Error::new(BARLINK_CLOSED, "the link is closed"));
         };
         let len = payload.as_ref().len() as u64;
+        let awaited = matches!(released, Release::Loan(_));
         match link.try_send(payload) {
             Ok(MessageId(id)) => {
                 debug_assert!(
@@ -692,6 +728,7 @@ impl LinkState {
                         len,
                         released,
                         report,
+                        awaited,
                     },
                 ));
                 Ok(Ok(id))
@@ -757,15 +794,114 @@ impl LinkState {
         self.copy_payload(data)
     }
 
-    /// One step of a blocking send of `payload` (taken out of `slot`).
-    pub(crate) fn send_step(&mut self, slot: &mut Option<(Payload, Release)>) -> Result<Step<()>> {
+    /// The payload of a blocking send of `data`: the caller's bytes, lent
+    /// for the call, if the message is long enough that waiting for the
+    /// acknowledgement costs less than a copy, else a copy. The lent
+    /// bytes come with the call's handle to them, which it must settle
+    /// ([`LinkState::settle_loan`]) before it returns.
+    pub(crate) fn blocking_payload(
+        &mut self,
+        data: &[u8],
+    ) -> Result<(Payload, Release, Option<Weak<SendLoan>>)> {
+        if data.len() as u64 >= self.limits.loan_from {
+            let (payload, released, loan) = SendLoan::new(data);
+            return Ok((payload, released, Some(loan)));
+        }
+        let (payload, released) = self.copy_payload(data)?;
+        Ok((payload, released, None))
+    }
+
+    /// How long a blocking send of `len` lent bytes waits for their
+    /// acknowledgement before it copies them.
+    pub(crate) fn loan_wait(len: usize) -> Duration {
+        Duration::from_nanos(len as u64 / LOAN_WAIT_BYTES_PER_NS)
+    }
+
+    /// How the message `msg_id` of a blocking send that lent its bytes
+    /// ended, once the link let go of them.
+    pub(crate) fn loan_outcome(&mut self, msg_id: u64) -> Option<barlink_status> {
+        self.loan_outcomes.remove(&msg_id)
+    }
+
+    /// Ends a blocking send's `loan` (message `msg_id`) before
+    /// the call returns: the outcome if the link let go of the bytes, else
+    /// a copy in their place, so that the message still goes and the
+    /// caller may reuse its memory. `Ok` means the message was
+    /// acknowledged or is queued with its copy.
+    pub(crate) fn settle_loan(&mut self, msg_id: u64, loan: &Weak<SendLoan>) -> Result<()> {
+        if let Some(status) = self.loan_outcome(msg_id) {
+            return match status {
+                BARLINK_OK => Ok(()),
+                status => Err(self.end_error().unwrap_or_else(|| {
+                    Error::new(
+                        status,
+                        "the link ended before the peer acknowledged the message",
+                    )
+                })),
+            };
+        }
+        if let Some(request) = self
+            .requests
+            .iter_mut()
+            .find_map(|(id, request)| (*id == msg_id).then_some(request))
+        {
+            // Its outcome is reported to nobody now: the call returns.
+            request.awaited = false;
+        }
+        // The request holds one count, the link's payload the other.
+        let Some(loan) = loan.upgrade().filter(|_| loan.strong_count() > 2) else {
+            // The link let go of the bytes, but an earlier message holds
+            // the completions back: none of the caller's memory is read
+            // any more, and the link's end, if it failed, shows later.
+            return Ok(());
+        };
+        match self.send_copies.back_up(&loan) {
+            Ok(capacity) => {
+                self.copies_held += capacity;
+                Ok(())
+            }
+            Err(error) => {
+                // The call cannot return while the link reads its memory,
+                // nor wait for the peer without bound: the link ends,
+                // dropping the payload.
+                self.abandon(
+                    error.status,
+                    "a blocking send could not copy its message, which the peer had not acknowledged, before returning (out of memory): the link was closed".into(),
+                );
+                Err(error)
+            }
+        }
+    }
+
+    /// Ends the link for `why`, as a failure found inside it does.
+    fn abandon(&mut self, status: barlink_status, why: String) {
+        let Some(mut link) = self.link.take() else {
+            return;
+        };
+        let completed = link.completed();
+        let succeeded = completed.saturating_sub(self.completed_seen);
+        self.completed_seen = completed;
+        self.final_stats = link.engine_stats().clone();
+        self.final_in_place = link.sent_in_place();
+        self.end.get_or_insert((status, why));
+        // Dropping the link drops every payload it held.
+        drop(link);
+        self.complete_released(succeeded);
+    }
+
+    /// One step of a blocking send of `payload` (taken out of `slot`):
+    /// the message's id once it is queued.
+    pub(crate) fn send_step(&mut self, slot: &mut Option<(Payload, Release)>) -> Result<Step<u64>> {
         let Some((payload, released)) = slot.take() else {
-            return Ok(Step::Done(()));
+            return Err(Error::new(
+                BARLINK_INTERNAL,
+                "a blocking send stepped with no payload to queue",
+            ));
         };
         match self.try_send(payload, released, 0, false)? {
-            Ok(_) => {
+            Ok(msg_id) => {
                 self.step();
-                Ok(Step::Done(()))
+                Ok(Step::Done(msg_id))
             }
             Err(back) => {
                 *slot = Some(back);

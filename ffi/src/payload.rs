@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use barlink::rdma::SendMemory;
 
@@ -217,11 +217,44 @@ impl SendCopies {
         }
     }
 
+    /// Puts a copy of a lent payload's bytes in their place, so that the
+    /// `barlink_send` that lent them may return before the peer
+    /// acknowledged them; returns the copy's capacity (it counts against
+    /// `send_queue_bytes` from now on). The link must hold its lock, so
+    /// that it reads no payload meanwhile, and the call that lent the
+    /// bytes must still be in progress.
+    pub(crate) fn back_up(&mut self, lent: &SendLoan) -> Result<u64> {
+        let mut copy = self.take(lent.len);
+        let bytes = Arc::get_mut(&mut copy).expect("a spare copy is held by nobody else");
+        bytes.clear();
+        bytes.try_reserve_exact(lent.len).map_err(|_| {
+            Error::new(
+                BARLINK_OUT_OF_MEMORY,
+                format!("cannot allocate {} bytes for the message copy", lent.len),
+            )
+        })?;
+        bytes.extend_from_slice(lent.caller_bytes());
+        let capacity = copy.capacity() as u64;
+        if lent.backup.set(copy).is_err() {
+            unreachable!("a lent payload is backed up once, by the call that lent it");
+        }
+        Ok(capacity)
+    }
+
     /// Keeps the copy of a request the link let go of (or never took),
-    /// for a later send; a registered range has none.
+    /// for a later send; a registered range has none, a lent one only if
+    /// it was backed up.
     pub(crate) fn reclaim(&mut self, released: Release) {
-        if let Release::Copy(copy) = released {
-            self.give(copy);
+        match released {
+            Release::Copy(copy) => self.give(copy),
+            Release::Loan(lent) => {
+                if let Ok(lent) = Arc::try_unwrap(lent)
+                    && let Some(copy) = lent.backup.into_inner()
+                {
+                    self.give(copy);
+                }
+            }
+            Release::Flag(_) => {}
         }
     }
 
@@ -249,6 +282,9 @@ pub(crate) enum Release {
     Copy(Arc<Vec<u8>>),
     /// A registered range: the payload's drop sets the flag.
     Flag(Arc<AtomicBool>),
+    /// The caller's bytes lent for a `barlink_send` call: released once the
+    /// link dropped its payload (the request then holds the loan alone).
+    Loan(Arc<SendLoan>),
 }
 
 impl Release {
@@ -264,6 +300,7 @@ impl Release {
         match self {
             Release::Copy(copy) => copy.capacity() as u64,
             Release::Flag(_) => 0,
+            Release::Loan(lent) => lent.backup.get().map_or(0, |copy| copy.capacity() as u64),
         }
     }
 
@@ -272,7 +309,81 @@ impl Release {
         match self {
             Release::Copy(copy) => Arc::strong_count(copy) == 1,
             Release::Flag(flag) => flag.load(Ordering::Acquire),
+            Release::Loan(lent) => Arc::strong_count(lent) == 1,
         }
+    }
+}
+
+/// The bytes of a `barlink_send` call in progress, which the link reads
+/// where they are while the call waits for the peer's acknowledgement (a
+/// large message's copy costs more than that wait). A call that must
+/// return first puts a copy in their place ([`SendCopies::back_up`]).
+pub(crate) struct SendLoan {
+    ptr: *const u8,
+    len: usize,
+    /// The copy that replaced the caller's bytes; set at most once, by
+    /// the lending call, under the link's lock.
+    backup: OnceLock<Arc<Vec<u8>>>,
+}
+
+// SAFETY: `SendLoan` stores the caller's address and length and reads them only
+// while no backup is set, which holds only during the `barlink_send` call
+// that lent them (it backs them up under the link's lock before it returns,
+// unless the link let go of them first): by that call's contract the bytes
+// are readable then, whichever thread drives the link.
+unsafe impl Send for SendLoan {}
+// SAFETY: as for `Send`; the backup is a `OnceLock`.
+unsafe impl Sync for SendLoan {}
+
+impl fmt::Debug for SendLoan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendLoan")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("backed_up", &self.backup.get().is_some())
+            .finish()
+    }
+}
+
+impl SendLoan {
+    /// Lends `data` (a `barlink_send` call's bytes) as a payload. The
+    /// returned release says when the link let go of it; the weak handle
+    /// is the call's, to back it up ([`SendCopies::back_up`]) before it
+    /// returns if the link still holds it. The call must not return while
+    /// the link holds the payload without a backup.
+    pub(crate) fn new(data: &[u8]) -> (Payload, Release, std::sync::Weak<SendLoan>) {
+        let lent = Arc::new(SendLoan {
+            ptr: data.as_ptr(),
+            len: data.len(),
+            backup: OnceLock::new(),
+        });
+        let weak = Arc::downgrade(&lent);
+        let payload = Payload {
+            data: Data::Loan(Arc::clone(&lent)),
+        };
+        (payload, Release::Loan(lent), weak)
+    }
+
+    /// The bytes as the link reads them: the backup once there is one,
+    /// else the caller's.
+    fn bytes(&self) -> &[u8] {
+        match self.backup.get() {
+            Some(copy) => copy,
+            None => self.caller_bytes(),
+        }
+    }
+
+    fn caller_bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: read only before the backup is set (`bytes`) or to make
+        // it (`back_up`), both during the lending `barlink_send` call, whose
+        // contract makes `ptr..ptr+len` readable and unchanged for the call
+        // (it came from a slice the call checked). The link reads payloads
+        // only under its lock, and the call sets the backup under that lock
+        // before it returns, so no read of the caller's memory outlasts it.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
@@ -286,6 +397,8 @@ enum Data {
         /// Set when the engine lets go of the payload.
         released: Arc<AtomicBool>,
     },
+    /// A blocking send's bytes, read in place (see [`SendLoan`]).
+    Loan(Arc<SendLoan>),
 }
 
 /// The `B` of barlink's links: what the engine holds for one message.
@@ -305,6 +418,7 @@ impl fmt::Debug for Payload {
             Data::Registered { ptr, len, .. } => {
                 write!(f, "Payload::Registered({len} bytes at {ptr:p})")
             }
+            Data::Loan(lent) => write!(f, "Payload::{lent:?}"),
         }
     }
 }
@@ -326,6 +440,7 @@ impl AsRef<[u8]> for Payload {
                 // happens only after this payload is dropped.
                 unsafe { std::slice::from_raw_parts(*ptr, *len) }
             }
+            Data::Loan(lent) => lent.bytes(),
         }
     }
 }

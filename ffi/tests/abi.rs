@@ -581,6 +581,100 @@ fn copies_held_for_a_peer_that_does_not_receive_are_bounded() {
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
 
+/// A long message's blocking send reads the caller's bytes in place while
+/// it waits for the acknowledgement; when the peer does not read, a copy
+/// takes their place before the call returns. Either way the caller may
+/// overwrite its buffer at once: what arrives is what was sent.
+#[test]
+fn long_blocking_sends_leave_the_callers_buffer_free_at_return() {
+    let mut config = barlink_config::default();
+    // SAFETY: valid out-pointer.
+    unsafe { barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>()) };
+    // A 1 MiB ring: a 2 MiB message cannot all be written while the peer
+    // does not read, so its last packets go out after the call returned.
+    config.window_bytes = 1 << 20;
+    let (a, b) = pair(Some(&config));
+    let pattern = |message: usize, i: usize| ((i * 7 + message * 13) % 251) as u8;
+    let len = 2 << 20;
+    let mut buffer = vec![0u8; len];
+    // b answers but takes nothing: each send waits, finds nothing moving,
+    // copies what the link still reads, and returns long before its 5 s.
+    let driver = drive(b);
+    for message in 0..3 {
+        for (i, byte) in buffer.iter_mut().enumerate() {
+            *byte = pattern(message, i);
+        }
+        let started = std::time::Instant::now();
+        assert_eq!(send(a, &buffer), BARLINK_OK, "{}", last_error());
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "a send to a peer that does not read took {:?}",
+            started.elapsed()
+        );
+        buffer.fill(0xee);
+    }
+    drop(driver);
+    // b reads while a sends more: these are acknowledged in place.
+    let receiver = std::thread::spawn({
+        let b = b as usize;
+        move || {
+            let b = b as *mut barlink_link;
+            let mut got = vec![0u8; len];
+            for message in 0..6 {
+                assert_eq!(
+                    recv(b, &mut got, 5000),
+                    (BARLINK_OK, len),
+                    "{}",
+                    last_error()
+                );
+                let wrong = got
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, &byte)| byte != pattern(message, i))
+                    .count();
+                assert_eq!(wrong, 0, "message {message}: {wrong} bytes differ");
+            }
+            assert_eq!(barlink_progress(b), BARLINK_OK);
+        }
+    });
+    for message in 3..6 {
+        for (i, byte) in buffer.iter_mut().enumerate() {
+            *byte = pattern(message, i);
+        }
+        assert_eq!(send(a, &buffer), BARLINK_OK, "{}", last_error());
+        buffer.fill(0xee);
+    }
+    let driver = drive(a);
+    receiver.join().unwrap();
+    drop(driver);
+    assert_eq!(barlink_flush(a, 5000), BARLINK_OK, "{}", last_error());
+    // A timeout of 0 is one round: the copy goes in at once.
+    for (i, byte) in buffer.iter_mut().enumerate() {
+        *byte = pattern(6, i);
+    }
+    // SAFETY: a live slice.
+    let status = unsafe { barlink_send(a, buffer.as_ptr().cast(), len, 0) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    buffer.fill(0xee);
+    let driver = drive(a);
+    let mut got = vec![0u8; len];
+    assert_eq!(
+        recv(b, &mut got, 5000),
+        (BARLINK_OK, len),
+        "{}",
+        last_error()
+    );
+    drop(driver);
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, &byte)| byte == pattern(6, i))
+    );
+    assert_eq!(barlink_progress(b), BARLINK_OK);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
 #[test]
 fn posted_zero_copy_sends_complete_once() {
     let (a, b) = pair(None);
