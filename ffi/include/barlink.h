@@ -56,7 +56,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 7
+#define BARLINK_ABI_VERSION_MINOR 8
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -295,6 +295,15 @@ typedef struct barlink_stats {
   uint64_t packets_sent_in_place;
   // Payload bytes of those packets. Since ABI version 0.6.
   uint64_t bytes_sent_in_place;
+  // Messages of `barlink_send` and `barlink_post_send` whose bytes
+  // barlink copied: every `barlink_post_send`, a short `barlink_send`,
+  // and a long one the peer did not acknowledge in time. Since ABI
+  // version 0.8.
+  uint64_t messages_copied;
+  // Long `barlink_send` messages the peer acknowledged while barlink
+  // read them from the caller's memory, copying nothing. Since ABI
+  // version 0.8.
+  uint64_t messages_lent;
 } barlink_stats;
 
 #ifdef __cplusplus
@@ -433,13 +442,20 @@ enum barlink_status barlink_listener_path(struct barlink_listener *listener,
 // the caller may reuse `data` once the call returns. Waits at most
 // `timeout_ms` while the send queue is full (the copies held for
 // unacknowledged sends reached `send_queue_bytes`, or 4096 messages
-// wait). A message shorter than four packets (512 KiB at the default
-// MTU) is copied. A longer one is read in place while the call drives
-// the link, until the peer acknowledges it; if nothing moves for about
-// as long as a copy would take (a peer slow to answer), it is copied
-// then. `BARLINK_OK` means queued (and, for a long message, usually
-// acknowledged already): `barlink_flush` waits for every acknowledgement.
-// `data` may be NULL when `len` is 0.
+// wait). A message shorter than four packets' payload (just under 512
+// KiB at the default MTU) is copied. A longer one is read in place: the
+// call drives the link while the message moves and returns when the
+// peer acknowledges it; once the message has not moved for about as
+// long as a copy would take, has moved slower than 1 GB/s, or
+// `timeout_ms` passed (a second wait of at most `timeout_ms`), the call
+// copies it and returns, the message still queued. Over RDMA, bytes of
+// a registered buffer are always copied. A long message that the link
+// dropped unacknowledged while the call waited returns why
+// (`BARLINK_PEER_LOST`, ...). `BARLINK_OK` means queued (for a long
+// message, usually acknowledged already): `barlink_flush` waits for every
+// acknowledgement; `messages_copied` and `messages_lent` in
+// `barlink_stats` count which way messages went. `data` may be NULL when
+// `len` is 0.
 //
 // # Safety
 // Unless `len` is 0, `data` points to `len` readable bytes.

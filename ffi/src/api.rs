@@ -566,13 +566,20 @@ unsafe fn write_text(text: &str, buf: *mut c_char, capacity: usize, len: *mut us
 /// the caller may reuse `data` once the call returns. Waits at most
 /// `timeout_ms` while the send queue is full (the copies held for
 /// unacknowledged sends reached `send_queue_bytes`, or 4096 messages
-/// wait). A message shorter than four packets (512 KiB at the default
-/// MTU) is copied. A longer one is read in place while the call drives
-/// the link, until the peer acknowledges it; if nothing moves for about
-/// as long as a copy would take (a peer slow to answer), it is copied
-/// then. `BARLINK_OK` means queued (and, for a long message, usually
-/// acknowledged already): `barlink_flush` waits for every acknowledgement.
-/// `data` may be NULL when `len` is 0.
+/// wait). A message shorter than four packets' payload (just under 512
+/// KiB at the default MTU) is copied. A longer one is read in place: the
+/// call drives the link while the message moves and returns when the
+/// peer acknowledges it; once the message has not moved for about as
+/// long as a copy would take, has moved slower than 1 GB/s, or
+/// `timeout_ms` passed (a second wait of at most `timeout_ms`), the call
+/// copies it and returns, the message still queued. Over RDMA, bytes of
+/// a registered buffer are always copied. A long message that the link
+/// dropped unacknowledged while the call waited returns why
+/// (`BARLINK_PEER_LOST`, ...). `BARLINK_OK` means queued (for a long
+/// message, usually acknowledged already): `barlink_flush` waits for every
+/// acknowledgement; `messages_copied` and `messages_lent` in
+/// `barlink_stats` count which way messages went. `data` may be NULL when
+/// `len` is 0.
 ///
 /// # Safety
 /// Unless `len` is 0, `data` points to `len` readable bytes.
@@ -620,26 +627,62 @@ pub unsafe extern "C" fn barlink_send(
         let Some(loan) = loan else {
             return Ok(());
         };
-        // The link reads the caller's bytes in place: drive it while the
-        // message moves, until the peer acknowledges it; once nothing has
-        // moved for about as long as copying the bytes would take (the
-        // peer is slow to answer, or does not read now), copy them (if
-        // still unacknowledged) and return.
-        let patience = LinkState::loan_wait(data.len());
-        let mut quiet_since: Option<Instant> = None;
+        // From here the link may read the caller's bytes: whatever happens
+        // (a panic included), the guard copies them or ends the link
+        // before the call returns.
+        let guard = SettleLoan {
+            cell: &cell,
+            msg_id,
+            loan,
+            settled: false,
+        };
+        // Drive the link while the message moves, until the peer
+        // acknowledges it. Once it has not moved for about as long as
+        // copying the bytes would take (a peer slow to answer, or not
+        // reading now), or has moved slowly for long, copy them (if still
+        // unacknowledged) and return.
+        let (quiet, longest) = LinkState::loan_waits(data.len());
+        let started = Instant::now();
+        let mut quiet_since = started;
+        let mut last = None;
         let waited = cell.blocking(millis(timeout_ms), |state| {
             if let Some(status) = state.loan_outcome(msg_id) {
                 return Ok(Step::Done(Some(status)));
             }
             let moved = state.step();
-            if moved {
-                quiet_since = None;
-            } else if quiet_since.get_or_insert_with(Instant::now).elapsed() >= patience {
+            let progress = state.send_progress();
+            let now = Instant::now();
+            if last != Some(progress) {
+                last = Some(progress);
+                quiet_since = now;
+            } else if now - quiet_since >= quiet {
+                return Ok(Step::Done(None));
+            }
+            if now - started >= longest {
                 return Ok(Step::Done(None));
             }
             Ok(Step::Again { moved })
         });
-        let mut state = cell.lock_even_if_closed();
+        guard.finish(waited)
+    })
+}
+
+/// A blocking send's loan of the caller's bytes to the link, settled
+/// before the call returns: by its outcome, or by a copy in the bytes'
+/// place ([`LinkState::settle_loan`]), also when the call unwinds.
+struct SettleLoan<'a> {
+    cell: &'a crate::link::LinkCell,
+    msg_id: u64,
+    loan: std::sync::Weak<crate::payload::SendLoan>,
+    settled: bool,
+}
+
+impl SettleLoan<'_> {
+    /// Settles the loan after the wait for the acknowledgement: its
+    /// outcome (`Some`), or none yet (`None`, or the wait's error).
+    fn finish(mut self, waited: Result<Option<barlink_status>>) -> Result<()> {
+        self.settled = true;
+        let mut state = self.cell.lock_even_if_closed();
         match waited {
             Ok(Some(BARLINK_OK)) => Ok(()),
             Ok(Some(status)) => Err(state.end_error().unwrap_or_else(|| {
@@ -650,9 +693,9 @@ pub unsafe extern "C" fn barlink_send(
             })),
             // Still unacknowledged: the copy takes the caller's bytes' place
             // and the message stays queued, as a copying send's does.
-            Ok(None) => state.settle_loan(msg_id, &loan),
+            Ok(None) => state.settle_loan(self.msg_id, &self.loan),
             Err(error) => {
-                state.settle_loan(msg_id, &loan)?;
+                state.settle_loan(self.msg_id, &self.loan)?;
                 if error.status == BARLINK_TIMEOUT {
                     Ok(())
                 } else {
@@ -660,7 +703,18 @@ pub unsafe extern "C" fn barlink_send(
                 }
             }
         }
-    })
+    }
+}
+
+impl Drop for SettleLoan<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            let _ = self
+                .cell
+                .lock_even_if_closed()
+                .settle_loan(self.msg_id, &self.loan);
+        }
+    }
 }
 
 /// A `barlink_recv` call's buffer, taken back from the link when dropped.

@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use barlink::Connection;
+use barlink::connect::AnyLink;
+use barlink::rdma::SendMemory;
 use barlink_transport::engine::{
     Delivery, EngineConfig, LinkError, MessageId, PostId, SendError, Stats,
 };
@@ -56,12 +58,21 @@ const SEND_QUEUE_WINDOWS: u64 = 4;
 /// read in place ([`SendLoan`]): waiting for the acknowledgement costs about
 /// one packet's time, which the copy of a message this long outweighs.
 const LOAN_FROM_PACKETS: u64 = 4;
-/// How long a blocking send that lent its bytes waits with nothing moving
-/// (for the acknowledgement, or for the peer to read), per byte, before it
-/// copies them and returns: about the time the copy takes (8 bytes a
-/// nanosecond), so a peer that is slow to answer costs a send at most
-/// twice its copy.
-const LOAN_WAIT_BYTES_PER_NS: u64 = 8;
+/// How long a blocking send that lent its bytes waits while its message
+/// does not move (no new packet of it goes out, no acknowledgement comes),
+/// per byte, before it copies them and returns: about the time the copy
+/// takes (8 bytes a nanosecond), so a peer that is slow to answer costs a
+/// send about twice its copy.
+const LOAN_QUIET_BYTES_PER_NS: u64 = 8;
+/// The quiet wait's cap, for very long messages: below the engine's
+/// shortest retransmission timeout, so a lost packet's resend does not
+/// make a send wait on it.
+const LOAN_QUIET_MAX: Duration = Duration::from_millis(10);
+/// The longest a blocking send's loan lasts, per byte, even while its
+/// message keeps moving: a message that moves slower than a byte a
+/// nanosecond (a slow network, a receiver that reads slowly) is copied
+/// and the call returns, as it would have with a copy from the start.
+const LOAN_MOVING_BYTES_PER_NS: u64 = 1;
 
 /// What a link's sends are held to.
 #[derive(Debug, Clone, Copy)]
@@ -276,6 +287,12 @@ pub(crate) struct LinkState {
     /// How the messages of blocking sends waiting on their lent bytes
     /// ended, by message id, until each call takes its own.
     loan_outcomes: BTreeMap<u64, barlink_status>,
+    /// Messages of copying sends queued with a copy, and lent ones copied
+    /// before their call returned (`barlink_stats`).
+    messages_copied: u64,
+    /// Lent messages the peer acknowledged while the link read them from
+    /// the caller's memory (`barlink_stats`).
+    messages_lent: u64,
 }
 
 /// The buffer of one `barlink_recv` call, and whether it is posted to
@@ -373,6 +390,8 @@ impl LinkCell {
                 limits,
                 copies_held: 0,
                 loan_outcomes: BTreeMap::new(),
+                messages_copied: 0,
+                messages_lent: 0,
             }),
         }
     }
@@ -663,6 +682,7 @@ impl LinkState {
                 break;
             }
             let (msg_id, request) = self.requests.pop_front().expect("checked above");
+            let read_in_place = request.released.was_read_in_place();
             self.copies_held -= request.released.copy_bytes();
             self.send_copies.reclaim(request.released);
             let status = if succeeded > 0 {
@@ -678,6 +698,9 @@ impl LinkState {
                     None => BARLINK_LINK_FAILED,
                 }
             };
+            if read_in_place && status == BARLINK_OK {
+                self.messages_lent += 1;
+            }
             if request.awaited {
                 self.loan_outcomes.insert(msg_id, status);
             }
@@ -714,8 +737,10 @@ impl LinkState {
         };
         let len = payload.as_ref().len() as u64;
         let awaited = matches!(released, Release::Loan(_));
+        let copied = matches!(released, Release::Copy(_));
         match link.try_send(payload) {
             Ok(MessageId(id)) => {
+                self.messages_copied += u64::from(copied);
                 debug_assert!(
                     self.requests.back().is_none_or(|(last, _)| *last < id),
                     "the engine numbers messages in order"
@@ -798,12 +823,21 @@ impl LinkState {
     /// for the call, if the message is long enough that waiting for the
     /// acknowledgement costs less than a copy, else a copy. The lent
     /// bytes come with the call's handle to them, which it must settle
-    /// ([`LinkState::settle_loan`]) before it returns.
+    /// ([`LinkState::settle_loan`]) before it returns. An RDMA link's
+    /// adapter reads bytes in registered send memory in place, and a write
+    /// of them may still be queued when the call returns: those are never
+    /// lent to it.
     pub(crate) fn blocking_payload(
         &mut self,
         data: &[u8],
     ) -> Result<(Payload, Release, Option<Weak<SendLoan>>)> {
-        if data.len() as u64 >= self.limits.loan_from {
+        let adapter_reads_in_place = self
+            .link
+            .as_ref()
+            .is_some_and(|link| matches!(link.link, AnyLink::Rdma(_)));
+        if data.len() as u64 >= self.limits.loan_from
+            && !(adapter_reads_in_place && SendMemory::contains(data))
+        {
             let (payload, released, loan) = SendLoan::new(data);
             return Ok((payload, released, Some(loan)));
         }
@@ -811,10 +845,27 @@ impl LinkState {
         Ok((payload, released, None))
     }
 
-    /// How long a blocking send of `len` lent bytes waits for their
-    /// acknowledgement before it copies them.
-    pub(crate) fn loan_wait(len: usize) -> Duration {
-        Duration::from_nanos(len as u64 / LOAN_WAIT_BYTES_PER_NS)
+    /// How long a blocking send of `len` lent bytes waits while its
+    /// message does not move, and how long at most while it does, before
+    /// it copies them.
+    pub(crate) fn loan_waits(len: usize) -> (Duration, Duration) {
+        let quiet = Duration::from_nanos(len as u64 / LOAN_QUIET_BYTES_PER_NS).min(LOAN_QUIET_MAX);
+        let moving = Duration::from_nanos(len as u64 / LOAN_MOVING_BYTES_PER_NS);
+        (quiet, moving.max(quiet))
+    }
+
+    /// What a waiting send counts as its message moving: data packets
+    /// sent for the first time, and messages acknowledged (heartbeats and
+    /// resends are not progress).
+    pub(crate) fn send_progress(&self) -> (u64, u64) {
+        let stats = match &self.link {
+            Some(link) => link.engine_stats(),
+            None => &self.final_stats,
+        };
+        (
+            stats.data_packets_sent - stats.retransmits(),
+            stats.messages_sent,
+        )
     }
 
     /// How the message `msg_id` of a blocking send that lent its bytes
@@ -858,9 +909,13 @@ impl LinkState {
         match self.send_copies.back_up(&loan) {
             Ok(capacity) => {
                 self.copies_held += capacity;
+                self.messages_copied += u64::from(capacity > 0);
                 Ok(())
             }
             Err(error) => {
+                // The link's payload must be the last count, so that
+                // dropping the link releases the request.
+                drop(loan);
                 // The call cannot return while the link reads its memory,
                 // nor wait for the peer without bound: the link ends,
                 // dropping the payload.
@@ -1200,6 +1255,8 @@ impl LinkState {
             messages_held: self.held.len() as u64,
             packets_sent_in_place: packets_in_place,
             bytes_sent_in_place: bytes_in_place,
+            messages_copied: self.messages_copied,
+            messages_lent: self.messages_lent,
         }
     }
 }

@@ -220,10 +220,14 @@ impl SendCopies {
     /// Puts a copy of a lent payload's bytes in their place, so that the
     /// `barlink_send` that lent them may return before the peer
     /// acknowledged them; returns the copy's capacity (it counts against
-    /// `send_queue_bytes` from now on). The link must hold its lock, so
+    /// `send_queue_bytes` from now on), 0 if it has its copy already. The
+    /// link must hold its lock, so
     /// that it reads no payload meanwhile, and the call that lent the
     /// bytes must still be in progress.
     pub(crate) fn back_up(&mut self, lent: &SendLoan) -> Result<u64> {
+        if lent.backup.get().is_some() {
+            return Ok(0);
+        }
         let mut copy = self.take(lent.len);
         let bytes = Arc::get_mut(&mut copy).expect("a spare copy is held by nobody else");
         bytes.clear();
@@ -235,9 +239,8 @@ impl SendCopies {
         })?;
         bytes.extend_from_slice(lent.caller_bytes());
         let capacity = copy.capacity() as u64;
-        if lent.backup.set(copy).is_err() {
-            unreachable!("a lent payload is backed up once, by the call that lent it");
-        }
+        // Set once: checked above, under the link's lock.
+        let _ = lent.backup.set(copy);
         Ok(capacity)
     }
 
@@ -311,6 +314,12 @@ impl Release {
             Release::Flag(flag) => flag.load(Ordering::Acquire),
             Release::Loan(lent) => Arc::strong_count(lent) == 1,
         }
+    }
+
+    /// A loan the link read from the caller's memory to the end, copying
+    /// nothing.
+    pub(crate) fn was_read_in_place(&self) -> bool {
+        matches!(self, Release::Loan(lent) if lent.backup.get().is_none())
     }
 }
 

@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_void};
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
 /// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 7;
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 8;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.
@@ -241,6 +241,15 @@ pub struct barlink_stats {
     pub packets_sent_in_place: u64,
     /// Payload bytes of those packets. Since ABI version 0.6.
     pub bytes_sent_in_place: u64,
+    /// Messages of `barlink_send` and `barlink_post_send` whose bytes
+    /// barlink copied: every `barlink_post_send`, a short `barlink_send`,
+    /// and a long one the peer did not acknowledge in time. Since ABI
+    /// version 0.8.
+    pub messages_copied: u64,
+    /// Long `barlink_send` messages the peer acknowledged while barlink
+    /// read them from the caller's memory, copying nothing. Since ABI
+    /// version 0.8.
+    pub messages_lent: u64,
 }
 
 /// One finished non-blocking send or receive (`barlink_poll`). This struct
@@ -376,7 +385,7 @@ const _: () = {
     assert!(
         size_of::<barlink_config>() == 40 + 2 * 36 + 3 * 8 + 8 && align_of::<barlink_config>() == 8
     );
-    assert!(size_of::<barlink_stats>() == 8 + 15 * 8 && align_of::<barlink_stats>() == 8);
+    assert!(size_of::<barlink_stats>() == 8 + 17 * 8 && align_of::<barlink_stats>() == 8);
     assert!(size_of::<barlink_completion>() == 32 && align_of::<barlink_completion>() == 8);
     assert!(size_of::<barlink_message>() == 24 && align_of::<barlink_message>() == 8);
     assert!(size_of::<barlink_status>() == 4);

@@ -207,6 +207,14 @@ impl fmt::Debug for SendMemory {
 }
 
 impl SendMemory {
+    /// Whether `bytes` lie in send memory, so that an RDMA link would read
+    /// them in place, possibly after the write that named them was
+    /// acknowledged (a resend still queued). A caller lending memory only
+    /// for the length of a call keeps such bytes out of a link.
+    pub fn contains(bytes: &[u8]) -> bool {
+        !bytes.is_empty() && entry_of(bytes).is_some()
+    }
+
     /// Sends of ranges of `bytes` (as message buffers that point into it)
     /// go in place. The memory cannot change while it is shared, so any
     /// send from it reads what the caller wrote.
