@@ -160,7 +160,10 @@ public:
         return text;
     }
 
-    // Copies and queues; OK or TIMEOUT (queue still full).
+    // Queues a copy (a long message: reads `data` in place until the peer
+    // acknowledges it, else copies it); `data` is the caller's again on
+    // return. OK or TIMEOUT (queue still full); a long message the link
+    // dropped unacknowledged throws with the link's status.
     barlink_status send(const void* data, size_t len, uint32_t timeout_ms) {
         return check(barlink_send(handle_, data, len, timeout_ms), "barlink_send",
                      {BARLINK_TIMEOUT});

@@ -216,6 +216,49 @@ static void tcp_peers(const barlink_config *config) {
                    WIFEXITED(status) && WEXITSTATUS(status) == 0);
         barlink_close(link, 1000);
     }
+    /* Long blocking sends over TCP: the link reads the sender's bytes in
+     * place until the peer acknowledges them, or copies them before the
+     * call returns; either way the sender overwrites its buffer at once
+     * and every byte arrives as it was sent. (The TCP medium keeps each
+     * packet it sends until its socket takes it, so a missing copy would
+     * not show here: ffi/tests/abi.rs checks that over shared memory.) */
+    enum { LONG = 2 << 20, LONG_SENDS = 3 };
+    pid_t client = fork();
+    if (client == 0) {
+        barlink_link *mine = NULL;
+        unsigned char *message = malloc(LONG);
+        if (!message || barlink_connect(name, config, 10000, &mine) != BARLINK_OK) _exit(1);
+        for (int k = 0; k < LONG_SENDS; k++) {
+            for (size_t i = 0; i < LONG; i++) message[i] = (unsigned char)(i * 7 + k * 13);
+            if (barlink_send(mine, message, LONG, 10000) != BARLINK_OK) _exit(2);
+            memset(message, 0xee, LONG);
+        }
+        size_t got = 0;
+        if (barlink_recv(mine, message, LONG, &got, 10000) != BARLINK_OK) _exit(3);
+        free(message);
+        barlink_close(mine, 5000);
+        _exit(0);
+    }
+    barlink_link *link = NULL;
+    check("accept a peer sending long messages over TCP", barlink_accept(listener, 10000, &link),
+          BARLINK_OK);
+    unsigned char *long_message = malloc(LONG);
+    size_t wrong = 0;
+    for (int k = 0; k < LONG_SENDS; k++) {
+        check("recv a long message over TCP",
+              barlink_recv(link, long_message, LONG, &len, 10000), BARLINK_OK);
+        for (size_t i = 0; i < LONG; i++)
+            wrong += long_message[i] != (unsigned char)(i * 7 + k * 13);
+    }
+    free(long_message);
+    check_true("long blocking sends arrived as sent, the sender's later writes unseen",
+               len == LONG && wrong == 0);
+    check("reply to the long sends", barlink_send(link, "ok", 2, 5000), BARLINK_OK);
+    check("flush", barlink_flush(link, 10000), BARLINK_OK);
+    int status = 0;
+    waitpid(client, &status, 0);
+    check_true("the long sender exited 0", WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    barlink_close(link, 1000);
     check("listen(the same port again)", barlink_listen(name, config, &(barlink_listener *){NULL}),
           BARLINK_NAME_IN_USE);
     check("listener_close (tcp)", barlink_listener_close(listener), BARLINK_OK);
