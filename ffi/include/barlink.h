@@ -297,11 +297,14 @@ typedef struct barlink_stats {
   uint64_t bytes_sent_in_place;
   // Messages of `barlink_send` and `barlink_post_send` whose bytes
   // barlink copied: every `barlink_post_send`, a short `barlink_send`,
-  // and a long one the peer did not acknowledge in time. Since ABI
+  // a long one the peer did not acknowledge in time, and over RDMA one
+  // from a registered buffer. Counted as the copy is made. Since ABI
   // version 0.8.
   uint64_t messages_copied;
   // Long `barlink_send` messages the peer acknowledged while barlink
-  // read them from the caller's memory, copying nothing. Since ABI
+  // read them from the caller's memory, copying nothing; counted when
+  // the message completes (possibly after its call returned). A lent
+  // message whose link ended first counts in neither. Since ABI
   // version 0.8.
   uint64_t messages_lent;
 } barlink_stats;

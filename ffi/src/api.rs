@@ -594,11 +594,18 @@ pub unsafe extern "C" fn barlink_send(
         let cell = registry::link(key(link))?;
         // SAFETY: forwarded caller contract; the slice lives for this call.
         let data = unsafe { bytes(data, len, "data")? };
+        // Lent bytes are settled before the call returns, whatever happens
+        // (a panic included): the guard copies them or ends the link.
+        let mut loan = SettleLoan {
+            cell: &cell,
+            msg_id: None,
+            loan: None,
+            settled: false,
+        };
         // The payload is made under the first step's lock: one lock fewer.
         // Only the first step finds the slot empty (a later one runs only
         // after a full queue gave the payload back).
         let mut slot = None;
-        let mut loan = None;
         let sent = cell.blocking(millis(timeout_ms), |state| {
             if slot.is_none() {
                 state.check_len(data.len())?;
@@ -612,7 +619,9 @@ pub unsafe extern "C" fn barlink_send(
                 }
                 let (payload, released, lent) = state.blocking_payload(data)?;
                 slot = Some((payload, released));
-                loan = lent;
+                if lent.is_some() {
+                    loan.loan = lent;
+                }
             }
             state.send_step(&mut slot)
         });
@@ -624,18 +633,12 @@ pub unsafe extern "C" fn barlink_send(
             state.keep_unsent(payload, released);
         }
         let msg_id = sent?;
-        let Some(loan) = loan else {
+        if loan.loan.is_none() {
+            // Copied: nothing lent.
+            loan.settled = true;
             return Ok(());
-        };
-        // From here the link may read the caller's bytes: whatever happens
-        // (a panic included), the guard copies them or ends the link
-        // before the call returns.
-        let guard = SettleLoan {
-            cell: &cell,
-            msg_id,
-            loan,
-            settled: false,
-        };
+        }
+        loan.msg_id = Some(msg_id);
         // Drive the link while the message moves, until the peer
         // acknowledges it. Once it has not moved for about as long as
         // copying the bytes would take (a peer slow to answer, or not
@@ -663,7 +666,7 @@ pub unsafe extern "C" fn barlink_send(
             }
             Ok(Step::Again { moved })
         });
-        guard.finish(waited)
+        loan.finish(waited)
     })
 }
 
@@ -672,16 +675,21 @@ pub unsafe extern "C" fn barlink_send(
 /// place ([`LinkState::settle_loan`]), also when the call unwinds.
 struct SettleLoan<'a> {
     cell: &'a crate::link::LinkCell,
-    msg_id: u64,
-    loan: std::sync::Weak<crate::payload::SendLoan>,
+    /// The lent message's id, once the call learned it.
+    msg_id: Option<u64>,
+    /// The call's handle to its lent bytes; `None` while nothing is lent.
+    loan: Option<std::sync::Weak<crate::payload::SendLoan>>,
     settled: bool,
 }
 
 impl SettleLoan<'_> {
     /// Settles the loan after the wait for the acknowledgement: its
     /// outcome (`Some`), or none yet (`None`, or the wait's error).
-    fn finish(mut self, waited: Result<Option<barlink_status>>) -> Result<()> {
+    fn finish(&mut self, waited: Result<Option<barlink_status>>) -> Result<()> {
         self.settled = true;
+        let Some(loan) = &self.loan else {
+            return waited.map(|_| ());
+        };
         let mut state = self.cell.lock_even_if_closed();
         match waited {
             Ok(Some(BARLINK_OK)) => Ok(()),
@@ -693,9 +701,9 @@ impl SettleLoan<'_> {
             })),
             // Still unacknowledged: the copy takes the caller's bytes' place
             // and the message stays queued, as a copying send's does.
-            Ok(None) => state.settle_loan(self.msg_id, &self.loan),
+            Ok(None) => state.settle_loan(self.msg_id, loan),
             Err(error) => {
-                state.settle_loan(self.msg_id, &self.loan)?;
+                state.settle_loan(self.msg_id, loan)?;
                 if error.status == BARLINK_TIMEOUT {
                     Ok(())
                 } else {
@@ -708,11 +716,13 @@ impl SettleLoan<'_> {
 
 impl Drop for SettleLoan<'_> {
     fn drop(&mut self) {
-        if !self.settled {
+        if !self.settled
+            && let Some(loan) = &self.loan
+        {
             let _ = self
                 .cell
                 .lock_even_if_closed()
-                .settle_loan(self.msg_id, &self.loan);
+                .settle_loan(self.msg_id, loan);
         }
     }
 }

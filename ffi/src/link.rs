@@ -836,7 +836,7 @@ impl LinkState {
             .as_ref()
             .is_some_and(|link| matches!(link.link, AnyLink::Rdma(_)));
         if data.len() as u64 >= self.limits.loan_from
-            && !(adapter_reads_in_place && SendMemory::contains(data))
+            && !(adapter_reads_in_place && SendMemory::overlaps(data))
         {
             let (payload, released, loan) = SendLoan::new(data);
             return Ok((payload, released, Some(loan)));
@@ -863,7 +863,7 @@ impl LinkState {
             None => &self.final_stats,
         };
         (
-            stats.data_packets_sent - stats.retransmits(),
+            stats.data_packets_sent.saturating_sub(stats.retransmits()),
             stats.messages_sent,
         )
     }
@@ -874,13 +874,14 @@ impl LinkState {
         self.loan_outcomes.remove(&msg_id)
     }
 
-    /// Ends a blocking send's `loan` (message `msg_id`) before
-    /// the call returns: the outcome if the link let go of the bytes, else
-    /// a copy in their place, so that the message still goes and the
-    /// caller may reuse its memory. `Ok` means the message was
-    /// acknowledged or is queued with its copy.
-    pub(crate) fn settle_loan(&mut self, msg_id: u64, loan: &Weak<SendLoan>) -> Result<()> {
-        if let Some(status) = self.loan_outcome(msg_id) {
+    /// Ends a blocking send's `loan` (message `msg_id`, if the call
+    /// learned it: a panic may come first) before the call returns: the
+    /// outcome if the link let go of the bytes, else a copy in their
+    /// place, so that the message still goes and the caller may reuse its
+    /// memory. `Ok` means the message was acknowledged or is queued with
+    /// its copy (or was never queued).
+    pub(crate) fn settle_loan(&mut self, msg_id: Option<u64>, loan: &Weak<SendLoan>) -> Result<()> {
+        if let Some(status) = msg_id.and_then(|id| self.loan_outcome(id)) {
             return match status {
                 BARLINK_OK => Ok(()),
                 status => Err(self.end_error().unwrap_or_else(|| {
@@ -894,7 +895,7 @@ impl LinkState {
         if let Some(request) = self
             .requests
             .iter_mut()
-            .find_map(|(id, request)| (*id == msg_id).then_some(request))
+            .find_map(|(id, request)| (Some(*id) == msg_id).then_some(request))
         {
             // Its outcome is reported to nobody now: the call returns.
             request.awaited = false;

@@ -60,6 +60,10 @@ struct Regions {
 }
 
 impl Entry {
+    fn overlaps(&self, addr: usize, len: usize) -> bool {
+        addr < self.start + self.len && self.start < addr.saturating_add(len)
+    }
+
     fn contains(&self, addr: usize, len: usize) -> bool {
         addr >= self.start
             && addr
@@ -207,12 +211,20 @@ impl fmt::Debug for SendMemory {
 }
 
 impl SendMemory {
-    /// Whether `bytes` lie in send memory, so that an RDMA link would read
-    /// them in place, possibly after the write that named them was
-    /// acknowledged (a resend still queued). A caller lending memory only
-    /// for the length of a call keeps such bytes out of a link.
-    pub fn contains(bytes: &[u8]) -> bool {
-        !bytes.is_empty() && entry_of(bytes).is_some()
+    /// Whether any of `bytes` lie in send memory, so that an RDMA link
+    /// could read some of their packets in place, possibly after the write
+    /// that named them was acknowledged (a resend still queued). A caller
+    /// lending memory only for the length of a call keeps such bytes out
+    /// of a link.
+    pub fn overlaps(bytes: &[u8]) -> bool {
+        if bytes.is_empty() || LIVE.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let addr = bytes.as_ptr() as usize;
+        let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
+        registered
+            .iter()
+            .any(|entry| entry.overlaps(addr, bytes.len()))
     }
 
     /// Sends of ranges of `bytes` (as message buffers that point into it)
