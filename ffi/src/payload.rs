@@ -173,6 +173,15 @@ impl SendCopies {
     /// that the link let go of it. Allocation failure is an error, never
     /// an abort.
     pub(crate) fn copy(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
+        let copy = self.copy_of(data)?;
+        let payload = Payload {
+            data: Data::Owned(Arc::clone(&copy)),
+        };
+        Ok((payload, Release::Copy(copy)))
+    }
+
+    /// `data` in a spare that fits, or a new buffer.
+    fn copy_of(&mut self, data: &[u8]) -> Result<Arc<Vec<u8>>> {
         let mut copy = self.take(data.len());
         let bytes = Arc::get_mut(&mut copy).expect("a spare copy is held by nobody else");
         bytes.clear();
@@ -183,10 +192,7 @@ impl SendCopies {
             )
         })?;
         bytes.extend_from_slice(data);
-        let payload = Payload {
-            data: Data::Owned(Arc::clone(&copy)),
-        };
-        Ok((payload, Release::Copy(copy)))
+        Ok(copy)
     }
 
     /// A spare that holds `len` bytes without growing if one is kept (the
@@ -221,23 +227,13 @@ impl SendCopies {
     /// `barlink_send` that lent them may return before the peer
     /// acknowledged them; returns the copy's capacity (it counts against
     /// `send_queue_bytes` from now on), 0 if it has its copy already. The
-    /// link must hold its lock, so
-    /// that it reads no payload meanwhile, and the call that lent the
-    /// bytes must still be in progress.
+    /// link must hold its lock, so that it reads no payload meanwhile, and
+    /// the call that lent the bytes must still be in progress.
     pub(crate) fn back_up(&mut self, lent: &SendLoan) -> Result<u64> {
         if lent.backup.get().is_some() {
             return Ok(0);
         }
-        let mut copy = self.take(lent.len);
-        let bytes = Arc::get_mut(&mut copy).expect("a spare copy is held by nobody else");
-        bytes.clear();
-        bytes.try_reserve_exact(lent.len).map_err(|_| {
-            Error::new(
-                BARLINK_OUT_OF_MEMORY,
-                format!("cannot allocate {} bytes for the message copy", lent.len),
-            )
-        })?;
-        bytes.extend_from_slice(lent.caller_bytes());
+        let copy = self.copy_of(lent.caller_bytes())?;
         let capacity = copy.capacity() as u64;
         // Set once: checked above, under the link's lock.
         let _ = lent.backup.set(copy);

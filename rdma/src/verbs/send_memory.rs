@@ -111,15 +111,16 @@ impl Entry {
 
 /// The entry holding `payload`, if any.
 fn entry_of(payload: &[u8]) -> Option<Arc<Entry>> {
+    find_entry(|entry| entry.contains(payload.as_ptr() as usize, payload.len()))
+}
+
+/// The first live entry that `which` picks.
+fn find_entry(which: impl Fn(&Entry) -> bool) -> Option<Arc<Entry>> {
     if LIVE.load(Ordering::Acquire) == 0 {
         return None;
     }
-    let addr = payload.as_ptr() as usize;
     let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
-    registered
-        .iter()
-        .find(|entry| entry.contains(addr, payload.len()))
-        .cloned()
+    registered.iter().find(|entry| which(entry)).cloned()
 }
 
 /// What a write that reads send memory in place holds until it
@@ -217,14 +218,8 @@ impl SendMemory {
     /// lending memory only for the length of a call keeps such bytes out
     /// of a link.
     pub fn overlaps(bytes: &[u8]) -> bool {
-        if bytes.is_empty() || LIVE.load(Ordering::Acquire) == 0 {
-            return false;
-        }
-        let addr = bytes.as_ptr() as usize;
-        let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
-        registered
-            .iter()
-            .any(|entry| entry.overlaps(addr, bytes.len()))
+        !bytes.is_empty()
+            && find_entry(|entry| entry.overlaps(bytes.as_ptr() as usize, bytes.len())).is_some()
     }
 
     /// Sends of ranges of `bytes` (as message buffers that point into it)
@@ -328,5 +323,28 @@ mod tests {
         assert_eq!(Arc::strong_count(&bytes), 2);
         drop(hold);
         assert_eq!(Arc::strong_count(&bytes), 1);
+    }
+
+    /// A range that only overlaps send memory still has packets an adapter
+    /// would read in place: `overlaps` says so where `entry_of` (a whole
+    /// payload inside) does not.
+    #[test]
+    fn ranges_overlapping_send_memory_are_told_apart_from_ranges_inside() {
+        let bytes = vec![3u8; 4096];
+        // SAFETY: `bytes` outlives the registration and no send reads it.
+        let memory = unsafe { SendMemory::register_raw(bytes[1000..2000].as_ptr(), 1000) }.unwrap();
+        assert!(SendMemory::overlaps(&bytes[1000..2000]));
+        assert!(SendMemory::overlaps(&bytes[1500..3000]), "runs off the end");
+        assert!(SendMemory::overlaps(&bytes[0..1001]), "starts before");
+        assert!(SendMemory::overlaps(&bytes[..]), "spans it");
+        assert!(entry_of(&bytes[1500..3000]).is_none());
+        assert!(
+            !SendMemory::overlaps(&bytes[2000..3000]),
+            "starts at its end"
+        );
+        assert!(!SendMemory::overlaps(&bytes[0..1000]), "ends at its start");
+        assert!(!SendMemory::overlaps(&bytes[1200..1200]), "empty");
+        drop(memory);
+        assert!(!SendMemory::overlaps(&bytes[1000..2000]));
     }
 }
