@@ -40,6 +40,8 @@ fi
 step "lints"
 if cargo clippy --version >/dev/null 2>&1; then
     if cargo clippy --workspace --all-targets -- -D warnings; then ok "cargo clippy"; else bad "cargo clippy"; fi
+    # The fuzz targets are a crate of their own, outside the workspace.
+    if (cd fuzz && cargo clippy --all-targets -- -D warnings); then ok "cargo clippy (fuzz/)"; else bad "cargo clippy (fuzz/)"; fi
 else
     skip "cargo clippy: clippy is not installed with this toolchain"
 fi
