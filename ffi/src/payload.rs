@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use barlink::rdma::SendMemory;
 
@@ -229,14 +229,14 @@ impl SendCopies {
     /// `send_queue_bytes` from now on), 0 if it has its copy already. The
     /// link must hold its lock, so that it reads no payload meanwhile, and
     /// the call that lent the bytes must still be in progress.
-    pub(crate) fn back_up(&mut self, lent: &SendLoan) -> Result<u64> {
-        if lent.backup.get().is_some() {
+    pub(crate) fn back_up(&mut self, loan: &SendLoan) -> Result<u64> {
+        if loan.backup.get().is_some() {
             return Ok(0);
         }
-        let copy = self.copy_of(lent.caller_bytes())?;
+        let copy = self.copy_of(loan.caller_bytes())?;
         let capacity = copy.capacity() as u64;
         // Set once: checked above, under the link's lock.
-        let _ = lent.backup.set(copy);
+        let _ = loan.backup.set(copy);
         Ok(capacity)
     }
 
@@ -246,9 +246,9 @@ impl SendCopies {
     pub(crate) fn reclaim(&mut self, released: Release) {
         match released {
             Release::Copy(copy) => self.give(copy),
-            Release::Loan(lent) => {
-                if let Ok(lent) = Arc::try_unwrap(lent)
-                    && let Some(copy) = lent.backup.into_inner()
+            Release::Loan(loan) => {
+                if let Ok(loan) = Arc::try_unwrap(loan)
+                    && let Some(copy) = loan.backup.into_inner()
                 {
                     self.give(copy);
                 }
@@ -299,7 +299,7 @@ impl Release {
         match self {
             Release::Copy(copy) => copy.capacity() as u64,
             Release::Flag(_) => 0,
-            Release::Loan(lent) => lent.backup.get().map_or(0, |copy| copy.capacity() as u64),
+            Release::Loan(loan) => loan.backup.get().map_or(0, |copy| copy.capacity() as u64),
         }
     }
 
@@ -308,14 +308,14 @@ impl Release {
         match self {
             Release::Copy(copy) => Arc::strong_count(copy) == 1,
             Release::Flag(flag) => flag.load(Ordering::Acquire),
-            Release::Loan(lent) => Arc::strong_count(lent) == 1,
+            Release::Loan(loan) => Arc::strong_count(loan) == 1,
         }
     }
 
     /// A loan the link read from the caller's memory to the end, copying
     /// nothing.
     pub(crate) fn was_read_in_place(&self) -> bool {
-        matches!(self, Release::Loan(lent) if lent.backup.get().is_none())
+        matches!(self, Release::Loan(loan) if loan.backup.get().is_none())
     }
 }
 
@@ -331,11 +331,12 @@ pub(crate) struct SendLoan {
     backup: OnceLock<Arc<Vec<u8>>>,
 }
 
-// SAFETY: `SendLoan` stores the caller's address and length and reads them only
-// while no backup is set, which holds only during the `barlink_send` call
-// that lent them (it backs them up under the link's lock before it returns,
-// unless the link let go of them first): by that call's contract the bytes
-// are readable then, whichever thread drives the link.
+// SAFETY: `SendLoan` stores the caller's address and length and reads
+// them only while no backup is set, which holds only during the
+// `barlink_send` call that lent them (it backs them up under the link's
+// lock before it returns, unless the link let go of them first): by that
+// call's contract the bytes are readable then, whichever thread drives
+// the link.
 unsafe impl Send for SendLoan {}
 // SAFETY: as for `Send`; the backup is a `OnceLock`.
 unsafe impl Sync for SendLoan {}
@@ -356,17 +357,17 @@ impl SendLoan {
     /// is the call's, to back it up ([`SendCopies::back_up`]) before it
     /// returns if the link still holds it. The call must not return while
     /// the link holds the payload without a backup.
-    pub(crate) fn new(data: &[u8]) -> (Payload, Release, std::sync::Weak<SendLoan>) {
-        let lent = Arc::new(SendLoan {
+    pub(crate) fn new(data: &[u8]) -> (Payload, Release, Weak<SendLoan>) {
+        let loan = Arc::new(SendLoan {
             ptr: data.as_ptr(),
             len: data.len(),
             backup: OnceLock::new(),
         });
-        let weak = Arc::downgrade(&lent);
+        let weak = Arc::downgrade(&loan);
         let payload = Payload {
-            data: Data::Loan(Arc::clone(&lent)),
+            data: Data::Loan(Arc::clone(&loan)),
         };
-        (payload, Release::Loan(lent), weak)
+        (payload, Release::Loan(loan), weak)
     }
 
     /// The bytes as the link reads them: the backup once there is one,
@@ -423,7 +424,7 @@ impl fmt::Debug for Payload {
             Data::Registered { ptr, len, .. } => {
                 write!(f, "Payload::Registered({len} bytes at {ptr:p})")
             }
-            Data::Loan(lent) => write!(f, "Payload::{lent:?}"),
+            Data::Loan(loan) => write!(f, "Payload::{loan:?}"),
         }
     }
 }
@@ -445,7 +446,7 @@ impl AsRef<[u8]> for Payload {
                 // happens only after this payload is dropped.
                 unsafe { std::slice::from_raw_parts(*ptr, *len) }
             }
-            Data::Loan(lent) => lent.bytes(),
+            Data::Loan(loan) => loan.bytes(),
         }
     }
 }
