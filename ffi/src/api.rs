@@ -619,9 +619,7 @@ pub unsafe extern "C" fn barlink_send(
                 }
                 let (payload, released, lent) = state.blocking_payload(data)?;
                 slot = Some((payload, released));
-                if lent.is_some() {
-                    loan.loan = lent;
-                }
+                loan.loan = lent;
             }
             state.send_step(&mut slot)
         });
@@ -634,9 +632,7 @@ pub unsafe extern "C" fn barlink_send(
         }
         let msg_id = sent?;
         if loan.loan.is_none() {
-            // Copied: nothing lent.
-            loan.settled = true;
-            return Ok(());
+            return Ok(()); // copied: nothing lent
         }
         loan.msg_id = Some(msg_id);
         // Drive the link while the message moves, until the peer
@@ -649,8 +645,8 @@ pub unsafe extern "C" fn barlink_send(
         let mut quiet_since = started;
         let mut last = None;
         let waited = cell.blocking(millis(timeout_ms), |state| {
-            if let Some(status) = state.loan_outcome(msg_id) {
-                return Ok(Step::Done(Some(status)));
+            if state.loan_ended(msg_id) {
+                return Ok(Step::Done(()));
             }
             let moved = state.step();
             let progress = state.send_progress();
@@ -659,10 +655,10 @@ pub unsafe extern "C" fn barlink_send(
                 last = Some(progress);
                 quiet_since = now;
             } else if now - quiet_since >= quiet {
-                return Ok(Step::Done(None));
+                return Ok(Step::Done(()));
             }
             if now - started >= longest {
-                return Ok(Step::Done(None));
+                return Ok(Step::Done(()));
             }
             Ok(Step::Again { moved })
         });
@@ -683,33 +679,21 @@ struct SettleLoan<'a> {
 }
 
 impl SettleLoan<'_> {
-    /// Settles the loan after the wait for the acknowledgement: its
-    /// outcome (`Some`), or none yet (`None`, or the wait's error).
-    fn finish(&mut self, waited: Result<Option<barlink_status>>) -> Result<()> {
+    /// Settles the loan once the wait for the acknowledgement ended: by
+    /// the message's outcome, or by a copy. A wait that timed out leaves
+    /// the message queued with its copy, as a copying send's; any other
+    /// error of the wait is returned once the loan is settled.
+    fn finish(&mut self, waited: Result<()>) -> Result<()> {
         self.settled = true;
         let Some(loan) = &self.loan else {
-            return waited.map(|_| ());
+            return waited;
         };
-        let mut state = self.cell.lock_even_if_closed();
+        self.cell
+            .lock_even_if_closed()
+            .settle_loan(self.msg_id, loan)?;
         match waited {
-            Ok(Some(BARLINK_OK)) => Ok(()),
-            Ok(Some(status)) => Err(state.end_error().unwrap_or_else(|| {
-                Error::new(
-                    status,
-                    "the link ended before the peer acknowledged the message",
-                )
-            })),
-            // Still unacknowledged: the copy takes the caller's bytes' place
-            // and the message stays queued, as a copying send's does.
-            Ok(None) => state.settle_loan(self.msg_id, loan),
-            Err(error) => {
-                state.settle_loan(self.msg_id, loan)?;
-                if error.status == BARLINK_TIMEOUT {
-                    Ok(())
-                } else {
-                    Err(error)
-                }
-            }
+            Err(error) if error.status != BARLINK_TIMEOUT => Err(error),
+            _ => Ok(()),
         }
     }
 }

@@ -868,10 +868,11 @@ impl LinkState {
         )
     }
 
-    /// How the message `msg_id` of a blocking send that lent its bytes
-    /// ended, once the link let go of them.
-    pub(crate) fn loan_outcome(&mut self, msg_id: u64) -> Option<barlink_status> {
-        self.loan_outcomes.remove(&msg_id)
+    /// Whether the message `msg_id` of a blocking send that lent its
+    /// bytes ended (the link let go of them): [`LinkState::settle_loan`]
+    /// then says how.
+    pub(crate) fn loan_ended(&self, msg_id: u64) -> bool {
+        self.loan_outcomes.contains_key(&msg_id)
     }
 
     /// Ends a blocking send's `loan` (message `msg_id`, if the call
@@ -881,7 +882,7 @@ impl LinkState {
     /// memory. `Ok` means the message was acknowledged or is queued with
     /// its copy (or was never queued).
     pub(crate) fn settle_loan(&mut self, msg_id: Option<u64>, loan: &Weak<SendLoan>) -> Result<()> {
-        if let Some(status) = msg_id.and_then(|id| self.loan_outcome(id)) {
+        if let Some(status) = msg_id.and_then(|id| self.loan_outcomes.remove(&id)) {
             return match status {
                 BARLINK_OK => Ok(()),
                 status => Err(self.end_error().unwrap_or_else(|| {
