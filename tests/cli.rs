@@ -190,6 +190,32 @@ fn bench_between_processes_reports_barlink_and_its_baselines() {
     }
 }
 
+/// `--lat-iters` is how many round trips each path's latency comes from,
+/// however many are asked for (it was held at 2000 once, silently).
+#[test]
+fn bench_between_processes_times_as_many_round_trips_as_asked() {
+    let output = barlink(&[
+        "bench",
+        "--json",
+        "--sizes",
+        "64",
+        "--paths",
+        "barlink,raw-ring",
+        "--windows",
+        "1",
+        "--bytes-per-window",
+        "1M",
+        "--lat-iters",
+        "2345",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let rows: Vec<serde_json::Value> = json_rows(&output);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in &rows {
+        assert_eq!(row["lat_samples"], 2345, "{row}");
+    }
+}
+
 /// `--progress thread`: the barlink links between the processes are driven
 /// by background progress threads; rows say so, and everything arrives
 /// (the child checks sizes and bytes).

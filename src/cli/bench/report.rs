@@ -200,6 +200,8 @@ pub struct ProcRow {
     pub gbps_range: (f64, f64),
     pub lat_p50_us: f64,
     pub lat_p99_us: f64,
+    /// Round trips the latency percentiles come from.
+    pub lat_samples: usize,
     pub retransmits: u64,
     pub crc_errors: u64,
     pub vs_raw_ring: f64,
@@ -275,6 +277,7 @@ fn proc_row_json(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) -> serd
         [row.retransmits, row.crc_errors],
         config,
     );
+    value.insert("lat_samples".into(), json!(row.lat_samples));
     value.insert("gbps_min".into(), json!(round(row.gbps_range.0, 3)));
     value.insert("gbps_max".into(), json!(round(row.gbps_range.1, 3)));
     // A ratio to a baseline this run did not measure is left out.

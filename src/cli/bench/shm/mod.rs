@@ -121,7 +121,7 @@ fn measure(
             .map(|&size| plan.messages_per_window(size).min(100_000))
             .collect(),
         windows: plan.windows,
-        lat_iters: plan.lat_iters.min(2000),
+        lat_iters: plan.lat_iters,
         mtu: config.mtu,
         crc: config.crc,
         fault_rate: args.fault_rate,
@@ -197,6 +197,7 @@ fn print_size(
             gbps_range: (low, high),
             lat_p50_us: percentile(&mut m.latencies_us, 0.5),
             lat_p99_us: percentile(&mut m.latencies_us, 0.99),
+            lat_samples: m.latencies_us.len(),
             retransmits: m.retransmits,
             crc_errors: m.crc_errors,
             vs_raw_ring: ratio(medians[which], medians[1]),
