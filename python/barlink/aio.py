@@ -8,7 +8,11 @@ on its way.
         await link.send(b"reply")
 
 Sends run in order on one thread and receives in order on another, so a
-send and a receive can wait at the same time.
+send and a receive can wait at the same time. Cancelling an awaited call
+does not stop it: it runs to its end on its thread, a send reading its
+buffer (a long writable one is read in place) and ``recv_into`` writing
+its own until then; the next awaited call of the same kind (``flush`` for
+sends) returns only after it.
 """
 
 import asyncio

@@ -2,7 +2,9 @@
 its yardsticks measured in the same run:
 
 - ``python``: two Python processes over ``barlink.connect("local:...")``:
-  ``send`` of a bytes object (read in place) and ``recv(copy=False)``;
+  ``send`` of a bytes object (read in place), or with ``--send writable``
+  of a bytearray (as a numpy array or a tensor is: lent for the call, or
+  copied), and ``recv(copy=False)``;
 - ``cli-barlink``: ``barlink bench --paths barlink`` (the Rust link between
   two processes), the same sizes;
 - ``shm-pipe``: plain Python: ``multiprocessing.shared_memory`` slots and a
@@ -57,6 +59,12 @@ def arguments(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
     parser.add_argument("--barlink", help="the barlink command (default: found)")
     parser.add_argument("--no-cli", action="store_true", help="leave the CLI row out")
+    parser.add_argument(
+        "--send", choices=("bytes", "writable"), default="bytes",
+        help="what the python row sends: bytes (read-only, held in place until "
+        "acknowledged; the default) or writable (a bytearray, as a numpy array "
+        "or tensor is: the caller's again when send returns)",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     listed = args.sizes or ("64,64K,1M" if args.quick else "64,4K,64K,1M,16M")
@@ -235,7 +243,8 @@ def parent(args: argparse.Namespace) -> int:
         for round_ in range(args.rounds):
             os.write(control_w, b"g")
             for size in args.sizes:
-                message = bytes([round_ % 251]) * size
+                plain = bytes([round_ % 251]) * size
+                message = bytearray(plain) if args.send == "writable" else plain
                 count = messages_per_window(args, size)
                 for timed in (False, True):  # a warm-up window, as the CLI has
                     started = time.perf_counter()
@@ -244,7 +253,7 @@ def parent(args: argparse.Namespace) -> int:
                     link.recv(timeout=60)
                     python = count * size / (time.perf_counter() - started) / 1e9
                     started = time.perf_counter()
-                    pipe.send_window(message, count)
+                    pipe.send_window(plain, count)
                     shm_pipe = count * size / (time.perf_counter() - started) / 1e9
                 samples["python"][size].append(python)
                 samples["shm-pipe"][size].append(shm_pipe)
@@ -258,7 +267,7 @@ def parent(args: argparse.Namespace) -> int:
                 one_way = []
                 for _ in range(lat_iters(args, size)):
                     started = time.perf_counter()
-                    pipe.ping(message, out)
+                    pipe.ping(plain, out)
                     one_way.append((time.perf_counter() - started) / 2 * 1e6)
                 samples["shm-pipe-lat"][size].append(statistics.median(one_way))
             if cli:
@@ -310,6 +319,7 @@ def report(args, samples, cli_note: Optional[str], stats) -> None:
                     "lat_p50_us": round(medians[lat][size], 3),
                     "vs_cli_barlink": _round(pairwise(samples[path][size], samples["cli-barlink"][size])),
                     "rounds": len(samples[path][size]),
+                    "send": args.send if path == "python" else None,
                     "cpu": cpu["model"], "cpu_features": cpu["features"],
                     "copy_crc_kernel": cpu["copy_crc_kernel"], "copy_kernel": cpu["copy_kernel"],
                     "cpu_isa_limit": cpu["isa_limit"],
@@ -318,7 +328,8 @@ def report(args, samples, cli_note: Optional[str], stats) -> None:
     print(f"# python -m barlink.bench: barlink {barlink.__version__}, Python {sys.version.split()[0]}")
     limit = f" (kernels limited to {cpu['isa_limit']} by BARLINK_CPU_ISA)" if cpu["isa_limit"] else ""
     print(f"# cpu: {cpu['model']} ({', '.join(cpu['features'])}){limit}; copy+crc: {cpu['copy_crc_kernel']}; copy: {cpu['copy_kernel']}")
-    print(f"# {args.rounds} rounds, medians; ratios taken round by round. python: send(bytes) + recv(copy=False)")
+    sent = "bytes" if args.send == "bytes" else "bytearray"
+    print(f"# {args.rounds} rounds, medians; ratios taken round by round. python: send({sent}) + recv(copy=False)")
     if cli_note:
         print(f"# cli-barlink: not measured: {cli_note}")
     header = f"{'size':>6} {'python GB/s':>12} {'cli GB/s':>9} {'py/cli':>7} {'shm-pipe':>9} {'py/shm':>7} {'py lat us':>10} {'cli lat':>8} {'shm lat':>8}"
@@ -335,7 +346,10 @@ def report(args, samples, cli_note: Optional[str], stats) -> None:
             f"{cell(medians['shm-pipe-lat'][size], 8, 2)}"
         )
     if stats:
-        print(f"# python link: retransmits {stats['retransmits_nak'] + stats['retransmits_timeout'] + stats['retransmits_sack']}, crc failures {stats['crc_failures']}")
+        print(
+            f"# python link: retransmits {stats['retransmits_nak'] + stats['retransmits_timeout'] + stats['retransmits_sack']}, "
+            f"crc failures {stats['crc_failures']}; sends lent {stats.get('messages_lent', 0)}, copied {stats.get('messages_copied', 0)}"
+        )
 
 
 def _round(value: Optional[float]) -> Optional[float]:

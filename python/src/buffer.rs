@@ -12,7 +12,7 @@
 use std::ffi::c_int;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
@@ -197,6 +197,25 @@ impl BufferView {
         }
     }
 
+    /// The buffer's bytes lent to a link for one send call: the link reads
+    /// them in place until [`SendLoan::back_up`] puts a copy in their
+    /// place.
+    ///
+    /// # Safety
+    /// The caller keeps this view held while the loan may read it: until
+    /// the link let go of the loan, or until a backup is in place. The
+    /// link reads the loan's bytes only under one lock, under which the
+    /// backup is put in place and the link's count checked before the
+    /// view is released, so that the link never reads the view after it
+    /// is released; the view's holder may read it without the lock.
+    pub unsafe fn lend_to_send(&self) -> SendLoan {
+        SendLoan {
+            ptr: self.view.buf.cast::<u8>(),
+            len: self.len(),
+            backup: OnceLock::new(),
+        }
+    }
+
     /// Copies `src` to the start of the buffer (a view got `writable`).
     pub fn write_prefix(&mut self, src: &[u8]) {
         assert!(
@@ -212,6 +231,59 @@ impl BufferView {
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.view.buf.cast::<u8>(), src.len());
         }
+    }
+}
+
+/// A buffer's bytes lent to a link for one send call (see
+/// [`BufferView::lend_to_send`]), and the copy that takes their place if
+/// the call returns before the link let go of them.
+#[derive(Debug)]
+pub struct SendLoan {
+    ptr: *const u8,
+    len: usize,
+    backup: OnceLock<Vec<u8>>,
+}
+
+// SAFETY: only the address and length are stored; whichever thread
+// drives the link reads through them under the contract of
+// `BufferView::lend_to_send`, which does not depend on the thread.
+unsafe impl Send for SendLoan {}
+// SAFETY: as for Send; the copy is set once, through `OnceLock`.
+unsafe impl Sync for SendLoan {}
+
+impl SendLoan {
+    /// The bytes: the copy once there is one, else the caller's, in place.
+    pub fn bytes(&self) -> &[u8] {
+        if let Some(copy) = self.backup.get() {
+            return copy;
+        }
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: no copy yet, so by `lend_to_send`'s contract the view
+        // holding `len` bytes at `ptr` is still held.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// Puts a copy of the caller's bytes in their place (once); whether
+    /// it copied now. After it, the loan no longer reads the view.
+    pub fn back_up(&self) -> bool {
+        if self.backup.get().is_some() {
+            return false;
+        }
+        self.back_up_with(self.bytes().to_vec())
+    }
+
+    /// As [`SendLoan::back_up`], with the copy made already (of these
+    /// very bytes, while the view was held).
+    pub fn back_up_with(&self, copy: Vec<u8>) -> bool {
+        debug_assert_eq!(copy.len(), self.len);
+        self.backup.set(copy).is_ok()
+    }
+
+    /// Whether a copy is in the bytes' place.
+    pub fn is_backed_up(&self) -> bool {
+        self.backup.get().is_some()
     }
 }
 

@@ -6,12 +6,14 @@
 //! `tcp://HOST:PORT`) and reaches the path `barlink::connect` picks.
 //!
 //! `unsafe` is denied here but in `buffer`, the module that calls the
-//! CPython buffer API and makes slices of memory Python owns.
+//! CPython buffer API and makes slices of memory Python owns, and one
+//! block of `lend`, which lends such memory to a link for a `send` call.
 #![deny(unsafe_code)]
 
 mod buffer;
 mod collective;
 mod errors;
+mod lend;
 mod link;
 mod options;
 mod reduce;

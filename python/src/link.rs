@@ -6,9 +6,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
+use barlink::rdma::SendMemory;
 use barlink::{Connection, SendError};
 use barlink_transport::link::IoError;
 use barlink_transport::{Delivery, MessageId};
@@ -16,8 +17,9 @@ use pyo3::exceptions::{PyBlockingIOError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::buffer::{self, BufferView, Graveyard, LandingView, Message, Spares};
+use crate::buffer::{self, BufferView, Graveyard, LandingView, Message, SendLoan, Spares};
 use crate::errors::{self, closed_here};
+use crate::lend;
 
 /// Longest one wait runs without the GIL before it checks for signals.
 const SLICE: Duration = Duration::from_millis(50);
@@ -49,6 +51,9 @@ pub enum Payload {
     /// one buffer (a collective's chunks); the view is released when the
     /// last of them is acknowledged.
     HeldRange(Arc<HeldView>, std::ops::Range<usize>),
+    /// A writable buffer lent for one `send` call, or the copy that took
+    /// its place when the call returned first (`lend`).
+    Lent(Arc<SendLoan>),
 }
 
 impl AsRef<[u8]> for Payload {
@@ -57,6 +62,7 @@ impl AsRef<[u8]> for Payload {
             Payload::Copied(bytes) => bytes,
             Payload::Held(held) => held.bytes(),
             Payload::HeldRange(held, range) => held.range(range.clone()),
+            Payload::Lent(lent) => lent.bytes(),
         }
     }
 }
@@ -143,6 +149,16 @@ pub struct State {
     /// Copied messages not yet acknowledged: (index, bytes).
     copied: VecDeque<(u64, usize)>,
     copied_bytes: usize,
+    /// Buffers lent to the link by `send` calls in progress (`lend`):
+    /// backed up before the link is driven without the lock (`close`).
+    loans: Vec<Weak<SendLoan>>,
+    /// `send`s whose bytes were copied: short messages, writable buffers
+    /// below the lending size, and lent ones copied when the call returned
+    /// before the acknowledgement.
+    pub messages_copied: u64,
+    /// `send`s of writable buffers read in place and acknowledged within
+    /// the call (`bytes` held in place count in neither).
+    pub messages_lent: u64,
 }
 
 impl State {
@@ -165,6 +181,57 @@ impl State {
         }
     }
 
+    /// One step of waiting until every queued packet went out at least
+    /// once (see `Link::send_all`), for at most `slice`.
+    pub fn push_step(state: &mut State, slice: Duration) -> Result<Option<()>, Failure> {
+        let conn = state.conn()?;
+        let done = |conn: &mut Connection<Payload>| !conn.has_unsent() || conn.holds_unreceived();
+        if done(conn) {
+            return Ok(Some(()));
+        }
+        let started = Instant::now();
+        loop {
+            let moved = conn.progress()?;
+            if done(conn) {
+                return Ok(Some(()));
+            }
+            if started.elapsed() >= slice {
+                return Ok(None);
+            }
+            if !moved {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Whether a copy of `len` more bytes fits the budget of copies held
+    /// for unacknowledged messages (always while none is held).
+    pub fn copy_fits(&mut self, len: usize) -> bool {
+        self.settle();
+        self.copied.is_empty() || self.copied_bytes + len <= COPY_BUDGET
+    }
+
+    /// Notes a buffer a `send` call lent to the link (see `loans`).
+    pub fn lend(&mut self, loan: Weak<SendLoan>) {
+        self.loans.push(loan);
+    }
+
+    /// Forgets `loan` (its call settles it), and loans that ended.
+    pub fn forget_loan(&mut self, loan: &Arc<SendLoan>) {
+        self.loans.retain(|lent| {
+            lent.strong_count() > 0 && !std::ptr::eq(lent.as_ptr(), Arc::as_ptr(loan))
+        });
+    }
+
+    /// Counts a copy of message `index`'s `len` bytes, made after it was
+    /// queued (a lent message's), against the budget of copies until the
+    /// peer acknowledges it.
+    pub fn hold_copy(&mut self, index: u64, len: usize) {
+        let at = self.copied.partition_point(|&(queued, _)| queued < index);
+        self.copied.insert(at, (index, len));
+        self.copied_bytes += len;
+    }
+
     /// Queues `payload` (retrying while the queue is full, for at most
     /// `slice`); its index, or the payload back if there was no room.
     pub fn queue(
@@ -174,7 +241,7 @@ impl State {
     ) -> Result<Result<u64, Payload>, Failure> {
         let copied = match &payload {
             Payload::Copied(bytes) => bytes.len(),
-            Payload::Held(_) | Payload::HeldRange(..) => 0,
+            Payload::Held(_) | Payload::HeldRange(..) | Payload::Lent(_) => 0,
         };
         let started = Instant::now();
         let mut payload = payload;
@@ -208,7 +275,10 @@ impl State {
                     }
                 }
             }
-            if !self.conn()?.progress()? {
+            let conn = self.conn()?;
+            if !conn.progress()? {
+                // A link that ended says so rather than wait for room.
+                conn.check_open()?;
                 std::thread::yield_now();
             }
             if started.elapsed() >= slice {
@@ -308,7 +378,7 @@ impl Shared {
     /// wait each time (the last call of a slice with none), and other
     /// threads' calls on the link may run between two calls: what it keeps
     /// across calls must hold up to that.
-    fn wait<T: Send>(
+    pub fn wait<T: Send>(
         &self,
         py: Python<'_>,
         timeout: Option<f64>,
@@ -409,10 +479,15 @@ pub struct Link {
     shared: Arc<Shared>,
     path: String,
     path_kind: &'static str,
+    /// Writable messages of at least this many bytes are lent to the link
+    /// for the `send` call rather than copied (`lend`).
+    lend_from: usize,
 }
 
 impl Link {
-    pub fn new(conn: Connection<Payload>) -> Link {
+    /// `max_payload_len`: the payload of one packet (the MTU less the
+    /// header), which sets where sends lend rather than copy.
+    pub fn new(conn: Connection<Payload>, max_payload_len: usize) -> Link {
         let path = conn.decision.to_string();
         let path_kind = conn.decision.path.as_str();
         Link {
@@ -423,6 +498,9 @@ impl Link {
                     pending: None,
                     copied: VecDeque::new(),
                     copied_bytes: 0,
+                    loans: Vec::new(),
+                    messages_copied: 0,
+                    messages_lent: 0,
                 }),
                 queued: AtomicUsize::new(0),
                 graveyard: Arc::new(Graveyard::default()),
@@ -430,10 +508,10 @@ impl Link {
             }),
             path,
             path_kind,
+            lend_from: max_payload_len.saturating_mul(lend::LOAN_FROM_PACKETS),
         }
     }
 
-    /// Queues `payload`, waiting while there is no room.
     /// Queues `payload` and drives the link until every packet of it
     /// went out at least once, so a caller that turns away from the link
     /// after `send` (to compute, or to wait on something else) leaves
@@ -444,31 +522,17 @@ impl Link {
     fn send_all(&self, py: Python<'_>, payload: Payload, timeout: Option<f64>) -> PyResult<()> {
         let mut payload = Some(payload);
         self.shared.wait(py, timeout, "send", |state, slice| {
-            if let Some(message) = payload.take()
-                && let Err(back) = state.queue(message, slice)?
-            {
-                payload = Some(back);
-                return Ok(None);
-            }
-            let conn = state.conn()?;
-            let done =
-                |conn: &mut Connection<Payload>| !conn.has_unsent() || conn.holds_unreceived();
-            if done(conn) {
-                return Ok(Some(()));
-            }
-            let started = Instant::now();
-            loop {
-                let moved = conn.progress()?;
-                if done(conn) {
-                    return Ok(Some(()));
-                }
-                if started.elapsed() >= slice {
-                    return Ok(None);
-                }
-                if !moved {
-                    std::thread::yield_now();
+            if let Some(message) = payload.take() {
+                let copied = matches!(message, Payload::Copied(_));
+                match state.queue(message, slice)? {
+                    Ok(_) => state.messages_copied += u64::from(copied),
+                    Err(back) => {
+                        payload = Some(back);
+                        return Ok(None);
+                    }
                 }
             }
+            State::push_step(state, slice)
         })
     }
 
@@ -562,9 +626,14 @@ impl Link {
     /// one message, and returns once every packet of it went out (as
     /// `socket.sendall` does; `flush` waits for the acknowledgement).
     /// Large read-only buffers (bytes) are read in place and held until
-    /// the peer acknowledges them; writable ones are copied, so the caller
-    /// may change `buf` as soon as this returns. Waits at most `timeout`
-    /// seconds.
+    /// the peer acknowledges them. A writable buffer is the caller's again
+    /// when this returns: one of four packets' payload or more (just under
+    /// 512 KiB at the default MTU) is read in place while the call waits
+    /// for the acknowledgement, and copied if the call returns first (the
+    /// message stopped moving for about as long as a copy takes, moves
+    /// slower than 1 GB/s, this side holds messages not yet received, or
+    /// the timeout ran out); shorter ones are copied at once. Waits at
+    /// most `timeout` seconds.
     #[pyo3(signature = (buf, timeout=None))]
     fn send(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
         let view = BufferView::get(buf, false)?;
@@ -572,6 +641,11 @@ impl Link {
             Payload::Copied(view.bytes().to_vec())
         } else if view.is_readonly() {
             self.held(view)
+        } else if view.len() >= self.lend_from && !SendMemory::overlaps(view.bytes()) {
+            // Bytes in send memory an RDMA link may read in place after
+            // the acknowledgement (a resend still queued): those are not
+            // lent for a call.
+            return lend::send_lent(&self.shared, py, view, timeout);
         } else if view.len() <= COPY_WITH_GIL_UP_TO {
             Payload::Copied(view.bytes().to_vec())
         } else {
@@ -707,6 +781,13 @@ impl Link {
             if let Some(conn) = state.conn.as_mut() {
                 drop(conn.unpost_all());
             }
+            // So does every buffer a send on another thread lent it: the
+            // close reads a copy of it.
+            for loan in std::mem::take(&mut state.loans) {
+                if let Some(loan) = loan.upgrade() {
+                    loan.back_up();
+                }
+            }
             state.conn.take()
         };
         let Some(mut conn) = conn else {
@@ -732,17 +813,21 @@ impl Link {
     }
 
     /// The engine's counters (packets, bytes, retransmissions, CRC
-    /// failures, ...) as a dict.
+    /// failures, ...) as a dict, and how `send` took its messages
+    /// (`messages_lent`, `messages_copied`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = {
+        let (stats, copied, lent) = {
             let mut state = self.shared.lock();
-            state.conn.as_mut().map(Connection::stats)
+            let stats = state.conn.as_mut().map(Connection::stats);
+            (stats, state.messages_copied, state.messages_lent)
         };
         let stats = stats.ok_or_else(closed_here)?;
         let dict = PyDict::new(py);
         for (name, value) in stats.fields() {
             dict.set_item(name, value)?;
         }
+        dict.set_item("messages_copied", copied)?;
+        dict.set_item("messages_lent", lent)?;
         Ok(dict)
     }
 

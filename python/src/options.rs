@@ -164,7 +164,7 @@ pub fn connect(
     let conn = py
         .detach(|| barlink::connect(&peer, role, &options))
         .map_err(errors::connect_error)?;
-    Ok(Link::new(conn))
+    Ok(Link::new(conn, options.engine.max_payload_len() as usize))
 }
 
 fn discover(sysfs_root: &Path) -> PyResult<Topology> {

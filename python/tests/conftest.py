@@ -21,9 +21,9 @@ def spawn():
     """Starts `peer.py MODE PEER ARGS...` and kills what is left at the end."""
     started = []
 
-    def start(*args: str, stdout=None) -> subprocess.Popen:
+    def start(*args: str, stdout=None, stdin=None) -> subprocess.Popen:
         process = subprocess.Popen(
-            [sys.executable, str(PEER), *map(str, args)], stdout=stdout, text=True
+            [sys.executable, str(PEER), *map(str, args)], stdout=stdout, stdin=stdin, text=True
         )
         started.append(process)
         return process

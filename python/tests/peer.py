@@ -8,6 +8,11 @@ swap PEER N S  connects, sends N messages of S bytes, then receives N and
                checks them (both sides send before either receives)
 send PEER N    connects, sends N messages (i as 8 bytes, then i % 251 repeated
                to the size), then closes in order
+sink PEER N S W  connects, waits without calling the link (W: seconds, or
+               "stdin": until a line comes on stdin), then receives N
+               messages of S bytes into buffers made beforehand, checks
+               them against payload(i, S) and answers b"ok" (or which
+               were wrong)
 """
 
 import sys
@@ -27,6 +32,7 @@ def main() -> int:
     # the test of a killed peer sets its own, short one on its side.
     options = {"peer_timeout": 10.0}
     link = barlink.connect(peer, "connect", 10.0, **options)
+    started = time.monotonic()
     if mode == "echo":
         try:
             while True:
@@ -67,6 +73,26 @@ def main() -> int:
         for i in range(count):
             link.send(payload(i, size))
         link.close(timeout=10)
+        return 0
+    if mode == "sink":
+        count, size, wait = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+        # Landed in place in memory made ready beforehand, back to back, so
+        # that the sender's waits for acknowledgements end soon; checked
+        # once all are here.
+        landed = [bytearray(size) for _ in range(count)]
+        if wait == "stdin":
+            sys.stdin.readline()
+        else:
+            time.sleep(max(0.0, float(wait) - (time.monotonic() - started)))
+        for buf in landed:
+            link.recv_into(buf, timeout=30)
+        wrong = [i for i, buf in enumerate(landed) if buf != payload(i, size)]
+        link.send(b"ok" if not wrong else f"wrong: {wrong}".encode())
+        link.flush(timeout=30)
+        try:
+            link.recv(timeout=30)
+        except barlink.LinkClosed:
+            pass
         return 0
     print(f"unknown mode {mode}", file=sys.stderr)
     return 2

@@ -5,6 +5,7 @@ import _thread
 import hashlib
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -41,7 +42,7 @@ def test_the_path_says_which_and_why(echo):
     "make",
     [
         lambda data: data,  # bytes: read in place
-        bytearray,  # writable: copied
+        bytearray,  # writable: copied, or lent for the call from 512 KiB
         memoryview,
         lambda data: np.frombuffer(data, dtype=np.uint8).copy(),
         lambda data: np.frombuffer(data[: len(data) // 4 * 4], dtype=np.float32).copy(),
@@ -63,6 +64,100 @@ def test_a_writable_buffer_may_change_once_send_returns(echo):
     echo.send(buf)
     buf[:] = b"b" * 100_000
     assert echo.recv(timeout=10) == b"a" * 100_000
+
+
+@pytest.mark.parametrize("delay", [0.0, 1.0], ids=["reading", "not-reading-yet"])
+def test_long_writable_sends_leave_the_buffer_free_at_return(name, spawn, delay):
+    # Long writable sends are read in place while the peer answers, and
+    # copied when it does not: either way the buffer is the caller's when
+    # send returns. Each is overwritten at once; the peer checks every
+    # message. 8 MiB is twice the ring: the wait for a message that stops
+    # moving (about as long as a copy) lasts a millisecond.
+    count, size = 12, 8 << 20
+    spawn("sink", name, count, size, delay)
+    with accept(name) as link:
+        buf = bytearray(size)
+        started = time.monotonic()
+        for i in range(count):
+            buf[:] = payload(i, size)
+            link.send(buf, timeout=30)
+            # Let go of, too: a bytearray still exported cannot resize.
+            buf.append(0)
+            del buf[-1]
+            buf[:] = b"\xee" * size
+        sending = time.monotonic() - started
+        assert link.recv(timeout=30) == b"ok"
+        stats = link.stats()
+        assert stats["messages_lent"] + stats["messages_copied"] == count, stats
+        if delay:
+            # The peer read nothing for a second: the sends copied and
+            # returned rather than wait for it.
+            assert stats["messages_copied"] > 0, stats
+            assert sending < delay + 10, sending
+        else:
+            assert stats["messages_lent"] > 0, stats
+
+
+def test_a_long_writable_send_that_times_out_leaves_a_copy_that_arrives(name, spawn):
+    # 8 MiB, twice the peer's ring, to a peer that reads only when told:
+    # the send times out with half the message still to go, the caller
+    # reuses its buffer at once, and what goes later is the copy.
+    size = 8 << 20
+    peer = spawn("sink", name, 1, size, "stdin", stdin=subprocess.PIPE)
+    with accept(name) as link:
+        buf = bytearray(payload(0, size))
+        with pytest.raises(TimeoutError):
+            link.send(buf, timeout=0.3)
+        buf.append(0)
+        buf[:] = b"\xee" * (size + 1)
+        peer.stdin.write("go\n")
+        peer.stdin.flush()
+        assert link.recv(timeout=30) == b"ok"
+        assert link.stats()["messages_copied"] == 1
+
+
+def test_a_close_during_a_long_writable_send_ends_it_and_frees_the_buffer(name, spawn):
+    # 8 MiB lent to a peer that never reads; another thread closes the
+    # link meanwhile. The send ends (the link is closed), and the buffer
+    # is the caller's again.
+    size = 8 << 20
+    spawn("sink", name, 1, size, "stdin", stdin=subprocess.PIPE)
+    link = accept(name)
+    buf = bytearray(payload(0, size))
+    ended = []
+
+    def send():
+        try:
+            link.send(buf, timeout=20)
+            ended.append("returned")
+        except (barlink.LinkClosed, barlink.LinkFailed) as error:
+            ended.append(type(error).__name__)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    time.sleep(0.2)
+    try:
+        link.close(timeout=0.5)
+    except (TimeoutError, barlink.LinkFailed):
+        pass  # the peer never read: the orderly close could not finish
+    sender.join(timeout=10)
+    assert not sender.is_alive() and ended, ended
+    buf.append(0)  # a bytearray still exported cannot resize
+
+
+def test_a_long_writable_send_that_fails_lets_go_of_the_buffer(name, spawn):
+    spawn("echo", name)
+    with accept(name, max_message_bytes=1 << 20) as link:
+        buf = bytearray((1 << 20) + 1)
+        with pytest.raises(ValueError, match="exceeds"):
+            link.send(buf)
+        buf.append(0)  # a bytearray still exported cannot resize
+        buf = bytearray(1 << 20)
+        with pytest.raises(ValueError, match="timeout"):
+            link.send(buf, timeout=-1)
+        buf.append(0)
+        link.send(b"still works")
+        assert link.recv(timeout=10) == b"still works"
 
 
 def test_messages_arrive_in_order_and_once(echo):
@@ -89,13 +184,15 @@ def test_a_sender_that_turns_away_after_send_left_nothing_behind(name, spawn):
         assert link.recv(timeout=10) == payload(7, 16 << 20)
 
 
-def test_both_sides_may_send_more_than_the_window_before_receiving(name, spawn):
+@pytest.mark.parametrize("make", [bytes, bytearray], ids=["bytes", "lent-bytearray"])
+def test_both_sides_may_send_more_than_the_window_before_receiving(name, spawn, make):
     # 24 MiB each way, more than the rings and windows hold: a send that
-    # waited for credit the other side's caller holds would never return.
+    # waited for credit the other side's caller holds would never return
+    # (nor may a lent one wait for its acknowledgement).
     peer = spawn("swap", name, 24, 1 << 20)
     with accept(name) as link:
         for i in range(24):
-            link.send(payload(1000 + i, 1 << 20), timeout=30)
+            link.send(make(payload(1000 + i, 1 << 20)), timeout=30)
         for i in range(24):
             assert link.recv(timeout=30) == payload(i, 1 << 20)
         # Sends that returned while the peer's messages waited here may

@@ -1,0 +1,282 @@
+//! A long `Link.send` of a writable buffer reads it in place: the bytes
+//! are lent to the link for the length of the call, which drives the link
+//! until the peer acknowledges the message, and copies them only if the
+//! message stops moving first (a peer slow to answer or not reading now),
+//! so that the caller may change its buffer as soon as `send` returns.
+//! A copy of a long message costs about what moving it does; the wait
+//! for its acknowledgement costs about one packet's time.
+//!
+//! The one `unsafe` here lends the view's memory to the link: `Settle`
+//! keeps the view held until the link no longer reads it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use barlink::Connection;
+use pyo3::exceptions::PyTimeoutError;
+use pyo3::prelude::*;
+
+use crate::buffer::{BufferView, SendLoan};
+use crate::link::{Deadline, HeldView, Payload, Shared, State};
+
+/// Messages of at least this many packets' payload are lent rather than
+/// copied: below it, waiting for the acknowledgement costs more than the
+/// copy (the C face's blocking send draws the line at the same place).
+pub const LOAN_FROM_PACKETS: usize = 4;
+/// While a lent message does not move for as long as copying it takes (at
+/// this many bytes a nanosecond), the call copies it and returns.
+const QUIET_BYTES_PER_NS: u64 = 8;
+/// ... but waits no longer than this for a message that does not move,
+/// below the shortest retransmission timeout.
+const QUIET_MAX: Duration = Duration::from_millis(10);
+/// A lent message moving slower than this many bytes a nanosecond is
+/// copied once it has taken as long as moving it at that speed would.
+const MOVING_BYTES_PER_NS: u64 = 1;
+
+/// How long a send of `len` lent bytes waits while its message does not
+/// move, and how long at most while it does, before it copies them.
+fn waits(len: usize) -> (Duration, Duration) {
+    let quiet = Duration::from_nanos(len as u64 / QUIET_BYTES_PER_NS).min(QUIET_MAX);
+    let moving = Duration::from_nanos(len as u64 / MOVING_BYTES_PER_NS);
+    (quiet, moving.max(quiet))
+}
+
+/// What a waiting send counts as its message moving: data packets sent
+/// for the first time, and messages acknowledged (heartbeats and resends
+/// are not progress).
+fn progress(conn: &Connection<Payload>) -> (u64, u64) {
+    let stats = conn.engine_stats();
+    (
+        stats.data_packets_sent.saturating_sub(stats.retransmits()),
+        stats.messages_sent,
+    )
+}
+
+/// The call's hold on its lent bytes, settled before it returns: on every
+/// way out (an exception, a timeout, a panic) the bytes are copied if the
+/// link still holds them, and then the view is let go.
+struct Settle<'a> {
+    shared: &'a Shared,
+    loan: Option<Arc<SendLoan>>,
+    /// The view the loan reads; released once the loan no longer does.
+    view: Option<HeldView>,
+    /// The message's index, once queued.
+    index: Option<u64>,
+    /// Whether the bytes were copied when the call settled.
+    copied: bool,
+    /// Whether the peer had acknowledged the message when it settled.
+    acknowledged: bool,
+}
+
+impl Settle<'_> {
+    /// Copies the bytes in their place if the link still holds them (the
+    /// copy then counts against the link's budget of copies until the
+    /// peer acknowledges it), then lets the view go.
+    fn settle(&mut self) {
+        let Some(loan) = self.loan.take() else {
+            return;
+        };
+        // The copy is made before the lock is taken, so that a long one
+        // does not hold up the link's other callers: the view is still
+        // held, and the link reading the same bytes meanwhile is harmless.
+        // The call's count, and the link's payload if it still holds it.
+        let copy = (Arc::strong_count(&loan) > 1).then(|| loan.bytes().to_vec());
+        // The link reads its payloads under the lock (the contract of
+        // `lend_to_send`): from here until the view goes, it reads none.
+        let mut state = self.shared.lock();
+        state.forget_loan(&loan);
+        if let Some(index) = self.index {
+            self.acknowledged |= state
+                .conn
+                .as_mut()
+                .is_some_and(|conn| conn.completed() > index);
+        }
+        if Arc::strong_count(&loan) > 1 {
+            let copy = copy.unwrap_or_else(|| loan.bytes().to_vec());
+            let len = copy.len();
+            // Not if `close` backed it up already.
+            if loan.back_up_with(copy)
+                && let Some(index) = self.index
+            {
+                state.hold_copy(index, len);
+            }
+        }
+        // Copied here or by `close`: the link reads a copy.
+        self.copied = loan.is_backed_up();
+        if self.copied && self.index.is_some() {
+            state.messages_copied += 1;
+        }
+        drop(loan);
+        // Buried, to be released with the GIL.
+        drop(self.view.take());
+    }
+}
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        self.settle();
+    }
+}
+
+/// `Link.send` of a writable `view` of at least [`LOAN_FROM_PACKETS`]
+/// packets: queues it lent, drives the link until the peer acknowledges
+/// it or it stops moving, then returns with the caller's memory free.
+pub fn send_lent(
+    shared: &Shared,
+    py: Python<'_>,
+    view: BufferView,
+    timeout: Option<f64>,
+) -> PyResult<()> {
+    #[allow(unsafe_code)]
+    // SAFETY: `settle` keeps the view held until the link let go of the
+    // loan or the loan backed up, under the link's lock, which the link
+    // reads its payloads under (`Link.close`, which drives the link
+    // without it, backs every loan up first); `settle` runs before this
+    // returns or unwinds.
+    let loan = Arc::new(unsafe { view.lend_to_send() });
+    let started = Instant::now();
+    let mut settle = Settle {
+        shared,
+        loan: Some(Arc::clone(&loan)),
+        view: Some(HeldView::new(view, shared.graveyard.clone())),
+        index: None,
+        copied: false,
+        acknowledged: false,
+    };
+    let waited = lend_and_wait(shared, py, loan, timeout, started, &mut settle.index);
+    settle.acknowledged = matches!(waited, Ok(true));
+    py.detach(|| settle.settle());
+    // The view goes back to Python before the call returns, whatever
+    // happened, so that the caller may resize or free its buffer.
+    shared.graveyard.release(py);
+    let sent = match waited {
+        Ok(true) => Ok(()),
+        // Copied, or out of time waiting for the acknowledgement: from
+        // here on this is a copying send, which returns once every packet
+        // went out.
+        Ok(false) => shared
+            .wait(py, left(timeout, started), "send", State::push_step)
+            .map_err(|error| whole_timeout(py, error, timeout)),
+        Err(error) if settle.index.is_some() && error.is_instance_of::<PyTimeoutError>(py) => {
+            match State::push_step(&mut shared.lock(), Duration::ZERO) {
+                Ok(Some(())) => Ok(()),
+                Ok(None) => Err(whole_timeout(py, error, timeout)),
+                Err(failure) => Err(failure.into_py()),
+            }
+        }
+        Err(error) => Err(error),
+    };
+    if sent.is_ok() && settle.acknowledged && !settle.copied {
+        shared.lock().messages_lent += 1;
+    }
+    sent
+}
+
+/// Queues the lent message, once the copies held leave room for one more
+/// of its size (it may become one), and drives the link until the peer
+/// acknowledges it (`true`) or the call should copy it and return
+/// (`false`): it has not moved for about as long as a copy would take,
+/// it moves slower than a byte a nanosecond, or this side holds messages
+/// its caller has not received (the peer may be waiting in its own send
+/// for the credit they take). `index` gets the message's index once it
+/// is queued.
+fn lend_and_wait(
+    shared: &Shared,
+    py: Python<'_>,
+    loan: Arc<SendLoan>,
+    timeout: Option<f64>,
+    started: Instant,
+    index: &mut Option<u64>,
+) -> PyResult<bool> {
+    let len = loan.bytes().len();
+    let mut weak = Some(Arc::downgrade(&loan));
+    let mut payload = Some(Payload::Lent(loan));
+    let queued = shared.wait(py, timeout, "send", |state, slice| {
+        let stretch = Instant::now();
+        while !state.copy_fits(len) {
+            let conn = state.conn()?;
+            if !conn.progress()? {
+                // A link that ended says so rather than wait for room.
+                conn.check_open()?;
+                std::thread::yield_now();
+            }
+            if stretch.elapsed() >= slice {
+                return Ok(None);
+            }
+        }
+        let Some(message) = payload.take() else {
+            return Ok(None);
+        };
+        // Noted before it is queued: `queue` may fail after the link took
+        // it (a failed round), and `close` must find every loan the link
+        // may hold.
+        if let Some(loan) = weak.take() {
+            state.lend(loan);
+        }
+        match state.queue(message, slice.saturating_sub(stretch.elapsed()))? {
+            Ok(queued) => Ok(Some(queued)),
+            Err(back) => {
+                payload = Some(back);
+                Ok(None)
+            }
+        }
+    });
+    // Not queued: nothing of it is held but by the call.
+    drop(payload);
+    let queued = queued?;
+    *index = Some(queued);
+    let (quiet, longest) = waits(len);
+    let mut quiet_since = started;
+    let mut last = None;
+    shared.wait(py, left(timeout, started), "send", |state, slice| {
+        let conn = state.conn()?;
+        let stretch = Instant::now();
+        loop {
+            if conn.completed() > queued {
+                return Ok(Some(true));
+            }
+            let moved = conn.progress()?;
+            if conn.completed() > queued {
+                return Ok(Some(true));
+            }
+            if conn.holds_unreceived() {
+                return Ok(Some(false));
+            }
+            let now = Instant::now();
+            let seen = progress(conn);
+            if last != Some(seen) {
+                last = Some(seen);
+                quiet_since = now;
+            } else if now - quiet_since >= quiet {
+                return Ok(Some(false));
+            }
+            if now - started >= longest {
+                return Ok(Some(false));
+            }
+            if now - stretch >= slice {
+                return Ok(None);
+            }
+            if !moved {
+                // A link that ended (a lost peer) says so here, rather
+                // than after the wait went quiet.
+                conn.check_open()?;
+                std::thread::yield_now();
+            }
+        }
+    })
+}
+
+/// A wait's `TimeoutError`, naming the call's whole `timeout` rather than
+/// what was left of it for that wait.
+fn whole_timeout(py: Python<'_>, error: PyErr, timeout: Option<f64>) -> PyErr {
+    if !error.is_instance_of::<PyTimeoutError>(py) {
+        return error;
+    }
+    Deadline::new(timeout).map_or(error, |deadline| deadline.error("send"))
+}
+
+/// What is left of a call's `timeout` (seconds, `None` for none) that
+/// began at `started`.
+fn left(timeout: Option<f64>, started: Instant) -> Option<f64> {
+    timeout.map(|seconds| (seconds - started.elapsed().as_secs_f64()).max(0.0))
+}
