@@ -2,8 +2,8 @@
 # The Python package as a new user gets it: a virtual environment under
 # target/ (kept, so reruns reuse it), `pip install ./python` (maturin comes
 # through pip's build isolation), the pytest suite against the installed
-# package, and `python -m barlink.bench --quick` once as a smoke run (its
-# figures are not checked). torch (CPU use only; pip brings its CUDA
+# package, and `python -m barlink.bench --quick` once as a smoke run, and
+# once more sending a bytearray (`--send writable`; figures not checked). torch (CPU use only; pip brings its CUDA
 # runtime wheels, ~7 GB, kept in the environment for reruns) is installed
 # for the torch.distributed backend's tests. Ends with "python-test: N
 # passed, M failed, K skipped".
@@ -109,5 +109,12 @@ if "$venv/bin/python" -m barlink.bench --quick --rounds 1 --sizes 64,64K,1M "${c
     ok "python -m barlink.bench --quick (smoke of the $profile build: figures not checked)"
 else
     bad "python -m barlink.bench --quick"
+fi
+# The writable path (a bytearray, lent for the call): its row says so.
+if "$venv/bin/python" -m barlink.bench --quick --rounds 1 --sizes 1M --send writable --no-cli --json \
+    | grep -q '"path": "python".*"send": "writable"'; then
+    ok "python -m barlink.bench --send writable (smoke: a bytearray sent lent)"
+else
+    bad "python -m barlink.bench --send writable"
 fi
 summary
