@@ -2,10 +2,11 @@
 # The Python package as a new user gets it: a virtual environment under
 # target/ (kept, so reruns reuse it), `pip install ./python` (maturin comes
 # through pip's build isolation), the pytest suite against the installed
-# package, and `python -m barlink.bench --quick` once as a smoke run, and
-# once more sending a bytearray (`--send writable`; figures not checked). torch (CPU use only; pip brings its CUDA
-# runtime wheels, ~7 GB, kept in the environment for reruns) is installed
-# for the torch.distributed backend's tests. Ends with "python-test: N
+# package, and `python -m barlink.bench --quick` once as a smoke run and
+# once more sending a bytearray (`--send writable`; figures not checked).
+# torch (CPU use only; pip brings its CUDA runtime wheels, ~7 GB, kept in
+# the environment for reruns) is installed for the torch.distributed
+# backend's tests. Ends with "python-test: N
 # passed, M failed, K skipped".
 #
 #   BARLINK_PYENV=target/pyenv   where the environment lives

@@ -1,8 +1,9 @@
 //! A long `Link.send` of a writable buffer reads it in place: the bytes
 //! are lent to the link for the length of the call, which drives the link
 //! until the peer acknowledges the message, and copies them only if the
-//! message stops moving first (a peer slow to answer or not reading now),
-//! so that the caller may change its buffer as soon as `send` returns.
+//! call must return first (the message stopped moving, a peer slow to
+//! answer or not reading now; see `lend_and_wait`), so that the caller
+//! may change its buffer as soon as `send` returns.
 //! A copy of a long message costs about what moving it does; the wait
 //! for its acknowledgement costs about one packet's time.
 //!
@@ -76,10 +77,10 @@ impl Settle<'_> {
         let Some(loan) = self.loan.take() else {
             return;
         };
-        // The copy is made before the lock is taken, so that a long one
-        // does not hold up the link's other callers: the view is still
-        // held, and the link reading the same bytes meanwhile is harmless.
-        // The call's count, and the link's payload if it still holds it.
+        // Counts above one: the link's payload still holds the bytes. The
+        // copy is made before the lock is taken, so that a long one does
+        // not hold up the link's other callers: the view is still held,
+        // and the link reading the same bytes meanwhile is harmless.
         let copy = (Arc::strong_count(&loan) > 1).then(|| loan.bytes().to_vec());
         // The link reads its payloads under the lock (the contract of
         // `lend_to_send`): from here until the view goes, it reads none.
@@ -172,8 +173,9 @@ pub fn send_lent(
     sent
 }
 
-/// Queues the lent message, once the copies held leave room for one more
-/// of its size (it may become one), and drives the link until the peer
+/// Queues the lent message (once the copies held leave room for one more
+/// of its size, which it may become: `State::queue`), and drives the link
+/// until the peer
 /// acknowledges it (`true`) or the call should copy it and return
 /// (`false`): it has not moved for about as long as a copy would take,
 /// it moves slower than a byte a nanosecond, or this side holds messages
@@ -192,18 +194,6 @@ fn lend_and_wait(
     let mut weak = Some(Arc::downgrade(&loan));
     let mut payload = Some(Payload::Lent(loan));
     let queued = shared.wait(py, timeout, "send", |state, slice| {
-        let stretch = Instant::now();
-        while !state.copy_fits(len) {
-            let conn = state.conn()?;
-            if !conn.progress()? {
-                // A link that ended says so rather than wait for room.
-                conn.check_open()?;
-                std::thread::yield_now();
-            }
-            if stretch.elapsed() >= slice {
-                return Ok(None);
-            }
-        }
         let Some(message) = payload.take() else {
             return Ok(None);
         };
@@ -213,7 +203,7 @@ fn lend_and_wait(
         if let Some(loan) = weak.take() {
             state.lend(loan);
         }
-        match state.queue(message, slice.saturating_sub(stretch.elapsed()))? {
+        match state.queue(message, slice)? {
             Ok(queued) => Ok(Some(queued)),
             Err(back) => {
                 payload = Some(back);

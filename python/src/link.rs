@@ -204,13 +204,6 @@ impl State {
         }
     }
 
-    /// Whether a copy of `len` more bytes fits the budget of copies held
-    /// for unacknowledged messages (always while none is held).
-    pub fn copy_fits(&mut self, len: usize) -> bool {
-        self.settle();
-        self.copied.is_empty() || self.copied_bytes + len <= COPY_BUDGET
-    }
-
     /// Notes a buffer a `send` call lent to the link (see `loans`).
     pub fn lend(&mut self, loan: Weak<SendLoan>) {
         self.loans.push(loan);
@@ -243,12 +236,19 @@ impl State {
             Payload::Copied(bytes) => bytes.len(),
             Payload::Held(_) | Payload::HeldRange(..) | Payload::Lent(_) => 0,
         };
+        // A lent message may become a copy (`lend`): it waits for room
+        // for one as a copy does, but is counted only once copied.
+        let room_for = match &payload {
+            Payload::Lent(lent) => lent.bytes().len(),
+            _ => copied,
+        };
         let started = Instant::now();
         let mut payload = payload;
         loop {
             self.settle();
-            let room =
-                copied == 0 || self.copied.is_empty() || self.copied_bytes + copied <= COPY_BUDGET;
+            let room = room_for == 0
+                || self.copied.is_empty()
+                || self.copied_bytes + room_for <= COPY_BUDGET;
             let conn = self.conn()?;
             if room {
                 match conn.try_send(payload) {
