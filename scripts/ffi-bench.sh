@@ -4,7 +4,8 @@
 # zero-copy barlink_post_send_buffer; default config) and `barlink bench
 # --paths barlink` (the Rust link the C face wraps) take turns, ROUNDS
 # times; each round's ratio is C / Rust at each size, and the medians of
-# the rounds are printed with the CPU they ran on.
+# the rounds are printed with the CPU they ran on, beside each C mode's
+# one-way latency less the Rust link's.
 #
 #   scripts/ffi-bench.sh [--rounds 3] [--sizes 64,4K,64K,1M,16M] [--quick]
 #                        [--recv in-place|copy]
@@ -70,10 +71,10 @@ for r in range(1, rounds + 1):
         ratio.setdefault(key, []).append(row["gbps"] / base["gbps"])
         c_gbps.setdefault(key, []).append(row["gbps"])
         rust_gbps.setdefault(row["size_bytes"], []).append(base["gbps"])
-        lat_delta.setdefault(row["size_bytes"], []).append(row["lat_p50_us"] - base["lat_p50_us"])
+        lat_delta.setdefault(key, []).append(row["lat_p50_us"] - base["lat_p50_us"])
 print(f"# {'size':>10}  {'C path':<20} {'C GB/s':>8} {'Rust GB/s':>10} {'C/Rust':>7}  (rounds' ratios)   one-way p50 C - Rust")
 for (size, path), values in sorted(ratio.items()):
     print(f"  {size:>10}  {path:<20} {statistics.median(c_gbps[(size, path)]):>8.2f} "
           f"{statistics.median(rust_gbps[size]):>10.2f} {statistics.median(values):>7.2f}  "
-          f"({', '.join(f'{v:.2f}' for v in values)})   {statistics.median(lat_delta[size]):+.2f} us")
+          f"({', '.join(f'{v:.2f}' for v in values)})   {statistics.median(lat_delta[(size, path)]):+.2f} us")
 PY

@@ -1,8 +1,10 @@
 /* barlink's C ABI between two processes, the way a C/C++ server drives it:
  * throughput per message size with blocking barlink_send, with
  * barlink_post_send + barlink_poll (copying), and with
- * barlink_post_send_buffer (zero-copy from a registered buffer); and the
- * one-way latency of a message there and back, halved. The child receives
+ * barlink_post_send_buffer (zero-copy from a registered buffer); and, in
+ * each mode, the one-way latency of a message there and back, halved, both
+ * sides sending as the mode does (a posted ping counts until its
+ * completion is taken). The child receives
  * in place (barlink_recv_message, giving each message back with
  * barlink_release_message when it next receives: the Rust link's receive,
  * no copy after the checked one) or, with --recv copy,
@@ -120,11 +122,44 @@ static size_t receive(barlink_link *link, unsigned char *buf, size_t max) {
     return len;
 }
 
+/* Sends one message of a latency round trip in `mode`. A posted send's
+ * request id goes to `*request` (0 for a blocking send), for the caller
+ * to take its completion once the answer (which acknowledges it) is in.
+ * `registered` holds the bytes of a zero-copy send. */
+static void send_turn(barlink_link *link, enum mode mode, const unsigned char *data,
+                      barlink_buffer *registered, size_t len, uint64_t *request) {
+    *request = 0;
+    if (mode == BLOCKING) {
+        TRY("send (latency)", barlink_send(link, data, len, TIMEOUT_MS));
+        return;
+    }
+    double deadline = now() + TIMEOUT_MS / 1000.0;
+    for (;;) {
+        barlink_status s = mode == POSTED
+                               ? barlink_post_send(link, data, len, 0, request)
+                               : barlink_post_send_buffer(link, registered, 0, len, 0, request);
+        if (s == BARLINK_OK) return;
+        if (s != BARLINK_WOULD_BLOCK) die("post_send (latency)", s);
+        if (now() > deadline) die("post_send (latency): no room within the timeout", BARLINK_TIMEOUT);
+        TRY("poll (latency)", barlink_poll(link, NULL, 0, NULL));
+    }
+}
+
 /* The receiver: for every size, windows of each mode (count messages, then
- * a one-byte "got them"), then the latency round trips. */
+ * a one-byte "got them"), then each mode's latency round trips, answered
+ * the way the mode sends. */
 static void child(const char *name, unsigned char *buf, size_t max) {
     barlink_link *link = NULL;
     TRY("connect", barlink_connect(name, NULL, TIMEOUT_MS, &link));
+    /* Zero-copy answers come from memory of their own: `buf` takes each
+     * message's checked bytes while the last answer may still be read. */
+    unsigned char *answers = malloc(max);
+    if (!answers) die("allocating the answers' buffer", BARLINK_OUT_OF_MEMORY);
+    fill(answers, max);
+    barlink_buffer *registered = NULL;
+    TRY("register_buffer", barlink_register_buffer(answers, max, &registered));
+    /* A posted answer, until the next message (which acknowledges it) is in. */
+    uint64_t pending = 0;
     unsigned char expect[2];
     for (int s = 0; s < size_count; s++) {
         size_t size = sizes[s], count = count_for(size), len = 0;
@@ -141,18 +176,27 @@ static void child(const char *name, unsigned char *buf, size_t max) {
             }
             TRY("send ack", barlink_send(link, "k", 1, TIMEOUT_MS));
         }
-        for (int i = 0; i < lat_iters; i++) {
-            len = receive(link, buf, max);
-            TRY("send pong", barlink_send(link, buf, len, TIMEOUT_MS));
+        for (int k = 0; k < mode_count; k++) {
+            for (int i = 0; i < lat_iters; i++) {
+                len = receive(link, buf, max);
+                if (pending != 0) {
+                    TRY("an answer's completion", barlink_wait(link, pending, TIMEOUT_MS));
+                }
+                send_turn(link, modes[k], modes[k] == REGISTERED ? answers : buf, registered, len,
+                          &pending);
+            }
         }
     }
     release_held(link);
     TRY("flush", barlink_flush(link, TIMEOUT_MS));
+    if (pending != 0) TRY("the last answer's completion", barlink_test(link, pending));
     /* The parent closes first; answering until then lets its close finish. */
     size_t len = 0;
     barlink_status s = barlink_recv(link, buf, max, &len, TIMEOUT_MS);
     if (s != BARLINK_CLOSED) die("waiting for the parent's close", s);
     barlink_close(link, 1000);
+    barlink_deregister_buffer(registered);
+    free(answers);
 }
 
 /* Sends one window in `mode`; returns when the child confirmed it. */
@@ -262,7 +306,9 @@ int main(int argc, char **argv) {
                barlink_version(), recv_in_place ? "in place" : "by copy");
         printf("# %10s  %-20s %9s %12s\n", "size", "path", "GB/s", "lat p50 us");
     }
-    double gbps[MODES][64], lat[4096];
+    double gbps[MODES][64], lat_p50[MODES];
+    double *lat = malloc((size_t)lat_iters * sizeof *lat);
+    if (!lat) return 1;
     for (int s = 0; s < size_count; s++) {
         size_t size = sizes[s], count = count_for(size), len;
         fill(data, size);
@@ -273,29 +319,33 @@ int main(int argc, char **argv) {
                 gbps[modes[k]][w % 64] = (double)(size * count) / (now() - t0) / 1e9;
             }
         }
-        int iters = lat_iters < 4096 ? lat_iters : 4096;
-        for (int i = 0; i < lat_iters; i++) {
-            double t0 = now();
-            TRY("send ping", barlink_send(link, data, size, TIMEOUT_MS));
-            /* The answer is taken as the child takes every message (in
-             * place, or copied with --recv copy), as the Rust bench's
-             * parent takes its answers in the engine's buffers. */
-            len = receive(link, back, max);
-            if (len != size) die("an answer of another length", BARLINK_INTERNAL);
-            if (i < iters) lat[i] = (now() - t0) / 2 * 1e6;
+        for (int k = 0; k < mode_count; k++) {
+            for (int i = 0; i < lat_iters; i++) {
+                uint64_t request;
+                double t0 = now();
+                send_turn(link, modes[k], data, registered, size, &request);
+                /* The answer is taken as the child takes every message (in
+                 * place, or copied with --recv copy), as the Rust bench's
+                 * parent takes its answers in the engine's buffers; a
+                 * posted ping's completion, which the answer brought, too. */
+                len = receive(link, back, max);
+                if (len != size) die("an answer of another length", BARLINK_INTERNAL);
+                if (request != 0) TRY("a ping's completion", barlink_wait(link, request, TIMEOUT_MS));
+                lat[i] = (now() - t0) / 2 * 1e6;
+            }
+            lat_p50[modes[k]] = median(lat, lat_iters);
         }
         /* The next size's windows take their acks with barlink_recv: give
          * the last answer back before them, untimed. */
         release_held(link);
-        double lat_p50 = median(lat, iters);
         for (int k = 0; k < mode_count; k++) {
             int m = modes[k];
             double g = median(gbps[m], windows < 64 ? windows : 64);
             if (json)
                 printf("{\"path\":\"%s\",\"size_bytes\":%zu,\"gbps\":%.3f,\"lat_p50_us\":%.3f}\n",
-                       mode_names[m], size, g, lat_p50);
+                       mode_names[m], size, g, lat_p50[m]);
             else
-                printf("  %10zu  %-20s %9.2f %12.2f\n", size, mode_names[m], g, lat_p50);
+                printf("  %10zu  %-20s %9.2f %12.2f\n", size, mode_names[m], g, lat_p50[m]);
         }
         fflush(stdout);
     }
@@ -307,6 +357,7 @@ int main(int argc, char **argv) {
     barlink_deregister_buffer(registered);
     free(data);
     free(back);
+    free(lat);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "ffi_bench: the receiving process failed\n");
         return 1;
