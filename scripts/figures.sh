@@ -13,9 +13,10 @@
 # cargo if absent; target/gpu-check/barlink on a machine without Rust).
 # iperf3 comes from PATH; a folder holding iperf3 and its libraries can be
 # put first with BARLINK_TOOLS=DIR. The torch step needs torch in python3
-# (or PYTHON=...) and the barlink package importable (installed, or the
-# wheel of scripts/gpu-check.sh --build, which this installs into a
-# temporary folder). The C ABI step builds with cargo and gcc, or takes a
+# (or PYTHON=...) and measures a release build of the barlink package only:
+# the one python3 imports if it is one (the test command's is not), else a
+# wheel of this tree built with cargo, else the wheel of scripts/gpu-check.sh
+# --build, installed into a temporary folder. The C ABI step builds with cargo and gcc, or takes a
 # prebuilt ffi_bench from FFI_BENCH (see scripts/ffi-bench.sh). Output:
 # $OUT (or target/figures/), one .jsonl a run.
 set -uo pipefail
@@ -94,15 +95,31 @@ if wanted tcp; then
 fi
 
 if wanted torch; then
-    site=
-    if ! "$python" -c 'import barlink.torch' 2>/dev/null; then
-        wheel=$(ls target/gpu-check/wheels/barlink-*.whl 2>/dev/null | head -1)
+    # Only a release build's figures are barlink's: the test command
+    # installs a dev-profile build into its venv, several times slower.
+    build_of() { PYTHONPATH="$1" "$python" -c 'import barlink; print(barlink.cpu().get("build", "unknown"))' 2>/dev/null; }
+    site= build=$(build_of "")
+    if [ "$build" != release ]; then
+        # This tree's code where cargo can build it; else the wheel
+        # scripts/gpu-check.sh --build left (a machine without Rust).
+        wheel=
+        if command -v cargo >/dev/null; then
+            echo "figures: the barlink $python imports is ${build:-missing}, not a release build: building one for the torch step"
+            rm -rf target/figures-wheel
+            "$python" -m pip wheel -q --disable-pip-version-check --no-deps ./python -w target/figures-wheel >&2 &&
+                wheel=$(ls target/figures-wheel/barlink-*.whl 2>/dev/null | head -1)
+        else
+            wheel=$(ls target/gpu-check/wheels/barlink-*.whl 2>/dev/null | head -1)
+        fi
         if [ -n "$wheel" ]; then
             site=$(mktemp -d)
             "$python" -m pip install -q --no-index --no-deps --target "$site" "$wheel" || site=
         fi
+        build=$(build_of "$site")
     fi
-    if PYTHONPATH="$site" "$python" -c 'import torch, barlink.torch' 2>/dev/null; then
+    if [ "$build" != release ]; then
+        echo "SKIPPED torch: no release build of barlink to measure ($python imports ${build:-none}; pip install ./python, or cargo to build one)"
+    elif PYTHONPATH="$site" "$python" -c 'import torch, barlink.torch' 2>/dev/null; then
         for run in $(seq "$runs"); do
             step "torch on CPU tensors, run $run" 150 env PYTHONPATH="$site" bash -c 'set -o pipefail; "$1" -m barlink.torch.bench --ops all_reduce,broadcast,all_gather,send_recv -b 4M -e 64M -f 2 --windows 3 --json > "$2"' \
                 _ "$python" "$out/torch.$run.jsonl"

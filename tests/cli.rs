@@ -126,6 +126,15 @@ fn bench_table_is_for_people() {
     assert!(text.contains("engine-mem") && text.contains("memcpy"));
 }
 
+/// How this test binary, and so the `barlink` under test, was built.
+fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
 #[test]
 fn bench_between_processes_reports_barlink_and_its_baselines() {
     let output = barlink(&[
@@ -141,6 +150,13 @@ fn bench_between_processes_reports_barlink_and_its_baselines() {
         "50",
     ]);
     assert!(output.status.success(), "{output:?}");
+    // A debug build says its figures are not barlink's speed.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.contains("not barlink's speed"),
+        build_profile() == "debug",
+        "{stderr}"
+    );
     let rows: Vec<serde_json::Value> = json_rows(&output);
     let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
     assert_eq!(
@@ -178,6 +194,8 @@ fn bench_between_processes_reports_barlink_and_its_baselines() {
             assert!(!value.is_empty(), "{field} missing from {row}");
         }
         assert!(row["cpu_features"].is_array(), "{row}");
+        // And the build: the binary under test has the tests' profile.
+        assert_eq!(row["build"], build_profile(), "{row}");
         assert!(row["gbps"].as_f64().unwrap() > 0.0, "{row}");
         // The median window lies between the slowest and the fastest.
         let (low, high) = (

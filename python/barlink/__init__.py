@@ -65,6 +65,9 @@ def doctor(sysfs_root: str = "/") -> dict:
 
 
 def cpu() -> dict:
-    """This CPU's model and vector features and the copy and CRC kernels
-    barlink chose on it (benchmark reports name them)."""
+    """This CPU's model and vector features, the copy and CRC kernels
+    barlink chose on it, and ``build``: how this package's extension was
+    built, ``"release"`` (what ``pip install`` gives) or ``"debug"`` (a
+    development build, whose figures are not barlink's speed). Benchmark
+    reports name them."""
     return _json.loads(_barlink.cpu_json())

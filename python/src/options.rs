@@ -188,7 +188,9 @@ pub fn doctor_json(py: Python<'_>, sysfs_root: PathBuf) -> PyResult<String> {
     Ok(barlink::doctor::report(&topology).to_json().to_string())
 }
 
-/// The CPU and the copy and CRC kernels chosen on it, as JSON (benchmark
+/// The CPU and the copy and CRC kernels chosen on it, and how this
+/// extension was built (`release`, or `debug`: the test command's dev
+/// profile, whose figures are not barlink's speed), as JSON (benchmark
 /// reports name them).
 #[pyfunction]
 pub fn cpu_json() -> String {
@@ -200,6 +202,7 @@ pub fn cpu_json() -> String {
         "copy_crc_kernel": cpu.copy_crc_kernel,
         "copy_kernel": cpu.copy_kernel,
         "isa_limit": cpu.isa_limit,
+        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
     })
     .to_string()
 }

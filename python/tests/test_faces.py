@@ -69,6 +69,10 @@ def test_cpu_names_the_kernels():
     cpu = barlink.cpu()
     assert cpu["model"]
     assert cpu["copy_crc_kernel"]
+    # And how the extension was built: scripts/python-test.sh says which
+    # profile it built (dev: "debug").
+    assert cpu["build"] in {"release", "debug"}
+    assert cpu["build"] == os.environ.get("BARLINK_TEST_BUILD", cpu["build"])
 
 
 def cpu_in_a_process_with(isa):

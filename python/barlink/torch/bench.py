@@ -247,6 +247,7 @@ def rank_main(rank: int, n: int, port: int, args):
 
     import barlink.torch  # noqa: F401  (registers the backend)
 
+    build = barlink.cpu().get("build", "unknown")
     torch.set_num_threads(1)
     device = torch.device("cpu")
     if args.device == "cuda":
@@ -283,6 +284,7 @@ def rank_main(rank: int, n: int, port: int, args):
                     "iters": iters,
                     "windows": args.windows,
                     "device": args.device,
+                    "build": build,
                 }
                 if name == "barlink" and "gloo" in medians:
                     row["speedup_vs_gloo"] = medians["gloo"] / seconds
@@ -373,7 +375,11 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "barlink": barlink.__version__,
         "device": args.device,
+        "build": kernels.get("build", "unknown"),
     }
+    if header["build"] != "release":
+        print(f"barlink.torch.bench: this barlink is a {header['build']} build: its figures are "
+              "not barlink's speed (pip install ./python builds a release one)", file=sys.stderr)
     if args.device == "cuda":
         header["gpu"] = torch.cuda.get_device_name(0)
     if args.json:
@@ -381,7 +387,7 @@ def main(argv=None) -> int:
     else:
         on = f"; tensors on {header['gpu']} (through host memory)" if args.device == "cuda" else ""
         print(f"# barlink.torch.bench: {header['cpu']}; torch {header['torch']}; "
-              f"copy+CRC kernel {header['copy_crc_kernel']}{on}")
+              f"copy+CRC kernel {header['copy_crc_kernel']}; barlink build {header['build']}{on}")
         print(f"# {'op':>12} {'ranks':>5} {'size(B)':>12} {'count':>11} {'type':>8} {'redop':>7} "
               f"{'backend':>8} {'time(us)':>11} {'algbw':>8} {'busbw':>8} {'#wrong':>6} {'vs gloo':>8}")
     sys.stdout.flush()

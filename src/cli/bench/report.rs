@@ -48,6 +48,24 @@ pub fn cpu() -> &'static CpuReport {
     CPU.get_or_init(CpuReport::current)
 }
 
+/// How this binary was built: `release`, or `debug` (`cargo run` without
+/// `--release`), whose figures are not barlink's speed.
+pub const BUILD: &str = if cfg!(debug_assertions) {
+    "debug"
+} else {
+    "release"
+};
+
+/// Says on stderr, with or without `--json`, that a debug build's figures
+/// are not barlink's speed.
+pub fn warn_if_debug_build() {
+    if BUILD != "release" {
+        eprintln!(
+            "bench: this barlink is a {BUILD} build: its figures are not barlink's speed (build with --release)"
+        );
+    }
+}
+
 /// The header line that says where every figure below came from.
 pub fn print_cpu_line() {
     let cpu = cpu();
@@ -56,7 +74,7 @@ pub fn print_cpu_line() {
         .map(|limit| format!(" (limited to {limit} by BARLINK_CPU_ISA)"))
         .unwrap_or_default();
     println!(
-        "# cpu: {} [{}]  kernels{limit}: copy+crc {}; crc {}; copy {}",
+        "# cpu: {} [{}]  kernels{limit}: copy+crc {}; crc {}; copy {}; build {BUILD}",
         cpu.model,
         cpu.features.join(" "),
         cpu.copy_crc_kernel,
@@ -91,6 +109,7 @@ pub fn common_json(
         "crc_kernel": cpu().crc_kernel,
         "copy_kernel": cpu().copy_kernel,
         "cpu_isa_limit": cpu().isa_limit,
+        "build": BUILD,
     }) {
         serde_json::Value::Object(map) => map,
         _ => unreachable!("a JSON object literal"),
