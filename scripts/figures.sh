@@ -5,7 +5,8 @@
 # the TCP medium on loopback against iperf3 and a TCP ping-pong (plain and
 # sealed), the torch backend on CPU tensors against gloo, and the C ABI
 # against the Rust link (scripts/ffi-bench.sh). Each repeats RUNS times; a
-# summary at the end gives every run's ratio and the medians.
+# summary at the end gives every run's ratio and the medians, and whether
+# each median meets the target the project's issues set for it.
 #
 #   scripts/figures.sh [--runs 3] [--only host,tcp,torch,ffi] [--bin PATH]
 #
@@ -146,10 +147,17 @@ def rows(name):
     if not os.path.exists(path):
         return []
     return [json.loads(l) for l in open(path) if l.startswith("{")]
-def line(label, values, fmt="{:.2f}"):
+def line(label, values, fmt="{:.2f}", target=None):
+    # target: ("<=" or ">=", value) the median is held to, or None.
     if values:
         shown = " / ".join(fmt.format(v) for v in values)
-        print(f"{label:<44} {shown}   median {fmt.format(statistics.median(values))}")
+        median = statistics.median(values)
+        verdict = ""
+        if target:
+            op, bound = target
+            met = median <= bound if op == "<=" else median >= bound
+            verdict = f"   target {op} {bound}: {'met' if met else 'NOT met'}"
+        print(f"{label:<44} {shown}   median {fmt.format(median)}{verdict}")
 def size_name(n):
     for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
         if n >= scale and n % scale == 0:
@@ -163,18 +171,26 @@ if any(host):
             line("host 64B one-way latency barlink/raw-ring", [
                 b["lat_p50_us"] / w["lat_p50_us"] for run in host
                 for b in run for w in run
-                if b["size_bytes"] == w["size_bytes"] == 64 and b["path"] == "barlink" and w["path"] == "raw-ring"])
+                if b["size_bytes"] == w["size_bytes"] == 64 and b["path"] == "barlink" and w["path"] == "raw-ring"],
+                target=("<=", 1.5))
             continue
         for path in ("barlink", "raw-ring-crc"):
+            target = None
+            if path == "barlink" and size >= 65536:
+                target = (">=", 0.85)
+            elif path == "raw-ring-crc" and size in (65536, 1 << 20):
+                target = (">=", 0.9)
             line(f"host {size_name(size)} {path}/raw-ring", [
                 row["ratio_to_raw_ring"] for run in host for row in run
-                if row["size_bytes"] == size and row["path"] == path and row.get("ratio_to_raw_ring")])
+                if row["size_bytes"] == size and row["path"] == path and row.get("ratio_to_raw_ring")],
+                target=target)
 faults = rows("faults.jsonl")
 for size in (65536, 1 << 20):
     clean = [r["gbps"] for r in faults if r["size_bytes"] == size and r["path"] == "barlink"]
     faulty = [r["gbps"] for r in faults if r["size_bytes"] == size and r["path"] == "barlink-faults"]
     if clean and faulty:
-        line(f"faults {size_name(size)} goodput/clean (rate 0.001)", [faulty[0] / clean[0]])
+        line(f"faults {size_name(size)} goodput/clean (rate 0.001)", [faulty[0] / clean[0]],
+             target=(">=", 0.9))
 plain = [rows(f"tcp.{r}.jsonl") for r in range(1, runs + 1)]
 sealed = [rows(f"tcp-sealed.{r}.jsonl") for r in range(1, runs + 1)]
 if any(plain):
@@ -198,14 +214,15 @@ torch = [rows(f"torch.{r}.jsonl") for r in range(1, runs + 1)]
 if any(torch):
     # Issue 20's sizes; all_gather's is 4 MiB per rank, and a row's size
     # is its largest buffer (the gathered one: two ranks, 8 MiB).
-    for op, size in (("all_reduce", 64 << 20), ("broadcast", 64 << 20), ("all_gather", 8 << 20), ("send_recv", 16 << 20)):
+    for op, size, target in (("all_reduce", 64 << 20, 4), ("broadcast", 64 << 20, 4),
+                             ("all_gather", 8 << 20, 4), ("send_recv", 16 << 20, 5)):
         ratios = []
         for run in torch:
             by = {r.get("backend"): r for r in run if r.get("op") == op and r.get("size_bytes") == size}
             if "barlink" in by and "gloo" in by and by["barlink"].get("time_us") and by["gloo"].get("time_us"):
                 ratios.append(by["gloo"]["time_us"] / by["barlink"]["time_us"])
         label = "4M per rank" if op == "all_gather" else size_name(size)
-        line(f"torch {op} {label} barlink/gloo speed", ratios)
+        line(f"torch {op} {label} barlink/gloo speed", ratios, target=(">=", target))
 ffi = os.path.join(out, "ffi.txt")
 if os.path.exists(ffi):
     print("C ABI / Rust link (scripts/ffi-bench.sh; medians of the rounds):")
