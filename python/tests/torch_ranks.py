@@ -111,6 +111,13 @@ def matrix(rank, world):
             dist.all_gather_into_tensor(flat, values(rank, count, dtype))
             check(f"all_gather_into_tensor {dtype}", flat,
                   torch.cat([values(r, count, dtype) for r in range(world)]))
+            # In place, as FSDP gathers: the input is this rank's slice.
+            flat = torch.zeros(world * count, dtype=dtype)
+            own = flat[rank * count:(rank + 1) * count]
+            own.copy_(values(rank, count, dtype))
+            dist.all_gather_into_tensor(flat, own)
+            check(f"all_gather_into_tensor in place {dtype}", flat,
+                  torch.cat([values(r, count, dtype) for r in range(world)]))
             full = values(rank, world * count, dtype)
             out = torch.zeros(count, dtype=dtype)
             dist.reduce_scatter_tensor(out, full)

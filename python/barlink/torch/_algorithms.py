@@ -207,6 +207,13 @@ def _ring_gather(pg, seg, tag: bytes):
           tag=tag)
 
 
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two byte views are the same memory, start and length."""
+    return a.nbytes == b.nbytes and (
+        a.nbytes == 0 or a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    )
+
+
 def all_gather(pg, outputs, tensor):
     n, r = pg._size, pg._rank
     _check(len(outputs) == n, f"all_gather: {len(outputs)} output tensors for {n} ranks")
@@ -232,7 +239,11 @@ def all_gather_into(pg, output, tensor):
     def seg(i):
         return out.bytes[i * size : (i + 1) * size]
 
-    seg(r)[:] = raw(tensor.contiguous())
+    own, mine = seg(r), raw(tensor.contiguous())
+    # Gathered in place (the input is this rank's slice of the output, as
+    # FSDP gathers): nothing to copy.
+    if not _same_bytes(own, mine):
+        own[:] = mine
     _ring_gather(pg, seg, pg.tag("all_gather_into_tensor", tensor))
     out.done()
 
