@@ -5,8 +5,9 @@
 # the TCP medium on loopback against iperf3 and a TCP ping-pong (plain and
 # sealed), the torch backend on CPU tensors against gloo, and the C ABI
 # against the Rust link (scripts/ffi-bench.sh). Each repeats RUNS times; a
-# summary at the end gives every run's ratio and the medians, and whether
-# each median meets the target the project's issues set for it.
+# summary at the end gives every run's ratio and the medians, and, on the
+# host, fault, TCP and torch lines, whether the median meets the target the
+# project set for it (the C ABI's lines are ffi-bench.sh's own).
 #
 #   scripts/figures.sh [--runs 3] [--only host,tcp,torch,ffi] [--bin PATH]
 #
@@ -98,36 +99,40 @@ fi
 if wanted torch; then
     # Only a release build's figures are barlink's: the test command
     # installs a dev-profile build into its venv, several times slower.
-    build_of() { PYTHONPATH="$1" "$python" -c 'import barlink; print(barlink.cpu().get("build", "unknown"))' 2>/dev/null; }
+    # A wheel installed for the step goes first on the caller's PYTHONPATH.
+    path_with() { local p=$1; [ -n "${PYTHONPATH:-}" ] && p="${p:+$p:}$PYTHONPATH"; echo "$p"; }
+    build_of() { PYTHONPATH="$(path_with "$1")" "$python" -c 'import barlink; print(barlink.cpu().get("build", "unknown"))' 2>/dev/null; }
     site= build=$(build_of "")
+    imported=${build:-no barlink}
     if [ "$build" != release ]; then
-        # This tree's code where cargo can build it; else the wheel
-        # scripts/gpu-check.sh --build left (a machine without Rust).
+        # This tree's code where cargo can build it; else (no Rust, or the
+        # build failed) the wheel scripts/gpu-check.sh --build left.
         wheel=
         if command -v cargo >/dev/null; then
-            echo "figures: the barlink $python imports is ${build:-missing}, not a release build: building one for the torch step"
+            echo "figures: the barlink $python imports is $imported, not a release build: building one for the torch step"
             rm -rf target/figures-wheel
             "$python" -m pip wheel -q --disable-pip-version-check --no-deps ./python -w target/figures-wheel >&2 &&
                 wheel=$(ls target/figures-wheel/barlink-*.whl 2>/dev/null | head -1)
-        else
-            wheel=$(ls target/gpu-check/wheels/barlink-*.whl 2>/dev/null | head -1)
         fi
+        [ -n "$wheel" ] || wheel=$(ls target/gpu-check/wheels/barlink-*.whl 2>/dev/null | head -1)
         if [ -n "$wheel" ]; then
             site=$(mktemp -d)
-            "$python" -m pip install -q --no-index --no-deps --target "$site" "$wheel" || site=
+            "$python" -m pip install -q --no-index --no-deps --target "$site" "$wheel" || { rm -rf "$site"; site=; }
         fi
         build=$(build_of "$site")
     fi
+    torch_path=$(path_with "$site")
     if [ "$build" != release ]; then
-        echo "SKIPPED torch: no release build of barlink to measure ($python imports ${build:-none}; pip install ./python, or cargo to build one)"
-    elif PYTHONPATH="$site" "$python" -c 'import torch, barlink.torch' 2>/dev/null; then
+        echo "SKIPPED torch: no release build of barlink to measure ($python imports $imported${wheel:+; the wheel $wheel is ${build:-not importable}}; pip install ./python, or cargo to build one)"
+    elif PYTHONPATH="$torch_path" "$python" -c 'import torch, barlink.torch' 2>/dev/null; then
         for run in $(seq "$runs"); do
-            step "torch on CPU tensors, run $run" 150 env PYTHONPATH="$site" bash -c 'set -o pipefail; "$1" -m barlink.torch.bench --ops all_reduce,broadcast,all_gather,send_recv -b 4M -e 64M -f 2 --windows 3 --json > "$2"' \
+            step "torch on CPU tensors, run $run" 150 env PYTHONPATH="$torch_path" bash -c 'set -o pipefail; "$1" -m barlink.torch.bench --ops all_reduce,broadcast,all_gather,send_recv -b 4M -e 64M -f 2 --windows 3 --json > "$2"' \
                 _ "$python" "$out/torch.$run.jsonl"
         done
     else
         echo "SKIPPED torch: $python has no torch, or barlink.torch is not importable"
     fi
+    [ -z "$site" ] || rm -rf "$site"
 fi
 
 if wanted ffi; then
@@ -195,7 +200,8 @@ plain = [rows(f"tcp.{r}.jsonl") for r in range(1, runs + 1)]
 sealed = [rows(f"tcp-sealed.{r}.jsonl") for r in range(1, runs + 1)]
 if any(plain):
     line("tcp 1M plain/iperf3", [r["ratio_to_iperf3"] for run in plain for r in run
-                                 if r["path"] == "barlink-tcp" and r["size_bytes"] == 1 << 20 and r.get("ratio_to_iperf3")])
+                                 if r["path"] == "barlink-tcp" and r["size_bytes"] == 1 << 20 and r.get("ratio_to_iperf3")],
+         target=(">=", 0.8))
     line("tcp 64B round trip/ping-pong", [r["lat_ratio_to_tcp_ping_pong"] for run in plain for r in run
                                           if r["path"] == "barlink-tcp" and r["size_bytes"] == 64 and r.get("lat_ratio_to_tcp_ping_pong")])
     line("tcp 1M plain GB/s", [r["gbps"] for run in plain for r in run

@@ -90,9 +90,12 @@ fi
 # From the repository root the tests import the installed package, not
 # python/barlink (which has no compiled module in a fresh clone).
 log=$(mktemp)
-# The build the extension reports (barlink.cpu()["build"]), for its test.
-expect_build=debug
-[ "$profile" = release ] && expect_build=release
+# The build the extension reports (barlink.cpu()["build"]), for its test:
+# the profiles with debug assertions report "debug".
+case $profile in
+    dev | test) expect_build=debug ;;
+    *) expect_build=release ;;
+esac
 BARLINK_TEST_BUILD=$expect_build "$venv/bin/pytest" -q -p no:cacheprovider python/tests 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 line=$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -1)

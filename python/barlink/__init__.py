@@ -13,6 +13,7 @@ or ``HOST:PORT`` (RDMA where this host has it, else TCP).
 """
 
 import json as _json
+import sys as _sys
 
 from . import _barlink
 from ._barlink import (
@@ -71,3 +72,13 @@ def cpu() -> dict:
     development build, whose figures are not barlink's speed). Benchmark
     reports name them."""
     return _json.loads(_barlink.cpu_json())
+
+
+def _warn_unless_release(program: str) -> str:
+    """Says on stderr, for a benchmark, that a development build's figures
+    are not barlink's speed; returns the build ``cpu()`` names."""
+    build = cpu().get("build", "unknown")
+    if build != "release":
+        print(f"{program}: this barlink is a {build} build: its figures are not barlink's "
+              "speed (pip install ./python builds a release one)", file=_sys.stderr)
+    return build

@@ -302,9 +302,7 @@ def pairwise(top: List[float], bottom: List[float]) -> Optional[float]:
 
 def report(args, samples, cli_note: Optional[str], stats) -> None:
     cpu = barlink.cpu()
-    if cpu.get("build") != "release":
-        print(f"barlink.bench: this barlink is a {cpu.get('build')} build: its figures are not "
-              "barlink's speed (pip install ./python builds a release one)", file=sys.stderr)
+    build = barlink._warn_unless_release("barlink.bench")
     medians = {
         key: {size: (statistics.median(v) if v else None) for size, v in per_size.items()}
         for key, per_size in samples.items()
@@ -325,12 +323,12 @@ def report(args, samples, cli_note: Optional[str], stats) -> None:
                     "send": args.send if path == "python" else None,
                     "cpu": cpu["model"], "cpu_features": cpu["features"],
                     "copy_crc_kernel": cpu["copy_crc_kernel"], "copy_kernel": cpu["copy_kernel"],
-                    "cpu_isa_limit": cpu["isa_limit"], "build": cpu.get("build"),
+                    "cpu_isa_limit": cpu["isa_limit"], "build": build,
                 }))
         return
     print(f"# python -m barlink.bench: barlink {barlink.__version__}, Python {sys.version.split()[0]}")
     limit = f" (kernels limited to {cpu['isa_limit']} by BARLINK_CPU_ISA)" if cpu["isa_limit"] else ""
-    print(f"# cpu: {cpu['model']} ({', '.join(cpu['features'])}){limit}; copy+crc: {cpu['copy_crc_kernel']}; copy: {cpu['copy_kernel']}; build: {cpu.get('build')}")
+    print(f"# cpu: {cpu['model']} ({', '.join(cpu['features'])}){limit}; copy+crc: {cpu['copy_crc_kernel']}; copy: {cpu['copy_kernel']}; build: {build}")
     sent = "bytes" if args.send == "bytes" else "bytearray"
     print(f"# {args.rounds} rounds, medians; ratios taken round by round. python: send({sent}) + recv(copy=False)")
     if cli_note:

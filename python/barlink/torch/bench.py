@@ -375,11 +375,8 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "barlink": barlink.__version__,
         "device": args.device,
-        "build": kernels.get("build", "unknown"),
+        "build": barlink._warn_unless_release("barlink.torch.bench"),
     }
-    if header["build"] != "release":
-        print(f"barlink.torch.bench: this barlink is a {header['build']} build: its figures are "
-              "not barlink's speed (pip install ./python builds a release one)", file=sys.stderr)
     if args.device == "cuda":
         header["gpu"] = torch.cuda.get_device_name(0)
     if args.json:
