@@ -76,6 +76,21 @@ def test_tensors_staged_as_cuda_ones_are_in_the_order_the_calls_were_made(world)
     assert codes == [0] * world, report(codes, outputs)
 
 
+def test_a_gather_in_place_is_told_from_one_into_other_memory():
+    import torch
+
+    from barlink.torch._algorithms import holds_already, raw
+
+    out = torch.zeros(12, dtype=torch.float32)
+    slot = raw(out)[16:32]  # elements 4..8
+    assert holds_already(slot, out[4:8])
+    assert not holds_already(slot, out[4:8].clone())
+    assert not holds_already(slot, out[3:7])  # another start
+    assert not holds_already(slot, out[4:7])  # another length
+    assert not holds_already(slot, out[4:12:2])  # not contiguous
+    assert holds_already(raw(out)[0:0], out[0:0])
+
+
 def test_tensors_of_a_device_type_the_backend_does_not_take_are_refused():
     import torch
 

@@ -207,11 +207,12 @@ def _ring_gather(pg, seg, tag: bytes):
           tag=tag)
 
 
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two byte views are the same memory, start and length."""
-    return a.nbytes == b.nbytes and (
-        a.nbytes == 0 or a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-    )
+def holds_already(slot: np.ndarray, tensor) -> bool:
+    """Whether `tensor` is the memory of the byte view `slot`, start and
+    length (an in-place gather, as FSDP's): then nothing is to be copied."""
+    if not tensor.is_contiguous() or slot.nbytes != tensor.numel() * tensor.element_size():
+        return False
+    return slot.nbytes == 0 or slot.__array_interface__["data"][0] == tensor.data_ptr()
 
 
 def all_gather(pg, outputs, tensor):
@@ -219,7 +220,7 @@ def all_gather(pg, outputs, tensor):
     _check(len(outputs) == n, f"all_gather: {len(outputs)} output tensors for {n} ranks")
     _same(outputs, tensor, "all_gather")
     outs = [Out(t) for t in outputs]
-    if outputs[r] is not tensor:
+    if not holds_already(outs[r].bytes, tensor):
         outs[r].work.copy_(tensor.reshape(outs[r].work.shape))
     _ring_gather(pg, lambda i: outs[i].bytes, pg.tag("all_gather", tensor))
     for out in outs:
@@ -239,11 +240,8 @@ def all_gather_into(pg, output, tensor):
     def seg(i):
         return out.bytes[i * size : (i + 1) * size]
 
-    own, mine = seg(r), raw(tensor.contiguous())
-    # Gathered in place (the input is this rank's slice of the output, as
-    # FSDP gathers): nothing to copy.
-    if not _same_bytes(own, mine):
-        own[:] = mine
+    if not holds_already(seg(r), tensor):
+        seg(r)[:] = raw(tensor.contiguous())
     _ring_gather(pg, seg, pg.tag("all_gather_into_tensor", tensor))
     out.done()
 
