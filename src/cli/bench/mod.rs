@@ -29,7 +29,6 @@ use args::BenchPath;
 use super::{CommandError, Status};
 
 pub fn run(args: &BenchArgs) -> Result<Status, CommandError> {
-    report::warn_if_debug_build();
     if args.gpu {
         return gpu::run(args);
     }

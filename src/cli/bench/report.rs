@@ -2,7 +2,7 @@
 //! two-process runs as a table for people or one JSON object per line, and
 //! the statistics behind them (medians, percentiles, the spread of windows).
 
-use std::sync::OnceLock;
+use std::sync::{Once, OnceLock};
 use std::time::Duration;
 
 use barlink_transport::EngineConfig;
@@ -56,18 +56,24 @@ pub const BUILD: &str = if cfg!(debug_assertions) {
     "release"
 };
 
-/// Says on stderr, with or without `--json`, that a debug build's figures
-/// are not barlink's speed.
-pub fn warn_if_debug_build() {
+/// Says on stderr, once, with or without `--json`, that a debug build's
+/// figures are not barlink's speed: with the first figures (the header or
+/// the first row), so a run that ends before any (no RDMA device, say)
+/// keeps its one line of error.
+fn warn_if_debug_build() {
+    static WARNED: Once = Once::new();
     if BUILD != "release" {
-        eprintln!(
-            "bench: this barlink is a {BUILD} build: its figures are not barlink's speed (build with --release)"
-        );
+        WARNED.call_once(|| {
+            eprintln!(
+                "bench: this barlink is a {BUILD} build: its figures are not barlink's speed (build with --release)"
+            );
+        });
     }
 }
 
 /// The header line that says where every figure below came from.
 pub fn print_cpu_line() {
+    warn_if_debug_build();
     let cpu = cpu();
     let limit = cpu
         .isa_limit
@@ -93,6 +99,7 @@ pub fn common_json(
     [retransmits, crc_errors]: [u64; 2],
     config: &EngineConfig,
 ) -> serde_json::Map<String, serde_json::Value> {
+    warn_if_debug_build();
     match json!({
         "path": path,
         "size_bytes": size,
