@@ -14,7 +14,9 @@
 //! - [`gpu`]: device memory (the CUDA driver loaded at run time) as a
 //!   link's message source and destination;
 //! - [`connect()`]: one call that picks BAR P2P, a host-memory bounce or
-//!   RDMA for a peer and says why.
+//!   RDMA for a peer and says why;
+//! - [`loan`]: when a face's blocking send stops reading the caller's
+//!   bytes in place and copies them.
 //!
 //! See `docs/ARCHITECTURE.md` for how they fit together.
 #![forbid(unsafe_code)]
@@ -33,6 +35,7 @@ pub mod connect;
 pub mod doctor;
 pub mod gpu;
 pub mod listen;
+pub mod loan;
 pub use connect::{
     BarEnds, BarRef, ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Peer, Role,
     choose_path, connect,

@@ -10,6 +10,8 @@ use std::ptr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use barlink::loan::LoanWait;
+
 use crate::error::{Error, Result, boundary, last_error_ptr};
 use crate::held::Lent;
 use crate::link::{LinkState, RecvInto, Step};
@@ -640,24 +642,13 @@ pub unsafe extern "C" fn barlink_send(
         // copying the bytes would take (a peer slow to answer, or not
         // reading now), or has moved slowly for long, copy them (if still
         // unacknowledged) and return.
-        let (quiet, longest) = LinkState::loan_waits(data.len());
-        let started = Instant::now();
-        let mut quiet_since = started;
-        let mut last = None;
+        let mut wait = LoanWait::new(data.len(), Instant::now());
         let waited = cell.blocking(millis(timeout_ms), |state| {
             if state.loan_ended(msg_id) {
                 return Ok(Step::Done(()));
             }
             let moved = state.step();
-            let progress = state.send_progress();
-            let now = Instant::now();
-            if last != Some(progress) {
-                last = Some(progress);
-                quiet_since = now;
-            } else if now - quiet_since >= quiet {
-                return Ok(Step::Done(()));
-            }
-            if now - started >= longest {
+            if wait.should_copy(state.engine_stats(), Instant::now()) {
                 return Ok(Step::Done(()));
             }
             Ok(Step::Again { moved })

@@ -54,25 +54,6 @@ const MAX_WINDOW_BYTES: u64 = 4 << 30;
 /// between a blocking sender's calls, even of messages of several windows.
 const MIN_SEND_QUEUE_BYTES: u64 = 64 << 20;
 const SEND_QUEUE_WINDOWS: u64 = 4;
-/// Packets a blocking send's message fills at least for its bytes to be
-/// read in place ([`SendLoan`]): waiting for the acknowledgement costs about
-/// one packet's time, which the copy of a message this long outweighs.
-const LOAN_FROM_PACKETS: u64 = 4;
-/// How long a blocking send that lent its bytes waits while its message
-/// does not move (no new packet of it goes out, no acknowledgement comes),
-/// per byte, before it copies them and returns: about the time the copy
-/// takes (8 bytes a nanosecond), so a peer that is slow to answer costs a
-/// send about twice its copy.
-const LOAN_QUIET_BYTES_PER_NS: u64 = 8;
-/// The quiet wait's cap, for very long messages: below the engine's
-/// shortest retransmission timeout, so a lost packet's resend does not
-/// make a send wait on it.
-const LOAN_QUIET_MAX: Duration = Duration::from_millis(10);
-/// The longest a blocking send's loan lasts, per byte, even while its
-/// message keeps moving: a message that moves slower than a byte a
-/// nanosecond (a slow network, a receiver that reads slowly) is copied
-/// and the call returns, as it would have with a copy from the start.
-const LOAN_MOVING_BYTES_PER_NS: u64 = 1;
 
 /// What a link's sends are held to.
 #[derive(Debug, Clone, Copy)]
@@ -98,7 +79,7 @@ impl SendLimits {
         SendLimits {
             max_message_len: link.engine.max_message_len,
             queue_bytes,
-            loan_from: u64::from(link.engine.max_payload_len()).saturating_mul(LOAN_FROM_PACKETS),
+            loan_from: barlink::loan::lend_from(link.engine.max_payload_len() as usize) as u64,
         }
     }
 }
@@ -845,27 +826,12 @@ impl LinkState {
         Ok((payload, released, None))
     }
 
-    /// How long a blocking send of `len` lent bytes waits while its
-    /// message does not move, and how long at most while it does, before
-    /// it copies them.
-    pub(crate) fn loan_waits(len: usize) -> (Duration, Duration) {
-        let quiet = Duration::from_nanos(len as u64 / LOAN_QUIET_BYTES_PER_NS).min(LOAN_QUIET_MAX);
-        let moving = Duration::from_nanos(len as u64 / LOAN_MOVING_BYTES_PER_NS);
-        (quiet, moving.max(quiet))
-    }
-
-    /// What a waiting send counts as its message moving: data packets
-    /// sent for the first time, and messages acknowledged (heartbeats and
-    /// resends are not progress).
-    pub(crate) fn send_progress(&self) -> (u64, u64) {
-        let stats = match &self.link {
+    /// The engine's counters: the link's, or its last ones once it ended.
+    pub(crate) fn engine_stats(&self) -> &barlink::Stats {
+        match &self.link {
             Some(link) => link.engine_stats(),
             None => &self.final_stats,
-        };
-        (
-            stats.data_packets_sent.saturating_sub(stats.retransmits()),
-            stats.messages_sent,
-        )
+        }
     }
 
     /// Whether the message `msg_id` of a blocking send that lent its

@@ -3,9 +3,8 @@
 //! until the peer acknowledges the message, and copies them only if the
 //! call must return first (the message stopped moving, a peer slow to
 //! answer or not reading now; see `lend_and_wait`), so that the caller
-//! may change its buffer as soon as `send` returns.
-//! A copy of a long message costs about what moving it does; the wait
-//! for its acknowledgement costs about one packet's time.
+//! may change its buffer as soon as `send` returns. When to lend, and
+//! when to stop waiting and copy, is the C face's rule (`barlink::loan`).
 //!
 //! The one `unsafe` here lends the view's memory to the link: `Settle`
 //! keeps the view held until the link no longer reads it.
@@ -13,45 +12,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use barlink::Connection;
+use barlink::loan::LoanWait;
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 
 use crate::buffer::{BufferView, SendLoan};
 use crate::link::{Deadline, HeldView, Payload, Shared, State};
-
-/// Messages of at least this many packets' payload are lent rather than
-/// copied: below it, waiting for the acknowledgement costs more than the
-/// copy (the C face's blocking send draws the line at the same place).
-pub const LOAN_FROM_PACKETS: usize = 4;
-/// While a lent message does not move for as long as copying it takes (at
-/// this many bytes a nanosecond), the call copies it and returns.
-const QUIET_BYTES_PER_NS: u64 = 8;
-/// ... but waits no longer than this for a message that does not move,
-/// below the shortest retransmission timeout.
-const QUIET_MAX: Duration = Duration::from_millis(10);
-/// A lent message moving slower than this many bytes a nanosecond is
-/// copied once it has taken as long as moving it at that speed would.
-const MOVING_BYTES_PER_NS: u64 = 1;
-
-/// How long a send of `len` lent bytes waits while its message does not
-/// move, and how long at most while it does, before it copies them.
-fn waits(len: usize) -> (Duration, Duration) {
-    let quiet = Duration::from_nanos(len as u64 / QUIET_BYTES_PER_NS).min(QUIET_MAX);
-    let moving = Duration::from_nanos(len as u64 / MOVING_BYTES_PER_NS);
-    (quiet, moving.max(quiet))
-}
-
-/// What a waiting send counts as its message moving: data packets sent
-/// for the first time, and messages acknowledged (heartbeats and resends
-/// are not progress).
-fn progress(conn: &Connection<Payload>) -> (u64, u64) {
-    let stats = conn.engine_stats();
-    (
-        stats.data_packets_sent.saturating_sub(stats.retransmits()),
-        stats.messages_sent,
-    )
-}
 
 /// The call's hold on its lent bytes, settled before it returns: on every
 /// way out (an exception, a timeout, a panic) the bytes are copied if the
@@ -119,8 +85,8 @@ impl Drop for Settle<'_> {
     }
 }
 
-/// `Link.send` of a writable `view` of at least [`LOAN_FROM_PACKETS`]
-/// packets: queues it lent, drives the link until the peer acknowledges
+/// `Link.send` of a writable `view` of at least
+/// [`barlink::loan::LOAN_FROM_PACKETS`] packets: queues it lent, drives the link until the peer acknowledges
 /// it or it stops moving, then returns with the caller's memory free.
 pub fn send_lent(
     shared: &Shared,
@@ -215,9 +181,7 @@ fn lend_and_wait(
     drop(payload);
     let queued = queued?;
     *index = Some(queued);
-    let (quiet, longest) = waits(len);
-    let mut quiet_since = started;
-    let mut last = None;
+    let mut wait = LoanWait::new(len, started);
     shared.wait(py, left(timeout, started), "send", |state, slice| {
         let conn = state.conn()?;
         let stretch = Instant::now();
@@ -233,14 +197,7 @@ fn lend_and_wait(
                 return Ok(Some(false));
             }
             let now = Instant::now();
-            let seen = progress(conn);
-            if last != Some(seen) {
-                last = Some(seen);
-                quiet_since = now;
-            } else if now - quiet_since >= quiet {
-                return Ok(Some(false));
-            }
-            if now - started >= longest {
+            if wait.should_copy(conn.engine_stats(), now) {
                 return Ok(Some(false));
             }
             if now - stretch >= slice {

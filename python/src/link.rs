@@ -508,7 +508,7 @@ impl Link {
             }),
             path,
             path_kind,
-            lend_from: max_payload_len.saturating_mul(lend::LOAN_FROM_PACKETS),
+            lend_from: barlink::loan::lend_from(max_payload_len),
         }
     }
 
