@@ -20,7 +20,8 @@
 #
 # Output also goes to $OUT (or target/gpu-check/out) as gpu-check.log,
 # bench-gpu.jsonl, torch-cuda.jsonl, bench-cpu.jsonl and torch-cpu.jsonl.
-# Ends with "gpu-check: N passed, M failed".
+# Ends with "gpu-check: N passed, M failed". GPU_CHECK_CPU=0 skips the
+# CPU measurements (for a scripts/figures.sh run after it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=target/gpu-check
@@ -124,13 +125,19 @@ grep -o '"cuda_ipc_refused":"[^"]*"' "$out/bench-gpu.jsonl" 2>/dev/null | sort -
 
 # Last, so that a run cut short loses only these: the host-memory link
 # and the torch backend on CPU tensors, measured on this machine's CPU
-# (a kind the development machines may not have).
-check "barlink bench on host memory, this CPU" 60 bash -c 'set -o pipefail; "$1" bench --sizes 64,4K,64K,1M,16M --windows 5 --paths barlink,raw-ring,raw-ring-crc --json | tee "$2"' \
-    _ "$dir/barlink" "$out/bench-cpu.jsonl"
-if [ -n "${site:-}" ]; then
-    check "python -m barlink.torch.bench on CPU tensors" 90 \
-        env PYTHONPATH="$site" bash -c 'set -o pipefail; python3 -m barlink.torch.bench --ops all_reduce,broadcast,all_gather,send_recv -b 4M -e 64M -f 4 --windows 3 --json | tee "$1"' \
-        _ "$out/torch-cpu.jsonl"
+# (a kind the development machines may not have). GPU_CHECK_CPU=0 leaves
+# them to a scripts/figures.sh run after this one, which repeats them.
+if [ "${GPU_CHECK_CPU:-1}" = 0 ]; then
+    echo
+    echo "SKIPPED the CPU measurements: GPU_CHECK_CPU=0 (scripts/figures.sh measures this CPU)"
+else
+    check "barlink bench on host memory, this CPU" 60 bash -c 'set -o pipefail; "$1" bench --sizes 64,4K,64K,1M,16M --windows 5 --paths barlink,raw-ring,raw-ring-crc --json | tee "$2"' \
+        _ "$dir/barlink" "$out/bench-cpu.jsonl"
+    if [ -n "${site:-}" ]; then
+        check "python -m barlink.torch.bench on CPU tensors" 90 \
+            env PYTHONPATH="$site" bash -c 'set -o pipefail; python3 -m barlink.torch.bench --ops all_reduce,broadcast,all_gather,send_recv -b 4M -e 64M -f 4 --windows 3 --json | tee "$1"' \
+            _ "$out/torch-cpu.jsonl"
+    fi
 fi
 echo
 echo "gpu-check: $passed passed, $failed failed"
