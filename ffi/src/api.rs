@@ -14,8 +14,8 @@ use barlink::loan::LoanWait;
 
 use crate::error::{Error, Result, boundary, last_error_ptr};
 use crate::held::Lent;
-use crate::link::{LinkState, RecvInto, Step};
-use crate::payload::{CallerMemory, Region};
+use crate::link::{COPY_UNLOCKED_FROM, LinkState, RecvInto, Step};
+use crate::payload::{CallerMemory, Region, fill_copy};
 use crate::peer::{ConfigTexts, ListenerCell, Setup, connect_link};
 use crate::registry;
 use crate::types::barlink_status::{self, *};
@@ -604,10 +604,18 @@ pub unsafe extern "C" fn barlink_send(
             loan: None,
             settled: false,
         };
-        // The payload is made under the first step's lock: one lock fewer.
-        // Only the first step finds the slot empty (a later one runs only
-        // after a full queue gave the payload back).
+        // A long copy that fits now is made outside the lock, so that a
+        // progress thread moves the link meanwhile. Else the payload is
+        // made under the first step's lock (one lock fewer): only the first
+        // step finds the slot empty (a later one runs only after a full
+        // queue gave the payload back).
         let mut slot = None;
+        if data.len() >= COPY_UNLOCKED_FROM {
+            let spare = cell.lock()?.spare_to_send(data)?;
+            if let Some(spare) = spare {
+                slot = Some(fill_copy(spare, data)?);
+            }
+        }
         let sent = cell.blocking(millis(timeout_ms), |state| {
             if slot.is_none() {
                 state.check_len(data.len())?;
@@ -900,7 +908,17 @@ pub unsafe extern "C" fn barlink_post_send(
         // SAFETY: forwarded caller contract; the slice lives for this call.
         let data = unsafe { bytes(data, len, "data")? };
         let mut state = cell.lock()?;
-        let (payload, released) = state.copy_to_post(data)?;
+        let spare = state.spare_to_post(data.len())?;
+        let (payload, released) = if data.len() < COPY_UNLOCKED_FROM {
+            fill_copy(spare, data)?
+        } else {
+            // Outside the lock, so that a progress thread (or a call on
+            // another thread) moves the link while the bytes are copied.
+            drop(state);
+            let filled = fill_copy(spare, data)?;
+            state = cell.lock()?;
+            filled
+        };
         let id = state.post(payload, released, user_tag)?;
         // SAFETY: as above.
         unsafe { put(request, id) };

@@ -54,6 +54,11 @@ const MAX_WINDOW_BYTES: u64 = 4 << 30;
 /// between a blocking sender's calls, even of messages of several windows.
 const MIN_SEND_QUEUE_BYTES: u64 = 64 << 20;
 const SEND_QUEUE_WINDOWS: u64 = 4;
+/// Shortest message whose send copy is made outside the link's lock
+/// ([`crate::payload::fill_copy`]), so that a progress thread, or a call
+/// on another thread, moves the link while the bytes are copied; a
+/// shorter copy takes less time than locking the link a second time.
+pub(crate) const COPY_UNLOCKED_FROM: usize = 16 << 10;
 
 /// What a link's sends are held to.
 #[derive(Debug, Clone, Copy)]
@@ -782,13 +787,14 @@ impl LinkState {
             || self.copies_held.saturating_add(len as u64) <= self.limits.queue_bytes
     }
 
-    /// A copy of `data` for a posted send, if it fits under the limit now
-    /// or after one round of progress (which may bring acknowledgements).
-    pub(crate) fn copy_to_post(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
-        self.check_len(data.len())?;
-        if !self.copy_fits(data.len()) {
+    /// A spare buffer for a posted send's copy of `len` bytes, if the
+    /// copy fits under the limit now or after one round of progress (which
+    /// may bring acknowledgements); [`fill_copy`] makes it the payload.
+    pub(crate) fn spare_to_post(&mut self, len: usize) -> Result<Arc<Vec<u8>>> {
+        self.check_len(len)?;
+        if !self.copy_fits(len) {
             self.step();
-            if !self.copy_fits(data.len()) {
+            if !self.copy_fits(len) {
                 // A caller polling a full queue retries often: no text
                 // is made per try.
                 return Err(Error::fixed(
@@ -797,28 +803,44 @@ impl LinkState {
                 ));
             }
         }
-        self.copy_payload(data)
+        Ok(self.send_copies.take(len))
     }
 
-    /// The payload of a blocking send of `data`: the caller's bytes, lent
-    /// for the call, if the message is long enough that waiting for the
-    /// acknowledgement costs less than a copy, else a copy. The lent
-    /// bytes come with the call's handle to them, which it must settle
-    /// ([`LinkState::settle_loan`]) before it returns. An RDMA link's
-    /// adapter reads bytes in registered send memory in place, and a write
-    /// of them may still be queued when the call returns: those are never
-    /// lent to it.
-    pub(crate) fn blocking_payload(
-        &mut self,
-        data: &[u8],
-    ) -> Result<(Payload, Release, Option<Weak<SendLoan>>)> {
+    /// A spare buffer for a blocking send's copy of `data`, if the send
+    /// copies (it does not lend: see [`LinkState::blocking_payload`]) and
+    /// the copy fits under the limit now; else the send makes its payload
+    /// in its steps.
+    pub(crate) fn spare_to_send(&mut self, data: &[u8]) -> Result<Option<Arc<Vec<u8>>>> {
+        self.check_len(data.len())?;
+        if self.lends(data) || !self.copy_fits(data.len()) {
+            return Ok(None);
+        }
+        Ok(Some(self.send_copies.take(data.len())))
+    }
+
+    /// Whether a blocking send lends `data` to the link rather than copy
+    /// it: a message long enough that waiting for the acknowledgement
+    /// costs less than a copy. An RDMA link's adapter reads bytes in
+    /// registered send memory in place, and a write of them may still be
+    /// queued when the call returns: those are never lent to it.
+    fn lends(&self, data: &[u8]) -> bool {
         let adapter_reads_in_place = self
             .link
             .as_ref()
             .is_some_and(|link| matches!(link.link, AnyLink::Rdma(_)));
-        if data.len() as u64 >= self.limits.loan_from
+        data.len() as u64 >= self.limits.loan_from
             && !(adapter_reads_in_place && SendMemory::overlaps(data))
-        {
+    }
+
+    /// The payload of a blocking send of `data`: the caller's bytes, lent
+    /// for the call, if it [lends](LinkState::lends) them, else a copy.
+    /// The lent bytes come with the call's handle to them, which it must
+    /// settle ([`LinkState::settle_loan`]) before it returns.
+    pub(crate) fn blocking_payload(
+        &mut self,
+        data: &[u8],
+    ) -> Result<(Payload, Release, Option<Weak<SendLoan>>)> {
+        if self.lends(data) {
             let (payload, released, loan) = SendLoan::new(data);
             return Ok((payload, released, Some(loan)));
         }

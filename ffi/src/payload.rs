@@ -173,33 +173,22 @@ impl SendCopies {
     /// that the link let go of it. Allocation failure is an error, never
     /// an abort.
     pub(crate) fn copy(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
-        let copy = self.copy_of(data)?;
-        let payload = Payload {
-            data: Data::Owned(Arc::clone(&copy)),
-        };
-        Ok((payload, Release::Copy(copy)))
+        fill_copy(self.take(data.len()), data)
     }
 
     /// `data` in a spare that fits, or a new buffer.
     fn copy_of(&mut self, data: &[u8]) -> Result<Arc<Vec<u8>>> {
         let mut copy = self.take(data.len());
-        let bytes = Arc::get_mut(&mut copy).expect("a spare copy is held by nobody else");
-        bytes.clear();
-        bytes.try_reserve_exact(data.len()).map_err(|_| {
-            Error::new(
-                BARLINK_OUT_OF_MEMORY,
-                format!("cannot allocate {} bytes for the message copy", data.len()),
-            )
-        })?;
-        bytes.extend_from_slice(data);
+        fill(&mut copy, data)?;
         Ok(copy)
     }
 
     /// A spare that holds `len` bytes without growing if one is kept (the
     /// newest if it fits, else the smallest, and none more than four times
     /// too large: a copy's capacity is what counts against
-    /// `send_queue_bytes`), else a new empty one.
-    fn take(&mut self, len: usize) -> Arc<Vec<u8>> {
+    /// `send_queue_bytes`), else a new empty one. [`fill_copy`] makes it
+    /// a payload, without the link's lock where the copy is long.
+    pub(crate) fn take(&mut self, len: usize) -> Arc<Vec<u8>> {
         let most = len.saturating_mul(4).max(64 << 10);
         let fit = |b: &Arc<Vec<u8>>| (len..=most).contains(&b.capacity());
         // Messages of one size in a row (the usual stream) find theirs last.
@@ -271,6 +260,33 @@ impl SendCopies {
             self.bytes -= oldest.capacity();
         }
     }
+}
+
+/// A payload holding a copy of `data` in `copy` (a buffer from
+/// [`SendCopies::take`], held by nobody else), and what tells its request
+/// that the link let go of it. Allocation failure is an error, never an
+/// abort. Needs no link state: a long copy is made without the link's
+/// lock, so that a progress thread moves the link meanwhile.
+pub(crate) fn fill_copy(mut copy: Arc<Vec<u8>>, data: &[u8]) -> Result<(Payload, Release)> {
+    fill(&mut copy, data)?;
+    let payload = Payload {
+        data: Data::Owned(Arc::clone(&copy)),
+    };
+    Ok((payload, Release::Copy(copy)))
+}
+
+/// Puts `data` in `copy`, in place of what it held.
+fn fill(copy: &mut Arc<Vec<u8>>, data: &[u8]) -> Result<()> {
+    let bytes = Arc::get_mut(copy).expect("a spare copy is held by nobody else");
+    bytes.clear();
+    bytes.try_reserve_exact(data.len()).map_err(|_| {
+        Error::new(
+            BARLINK_OUT_OF_MEMORY,
+            format!("cannot allocate {} bytes for the message copy", data.len()),
+        )
+    })?;
+    bytes.extend_from_slice(data);
+    Ok(())
 }
 
 /// How a send's request learns that barlink no longer reads its bytes.
