@@ -8,23 +8,27 @@
 # one-way latency less the Rust link's.
 #
 #   scripts/ffi-bench.sh [--rounds 3] [--sizes 64,4K,64K,1M,16M] [--quick]
-#                        [--recv in-place|copy]
+#                        [--recv in-place|copy] [--progress-thread]
 #
 # --quick: 64,64K,1M, 2 rounds of 3 windows of 8 MiB (under a minute).
 # --recv: how the C receiver takes messages: in place (barlink_recv_message,
 # as the Rust link's receiver takes its buffers; the default) or copied
 # into its own buffer (barlink_recv).
+# --progress-thread: the C links run with BARLINK_CONFIG_PROGRESS_THREAD (a
+# thread per link moves packets while the caller copies; on a machine with
+# cores to spare); the Rust link stays driven by its caller.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-rounds=3 sizes=64,4K,64K,1M,16M windows=5 bytes=64M lat=500 recv=in-place
+rounds=3 sizes=64,4K,64K,1M,16M windows=5 bytes=64M lat=500 recv=in-place progress=
 while [ $# -gt 0 ]; do
     case $1 in
         --rounds) rounds=$2; shift 2 ;;
+        --progress-thread) progress=--progress-thread; shift ;;
         --sizes) sizes=$2; shift 2 ;;
         --quick) rounds=2 sizes=64,64K,1M windows=3 bytes=8M lat=200; shift ;;
         --recv) recv=$2; shift 2 ;;
-        *) echo "usage: scripts/ffi-bench.sh [--rounds N] [--sizes LIST] [--quick] [--recv in-place|copy]" >&2; exit 2 ;;
+        *) echo "usage: scripts/ffi-bench.sh [--rounds N] [--sizes LIST] [--quick] [--recv in-place|copy] [--progress-thread]" >&2; exit 2 ;;
     esac
 done
 target="${CARGO_TARGET_DIR:-$root/target}"
@@ -49,13 +53,13 @@ print(",".join(str(int(s.rstrip("KMG"))*u[s[len(s.rstrip("KMG")):]]) for s in sy
 }
 c_sizes=$(bytes_of "$sizes")
 c_bytes=$(bytes_of "$bytes")
-echo "# scripts/ffi-bench.sh: C ABI / Rust link, $rounds rounds, sizes $sizes, $windows windows of $bytes, C receiving $recv"
+echo "# scripts/ffi-bench.sh: C ABI / Rust link, $rounds rounds, sizes $sizes, $windows windows of $bytes, C receiving $recv${progress:+, C links with a progress thread}"
 "$barlink" bench --paths barlink --sizes 64 --windows 1 --lat-iters 1 | grep '^# cpu'
 for round in $(seq "$rounds"); do
     "$barlink" bench --paths barlink --sizes "$sizes" --windows "$windows" \
         --bytes-per-window "$bytes" --lat-iters "$lat" --json >"$work/rust.$round.jsonl"
     "$ffi_bench" --sizes "$c_sizes" --windows "$windows" --bytes-per-window "$c_bytes" \
-        --lat-iters "$lat" --recv "$recv" --json >"$work/c.$round.jsonl"
+        --lat-iters "$lat" --recv "$recv" $progress --json >"$work/c.$round.jsonl"
 done
 python3 - "$work" "$rounds" <<'PY'
 import json, statistics, sys

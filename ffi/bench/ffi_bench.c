@@ -9,16 +9,18 @@
  * barlink_release_message when it next receives: the Rust link's receive,
  * no copy after the checked one) or, with --recv copy,
  * with barlink_recv into its own buffer; it checks the first and last
- * bytes of every message. Default config throughout (barlink_config_init).
+ * bytes of every message. Default config throughout (barlink_config_init);
+ * --progress-thread sets BARLINK_CONFIG_PROGRESS_THREAD on both sides, so
+ * each link has a thread of its own moving packets while the caller copies.
  *
  *   ffi_bench [--sizes 64,4096,65536,1048576,16777216] [--windows 5]
  *             [--bytes-per-window 67108864] [--lat-iters 500] [--json]
  *             [--modes c-send,c-post-send,c-post-send-buffer]
- *             [--recv in-place|copy]
+ *             [--recv in-place|copy] [--progress-thread]
  *
  * scripts/ffi-bench.sh builds it and runs it beside `barlink bench --paths
  * barlink` (the Rust link) in the same run, for the ratios. One JSON object
- * per line with --json: path, size_bytes, gbps, lat_p50_us.
+ * per line with --json: path, size_bytes, gbps, lat_p50_us, progress_thread.
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -49,6 +51,9 @@ static enum mode modes[MODES] = {BLOCKING, POSTED, REGISTERED};
 static int mode_count = MODES;
 /* How the child receives: in place (1) or copied into its buffer (0). */
 static int recv_in_place = 1;
+/* Both sides' config: the defaults, or with a progress thread. */
+static barlink_config config;
+static int progress_thread = 0;
 
 static void die(const char *what, barlink_status status) {
     fprintf(stderr, "ffi_bench: %s: %s (%s)\n", what, barlink_status_string(status),
@@ -159,7 +164,7 @@ static void send_turn(barlink_link *link, enum mode mode, const unsigned char *d
  * the way the mode sends. */
 static void child(const char *name, unsigned char *buf, size_t max) {
     barlink_link *link = NULL;
-    TRY("connect", barlink_connect(name, NULL, TIMEOUT_MS, &link));
+    TRY("connect", barlink_connect(name, &config, TIMEOUT_MS, &link));
     /* Zero-copy answers come from memory of their own: `buf` takes each
      * message's checked bytes while the last answer may still be read. */
     unsigned char *answers = malloc(max);
@@ -245,6 +250,8 @@ static void parse(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) {
             json = 1;
+        } else if (!strcmp(argv[i], "--progress-thread")) {
+            progress_thread = 1;
         } else if (i + 1 < argc && !strcmp(argv[i], "--sizes")) {
             size_count = 0;
             for (char *p = strtok(argv[++i], ","); p && size_count < MAX_SIZES; p = strtok(NULL, ","))
@@ -276,7 +283,7 @@ static void parse(int argc, char **argv) {
         } else {
             fprintf(stderr, "usage: ffi_bench [--sizes N,N..] [--windows N] "
                             "[--bytes-per-window N] [--lat-iters N] [--json] [--modes M,M..]\n"
-                            "                 [--recv in-place|copy]\n");
+                            "                 [--recv in-place|copy] [--progress-thread]\n");
             exit(2);
         }
     }
@@ -290,6 +297,8 @@ static void parse(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     parse(argc, argv);
+    TRY("config_init", barlink_config_init(&config));
+    if (progress_thread) config.flags |= BARLINK_CONFIG_PROGRESS_THREAD;
     size_t max = 0;
     for (int s = 0; s < size_count; s++) max = sizes[s] > max ? sizes[s] : max;
     unsigned char *data = malloc(max), *back = malloc(max);
@@ -297,7 +306,7 @@ int main(int argc, char **argv) {
     char name[64];
     snprintf(name, sizeof name, "ffi-bench-%d", (int)getpid());
     barlink_listener *listener = NULL;
-    TRY("listen", barlink_listen(name, NULL, &listener));
+    TRY("listen", barlink_listen(name, &config, &listener));
     pid_t pid = fork();
     if (pid == 0) {
         child(name, back, max);
@@ -309,8 +318,9 @@ int main(int argc, char **argv) {
     barlink_buffer *registered = NULL;
     TRY("register_buffer", barlink_register_buffer(data, max, &registered));
     if (!json) {
-        printf("# ffi_bench: barlink's C ABI (%s), default config, two processes, receiving %s\n",
-               barlink_version(), recv_in_place ? "in place" : "by copy");
+        printf("# ffi_bench: barlink's C ABI (%s), default config%s, two processes, receiving %s\n",
+               barlink_version(), progress_thread ? " with a progress thread" : "",
+               recv_in_place ? "in place" : "by copy");
         printf("# %10s  %-20s %9s %12s\n", "size", "path", "GB/s", "lat p50 us");
     }
     double gbps[MODES][64], lat_p50[MODES];
@@ -349,8 +359,9 @@ int main(int argc, char **argv) {
             int m = modes[k];
             double g = median(gbps[m], windows < 64 ? windows : 64);
             if (json)
-                printf("{\"path\":\"%s\",\"size_bytes\":%zu,\"gbps\":%.3f,\"lat_p50_us\":%.3f}\n",
-                       mode_names[m], size, g, lat_p50[m]);
+                printf("{\"path\":\"%s\",\"size_bytes\":%zu,\"gbps\":%.3f,\"lat_p50_us\":%.3f,"
+                       "\"progress_thread\":%s}\n",
+                       mode_names[m], size, g, lat_p50[m], progress_thread ? "true" : "false");
             else
                 printf("  %10zu  %-20s %9.2f %12.2f\n", size, mode_names[m], g, lat_p50[m]);
         }
