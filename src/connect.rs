@@ -476,6 +476,17 @@ impl<B: AsRef<[u8]>> Connection<B> {
         }
     }
 
+    /// Payload bytes the peer may send ahead of this side's delivery (the
+    /// credit this side grants: its receive window's packets, full): a
+    /// receiver that lends targets ahead needs that many bytes of them
+    /// lent for every message in flight to land in one.
+    pub fn recv_window_bytes(&self) -> usize {
+        each_link_ref!(self, link => {
+            let config = link.engine().config();
+            config.recv_window as usize * config.max_payload_len() as usize
+        })
+    }
+
     /// Delivered messages waiting to be taken.
     pub fn messages_ready(&self) -> usize {
         each_link_ref!(self, link => link.engine().messages_ready())

@@ -98,14 +98,27 @@ impl Sending {
     }
 }
 
-/// Chunks lent to the link ahead of their arrival, at most: enough that
-/// the chunks a round of progress brings in find their place posted.
+/// Receiving halves after the first that lend targets behind it, at most.
 const LENT_AHEAD: usize = 8;
+
+/// Targets lent to the link ahead of their chunks' arrival: every chunk
+/// the peer may have in flight (its credit, `recv_window_bytes`) and two
+/// more, so that none arrives before its target and is copied once more;
+/// at least `LENT_AHEAD`, at most `MOST_LENT`.
+fn lent_ahead(conn: &Connection<Payload>, chunk: usize) -> usize {
+    (2 * conn.recv_window_bytes().div_ceil(chunk.max(1)) + 2).clamp(LENT_AHEAD, MOST_LENT)
+}
+
+/// Most targets lent ahead, whatever the chunk.
+const MOST_LENT: usize = 256;
 
 /// Chunk-sized buffers that combining receives lend the link, kept for
 /// reuse across exchanges so that a chunk lands in memory that is already
-/// mapped and warm. One for the process, holding at most `LENT_AHEAD`.
+/// mapped and warm. One for the process, holding at most `SCRATCH_KEPT`
+/// buffers and `SCRATCH_KEPT_BYTES` in all.
 static SCRATCH: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+const SCRATCH_KEPT: usize = MOST_LENT;
+const SCRATCH_KEPT_BYTES: usize = 64 << 20;
 
 /// A receive target of a combining receive: the chunk lands here, checked,
 /// and is combined into the buffer from here. Back to `SCRATCH` when
@@ -136,7 +149,8 @@ impl RecvTarget for Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let mut kept = SCRATCH.lock().unwrap_or_else(PoisonError::into_inner);
-        if kept.len() < LENT_AHEAD {
+        let bytes: usize = kept.iter().map(Vec::capacity).sum();
+        if kept.len() < SCRATCH_KEPT && bytes + self.0.capacity() <= SCRATCH_KEPT_BYTES {
             kept.push(std::mem::take(&mut self.0));
         }
     }
@@ -219,11 +233,12 @@ impl Receiving {
     }
 
     /// Lends targets for this half and, once all of its are lent, for the
-    /// halves after it, in order: `LENT_AHEAD` in all.
+    /// halves after it, in order: [`lent_ahead`] in all.
     fn lend_in_order(&mut self, conn: &mut Connection<Payload>, later: &mut [Receiving]) {
+        let most = lent_ahead(conn, self.chunk);
         let mut lent = 0;
         for half in std::iter::once(self).chain(later.iter_mut()) {
-            let room = LENT_AHEAD.saturating_sub(lent);
+            let room = most.saturating_sub(lent);
             half.lend_ahead(conn, room);
             lent += half.lent();
             if !half.fully_lent() {
@@ -536,8 +551,8 @@ impl Halves {
         // sending half's progress can bring the first chunks in.
         while !self.recvs.is_empty() && self.cleared(0)? {
             // The halves after the front that may lend targets behind it:
-            // no more than LENT_AHEAD, as no more targets are lent in all,
-            // so a poll's checks do not grow with the number of steps.
+            // no more than LENT_AHEAD, so a poll's checks do not grow with
+            // the number of steps.
             let mut lendable = 0;
             while lendable < LENT_AHEAD
                 && lendable + 1 < self.recvs.len()
