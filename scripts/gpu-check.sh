@@ -120,7 +120,9 @@ timeout 15 "$dir/barlink" topo 2>&1 | head -40
 timeout 15 "$dir/barlink" doctor 2>&1 | head -60
 echo
 echo "== routes the device allowed (from the tests above)"
-grep -E '^(dma-buf export|CUDA IPC export):' "$out/gpu-check.log" || echo "(the device tests did not run)"
+# The test prints each route after its own name, on the same line.
+sed '/^== routes the device allowed/q' "$out/gpu-check.log" |
+    grep -o -E '(dma-buf export|CUDA IPC export): .*' || echo "(the device tests did not run)"
 grep -o '"cuda_ipc_refused":"[^"]*"' "$out/bench-gpu.jsonl" 2>/dev/null | sort -u || true
 
 # Last, so that a run cut short loses only these: the host-memory link
