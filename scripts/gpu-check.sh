@@ -2,7 +2,8 @@
 # The GPU checks, in one run on a machine with an NVIDIA GPU (about 3
 # minutes on an H200 machine): the CUDA layer's device tests, `barlink
 # validate --gpu`, and `barlink bench --gpu` with its baselines, then the
-# torch backend on CUDA tensors; it prints the GPU's name, driver and BAR1
+# torch backend on CUDA tensors and what two contexts taking turns on one
+# GPU cost (scripts/gpu_turns.py); it prints the GPU's name, driver and BAR1
 # size first and which routes the device allowed, then measures the CPU.
 # Each step has a limit; together they pass 10 minutes, so a run cut short
 # loses the CPU measurements, which come last.
@@ -106,6 +107,10 @@ if ls "$dir"/wheels/barlink-*.whl >/dev/null 2>&1 && [ -n "$torch_version" ]; th
         check "python -m barlink.torch.bench --device cuda (barlink and gloo on CUDA tensors)" 90 \
             env PYTHONPATH="$site" bash -c 'set -o pipefail; python3 -m barlink.torch.bench --device cuda --ops all_reduce,broadcast,send_recv -b 1M -e 64M -f 8 --windows 3 --json | tee "$1"' \
             _ "$out/torch-cuda.jsonl"
+        # bench --gpu's two ends are two CUDA contexts on one GPU: what
+        # that arrangement alone costs a turn (its CPU run: the pipe's part).
+        check "two processes taking turns on the GPU (scripts/gpu_turns.py)" 90 \
+            bash -c 'python3 scripts/gpu_turns.py cuda 3000 && python3 scripts/gpu_turns.py cpu 3000'
     else
         failed=$((failed + 1)); echo "FAILED: pip install the barlink wheel"
         site=
