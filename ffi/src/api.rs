@@ -605,18 +605,31 @@ pub unsafe extern "C" fn barlink_send(
             settled: false,
         };
         // A long copy that fits now is made outside the lock, so that a
-        // progress thread moves the link meanwhile. Else the payload is
-        // made under the first step's lock (one lock fewer): only the first
-        // step finds the slot empty (a later one runs only after a full
-        // queue gave the payload back).
+        // progress thread moves the link meanwhile; its bytes stay reserved
+        // under send_queue_bytes until the step that queues it. Else the
+        // payload is made in the first step that finds room for it, under
+        // that step's lock (one lock fewer); a full queue gives it back to
+        // the slot for the next step.
         let mut slot = None;
+        let mut reserved = 0;
         if data.len() >= COPY_UNLOCKED_FROM {
             let spare = cell.lock()?.spare_to_send(data)?;
             if let Some(spare) = spare {
-                slot = Some(fill_copy(spare, data)?);
+                reserved = data.len();
+                match fill_copy(spare, data) {
+                    Ok(filled) => slot = Some(filled),
+                    Err(error) => {
+                        cell.lock_even_if_closed().end_reservation(reserved);
+                        return Err(error);
+                    }
+                }
             }
         }
         let sent = cell.blocking(millis(timeout_ms), |state| {
+            if reserved > 0 {
+                state.end_reservation(reserved);
+                reserved = 0;
+            }
             if slot.is_none() {
                 state.check_len(data.len())?;
                 // The copies held for unacknowledged sends are at their
@@ -633,6 +646,10 @@ pub unsafe extern "C" fn barlink_send(
             }
             state.send_step(&mut slot)
         });
+        if reserved > 0 {
+            // No step ran (the link was closed or broken meanwhile).
+            cell.lock_even_if_closed().end_reservation(reserved);
+        }
         // Timed out (or failed) with the payload still here: keep a copy
         // for the retry, as a full queue's post does; lent bytes just go.
         if let Some((payload, released)) = slot.take()
@@ -910,14 +927,17 @@ pub unsafe extern "C" fn barlink_post_send(
         let mut state = cell.lock()?;
         let spare = state.spare_to_post(data.len())?;
         let (payload, released) = if data.len() < COPY_UNLOCKED_FROM {
-            fill_copy(spare, data)?
+            let filled = fill_copy(spare, data);
+            state.end_reservation(data.len());
+            filled?
         } else {
             // Outside the lock, so that a progress thread (or a call on
-            // another thread) moves the link while the bytes are copied.
+            // another thread) moves the link while the bytes are copied;
+            // the reservation keeps other calls within send_queue_bytes.
             drop(state);
-            let filled = fill_copy(spare, data)?;
-            state = cell.lock()?;
-            filled
+            let filled = fill_copy(spare, data);
+            state = cell.lock_after_copy(data.len())?;
+            filled?
         };
         let id = state.post(payload, released, user_tag)?;
         // SAFETY: as above.

@@ -270,6 +270,10 @@ pub(crate) struct LinkState {
     /// it is past `limits.queue_bytes`; a call already past that check
     /// when another thread's copy went in may add one message more.
     copies_held: u64,
+    /// Bytes of copies being made outside the lock, counted against
+    /// `limits.queue_bytes` from the check that let them go until they are
+    /// queued or given up ([`LinkState::spare_to_post`]).
+    copies_reserved: u64,
     /// How the messages of blocking sends waiting on their lent bytes
     /// ended, by message id, until each call takes its own.
     loan_outcomes: BTreeMap<u64, barlink_status>,
@@ -375,6 +379,7 @@ impl LinkCell {
                 message_bytes_received: 0,
                 limits,
                 copies_held: 0,
+                copies_reserved: 0,
                 loan_outcomes: BTreeMap::new(),
                 messages_copied: 0,
                 messages_lent: 0,
@@ -386,17 +391,27 @@ impl LinkCell {
     /// caught in the middle of an operation on this link: it is not trusted
     /// again.
     pub(crate) fn lock(&self) -> Result<MutexGuard<'_, LinkState>> {
-        let state = self.state.lock().map_err(|_| {
-            Error::new(
-                BARLINK_INTERNAL,
-                "the link is unusable after an internal error: close it",
-            )
-        })?;
+        let state = self.state.lock().map_err(|_| unusable())?;
         if state.closed_by_handle {
-            return Err(Error::new(
-                BARLINK_CLOSED,
-                "the link was closed (barlink_close) while this call was using it",
-            ));
+            return Err(closed_meanwhile());
+        }
+        Ok(state)
+    }
+
+    /// Locks the state to queue a copy of `reserved` bytes made outside
+    /// the lock: gives its reservation back first, whatever happened
+    /// meanwhile, then refuses as [`LinkCell::lock`] does.
+    pub(crate) fn lock_after_copy(&self, reserved: usize) -> Result<MutexGuard<'_, LinkState>> {
+        let (mut state, poisoned) = match self.state.lock() {
+            Ok(state) => (state, false),
+            Err(poisoned) => (poisoned.into_inner(), true),
+        };
+        state.end_reservation(reserved);
+        if poisoned {
+            return Err(unusable());
+        }
+        if state.closed_by_handle {
+            return Err(closed_meanwhile());
         }
         Ok(state)
     }
@@ -522,6 +537,7 @@ impl LinkCell {
         state.link = None;
         state.requests.clear();
         state.copies_held = 0;
+        state.copies_reserved = 0;
         state.recvs = PostedRecvs::default();
         state.done.clear();
         state.received.clear();
@@ -783,13 +799,16 @@ impl LinkState {
     /// always while no copy is held, so a message larger than the limit
     /// still goes, alone.
     pub(crate) fn copy_fits(&self, len: usize) -> bool {
-        self.copies_held == 0
-            || self.copies_held.saturating_add(len as u64) <= self.limits.queue_bytes
+        let held = self.copies_held.saturating_add(self.copies_reserved);
+        held == 0 || held.saturating_add(len as u64) <= self.limits.queue_bytes
     }
 
     /// A spare buffer for a posted send's copy of `len` bytes, if the
     /// copy fits under the limit now or after one round of progress (which
-    /// may bring acknowledgements); [`fill_copy`] makes it the payload.
+    /// may bring acknowledgements); [`crate::payload::fill_copy`] makes it
+    /// the payload. The `len` bytes stay reserved under the limit until
+    /// [`LinkCell::lock_after_copy`] gives them back, under the lock that
+    /// queues the copy, so that calls on other threads meanwhile see them.
     pub(crate) fn spare_to_post(&mut self, len: usize) -> Result<Arc<Vec<u8>>> {
         self.check_len(len)?;
         if !self.copy_fits(len) {
@@ -803,19 +822,28 @@ impl LinkState {
                 ));
             }
         }
+        self.copies_reserved += len as u64;
         Ok(self.send_copies.take(len))
     }
 
     /// A spare buffer for a blocking send's copy of `data`, if the send
     /// copies (it does not lend: see [`LinkState::blocking_payload`]) and
-    /// the copy fits under the limit now; else the send makes its payload
-    /// in its steps.
+    /// the copy fits under the limit now, its bytes reserved as
+    /// [`LinkState::spare_to_post`]'s; else the send makes its payload in
+    /// its steps.
     pub(crate) fn spare_to_send(&mut self, data: &[u8]) -> Result<Option<Arc<Vec<u8>>>> {
         self.check_len(data.len())?;
         if self.lends(data) || !self.copy_fits(data.len()) {
             return Ok(None);
         }
+        self.copies_reserved += data.len() as u64;
         Ok(Some(self.send_copies.take(data.len())))
+    }
+
+    /// Gives back `len` bytes that a copy made outside the lock reserved.
+    pub(crate) fn end_reservation(&mut self, len: usize) {
+        // A close meanwhile cleared every reservation.
+        self.copies_reserved = self.copies_reserved.saturating_sub(len as u64);
     }
 
     /// Whether a blocking send lends `data` to the link rather than copy
@@ -1284,6 +1312,22 @@ fn drive(cell: &std::sync::Weak<LinkCell>) {
             std::thread::sleep(NAP);
         }
     }
+}
+
+/// A link whose lock a caught panic poisoned.
+fn unusable() -> Error {
+    Error::new(
+        BARLINK_INTERNAL,
+        "the link is unusable after an internal error: close it",
+    )
+}
+
+/// A link closed by its handle while a call was using it.
+fn closed_meanwhile() -> Error {
+    Error::new(
+        BARLINK_CLOSED,
+        "the link was closed (barlink_close) while this call was using it",
+    )
 }
 
 fn activity(stats: &Stats) -> (u64, u64) {
