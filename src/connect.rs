@@ -483,7 +483,7 @@ impl<B: AsRef<[u8]>> Connection<B> {
     pub fn recv_window_bytes(&self) -> usize {
         each_link_ref!(self, link => {
             let config = link.engine().config();
-            config.recv_window as usize * config.max_payload_len() as usize
+            (config.recv_window as usize).saturating_mul(config.max_payload_len() as usize)
         })
     }
 

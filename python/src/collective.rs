@@ -102,15 +102,27 @@ impl Sending {
 const LENT_AHEAD: usize = 8;
 
 /// Targets lent to the link ahead of their chunks' arrival: every chunk
-/// the peer may have in flight (its credit, `recv_window_bytes`) and two
-/// more, so that none arrives before its target and is copied once more;
-/// at least `LENT_AHEAD`, at most `MOST_LENT`.
+/// the peer may have in flight (its credit, `recv_window_bytes`) twice
+/// over, as the peer sends the next step's chunks on while this side still
+/// receives the current step's, and two more, so that none arrives before
+/// its target and is copied once more. At least `LENT_AHEAD`; at most
+/// `MOST_LENT`, and at most `MOST_LENT_BYTES` of chunks (each a scratch
+/// buffer of its own where chunks are combined).
 fn lent_ahead(conn: &Connection<Payload>, chunk: usize) -> usize {
-    (2 * conn.recv_window_bytes().div_ceil(chunk.max(1)) + 2).clamp(LENT_AHEAD, MOST_LENT)
+    let chunk = chunk.max(1);
+    let wanted = conn
+        .recv_window_bytes()
+        .div_ceil(chunk)
+        .saturating_mul(2)
+        .saturating_add(2);
+    wanted
+        .min(MOST_LENT_BYTES / chunk)
+        .clamp(LENT_AHEAD, MOST_LENT)
 }
 
-/// Most targets lent ahead, whatever the chunk.
+/// Most targets lent ahead, whatever the chunk, and most bytes of them.
 const MOST_LENT: usize = 256;
+const MOST_LENT_BYTES: usize = 64 << 20;
 
 /// Chunk-sized buffers that combining receives lend the link, kept for
 /// reuse across exchanges so that a chunk lands in memory that is already
@@ -118,7 +130,7 @@ const MOST_LENT: usize = 256;
 /// buffers and `SCRATCH_KEPT_BYTES` in all.
 static SCRATCH: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 const SCRATCH_KEPT: usize = MOST_LENT;
-const SCRATCH_KEPT_BYTES: usize = 64 << 20;
+const SCRATCH_KEPT_BYTES: usize = MOST_LENT_BYTES;
 
 /// A receive target of a combining receive: the chunk lands here, checked,
 /// and is combined into the buffer from here. Back to `SCRATCH` when
