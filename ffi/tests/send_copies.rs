@@ -11,7 +11,7 @@ use barlink_c::*;
 
 mod support;
 
-use support::{completions, drive, last_error, pair, recv};
+use support::{completions, drive, last_error, pair, poll, recv};
 
 /// Message `index`'s bytes: its length and contents differ from its
 /// neighbours', so a copy taken late, twice or from the wrong call shows;
@@ -45,20 +45,9 @@ fn post(link: *mut barlink_link, data: *const u8, len: usize) -> usize {
         }
         assert_eq!(status, BARLINK_WOULD_BLOCK, "{}", last_error());
         assert!(Instant::now() < deadline, "no room within 10 s");
-        let empty = barlink_completion {
-            request: 0,
-            user_tag: 0,
-            bytes: 0,
-            status: BARLINK_OK,
-            reserved: 0,
-        };
-        let mut done = [empty; 8];
-        let mut count = 0;
-        // SAFETY: `done` holds 8 writable completions; count is writable.
-        let status = unsafe { barlink_poll(link, done.as_mut_ptr(), done.len(), &mut count) };
-        assert_eq!(status, BARLINK_OK, "{}", last_error());
-        assert!(done[..count].iter().all(|c| c.status == BARLINK_OK));
-        taken += count;
+        let done = poll(link);
+        assert!(done.iter().all(|c| c.status == BARLINK_OK), "{done:?}");
+        taken += done.len();
         std::thread::sleep(Duration::from_millis(1));
     }
 }

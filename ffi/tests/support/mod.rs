@@ -156,19 +156,24 @@ pub fn completions(link: *mut barlink_link, count: usize) -> Vec<barlink_complet
             "{} of {count} completions",
             got.len()
         );
-        let empty = barlink_completion {
-            request: 0,
-            user_tag: 0,
-            bytes: 0,
-            status: BARLINK_OK,
-            reserved: 0,
-        };
-        let mut batch = [empty; 8];
-        let mut n = 0;
-        // SAFETY: batch holds 8 writable completions; n is writable.
-        let status = unsafe { barlink_poll(link, batch.as_mut_ptr(), batch.len(), &mut n) };
-        assert_eq!(status, BARLINK_OK, "{}", last_error());
-        got.extend_from_slice(&batch[..n]);
+        got.extend(poll(link));
     }
     got
+}
+
+/// One `barlink_poll` of `link`: the completions it took (up to 8).
+pub fn poll(link: *mut barlink_link) -> Vec<barlink_completion> {
+    let empty = barlink_completion {
+        request: 0,
+        user_tag: 0,
+        bytes: 0,
+        status: BARLINK_OK,
+        reserved: 0,
+    };
+    let mut batch = [empty; 8];
+    let mut n = 0;
+    // SAFETY: batch holds 8 writable completions; n is writable.
+    let status = unsafe { barlink_poll(link, batch.as_mut_ptr(), batch.len(), &mut n) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    batch[..n].to_vec()
 }
