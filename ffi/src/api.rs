@@ -264,7 +264,7 @@ fn default_config() -> barlink_config {
         transport: 0,
         window_bytes: barlink_transport::link::LinkConfig::default().window_len as u64,
         max_message_bytes: barlink_transport::engine::EngineConfig::default().max_message_len,
-        mtu: crate::link::DEFAULT_MTU as u32,
+        mtu: crate::config::DEFAULT_MTU as u32,
         peer_timeout_ms: barlink_transport::engine::EngineConfig::default()
             .peer_timeout
             .as_millis() as u32,

@@ -21,8 +21,9 @@ use barlink::{
 };
 use barlink_transport::link::{LinkConfig, Listener, SetupError};
 
+use crate::config::{SendLimits, link_config};
 use crate::error::{Error, Result};
-use crate::link::{LinkCell, SendLimits, link_config};
+use crate::link::LinkCell;
 use crate::payload::Payload;
 use crate::types::barlink_status::*;
 use crate::types::{BARLINK_CONFIG_PROGRESS_THREAD, barlink_config};
