@@ -613,8 +613,10 @@ pub unsafe extern "C" fn barlink_send(
         let mut slot = None;
         let mut reserved = 0;
         if data.len() >= COPY_UNLOCKED_FROM {
-            let spare = cell.lock()?.spare_to_send(data)?;
-            if let Some(spare) = spare {
+            let mut state = cell.lock()?;
+            if let Some(spare) = state.spare_to_send(data)? {
+                state.reserve_copy(data.len());
+                drop(state);
                 reserved = data.len();
                 match fill_copy(spare, data) {
                     Ok(filled) => slot = Some(filled),
@@ -927,13 +929,12 @@ pub unsafe extern "C" fn barlink_post_send(
         let mut state = cell.lock()?;
         let spare = state.spare_to_post(data.len())?;
         let (payload, released) = if data.len() < COPY_UNLOCKED_FROM {
-            let filled = fill_copy(spare, data);
-            state.end_reservation(data.len());
-            filled?
+            fill_copy(spare, data)?
         } else {
             // Outside the lock, so that a progress thread (or a call on
             // another thread) moves the link while the bytes are copied;
             // the reservation keeps other calls within send_queue_bytes.
+            state.reserve_copy(data.len());
             drop(state);
             let filled = fill_copy(spare, data);
             state = cell.lock_after_copy(data.len())?;

@@ -120,7 +120,7 @@ pub(crate) struct LinkState {
     copies_held: u64,
     /// Bytes of copies being made outside the lock, counted against
     /// `limits.queue_bytes` from the check that let them go until they are
-    /// queued or given up ([`LinkState::spare_to_post`]).
+    /// queued or given up ([`LinkState::reserve_copy`]).
     copies_reserved: u64,
     /// How the messages of blocking sends waiting on their lent bytes
     /// ended, by message id, until each call takes its own.
@@ -654,9 +654,8 @@ impl LinkState {
     /// A spare buffer for a posted send's copy of `len` bytes, if the
     /// copy fits under the limit now or after one round of progress (which
     /// may bring acknowledgements); [`crate::payload::fill_copy`] makes it
-    /// the payload. The `len` bytes stay reserved under the limit until
-    /// [`LinkCell::lock_after_copy`] gives them back, under the lock that
-    /// queues the copy, so that calls on other threads meanwhile see them.
+    /// the payload. A copy made outside the lock reserves its bytes first
+    /// ([`LinkState::reserve_copy`]).
     pub(crate) fn spare_to_post(&mut self, len: usize) -> Result<Arc<Vec<u8>>> {
         self.check_len(len)?;
         if !self.copy_fits(len) {
@@ -670,22 +669,27 @@ impl LinkState {
                 ));
             }
         }
-        self.copies_reserved += len as u64;
         Ok(self.send_copies.take(len))
     }
 
     /// A spare buffer for a blocking send's copy of `data`, if the send
     /// copies (it does not lend: see [`LinkState::blocking_payload`]) and
-    /// the copy fits under the limit now, its bytes reserved as
-    /// [`LinkState::spare_to_post`]'s; else the send makes its payload in
-    /// its steps.
+    /// the copy fits under the limit now; else the send makes its payload
+    /// in its steps.
     pub(crate) fn spare_to_send(&mut self, data: &[u8]) -> Result<Option<Arc<Vec<u8>>>> {
         self.check_len(data.len())?;
         if self.lends(data) || !self.copy_fits(data.len()) {
             return Ok(None);
         }
-        self.copies_reserved += data.len() as u64;
         Ok(Some(self.send_copies.take(data.len())))
+    }
+
+    /// Counts `len` bytes of a copy about to be made outside the lock
+    /// against the limit, so that calls on other threads meanwhile see
+    /// them, until the lock that queues the copy gives them back
+    /// ([`LinkState::end_reservation`], [`LinkCell::lock_after_copy`]).
+    pub(crate) fn reserve_copy(&mut self, len: usize) {
+        self.copies_reserved += len as u64;
     }
 
     /// Gives back `len` bytes that a copy made outside the lock reserved.
