@@ -99,13 +99,13 @@ impl Sending {
 }
 
 /// Receiving halves after the first that lend targets behind it, at most.
-const LENT_AHEAD: usize = 8;
+const LENDING_HALVES: usize = 8;
 
 /// Targets lent to the link ahead of their chunks' arrival: every chunk
 /// the peer may have in flight (its credit, `recv_window_bytes`) twice
 /// over, as the peer sends the next step's chunks on while this side still
 /// receives the current step's, and two more, so that none arrives before
-/// its target and is copied once more. At least `LENT_AHEAD`; at most
+/// its target and is copied once more. At least `LEAST_LENT`; at most
 /// `MOST_LENT`, and at most `MOST_LENT_BYTES` of chunks (each a scratch
 /// buffer of its own where chunks are combined).
 fn lent_ahead(conn: &Connection<Payload>, chunk: usize) -> usize {
@@ -117,20 +117,29 @@ fn lent_ahead(conn: &Connection<Payload>, chunk: usize) -> usize {
         .saturating_add(2);
     wanted
         .min(MOST_LENT_BYTES / chunk)
-        .clamp(LENT_AHEAD, MOST_LENT)
+        .clamp(LEAST_LENT, MOST_LENT)
 }
 
-/// Most targets lent ahead, whatever the chunk, and most bytes of them.
+/// Fewest targets lent ahead, and most, whatever the chunk; and most
+/// bytes of them.
+const LEAST_LENT: usize = 8;
 const MOST_LENT: usize = 256;
 const MOST_LENT_BYTES: usize = 64 << 20;
 
 /// Chunk-sized buffers that combining receives lend the link, kept for
 /// reuse across exchanges so that a chunk lands in memory that is already
-/// mapped and warm. One for the process, holding at most `SCRATCH_KEPT`
-/// buffers and `SCRATCH_KEPT_BYTES` in all.
-static SCRATCH: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
-const SCRATCH_KEPT: usize = MOST_LENT;
-const SCRATCH_KEPT_BYTES: usize = MOST_LENT_BYTES;
+/// mapped and warm. One for the process, holding no more than can be lent
+/// at once: `MOST_LENT` buffers, `MOST_LENT_BYTES` in all.
+static SCRATCH: Mutex<ScratchPool> = Mutex::new(ScratchPool {
+    kept: Vec::new(),
+    bytes: 0,
+});
+
+struct ScratchPool {
+    kept: Vec<Vec<u8>>,
+    /// The kept buffers' capacities' total.
+    bytes: usize,
+}
 
 /// A receive target of a combining receive: the chunk lands here, checked,
 /// and is combined into the buffer from here. Back to `SCRATCH` when
@@ -139,14 +148,15 @@ struct Scratch(Vec<u8>);
 
 impl Scratch {
     fn take(len: usize) -> Scratch {
-        let mut kept = SCRATCH.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pool = SCRATCH.lock().unwrap_or_else(PoisonError::into_inner);
         // One of this length if there is one: no bytes to zero.
-        let found = kept.iter().rposition(|bytes| bytes.len() == len);
+        let found = pool.kept.iter().rposition(|bytes| bytes.len() == len);
         let mut bytes = match found {
-            Some(index) => kept.swap_remove(index),
-            None => kept.pop().unwrap_or_default(),
+            Some(index) => pool.kept.swap_remove(index),
+            None => pool.kept.pop().unwrap_or_default(),
         };
-        drop(kept);
+        pool.bytes -= bytes.capacity();
+        drop(pool);
         bytes.resize(len, 0);
         Scratch(bytes)
     }
@@ -160,10 +170,11 @@ impl RecvTarget for Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let mut kept = SCRATCH.lock().unwrap_or_else(PoisonError::into_inner);
-        let bytes: usize = kept.iter().map(Vec::capacity).sum();
-        if kept.len() < SCRATCH_KEPT && bytes + self.0.capacity() <= SCRATCH_KEPT_BYTES {
-            kept.push(std::mem::take(&mut self.0));
+        let mut pool = SCRATCH.lock().unwrap_or_else(PoisonError::into_inner);
+        let capacity = self.0.capacity();
+        if pool.kept.len() < MOST_LENT && pool.bytes + capacity <= MOST_LENT_BYTES {
+            pool.bytes += capacity;
+            pool.kept.push(std::mem::take(&mut self.0));
         }
     }
 }
@@ -563,10 +574,10 @@ impl Halves {
         // sending half's progress can bring the first chunks in.
         while !self.recvs.is_empty() && self.cleared(0)? {
             // The halves after the front that may lend targets behind it:
-            // no more than LENT_AHEAD, so a poll's checks do not grow with
+            // no more than LENDING_HALVES, so a poll's checks do not grow with
             // the number of steps.
             let mut lendable = 0;
-            while lendable < LENT_AHEAD
+            while lendable < LENDING_HALVES
                 && lendable + 1 < self.recvs.len()
                 && self.cleared(lendable + 1)?
             {
