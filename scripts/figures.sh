@@ -18,9 +18,10 @@
 # (or PYTHON=...) and measures a release build of the barlink package only:
 # the one python3 imports if it is one (the test command's is not), else a
 # wheel of this tree built with cargo, else the wheel of scripts/gpu-check.sh
-# --build, installed into a temporary folder. The C ABI step builds with cargo and gcc, or takes a
-# prebuilt ffi_bench from FFI_BENCH (see scripts/ffi-bench.sh). Output:
-# $OUT (or target/figures/), one .jsonl a run.
+# --build, installed into a temporary folder. The C ABI step builds with
+# cargo and gcc, or takes a prebuilt ffi_bench from FFI_BENCH (see
+# scripts/ffi-bench.sh). Output: $OUT (or target/figures/), one .jsonl a
+# run.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

@@ -86,8 +86,9 @@ impl Drop for Settle<'_> {
 }
 
 /// `Link.send` of a writable `view` of at least
-/// [`barlink::loan::LOAN_FROM_PACKETS`] packets: queues it lent, drives the link until the peer acknowledges
-/// it or it stops moving, then returns with the caller's memory free.
+/// [`barlink::loan::LOAN_FROM_PACKETS`] packets: queues it lent, drives
+/// the link until the peer acknowledges it or it stops moving, then
+/// returns with the caller's memory free.
 pub fn send_lent(
     shared: &Shared,
     py: Python<'_>,
