@@ -95,12 +95,15 @@ class Exchange:
         chunk: int = 1 << 20,
         reduce: Optional[tuple[str, str]] = None,
         tag: Optional[bytes] = None,
+        fill: Optional[Buffer] = None,
     ) -> "Exchange":
         """The steps of a ring as one exchange: each `(send_buf, recv_buf,
         combines)` sends over `send_to` while receiving over `recv_from`,
         and each step after the first sends the buffer the step before it
         received, every chunk as soon as it arrived (and was combined with
-        `reduce`, where `combines`)."""
+        `reduce`, where `combines`). With `fill`, the first step's bytes
+        are copied from it into its `send_buf` a chunk at a time, each just
+        before it goes."""
     def test(self) -> bool: ...
     def wait(self, timeout: Optional[float] = None) -> None: ...
     @property

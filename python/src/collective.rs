@@ -48,6 +48,20 @@ struct Sending {
     next: usize,
     /// Index of the last message queued.
     last: Option<u64>,
+    /// Where the bytes come from, if they are not in the buffer yet.
+    fill: Option<Fill>,
+}
+
+/// A sending half's bytes still to be copied into its buffer: each chunk
+/// is copied just before it is queued, once the link has sent what was
+/// queued before it, so that the link reads it from the cache. Copied
+/// whole up front, a buffer larger than the cache would be read back from
+/// memory by the link.
+#[derive(Debug)]
+struct Fill {
+    source: BufferView,
+    /// The sending half's buffer, writable.
+    buffer: BufferView,
 }
 
 impl Sending {
@@ -72,6 +86,15 @@ impl Sending {
             let end = (self.next + self.chunk).min(self.len);
             if end > limit {
                 break;
+            }
+            if let Some(fill) = &mut self.fill {
+                if state.conn()?.has_unsent() {
+                    break;
+                }
+                let range = self.next..end;
+                fill.buffer
+                    .range_mut(range.clone())
+                    .copy_from_slice(fill.source.range(range));
             }
             let payload = Payload::HeldRange(self.held.clone(), self.next..end);
             match state.queue(payload, Duration::ZERO)? {
@@ -767,9 +790,16 @@ impl Exchange {
     /// an earlier step sent or received: it waits until the earlier
     /// receive is complete and, where the earlier send went over another
     /// link, for that link's acknowledgement of it. With `tag`, the first
-    /// message each way is `tag`.
+    /// message each way is `tag`. With `fill`, a buffer as long as the
+    /// first step's `send_buf` and apart from every step's buffers, the
+    /// first step's bytes come from `fill`: each chunk is copied into
+    /// `send_buf` just before it goes (an all-gather's own part, copied
+    /// while it is sent rather than before), and `send_buf` ends holding
+    /// them all.
     #[staticmethod]
-    #[pyo3(signature = (send_to, recv_from, steps, *, chunk=1 << 20, reduce=None, tag=None))]
+    #[pyo3(signature = (
+        send_to, recv_from, steps, *, chunk=1 << 20, reduce=None, tag=None, fill=None,
+    ))]
     fn chain(
         send_to: PyRef<'_, Link>,
         recv_from: PyRef<'_, Link>,
@@ -777,6 +807,7 @@ impl Exchange {
         chunk: usize,
         reduce: Option<(String, String)>,
         tag: Option<Vec<u8>>,
+        fill: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Exchange> {
         let reduce = parse_reduce(reduce, chunk)?;
         let mut sends: Vec<Sending> = Vec::with_capacity(steps.len());
@@ -791,7 +822,10 @@ impl Exchange {
             } else {
                 None
             };
-            let sending = sending_half(&send_to, send_buf, chunk, step_tag.clone())?;
+            let mut sending = sending_half(&send_to, send_buf, chunk, step_tag.clone())?;
+            if first && let Some(fill) = &fill {
+                sending.fill = Some(filling(fill, send_buf)?);
+            }
             let mut receiving = receiving_half(&recv_from, recv_buf, chunk, step_tag, step_reduce)?;
             if index + 1 == steps.len() {
                 // The last step's bytes are not sent on as they arrive.
@@ -808,6 +842,16 @@ impl Exchange {
             }
             sends.push(sending);
             recvs.push(receiving);
+        }
+        if let Some(Fill { source, .. }) = sends.first().and_then(|first| first.fill.as_ref()) {
+            let apart = |span: std::ops::Range<usize>| !overlap(&source.span(), &span);
+            if !sends.iter().all(|s| apart(s.held.span()))
+                || !recvs.iter().all(|r| apart(r.view.span()))
+            {
+                return Err(PyValueError::new_err(
+                    "fill overlaps a step's buffers: give the bytes from memory of their own",
+                ));
+            }
         }
         Ok(Exchange {
             progress: Mutex::new(Progress::Running(Box::new(Halves::new(sends, recvs)))),
@@ -879,7 +923,22 @@ fn sending_half(
         tag,
         next: 0,
         last: None,
+        fill: None,
     })
+}
+
+/// The copy a chain's first step makes from `fill` into its `send_buf`.
+fn filling(fill: &Bound<'_, PyAny>, send_buf: &Bound<'_, PyAny>) -> PyResult<Fill> {
+    let source = BufferView::get(fill, false)?;
+    let buffer = BufferView::get(send_buf, true)?;
+    if source.len() != buffer.len() {
+        return Err(PyValueError::new_err(format!(
+            "fill has {} bytes, the first step's send_buf {}: give as many",
+            source.len(),
+            buffer.len()
+        )));
+    }
+    Ok(Fill { source, buffer })
 }
 
 fn receiving_half(

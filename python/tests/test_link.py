@@ -533,6 +533,30 @@ def test_a_chain_of_copying_and_combining_steps_against_an_echo_is_intact(echo, 
     assert echo.stats()["crc_failures"] == 0
 
 
+@pytest.mark.parametrize("chunk", [4096, 65536 + 64])
+def test_a_chain_fills_its_first_buffer_as_it_sends(echo, chunk):
+    # The first step's bytes come from `fill`, a chunk at a time: the
+    # buffer ends holding them, and the echo sends back what went.
+    size = (1 << 20) + 4000
+    own = np.frombuffer(os.urandom(size), np.uint8).copy()
+    a, b = np.zeros(size, np.uint8), np.zeros(size, np.uint8)
+    barlink.Exchange.chain(echo, echo, [(a, b, False)], chunk=chunk, tag=b"fill", fill=own).wait(
+        timeout=60
+    )
+    assert np.array_equal(a, own) and np.array_equal(b, own)
+
+
+def test_a_chain_refuses_a_fill_it_cannot_copy(echo):
+    a, b, c = bytearray(4096), bytearray(4096), bytearray(8192)
+    with pytest.raises(ValueError, match="fill has 100 bytes"):
+        barlink.Exchange.chain(echo, echo, [(a, b, False)], fill=bytes(100))
+    with pytest.raises(ValueError, match="fill overlaps"):
+        barlink.Exchange.chain(echo, echo, [(a, b, False)], fill=memoryview(b))
+    with pytest.raises(ValueError, match="fill overlaps"):
+        barlink.Exchange.chain(echo, echo, [(memoryview(c)[:4096], b, False)],
+                               fill=memoryview(c)[2048:6144])
+
+
 def test_a_chain_out_over_one_link_and_back_over_another_is_intact(
     name, spawn
 ):

@@ -118,6 +118,14 @@ def matrix(rank, world):
             dist.all_gather_into_tensor(flat, own)
             check(f"all_gather_into_tensor in place {dtype}", flat,
                   torch.cat([values(r, count, dtype) for r in range(world)]))
+            # The input is the output another rank's part lands in: it is
+            # read before that part arrives.
+            outs = [torch.zeros(count, dtype=dtype) for _ in range(world)]
+            outs[(rank + 1) % world].copy_(values(rank, count, dtype))
+            dist.all_gather(outs, outs[(rank + 1) % world])
+            for r in range(world):
+                check(f"all_gather from another's output, {dtype} from {r}", outs[r],
+                      values(r, count, dtype))
             full = values(rank, world * count, dtype)
             out = torch.zeros(count, dtype=dtype)
             dist.reduce_scatter_tensor(out, full)

@@ -199,12 +199,31 @@ def _same(tensors, like, what: str):
         )
 
 
-def _ring_gather(pg, seg, tag: bytes):
+def _ring_gather(pg, seg, tag: bytes, own=None):
     """Each rank's own segment (`seg(rank)`) goes around the ring until
-    all hold all."""
+    all hold all. `own`, where given, are the bytes of this rank's segment,
+    copied into it as they are sent (see `Exchange.chain`'s `fill`)."""
     n = pg._size
+    if own is not None and n == 1:
+        seg(pg._rank)[:] = own
+        return
+    kw = {} if own is None else {"fill": own}
     _ring(pg, [(seg(pg.rank_at(-s)), seg(pg.rank_at(-s - 1)), False) for s in range(n - 1)],
-          tag=tag)
+          tag=tag, **kw)
+
+
+def _own_part(slot: np.ndarray, tensor, outputs) -> np.ndarray | None:
+    """The bytes of `tensor` that an all-gather copies into this rank's
+    `slot` of `outputs`: None where it needs no copy (an in-place gather)
+    or was copied here already (`tensor` shares memory with the outputs,
+    which the exchange writes)."""
+    if holds_already(slot, tensor):
+        return None
+    own = raw(tensor.contiguous())
+    if any(np.may_share_memory(own, out) for out in outputs):
+        slot[:] = own
+        return None
+    return own
 
 
 def holds_already(slot: np.ndarray, tensor) -> bool:
@@ -220,9 +239,8 @@ def all_gather(pg, outputs, tensor):
     _check(len(outputs) == n, f"all_gather: {len(outputs)} output tensors for {n} ranks")
     _same(outputs, tensor, "all_gather")
     outs = [Out(t) for t in outputs]
-    if not holds_already(outs[r].bytes, tensor):
-        outs[r].work.copy_(tensor.reshape(outs[r].work.shape))
-    _ring_gather(pg, lambda i: outs[i].bytes, pg.tag("all_gather", tensor))
+    own = _own_part(outs[r].bytes, tensor, [out.bytes for out in outs])
+    _ring_gather(pg, lambda i: outs[i].bytes, pg.tag("all_gather", tensor), own)
     for out in outs:
         out.done()
 
@@ -240,9 +258,8 @@ def all_gather_into(pg, output, tensor):
     def seg(i):
         return out.bytes[i * size : (i + 1) * size]
 
-    if not holds_already(seg(r), tensor):
-        seg(r)[:] = raw(tensor.contiguous())
-    _ring_gather(pg, seg, pg.tag("all_gather_into_tensor", tensor))
+    own = _own_part(seg(r), tensor, [out.bytes])
+    _ring_gather(pg, seg, pg.tag("all_gather_into_tensor", tensor), own)
     out.done()
 
 
