@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use barlink::Connection;
 use barlink_transport::{Delivery, PostId, RecvTarget};
 
-use crate::buffer::{BufferView, LandingView, overlap};
+use crate::buffer::{BufferView, Graveyard, LandingView, overlap};
 use crate::link::{Deadline, Failure, HeldView, Link, Payload, Shared};
 use crate::reduce::{self, Dtype, Op};
 
@@ -59,9 +59,45 @@ struct Sending {
 /// memory by the link.
 #[derive(Debug)]
 struct Fill {
-    source: BufferView,
+    /// Both views are `Option` only so that `drop` can hand them to the
+    /// graveyard: the half may be dropped without the GIL.
+    source: Option<BufferView>,
     /// The sending half's buffer, writable.
-    buffer: BufferView,
+    buffer: Option<BufferView>,
+    /// Bytes copied so far (a chunk the link's queue had no room for is
+    /// not copied again).
+    copied: usize,
+    graveyard: Arc<Graveyard>,
+}
+
+impl Fill {
+    /// Copies `range` from the source into the buffer, unless it was.
+    fn copy(&mut self, range: std::ops::Range<usize>) {
+        if range.end <= self.copied {
+            return;
+        }
+        if let (Some(source), Some(buffer)) = (&self.source, &mut self.buffer) {
+            buffer
+                .range_mut(range.clone())
+                .copy_from_slice(source.range(range.clone()));
+        }
+        self.copied = range.end;
+    }
+
+    fn source_span(&self) -> std::ops::Range<usize> {
+        self.source.as_ref().map_or(0..0, BufferView::span)
+    }
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        for view in [self.source.take(), self.buffer.take()]
+            .into_iter()
+            .flatten()
+        {
+            self.graveyard.bury(view);
+        }
+    }
 }
 
 impl Sending {
@@ -91,10 +127,7 @@ impl Sending {
                 if state.conn()?.has_unsent() {
                     break;
                 }
-                let range = self.next..end;
-                fill.buffer
-                    .range_mut(range.clone())
-                    .copy_from_slice(fill.source.range(range));
+                fill.copy(self.next..end);
             }
             let payload = Payload::HeldRange(self.held.clone(), self.next..end);
             match state.queue(payload, Duration::ZERO)? {
@@ -824,7 +857,7 @@ impl Exchange {
             };
             let mut sending = sending_half(&send_to, send_buf, chunk, step_tag.clone())?;
             if first && let Some(fill) = &fill {
-                sending.fill = Some(filling(fill, send_buf)?);
+                sending.fill = Some(filling(fill, send_buf, &send_to)?);
             }
             let mut receiving = receiving_half(&recv_from, recv_buf, chunk, step_tag, step_reduce)?;
             if index + 1 == steps.len() {
@@ -843,13 +876,25 @@ impl Exchange {
             sends.push(sending);
             recvs.push(receiving);
         }
-        if let Some(Fill { source, .. }) = sends.first().and_then(|first| first.fill.as_ref()) {
-            let apart = |span: std::ops::Range<usize>| !overlap(&source.span(), &span);
+        if let Some(first) = sends.first()
+            && let Some(fill) = &first.fill
+        {
+            let apart = |span: std::ops::Range<usize>| !overlap(&fill.source_span(), &span);
             if !sends.iter().all(|s| apart(s.held.span()))
                 || !recvs.iter().all(|r| apart(r.view.span()))
             {
                 return Err(PyValueError::new_err(
                     "fill overlaps a step's buffers: give the bytes from memory of their own",
+                ));
+            }
+            // A receive into the first buffer could land before the fill
+            // reaches that range, and be overwritten by it.
+            if recvs
+                .iter()
+                .any(|r| overlap(&first.held.span(), &r.view.span()))
+            {
+                return Err(PyValueError::new_err(
+                    "with fill, no step may receive into the first step's send_buf",
                 ));
             }
         }
@@ -928,7 +973,7 @@ fn sending_half(
 }
 
 /// The copy a chain's first step makes from `fill` into its `send_buf`.
-fn filling(fill: &Bound<'_, PyAny>, send_buf: &Bound<'_, PyAny>) -> PyResult<Fill> {
+fn filling(fill: &Bound<'_, PyAny>, send_buf: &Bound<'_, PyAny>, link: &Link) -> PyResult<Fill> {
     let source = BufferView::get(fill, false)?;
     let buffer = BufferView::get(send_buf, true)?;
     if source.len() != buffer.len() {
@@ -938,7 +983,12 @@ fn filling(fill: &Bound<'_, PyAny>, send_buf: &Bound<'_, PyAny>) -> PyResult<Fil
             buffer.len()
         )));
     }
-    Ok(Fill { source, buffer })
+    Ok(Fill {
+        source: Some(source),
+        buffer: Some(buffer),
+        copied: 0,
+        graveyard: link.shared().graveyard.clone(),
+    })
 }
 
 fn receiving_half(

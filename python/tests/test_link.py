@@ -555,6 +555,8 @@ def test_a_chain_refuses_a_fill_it_cannot_copy(echo):
     with pytest.raises(ValueError, match="fill overlaps"):
         barlink.Exchange.chain(echo, echo, [(memoryview(c)[:4096], b, False)],
                                fill=memoryview(c)[2048:6144])
+    with pytest.raises(ValueError, match="no step may receive into the first step's send_buf"):
+        barlink.Exchange.chain(echo, echo, [(a, b, False), (b, a, False)], fill=bytes(4096))
 
 
 def test_a_chain_out_over_one_link_and_back_over_another_is_intact(

@@ -219,7 +219,9 @@ def _own_part(slot: np.ndarray, tensor, outputs) -> np.ndarray | None:
     which the exchange writes)."""
     if holds_already(slot, tensor):
         return None
-    own = raw(tensor.contiguous())
+    # Resolved as copy_ would: a conjugate or negative view's bytes are
+    # not its values.
+    own = raw(tensor.resolve_conj().resolve_neg().contiguous())
     if any(np.may_share_memory(own, out) for out in outputs):
         slot[:] = own
         return None
