@@ -26,7 +26,7 @@ DEVICES = ("cpu", "cuda")
 
 
 def _cuda_devices(tensors) -> list:
-    return sorted({t.device for t in tensors if t.device.type == "cuda"}, key=lambda d: d.index)
+    return sorted({t.device for t in tensors if t.is_cuda}, key=lambda d: d.index)
 
 
 def future_for(tensors) -> Future:
