@@ -11,7 +11,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyValueError;
@@ -731,8 +731,8 @@ pub struct Exchange {
 
 impl Exchange {
     /// Takes back every receive target a running exchange lent.
-    fn take_back(&self) {
-        if let Progress::Running(halves) = &mut *self.lock() {
+    fn take_back(&self, py: Python<'_>) {
+        if let Progress::Running(halves) = &mut *self.lock_with(py) {
             for receiving in &mut halves.recvs {
                 receiving.take_back_locked();
             }
@@ -743,10 +743,25 @@ impl Exchange {
         self.progress.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The lock, taken by a caller that holds the GIL: waited for without
+    /// it. The thread driving the exchange holds the lock without the GIL
+    /// and takes the GIL to release a finished half's buffers; a caller
+    /// blocked on the lock with the GIL (`done` polled from another
+    /// thread) would wait for it forever.
+    fn lock_with(&self, py: Python<'_>) -> MutexGuard<'_, Progress> {
+        loop {
+            match self.progress.try_lock() {
+                Ok(guard) => return guard,
+                Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => py.detach(|| drop(self.lock())),
+            }
+        }
+    }
+
     /// Drives the exchange for at most `slice` without the GIL: whether it
     /// is done.
     fn run(&self, py: Python<'_>, slice: Duration) -> PyResult<bool> {
-        let mut progress = self.lock();
+        let mut progress = self.lock_with(py);
         let outcome = match &mut *progress {
             Progress::Done => return Ok(true),
             Progress::Failed(error) => return Err(error.clone_ref(py)),
@@ -923,7 +938,7 @@ impl Exchange {
                 // The exchange may be waited on again, and lends again from
                 // where it stopped; until then no receive of the link's
                 // lands in this one's memory.
-                self.take_back();
+                self.take_back(py);
                 interrupted?;
                 return Err(deadline.error("exchange"));
             }
@@ -932,8 +947,8 @@ impl Exchange {
 
     /// Whether it completed.
     #[getter]
-    fn done(&self) -> bool {
-        matches!(*self.lock(), Progress::Done)
+    fn done(&self, py: Python<'_>) -> bool {
+        matches!(*self.lock_with(py), Progress::Done)
     }
 }
 

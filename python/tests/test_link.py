@@ -6,6 +6,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -557,6 +558,44 @@ def test_a_chain_refuses_a_fill_it_cannot_copy(echo):
                                fill=memoryview(c)[2048:6144])
     with pytest.raises(ValueError, match="no step may receive into the first step's send_buf"):
         barlink.Exchange.chain(echo, echo, [(a, b, False), (b, a, False)], fill=bytes(4096))
+
+
+# Waits on chains while another thread polls them; prints "ok".
+_POLLED_WHILE_RUNNING = """
+import sys, threading
+import numpy as np
+import barlink
+link = barlink.connect(sys.argv[1], "accept", 10.0, peer_timeout=10.0)
+current, stop = [None], threading.Event()
+def poll():
+    while not stop.is_set():
+        if current[0] is not None:
+            current[0].done
+            current[0].test()
+threading.Thread(target=poll, daemon=True).start()
+for _ in range(30):
+    a = np.frombuffer(np.random.bytes(300_000), np.uint8).copy()
+    b, c, d = (np.zeros(300_000, np.uint8) for _ in range(3))
+    steps = [(a, b, False), (b, c, False), (c, d, False), (d, a, False)]
+    current[0] = barlink.Exchange.chain(link, link, steps, chunk=8192)
+    current[0].wait(timeout=30)
+stop.set()
+print("ok")
+"""
+
+
+def test_an_exchange_polled_from_another_thread_while_it_runs_finishes(name, spawn):
+    # The waiting thread drives the chain without the GIL and takes the
+    # GIL to release each finished step's buffers, while the polling
+    # thread asks for the exchange's lock holding the GIL: a poll that
+    # waited for the lock with the GIL hung both (in its own process, so
+    # that a hang fails the test instead of stopping the suite).
+    spawn("echo", name)
+    run = subprocess.run(
+        [sys.executable, "-c", _POLLED_WHILE_RUNNING, name],
+        capture_output=True, text=True, timeout=90,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
 def test_a_chain_out_over_one_link_and_back_over_another_is_intact(
