@@ -119,7 +119,7 @@ else
 fi
 # The writable path (a bytearray, lent for the call): its row says so.
 if "$venv/bin/python" -m barlink.bench --quick --rounds 1 --sizes 1M --send writable --no-cli --json \
-    | grep -q '"path": "python".*"send": "writable"'; then
+    | grep '"path": "python".*"send": "writable"' >/dev/null; then
     ok "python -m barlink.bench --send writable (smoke: a bytearray sent lent)"
 else
     bad "python -m barlink.bench --send writable"

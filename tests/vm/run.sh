@@ -229,7 +229,7 @@ fetch_kernel() {
         off=$(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$bz" | head -1 | cut -d: -f1)
         if [ -n "$off" ] && command -v xz >/dev/null && command -v readelf >/dev/null; then
             tail -c +$((off + 1)) "$bz" | xz -dc --single-stream >"$KROOT/vmlinux" 2>/dev/null
-            readelf -n "$KROOT/vmlinux" 2>/dev/null | grep -q 'type: (0x00000012)' || rm -f "$KROOT/vmlinux"
+            readelf -n "$KROOT/vmlinux" 2>/dev/null | grep 'type: (0x00000012)' >/dev/null || rm -f "$KROOT/vmlinux"
         fi
         touch "$KROOT/.done"
     fi
@@ -260,7 +260,7 @@ copy_elf() { # file-on-host path-in-guest: the ELF plus what ldd resolves
                        install -D -m 755 "$(readlink -f "$lib")" "$R/lib/x86_64-linux-gnu/${lib##*/}" ;;
             esac
         done
-    if LD_LIBRARY_PATH=$LIBPATH ldd "$src" 2>&1 | grep -q 'not found'; then
+    if LD_LIBRARY_PATH=$LIBPATH ldd "$src" 2>&1 | grep 'not found' >/dev/null; then
         echo "copy_elf: $src: $(LD_LIBRARY_PATH=$LIBPATH ldd "$src" 2>&1 | grep 'not found' | tr '\n' ' ')"
         return 1
     fi
