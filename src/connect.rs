@@ -492,6 +492,19 @@ impl<B: AsRef<[u8]>> Connection<B> {
         each_link_ref!(self, link => link.engine().messages_ready())
     }
 
+    /// The peer's session (its epoch), once heard from: it changes when the
+    /// peer restarts.
+    pub fn peer_epoch(&self) -> Option<u32> {
+        each_link_ref!(self, link => link.engine().peer_epoch())
+    }
+
+    /// The id the next message handed to the caller carries, if the link
+    /// knows it yet: what a combining target names (see
+    /// `Engine::next_message_id`).
+    pub fn next_message_id(&self) -> Option<MessageId> {
+        each_link_ref!(self, link => link.engine().next_message_id())
+    }
+
     /// Whether the two sides have heard each other (each knows the other's
     /// session), so a close reaches the peer.
     pub fn is_connected(&self) -> bool {

@@ -861,6 +861,12 @@ impl<B: AsRef<[u8]>> Engine<B> {
     /// posted (or ahead of a gap, after a loss), arrives in a buffer of the
     /// engine's as before, and the target stays posted: a caller that
     /// wants every message in its targets copies such a one itself.
+    ///
+    /// A combining target ([`RecvTarget::combines`]) is taken only by the
+    /// message it names, and only while it is the first target posted;
+    /// each packet of that message is folded into it once its CRC passed
+    /// (see [`Engine::next_message_id`] for the id to name). After a peer
+    /// restart no combining target posted before it takes a message.
     pub fn post_recv(&mut self, target: Box<dyn RecvTarget>) -> PostId {
         self.receiver.post(target)
     }
@@ -870,16 +876,27 @@ impl<B: AsRef<[u8]>> Engine<B> {
     /// [`Engine::poll_event`]). A message being assembled in it moves to a
     /// buffer of the engine's and goes on arriving; one delivered in it
     /// and not yet taken is copied out and stays first in line, in order.
+    /// A combining target's message cannot be copied out: taken back while
+    /// it arrives, the rest of it is dropped; taken back once delivered,
+    /// it is taken with the target (it is all in the caller's memory).
     /// After this returns, the engine never touches the target again.
     pub fn unpost_recv(&mut self, id: PostId) -> Option<PostedRecv> {
         if let Some(posted) = self.receiver.unpost(id) {
             return Some(posted);
         }
-        for (_, queued) in &mut self.events.messages {
+        for at in 0..self.events.messages.len() {
+            let (_, queued) = &mut self.events.messages[at];
             let landed_here =
                 matches!(&queued.event, Event::Landed { recv, .. } if recv.id() == id);
             if !landed_here {
                 continue;
+            }
+            if matches!(&queued.event, Event::Landed { recv, .. } if recv.is_combining()) {
+                let (_, queued) = self.events.messages.remove(at)?;
+                let Event::Landed { recv, .. } = self.take(queued) else {
+                    unreachable!("checked above")
+                };
+                return Some(recv);
             }
             let placeholder = Event::Message {
                 id: MessageId(0),
@@ -932,12 +949,32 @@ impl<B: AsRef<[u8]>> Engine<B> {
         self.events.messages.len()
     }
 
+    /// The id of the next message the caller will be handed: the oldest
+    /// delivered and not yet taken, else the one arriving, else the next in
+    /// order. `None` before the session's first message. The message `n`
+    /// after it carries this id plus `n` (wrapping), while the session
+    /// lasts and no message is dropped (a combining target taken back, see
+    /// [`Engine::unpost_recv`]): what a caller names when it posts
+    /// combining targets ahead. Messages of a session the peer ended by
+    /// restarting may still wait before the new session's, whose ids start
+    /// again: a caller that names messages checks the peer's epoch.
+    pub fn next_message_id(&self) -> Option<MessageId> {
+        if let Some((_, queued)) = self.events.messages.front() {
+            return match &queued.event {
+                Event::Message { id, .. } | Event::Landed { id, .. } => Some(*id),
+                _ => unreachable!("the message queue holds only messages"),
+            };
+        }
+        self.receiver.next_in_order().map(MessageId)
+    }
+
     fn take(&mut self, queued: Queued<B>) -> Event<B> {
         match queued.event {
             Event::Message { .. } => self.stats.messages_delivered += 1,
-            Event::Landed { .. } => {
+            Event::Landed { ref recv, .. } => {
                 self.stats.messages_delivered += 1;
                 self.stats.messages_landed += 1;
+                self.stats.messages_combined += u64::from(recv.is_combining());
             }
             _ => {}
         }

@@ -8,6 +8,14 @@
 //! before it was posted (or ahead of a gap, after a loss), is assembled in
 //! a buffer of the engine's as before and the target stays posted; the
 //! caller sees which by what it is handed ([`Delivery`]).
+//!
+//! A combining target (an all-reduce's partial sums) takes only the one
+//! message it names, and folds that message's bytes into what it holds
+//! ([`RecvTarget::combine`]) rather than taking them. Folding cannot be
+//! undone, so nothing is folded before its CRC passed: the engine never
+//! lets the medium copy into a combining target, it copies each packet
+//! into its own packet-sized buffer and folds it from there once the
+//! packet is accepted, in order, each byte once.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -30,6 +38,23 @@ pub trait RecvTarget: Send {
     /// ring link, around the cache past a few MiB).
     fn buffer_len(&self) -> u64 {
         0
+    }
+
+    /// For a combining target: the one message it takes (the id the
+    /// engine will deliver it under), which must be as long as the target.
+    /// Other messages pass it by, and it stays posted. `None` (the
+    /// default): the target takes bytes.
+    fn combines(&self) -> Option<MessageId> {
+        None
+    }
+
+    /// Folds `bytes`, the message's bytes from offset `at`, into the
+    /// target. Called only on a target whose [`RecvTarget::combines`] is
+    /// `Some`, in order from offset 0, each byte once, with bytes whose
+    /// CRC passed; a piece may end inside an element. The target's
+    /// `bytes_mut` is never written.
+    fn combine(&mut self, at: usize, bytes: &[u8]) {
+        let _ = (at, bytes);
     }
 }
 
@@ -54,6 +79,11 @@ pub struct PostedRecv {
     id: PostId,
     len: usize,
     buffer_len: u64,
+    /// [`RecvTarget::combines`], as it was when posted.
+    combines: Option<MessageId>,
+    /// A combining target a session reset passed over: it may hold part of
+    /// a message the new session will never finish, so it takes none.
+    spoiled: bool,
     target: Box<dyn RecvTarget>,
 }
 
@@ -70,12 +100,37 @@ impl PostedRecv {
     pub(super) fn new(id: PostId, mut target: Box<dyn RecvTarget>) -> PostedRecv {
         let len = target.bytes_mut().len();
         let buffer_len = target.buffer_len();
+        let combines = target.combines();
         PostedRecv {
             id,
             len,
             buffer_len,
+            combines,
+            spoiled: false,
             target,
         }
+    }
+
+    /// Whether this target folds its message in (see
+    /// [`RecvTarget::combines`]).
+    pub fn is_combining(&self) -> bool {
+        self.combines.is_some()
+    }
+
+    /// Whether the message `msg_id`, `len` bytes, may be assembled here: a
+    /// combining target takes only the message it names, and only of its
+    /// own length (one of another is left to the caller to refuse before
+    /// anything of it is folded in).
+    fn takes(&self, msg_id: u64, len: usize) -> bool {
+        match self.combines {
+            None => self.len >= len,
+            Some(id) => id.0 == msg_id && self.len == len && !self.spoiled,
+        }
+    }
+
+    /// Folds a packet's checked bytes, `at` the message's offset.
+    pub(super) fn combine(&mut self, at: usize, bytes: &[u8]) {
+        self.target.combine(at, bytes);
     }
 
     /// Which post this is.
@@ -175,6 +230,12 @@ impl Room {
         }
     }
 
+    /// Whether the medium may copy a packet here before its CRC is
+    /// checked: not into a combining target, which folds bytes in for good.
+    pub(super) fn takes_placement(&self) -> bool {
+        !matches!(self, Room::Lent(posted) if posted.is_combining())
+    }
+
     /// Usable bytes now.
     pub(super) fn len(&self) -> usize {
         match self {
@@ -223,12 +284,29 @@ impl Posted {
         id
     }
 
-    /// The first target, if a message of `len` bytes fits it.
-    pub(super) fn take_if_fits(&mut self, len: usize) -> Option<PostedRecv> {
-        if self.queue.front().is_some_and(|posted| posted.len >= len) {
+    /// The first target, if message `msg_id` of `len` bytes fits it (and,
+    /// for a combining target, is the one it names).
+    pub(super) fn take_if_fits(&mut self, msg_id: u64, len: usize) -> Option<PostedRecv> {
+        if self
+            .queue
+            .front()
+            .is_some_and(|posted| posted.takes(msg_id, len))
+        {
             self.queue.pop_front()
         } else {
             None
+        }
+    }
+
+    /// Whether the first target is a combining one.
+    pub(super) fn front_combines(&self) -> bool {
+        self.queue.front().is_some_and(PostedRecv::is_combining)
+    }
+
+    /// After a session reset: no combining target takes a message again.
+    pub(super) fn spoil_combining(&mut self) {
+        for posted in &mut self.queue {
+            posted.spoiled |= posted.combines.is_some();
         }
     }
 

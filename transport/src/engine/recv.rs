@@ -63,6 +63,10 @@ struct Assembly {
     /// before its CRC was checked.
     data: Room,
     filled: usize,
+    /// Its combining target was taken back midway (`Receiver::unpost`):
+    /// the rest arrives and is dropped, never delivered, as the start is
+    /// folded into memory the caller took back.
+    discard: bool,
 }
 
 impl Assembly {
@@ -77,6 +81,7 @@ impl Assembly {
             frag_size: len,
             data,
             filled: 0,
+            discard: false,
         }
     }
 
@@ -89,7 +94,7 @@ impl Assembly {
             && fragment.msg_len == self.msg_len
             && fragment.count == self.count;
         let sized = len == self.frag_size || fragment.is_last();
-        if !(same_message && sized) || self.frag_size == 0 {
+        if !(same_message && sized) || self.frag_size == 0 || !self.data.takes_placement() {
             return None;
         }
         let start = usize::try_from(fragment.index)
@@ -101,6 +106,45 @@ impl Assembly {
         }
         self.data.make_room(end, end, limit).ok()?;
         Some(&mut self.data.bytes_mut()[start..end])
+    }
+}
+
+/// Why a fragment's payload could not join its message.
+enum Appended {
+    /// Memory for this many bytes could not be had.
+    OutOfMemory(usize),
+    /// `place` was said to have put it where it is not.
+    NotPlaced,
+}
+
+impl Assembly {
+    /// Adds the next fragment's payload, which ends at `end` of a message
+    /// of `msg_len`: copied (or folded into a combining target), or
+    /// checked to be where `place` put it.
+    fn append(&mut self, payload: Payload<'_>, end: usize, msg_len: usize) -> Result<(), Appended> {
+        match payload {
+            Payload::Bytes(bytes) => {
+                // Reserve what a few dozen fragments bring, not what the
+                // peer claims: memory follows data actually received.
+                let want = if self.filled == 0 {
+                    first_reservation(msg_len, bytes.len())
+                } else {
+                    end
+                };
+                self.data
+                    .make_room(end, want, msg_len)
+                    .map_err(Appended::OutOfMemory)?;
+                match &mut self.data {
+                    Room::Lent(posted) if posted.is_combining() => {
+                        posted.combine(self.filled, bytes);
+                    }
+                    data => data.bytes_mut()[self.filled..end].copy_from_slice(bytes),
+                }
+                Ok(())
+            }
+            Payload::Placed(_) if self.data.len() >= end && self.data.takes_placement() => Ok(()),
+            Payload::Placed(_) => Err(Appended::NotPlaced),
+        }
     }
 }
 
@@ -240,10 +284,11 @@ fn release_if_too_small(staged: &mut Option<Room>, posted: &mut Posted, msg_len:
     }
 }
 
-/// Where the next message is assembled: the first posted target if the
-/// message fits it, else a spare buffer.
-fn room_for_next(posted: &mut Posted, spares: &mut Spares, len: usize) -> Room {
-    match posted.take_if_fits(len) {
+/// Where message `msg_id`, `len` bytes, is assembled: the first posted
+/// target if the message fits it (and it names this message, if it
+/// combines), else a spare buffer.
+fn room_for_next(posted: &mut Posted, spares: &mut Spares, msg_id: u64, len: usize) -> Room {
+    match posted.take_if_fits(msg_id, len) {
         Some(lent) => Room::Lent(lent),
         None => Room::Owned(spares.take(len)),
     }
@@ -497,7 +542,8 @@ impl Receiver {
                 let end = assembly.filled.checked_add(len)?;
                 let fits = fragment.msg_id == assembly.msg_id
                     && fragment.index == assembly.next_index
-                    && end <= limit;
+                    && end <= limit
+                    && assembly.data.takes_placement();
                 if !fits {
                     return None;
                 }
@@ -519,11 +565,18 @@ impl Receiver {
                     // this is a duplicate, and must not touch that buffer.
                     return None;
                 }
+                // A combining target first in line is not staged: the
+                // packet lands in the engine's buffer and is folded in from
+                // there once checked (`consume`).
+                if self.staged.is_none() && self.posted.front_combines() {
+                    return None;
+                }
                 release_if_too_small(&mut self.staged, &mut self.posted, limit);
                 let (posted, spares) = (&mut self.posted, &mut self.spares);
+                let msg_id = fragment.msg_id;
                 let data = self
                     .staged
-                    .get_or_insert_with(|| room_for_next(posted, spares, limit));
+                    .get_or_insert_with(|| room_for_next(posted, spares, msg_id, limit));
                 data.make_room(len, first_reservation(limit, len), limit)
                     .ok()?;
                 Some(&mut data.bytes_mut()[..len])
@@ -806,6 +859,7 @@ impl Receiver {
                             None => room_for_next(
                                 &mut self.posted,
                                 &mut self.spares,
+                                fragment.msg_id,
                                 usize::try_from(fragment.msg_len).unwrap_or(usize::MAX),
                             ),
                         }
@@ -845,33 +899,18 @@ impl Receiver {
                 payload_len: len,
             });
         }
-        match payload {
-            Payload::Bytes(bytes) => {
-                // Reserve what a few dozen fragments bring, not what the
-                // peer claims: memory follows data actually received.
-                let want = if assembly.filled == 0 {
-                    first_reservation(msg_len, len)
-                } else {
-                    end
-                };
-                assembly
-                    .data
-                    .make_room(end, want, msg_len)
-                    .map_err(out_of_memory)?;
-                assembly.data.bytes_mut()[assembly.filled..end].copy_from_slice(bytes);
-            }
-            // `place` copied it to exactly there.
-            Payload::Placed(_) => {
-                if assembly.data.len() < end {
-                    // Cannot happen while `place` and `consume` agree; if it
-                    // ever did, fail the link rather than deliver a short
-                    // or stale message.
-                    return violation(Violation::FragmentLengthWrong {
-                        msg_id: assembly.msg_id,
-                        index: fragment.index,
-                        payload_len: len,
-                    });
-                }
+        match assembly.append(payload, end, msg_len) {
+            Ok(()) => {}
+            Err(Appended::OutOfMemory(bytes)) => return Err(out_of_memory(bytes)),
+            // Cannot happen while `place` and `consume` agree; if it ever
+            // did, fail the link rather than deliver a short or stale
+            // message.
+            Err(Appended::NotPlaced) => {
+                return violation(Violation::FragmentLengthWrong {
+                    msg_id: assembly.msg_id,
+                    index: fragment.index,
+                    payload_len: len,
+                });
             }
         }
         assembly.filled = end;
@@ -886,10 +925,13 @@ impl Receiver {
                 });
             }
             let mut assembly = self.assembly.take().expect("matched above");
+            self.expected_msg_id = Some(assembly.msg_id.wrapping_add(1));
+            if assembly.discard {
+                return Ok(());
+            }
             if let Room::Owned(data) = &mut assembly.data {
                 data.truncate(assembly.filled);
             }
-            self.expected_msg_id = Some(assembly.msg_id.wrapping_add(1));
             self.undelivered_packets += u64::from(assembly.count);
             self.undelivered_bytes += assembly.filled;
             deliver(Completed {
@@ -970,6 +1012,16 @@ impl Receiver {
         if assembly.data.posted_id() != Some(id) {
             return None;
         }
+        if !assembly.data.takes_placement() {
+            // What arrived is folded into it and cannot be taken out: the
+            // rest of the message arrives into memory of the engine's and
+            // is dropped.
+            assembly.discard = true;
+            return match std::mem::replace(&mut assembly.data, Room::Owned(Vec::new())) {
+                Room::Lent(posted) => Some(posted),
+                Room::Owned(_) => unreachable!("checked above"),
+            };
+        }
         // Fragments placed ahead of the gap sit anywhere before the
         // message's end: keep all of it.
         let extent = usize::try_from(assembly.msg_len)
@@ -997,6 +1049,11 @@ impl Receiver {
         {
             posted.put_back(lent);
         }
+        // A combining target may hold part of a message of the old
+        // session, which will never be finished: none takes a message of
+        // the new one (their ids start anew), and their owner, who learns
+        // of the restart, takes them back.
+        posted.spoil_combining();
         *self = Receiver {
             undelivered_packets: self.undelivered_packets,
             undelivered_bytes: self.undelivered_bytes,
@@ -1005,6 +1062,16 @@ impl Receiver {
             posted,
             ..Receiver::default()
         };
+    }
+
+    /// The id of the message being assembled or, between messages, of the
+    /// next one in order (`None` before the session's first).
+    pub(super) fn next_in_order(&self) -> Option<u64> {
+        match &self.assembly {
+            Some(assembly) if assembly.discard => Some(assembly.msg_id.wrapping_add(1)),
+            Some(assembly) => Some(assembly.msg_id),
+            None => self.expected_msg_id,
+        }
     }
 }
 

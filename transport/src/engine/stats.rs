@@ -26,6 +26,9 @@ pub struct Stats {
     /// Of those, messages that landed in a target the caller posted (no
     /// copy out of the engine's buffers).
     pub messages_landed: u64,
+    /// Of those, messages folded into a combining target as they arrived
+    /// (`RecvTarget::combines`).
+    pub messages_combined: u64,
     /// Retransmissions because the peer reported a corrupt packet (NAK).
     pub retransmits_nak: u64,
     /// Retransmissions because an acknowledgement never came (timeout).
@@ -62,7 +65,7 @@ pub struct Stats {
 impl Stats {
     /// Every counter with its name, in declaration order: for faces that
     /// report them as a table or a dictionary (Python's `Link.stats()`).
-    pub fn fields(&self) -> [(&'static str, u64); 25] {
+    pub fn fields(&self) -> [(&'static str, u64); 26] {
         [
             ("packets_sent", self.packets_sent),
             ("bytes_sent", self.bytes_sent),
@@ -74,6 +77,7 @@ impl Stats {
             ("messages_sent", self.messages_sent),
             ("messages_delivered", self.messages_delivered),
             ("messages_landed", self.messages_landed),
+            ("messages_combined", self.messages_combined),
             ("retransmits_nak", self.retransmits_nak),
             ("retransmits_timeout", self.retransmits_timeout),
             ("retransmits_sack", self.retransmits_sack),
