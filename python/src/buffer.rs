@@ -622,6 +622,17 @@ impl LandingView {
         conn: &mut barlink::Connection<crate::link::Payload>,
         range: std::ops::Range<usize>,
     ) -> barlink_transport::PostId {
+        self.lend_as(conn, range, |lent| Box::new(lent))
+    }
+
+    /// Lends `range` as [`LandingView::lend`] does, as the target `wrap`
+    /// makes of it (a combining one, say).
+    pub fn lend_as(
+        &mut self,
+        conn: &mut barlink::Connection<crate::link::Payload>,
+        range: std::ops::Range<usize>,
+        wrap: impl FnOnce(LentRange) -> Box<dyn barlink_transport::RecvTarget>,
+    ) -> barlink_transport::PostId {
         assert!(
             !self.lent.iter().any(|(_, r)| overlap(r, &range)),
             "a range is lent once"
@@ -634,7 +645,7 @@ impl LandingView {
         // same memory are kept off it by their users (a chain's halves
         // wait for an earlier overlapping one to complete).
         let target = unsafe { self.view.lend(range.clone(), buffer_len) };
-        let id = conn.post_recv(Box::new(target));
+        let id = conn.post_recv(wrap(target));
         self.lent.push_back((id, range));
         id
     }
@@ -652,6 +663,14 @@ impl LandingView {
             return self.lent.pop_front().map(|(_, range)| range);
         }
         None
+    }
+
+    /// Takes back the oldest range lent, which its message passed by (it
+    /// arrived elsewhere); the others stay lent.
+    pub fn take_back_first(&mut self, conn: &mut barlink::Connection<crate::link::Payload>) {
+        if let Some((id, _)) = self.lent.pop_front() {
+            let _ = conn.unpost_recv(id);
+        }
     }
 
     /// Takes every lent range back from the link (`conn`, `None` once the

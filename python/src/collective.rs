@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -18,9 +19,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use barlink::Connection;
-use barlink_transport::{Delivery, PostId, RecvTarget};
+use barlink_transport::link::IoError;
+use barlink_transport::{Delivery, LinkError, MessageId, PostId, RecvTarget};
 
-use crate::buffer::{BufferView, Graveyard, LandingView, overlap};
+use crate::buffer::{BufferView, Graveyard, LandingView, LentRange, overlap};
 use crate::link::{Deadline, Failure, HeldView, Link, Payload, Shared};
 use crate::reduce::{self, Dtype, Op};
 
@@ -235,6 +237,66 @@ impl Drop for Scratch {
     }
 }
 
+/// A range of a combining receive's buffer, lent to the link for the one
+/// message it names: each packet of that message is combined into the
+/// range as it arrives, checked, from the link's packet-sized buffer
+/// (`RecvTarget::combines`), so the chunk is never written whole anywhere
+/// else first. A packet may end inside an element: its bytes wait in
+/// `carry` for the rest of the element.
+struct CombiningRange {
+    range: LentRange,
+    id: MessageId,
+    dtype: Dtype,
+    op: Op,
+    carry: [u8; 8],
+    carried: usize,
+    /// Bytes combined by every target of its half.
+    folded: Arc<AtomicUsize>,
+}
+
+impl RecvTarget for CombiningRange {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.range.bytes_mut()
+    }
+
+    fn combines(&self) -> Option<MessageId> {
+        Some(self.id)
+    }
+
+    fn combine(&mut self, at: usize, bytes: &[u8]) {
+        self.folded.fetch_add(bytes.len(), Ordering::Relaxed);
+        let size = self.dtype.size();
+        let (dtype, op) = (self.dtype, self.op);
+        let target = self.range.bytes_mut();
+        let mut bytes = bytes;
+        let mut at = at;
+        if self.carried > 0 {
+            let take = (size - self.carried).min(bytes.len());
+            self.carry[self.carried..self.carried + take].copy_from_slice(&bytes[..take]);
+            self.carried += take;
+            bytes = &bytes[take..];
+            at += take;
+            if self.carried < size {
+                return;
+            }
+            let start = at - size;
+            combined(&mut target[start..at], &self.carry[..size], dtype, op);
+            self.carried = 0;
+        }
+        let whole = bytes.len() - bytes.len() % size;
+        combined(&mut target[at..at + whole], &bytes[..whole], dtype, op);
+        let rest = &bytes[whole..];
+        self.carry[..rest.len()].copy_from_slice(rest);
+        self.carried = rest.len();
+    }
+}
+
+/// `reduce::combine` of lengths that are equal and whole elements by
+/// construction.
+fn combined(target: &mut [u8], bytes: &[u8], dtype: Dtype, op: Op) {
+    reduce::combine(target, bytes, dtype, op).expect("whole elements of one length");
+}
+
 /// The receiving half: the tag the peer must send first, then chunks
 /// landed, copied or combined into the buffer.
 ///
@@ -247,6 +309,13 @@ impl Drop for Scratch {
 /// before its target was posted) is copied, after every target of this
 /// half and of the halves after it is taken back, and lending starts
 /// again after it.
+///
+/// A combining half lends its buffer's ranges as combining targets, each
+/// naming the message it is for, once the link knows the ids of the
+/// messages to come (`Connection::next_message_id`); until then it lends
+/// scratch buffers. A named target is never out of step, so it is not
+/// taken back when another message arrives elsewhere (it may be
+/// combining its message already): only the one its message passed by.
 #[derive(Debug)]
 struct Receiving {
     shared: Arc<Shared>,
@@ -257,6 +326,22 @@ struct Receiving {
     tag_post: Option<PostId>,
     /// Scratch targets lent, in the order posted.
     scratch: VecDeque<PostId>,
+    /// For a combining half: whether it lends combining targets (named
+    /// messages) rather than scratch buffers, once decided by its first
+    /// lend; and the message each lent one names, in the order lent.
+    named: Option<bool>,
+    naming: VecDeque<u64>,
+    /// Bytes its combining targets combined, and of those the bytes of
+    /// chunks taken: a target taken back with more in it (the exchange
+    /// was interrupted while a chunk arrived) leaves part of a chunk
+    /// combined, and the half `broken`.
+    folded: Arc<AtomicUsize>,
+    folded_taken: usize,
+    broken: bool,
+    /// The peer's session when this half first stepped: a restart of the
+    /// peer loses what its last session sent, and may leave part of a
+    /// message folded into a combining target.
+    peer_epoch: Option<u32>,
     /// Bytes of the buffer written so far.
     done: usize,
     /// Bytes of the buffer lent so far (`done` and beyond).
@@ -287,9 +372,27 @@ impl Receiving {
         (self.tag.is_none() || self.tag_post.is_some()) && self.lent_to >= self.view.len()
     }
 
+    /// Messages of this half the caller has not taken yet: its tag and
+    /// its chunks.
+    fn messages_left(&self) -> u64 {
+        let chunks = (self.view.len() - self.done.min(self.view.len())).div_ceil(self.chunk.max(1));
+        u64::from(self.tag.is_some()) + chunks as u64
+    }
+
+    /// Whether this half's lent chunk targets name their messages.
+    fn names_messages(&self) -> bool {
+        self.named == Some(true)
+    }
+
     /// Lends the tag's target and the coming chunks' targets until `room`
-    /// targets of this half are lent.
-    fn lend_ahead(&mut self, conn: &mut Connection<Payload>, room: usize) {
+    /// targets of this half are lent. `first_id`: the id of this half's
+    /// first message not taken yet, where the link knows it.
+    fn lend_ahead(&mut self, conn: &mut Connection<Payload>, room: usize, first_id: Option<u64>) {
+        // The session its targets were lent in, which `same_peer` holds
+        // the link to.
+        if let Some(epoch) = conn.peer_epoch() {
+            self.peer_epoch.get_or_insert(epoch);
+        }
         if let Some(tag) = &self.tag
             && self.tag_post.is_none()
             && self.lent() == 0
@@ -301,9 +404,32 @@ impl Receiving {
         self.lent_to = self.lent_to.max(self.done);
         while self.lent() < room && self.lent_to < len {
             let end = (self.lent_to + self.chunk).min(len);
-            if self.reduce.is_some() {
-                self.scratch
-                    .push_back(conn.post_recv(Box::new(Scratch::take(self.chunk))));
+            if let Some((dtype, op)) = self.reduce {
+                let ahead = u64::from(self.tag.is_some())
+                    + ((self.lent_to - self.done) / self.chunk) as u64;
+                let id = first_id.map(|first| first.wrapping_add(ahead));
+                match (*self.named.get_or_insert(id.is_some()), id) {
+                    (true, Some(id)) => {
+                        self.view.lend_as(conn, self.lent_to..end, |range| {
+                            Box::new(CombiningRange {
+                                range,
+                                id: MessageId(id),
+                                dtype,
+                                op,
+                                carry: [0; 8],
+                                carried: 0,
+                                folded: Arc::clone(&self.folded),
+                            })
+                        });
+                        self.naming.push_back(id);
+                    }
+                    // The ids are not known again until the link's next
+                    // session delivers a message (after a peer restart).
+                    (true, None) => break,
+                    (false, _) => self
+                        .scratch
+                        .push_back(conn.post_recv(Box::new(Scratch::take(self.chunk)))),
+                }
             } else {
                 self.view.lend(conn, self.lent_to..end);
             }
@@ -313,12 +439,20 @@ impl Receiving {
 
     /// Lends targets for this half and, once all of its are lent, for the
     /// halves after it, in order: [`lent_ahead`] in all.
-    fn lend_in_order(&mut self, conn: &mut Connection<Payload>, later: &mut [Receiving]) {
+    fn lend_in_order(
+        &mut self,
+        conn: &mut Connection<Payload>,
+        later: &mut [Receiving],
+        parked: bool,
+    ) {
         let most = lent_ahead(conn, self.chunk);
+        let next_id = conn.next_message_id().filter(|_| !parked);
         let mut lent = 0;
+        let mut before = 0u64;
         for half in std::iter::once(self).chain(later.iter_mut()) {
             let room = most.saturating_sub(lent);
-            half.lend_ahead(conn, room);
+            half.lend_ahead(conn, room, next_id.map(|id| id.0.wrapping_add(before)));
+            before += half.messages_left();
             lent += half.lent();
             if !half.fully_lent() {
                 break;
@@ -326,8 +460,11 @@ impl Receiving {
         }
     }
 
-    /// Takes back every target lent; lending starts again from `done`.
-    fn take_back(&mut self, mut conn: Option<&mut Connection<Payload>>) {
+    /// Takes back every target lent but, with `keep_named`, those that
+    /// name their messages (which cannot be out of step, and may be
+    /// combining one); lending starts again from `done` (or goes on from
+    /// the named ones).
+    fn take_back(&mut self, mut conn: Option<&mut Connection<Payload>>, keep_named: bool) {
         for id in self
             .tag_post
             .take()
@@ -338,15 +475,21 @@ impl Receiving {
                 let _ = conn.unpost_recv(id);
             }
         }
+        if keep_named && self.names_messages() {
+            return;
+        }
         self.view.take_back_all(conn);
+        self.naming.clear();
         self.lent_to = self.done;
+        // Under the link's lock: no target combines meanwhile.
+        self.broken |= self.folded.load(Ordering::Relaxed) != self.folded_taken;
     }
 
-    /// [`Receiving::take_back`] under its link's lock.
+    /// Takes back every target, under its link's lock.
     fn take_back_locked(&mut self) {
         let shared = Arc::clone(&self.shared);
         let mut state = shared.lock();
-        self.take_back(state.conn.as_mut());
+        self.take_back(state.conn.as_mut(), false);
     }
 
     /// Takes back every target of this half and of the halves after it,
@@ -356,48 +499,96 @@ impl Receiving {
         mut conn: Option<&mut Connection<Payload>>,
         later: &mut [Receiving],
     ) {
-        self.take_back(conn.as_deref_mut());
+        self.take_back(conn.as_deref_mut(), true);
         for half in later {
-            half.take_back(conn.as_deref_mut());
+            half.take_back(conn.as_deref_mut(), true);
         }
     }
 
     /// Where `delivery` is; anything but the target lent first means the
-    /// lent targets are out of step with the messages: all are taken back.
+    /// lent targets are out of step with the messages: all are taken back
+    /// (but targets naming their messages, which are never out of step).
+    /// A combining target, or a message that is not the one the first
+    /// lent one names, out of step: the peer's messages are not this
+    /// exchange's.
     fn arrived(
         &mut self,
         delivery: Delivery,
         conn: &mut Connection<Payload>,
         later: &mut [Receiving],
-    ) -> Arrived {
+    ) -> Result<Arrived, Failure> {
+        let out_of_step = |id: MessageId, expected: Option<&u64>| {
+            Failure::Mismatch(format!(
+                "message {} took a combining target where this exchange expected {}: the \
+                 peer's messages are not this exchange's (another exchange's, or a peer that \
+                 restarted)",
+                id.0,
+                expected.map_or_else(|| "another".to_string(), |e| format!("message {e}")),
+            ))
+        };
         match delivery {
-            Delivery::Landed { recv, len, .. } => {
-                let id = recv.id();
-                if self.tag_post == Some(id) {
+            Delivery::Landed { recv, len, id } => {
+                let post = recv.id();
+                if self.tag_post == Some(post) {
                     self.tag_post = None;
                     let mut target = recv.into_target();
-                    return Arrived::Tag(target.bytes_mut()[..len].to_vec());
+                    return Ok(Arrived::Tag(target.bytes_mut()[..len].to_vec()));
                 }
                 if self.tag_post.is_none() {
-                    if let Some(range) = self.view.landed(id) {
-                        return Arrived::InPlace(range.start..range.start + len);
+                    if let Some(range) = self.view.landed(post) {
+                        if self.naming.pop_front().is_some() {
+                            self.folded_taken += len;
+                        }
+                        return Ok(Arrived::InPlace(range.start..range.start + len));
                     }
-                    if self.scratch.front() == Some(&id) {
+                    if self.scratch.front() == Some(&post) {
                         self.scratch.pop_front();
-                        return Arrived::Scratch(recv.into_target(), len);
+                        return Ok(Arrived::Scratch(recv.into_target(), len));
                     }
+                }
+                if recv.is_combining() {
+                    return Err(out_of_step(id, self.naming.front()));
                 }
                 // Never expected (targets go in the order posted); read it
                 // into memory of its own before the view is written.
                 let bytes = recv.into_target().bytes_mut()[..len].to_vec();
-                self.take_back_in_order(Some(conn), later);
-                Arrived::Elsewhere(bytes)
+                self.passed_by(id, conn, later)?;
+                Ok(Arrived::Elsewhere(bytes))
             }
-            Delivery::Message { data, .. } => {
-                self.take_back_in_order(Some(conn), later);
-                Arrived::Elsewhere(data)
+            Delivery::Message { data, id } => {
+                self.passed_by(id, conn, later)?;
+                Ok(Arrived::Elsewhere(data))
             }
         }
+    }
+
+    /// Message `id` arrived elsewhere than in a target of this half: in a
+    /// half whose targets name their messages, only the one it passed by
+    /// is taken back (and it must be that one's message); else every
+    /// target of this half and of the halves after it.
+    fn passed_by(
+        &mut self,
+        id: MessageId,
+        conn: &mut Connection<Payload>,
+        later: &mut [Receiving],
+    ) -> Result<(), Failure> {
+        if self.tag.is_none()
+            && let Some(&named) = self.naming.front()
+        {
+            if id.0 != named {
+                return Err(Failure::Mismatch(format!(
+                    "message {} arrived where this exchange expected message {named}: the \
+                     peer's messages are not this exchange's (another exchange's, or a peer \
+                     that restarted)",
+                    id.0
+                )));
+            }
+            self.view.take_back_first(conn);
+            self.naming.pop_front();
+            return Ok(());
+        }
+        self.take_back_in_order(Some(conn), later);
+        Ok(())
     }
 
     /// Takes every message that arrived: whether the buffer is complete,
@@ -409,13 +600,24 @@ impl Receiving {
         shared.spares.give_back(&mut state.conn);
         let mut moved = false;
         let len = self.view.len();
+        if self.broken {
+            return Err(Failure::Interrupted(
+                "this exchange was interrupted (a timeout or a signal) while a chunk was being \
+                 combined into recv_buf: it cannot be resumed; recv_buf's contents are \
+                 unspecified, and the link's next messages may be this exchange's",
+            ));
+        }
         loop {
+            self.same_peer(state.conn.as_ref())?;
             let complete = self.tag.is_none() && self.done >= len;
             let delivery = if complete {
                 None
             } else {
+                // A message `recv_into` parked is not counted by the link:
+                // no message ids are named while one waits.
+                let parked = state.has_pending();
                 if let Some(conn) = state.conn.as_mut() {
-                    self.lend_in_order(conn, later);
+                    self.lend_in_order(conn, later, parked);
                 }
                 Shared::next_delivery(&mut state)?
             };
@@ -430,7 +632,9 @@ impl Receiving {
                 return Ok((complete, moved));
             };
             moved = true;
-            let arrived = self.arrived(delivery, state.conn()?, later);
+            // Driving the link may have brought a restart of the peer.
+            self.same_peer(state.conn.as_ref())?;
+            let arrived = self.arrived(delivery, state.conn()?, later)?;
             if let Some(want) = self.tag.take() {
                 let message = match arrived {
                     Arrived::Tag(bytes) | Arrived::Elsewhere(bytes) => bytes,
@@ -480,6 +684,24 @@ impl Receiving {
                 }
             }
             self.done += want;
+        }
+    }
+
+    /// Fails once the peer restarted since this half first looked: what
+    /// its last session sent is lost, and part of a message may be folded
+    /// into a combining target already.
+    fn same_peer(&mut self, conn: Option<&Connection<Payload>>) -> Result<(), Failure> {
+        let Some(epoch) = conn.and_then(Connection::peer_epoch) else {
+            return Ok(());
+        };
+        match self.peer_epoch.replace(epoch) {
+            Some(old_epoch) if old_epoch != epoch => {
+                Err(Failure::Io(IoError::Closed(LinkError::PeerRestarted {
+                    old_epoch,
+                    new_epoch: epoch,
+                })))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -936,8 +1158,9 @@ impl Exchange {
             let interrupted = py.check_signals();
             if interrupted.is_err() || deadline.passed(slice) {
                 // The exchange may be waited on again, and lends again from
-                // where it stopped; until then no receive of the link's
-                // lands in this one's memory.
+                // where it stopped (unless a chunk was being combined in
+                // place: that one fails when waited on again); until then
+                // no receive of the link's lands in this one's memory.
                 self.take_back(py);
                 interrupted?;
                 return Err(deadline.error("exchange"));
@@ -958,6 +1181,12 @@ fn parse_reduce(reduce: Option<(String, String)>, chunk: usize) -> PyResult<Opti
         None => None,
         Some((op, dtype)) => Some((parse_dtype(&dtype)?, parse_op(&op)?)),
     };
+    if let Some((dtype, op)) = reduce {
+        // Refused here, not by the first chunk: a chunk may be combined
+        // inside the link, which must not fail.
+        reduce::combine(&mut [], &[], dtype, op)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    }
     let element = reduce.map_or(1, |(dtype, _)| dtype.size());
     if chunk == 0 || !chunk.is_multiple_of(element) {
         return Err(PyValueError::new_err(format!(
@@ -1029,6 +1258,12 @@ fn receiving_half(
         tag,
         tag_post: None,
         scratch: VecDeque::new(),
+        named: None,
+        naming: VecDeque::new(),
+        folded: Arc::new(AtomicUsize::new(0)),
+        folded_taken: 0,
+        broken: false,
+        peer_epoch: None,
         done: 0,
         lent_to: 0,
         reduce,

@@ -13,7 +13,7 @@ use barlink::rdma::SendMemory;
 use barlink::{Connection, SendError};
 use barlink_transport::link::IoError;
 use barlink_transport::{Delivery, MessageId};
-use pyo3::exceptions::{PyBlockingIOError, PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyBlockingIOError, PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -118,6 +118,8 @@ pub enum Failure {
     Busy,
     /// A collective's peer sent what this side did not expect.
     Mismatch(String),
+    /// A collective interrupted where it cannot go on.
+    Interrupted(&'static str),
 }
 
 impl Failure {
@@ -129,6 +131,7 @@ impl Failure {
                 "the send queue is full: wait on an earlier request, or call progress()",
             ),
             Failure::Mismatch(why) => errors::Mismatch::new_err(why),
+            Failure::Interrupted(why) => PyRuntimeError::new_err(why),
         }
     }
 }
@@ -162,6 +165,11 @@ pub struct State {
 }
 
 impl State {
+    /// Whether a message `recv_into` could not take waits first in line.
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
     pub fn conn(&mut self) -> Result<&mut Connection<Payload>, Failure> {
         self.conn.as_mut().ok_or(Failure::ClosedHere)
     }
