@@ -17,6 +17,7 @@ mod lend;
 mod link;
 mod options;
 mod reduce;
+mod targets;
 
 use pyo3::prelude::*;
 
