@@ -482,13 +482,6 @@ impl Receiving {
         shared.spares.give_back(&mut state.conn);
         let mut moved = false;
         let len = self.view.len();
-        if self.broken {
-            return Err(Failure::Interrupted(
-                "this exchange was interrupted (a timeout or a signal) while a chunk was being \
-                 combined into recv_buf: it cannot be resumed; recv_buf's contents are \
-                 unspecified, and the link's next messages may be this exchange's",
-            ));
-        }
         loop {
             self.same_peer(state.conn.as_ref())?;
             let complete = self.tag.is_none() && self.done >= len;
@@ -730,6 +723,15 @@ impl Halves {
     /// anything moved.
     fn step(&mut self) -> Result<(bool, bool), Failure> {
         let mut moved = false;
+        // Any half, not only the front one: the others go on sending
+        // around the ring meanwhile.
+        if self.recvs.iter().any(|half| half.broken) {
+            return Err(Failure::Interrupted(
+                "this exchange was interrupted (a timeout or a signal) while a chunk was being \
+                 combined into recv_buf: it cannot be resumed; recv_buf's contents are \
+                 unspecified, and the link's next messages may be this exchange's",
+            ));
+        }
         // Receiving first: it lends the buffer to the link before the
         // sending half's progress can bring the first chunks in.
         while !self.recvs.is_empty() && self.cleared(0)? {
@@ -1133,6 +1135,9 @@ fn receiving_half(
         )));
     }
     let shared = link.shared().clone();
+    // The session the exchange begins in, for every half alike: a half
+    // that first looks after a restart of the peer must see it too.
+    let peer_epoch = shared.lock().conn.as_ref().and_then(Connection::peer_epoch);
     Ok(Receiving {
         view: LandingView::new(view, shared.clone()),
         shared,
@@ -1145,7 +1150,7 @@ fn receiving_half(
         folded: Arc::new(AtomicUsize::new(0)),
         folded_taken: 0,
         broken: false,
-        peer_epoch: None,
+        peer_epoch,
         done: 0,
         lent_to: 0,
         reduce,
