@@ -220,9 +220,10 @@ struct Receiving {
     folded: Arc<AtomicUsize>,
     folded_taken: usize,
     broken: bool,
-    /// The peer's session when this half first stepped: a restart of the
-    /// peer loses what its last session sent, and may leave part of a
-    /// message folded into a combining target.
+    /// The peer's session when the exchange was made (or, if the link
+    /// had not heard from the peer yet, when this half first lent): a
+    /// restart of the peer loses what its last session sent, and may
+    /// leave part of a message folded into a combining target.
     peer_epoch: Option<u32>,
     /// Bytes of the buffer written so far.
     done: usize,
@@ -562,9 +563,9 @@ impl Receiving {
         }
     }
 
-    /// Fails once the peer restarted since this half first looked: what
-    /// its last session sent is lost, and part of a message may be folded
-    /// into a combining target already.
+    /// Fails once the peer's session is another than the exchange began
+    /// in (`peer_epoch`): what its last session sent is lost, and part of
+    /// a message may be folded into a combining target already.
     fn same_peer(&mut self, conn: Option<&Connection<Payload>>) -> Result<(), Failure> {
         let Some(epoch) = conn.and_then(Connection::peer_epoch) else {
             return Ok(());
