@@ -148,9 +148,10 @@ unsafe fn fold<const STREAM: bool>(
     let steps = len / STEP;
     // Ordinary stores into lines another core holds (a peer's ring slot,
     // which its reader read last) wait for each line in turn; asked for
-    // ahead, the lines come in parallel. Non-temporal stores need no line.
+    // ahead, the lines come in parallel where the CPU gains by it.
+    // Non-temporal stores need no line.
     let write_ahead = match dst {
-        Some(dst) if !STREAM && crate::cpu::has_prefetchw() => Some(dst),
+        Some(dst) if !STREAM && crate::cpu::writes_ahead() => Some(dst),
         _ => None,
     };
     for step in 1..steps {

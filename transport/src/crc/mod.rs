@@ -256,7 +256,7 @@ pub fn copy_kernel() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
         if avx512::available() {
-            return if crate::cpu::has_prefetchw() {
+            return if crate::cpu::writes_ahead() {
                 "avx512-vpclmulqdq fused, destination lines taken ahead, non-temporal stores into large messages"
             } else {
                 "avx512-vpclmulqdq fused, non-temporal stores into large messages"

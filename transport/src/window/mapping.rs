@@ -608,11 +608,8 @@ fn avx2_copies() -> bool {
     {
         static AVX2_COPIES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *AVX2_COPIES.get_or_init(|| {
-            // CPUID leaf 0: the vendor string in EBX, EDX, ECX.
-            let vendor = std::arch::x86_64::__cpuid(0);
-            let amd =
-                (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-            amd && crate::cpu::isa_limit() >= crate::cpu::IsaLimit::Avx2
+            crate::cpu::is_amd()
+                && crate::cpu::isa_limit() >= crate::cpu::IsaLimit::Avx2
                 && std::arch::is_x86_feature_detected!("avx2")
         })
     }
