@@ -40,7 +40,7 @@ impl Script<'_> {
 
 const MTU: usize = 512;
 const SLOTS: usize = 4;
-const WINDOW_LEN: usize = CONTROL_LEN + SLOTS * MTU;
+const WINDOW_LEN: usize = CONTROL_LEN + SLOTS * Geometry::slot_size_for(MTU);
 
 /// Message `index`: its length and bytes follow from the index.
 fn message(index: u64) -> Vec<u8> {

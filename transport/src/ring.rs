@@ -48,6 +48,7 @@ use std::fmt;
 
 use crate::sync::atomic::Ordering;
 use crate::window::{Window, WindowError};
+use crate::wire::HEADER_LEN;
 
 /// Bytes of the control block at the start of every ring window: a line the
 /// owner writes once (identity and geometry) and a line of indices that
@@ -57,11 +58,15 @@ use crate::window::{Window, WindowError};
 pub const CONTROL_LEN: usize = 256;
 /// Slots are multiples of a cache line.
 pub const SLOT_ALIGN: usize = 64;
+/// Where a packet starts in its slot: this far in, its header ends on a
+/// cache line, so that the payload's 64-byte stores and loads each touch
+/// one line rather than two (design change 72).
+pub const PACKET_AT: usize = HEADER_LEN.next_multiple_of(SLOT_ALIGN) - HEADER_LEN;
 /// `b"BLRING\0\x01"` as a little-endian u64: identifies a barlink ring.
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"BLRING\0\x01");
-/// Layout version of the control block. 3: index words carry a check
-/// ([`encode_index`]).
-pub const RING_VERSION: u32 = 3;
+/// Layout version of the ring. 3: index words carry a check
+/// ([`encode_index`]); 4: packets start [`PACKET_AT`] into their slots.
+pub const RING_VERSION: u32 = 4;
 /// Most slots a ring may have: an index word carries its count modulo
 /// 2³², and a reader tells an update ahead from a stale one behind only
 /// while a ring is under half of that.
@@ -311,10 +316,16 @@ pub struct Geometry {
 }
 
 impl Geometry {
+    /// Bytes of a slot for packets of up to `mtu` bytes, each [`PACKET_AT`]
+    /// into its slot, rounded up to cache lines.
+    pub const fn slot_size_for(mtu: usize) -> usize {
+        (mtu + PACKET_AT).div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+    }
+
     /// The geometry that fits `window_len` bytes with slots for packets of
-    /// up to `mtu` bytes.
+    /// up to `mtu` bytes ([`Geometry::slot_size_for`]).
     pub fn for_window(window_len: usize, mtu: usize) -> Result<Geometry, RingError> {
-        let slot_size = mtu.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+        let slot_size = Geometry::slot_size_for(mtu);
         let available = window_len.saturating_sub(CONTROL_LEN);
         let slot_count = available / slot_size.max(1);
         if slot_count < 2 {
@@ -578,16 +589,19 @@ mod tests {
 
     #[test]
     fn geometry_fits_the_window() {
+        // A packet starts PACKET_AT into its slot, so that its payload
+        // starts on a cache line.
+        assert_eq!((PACKET_AT + HEADER_LEN) % SLOT_ALIGN, 0);
         let geometry = Geometry::for_window(4 << 20, 4096).unwrap();
-        assert_eq!(geometry.slot_size, 4096);
+        assert_eq!(geometry.slot_size as usize, 4096 + SLOT_ALIGN);
         assert_eq!(
             geometry.slot_count as usize,
-            ((4 << 20) - CONTROL_LEN) / 4096
+            ((4 << 20) - CONTROL_LEN) / (4096 + SLOT_ALIGN)
         );
         geometry.validate(4 << 20).unwrap();
         assert!(geometry.ring_len() <= 4 << 20);
         // Slots round up to cache lines.
-        assert_eq!(Geometry::for_window(1 << 20, 1000).unwrap().slot_size, 1024);
+        assert_eq!(Geometry::for_window(1 << 20, 1000).unwrap().slot_size, 1088);
     }
 
     #[test]
@@ -597,7 +611,7 @@ mod tests {
             error,
             RingError::WindowTooSmall {
                 window_len: 8192,
-                needed: CONTROL_LEN + 8192
+                needed: CONTROL_LEN + 2 * (4096 + SLOT_ALIGN)
             }
         );
         assert!(error.to_string().contains("smaller MTU"));

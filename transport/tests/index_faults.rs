@@ -142,7 +142,7 @@ fn a_missed_consumed_count_is_repaired_by_its_repetition() {
     // A ring of 4 slots: a fills it, b drains it, and the consumed count
     // that would free it is lost before a reads it.
     let config = patient_config();
-    let window_len = CONTROL_LEN + 4 * config.mtu;
+    let window_len = CONTROL_LEN + 4 * Geometry::slot_size_for(config.mtu);
     let (mut a, mut b, [window_a, _]) = heap_pair(config, window_len);
     settle(&mut a, &mut b);
     let messages: Vec<Vec<u8>> = (0..12u8).map(|i| vec![i; 3000]).collect();

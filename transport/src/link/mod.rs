@@ -40,7 +40,7 @@ use crate::engine::{
     ConfigError, Delivery, Engine, EngineConfig, Event, LinkError, MessageId, PostId, PostedRecv,
     RecvTarget, SendError,
 };
-use crate::ring::{self, Consumer, Geometry, Producer, RingError};
+use crate::ring::{self, Consumer, Geometry, PACKET_AT, Producer, RingError};
 use crate::time::Time;
 use crate::window::{Window, WindowError};
 use crate::wire::HEADER_LEN;
@@ -514,7 +514,7 @@ impl<W: Window> Medium for RingMedium<W> {
         if self.consumer.next_slot_offset().is_none() {
             return Ok(0);
         }
-        let room = self.own_geometry.slot_size as usize - HEADER_LEN;
+        let room = (self.own_geometry.slot_size as usize).saturating_sub(PACKET_AT + HEADER_LEN);
         // Ready bytes only grow within a round (the caller takes none).
         let stop_at = (intake == Intake::FirstMessage).then(|| {
             engine
@@ -528,9 +528,12 @@ impl<W: Window> Medium for RingMedium<W> {
             }
             // A small packet's lines all at once, rather than the payload's
             // only after the header has been parsed.
-            self.own.prefetch(slot, SMALL_PACKET);
+            let packet = slot + PACKET_AT;
+            self.own.prefetch(packet, SMALL_PACKET);
             let mut header = [0u8; HEADER_LEN];
-            self.own.read(slot, &mut header).map_err(MediumError::new)?;
+            self.own
+                .read(packet, &mut header)
+                .map_err(MediumError::new)?;
             let own = &self.own;
             let mut payload_read = 0usize;
             // The payload goes from the slot straight into its message
@@ -539,7 +542,7 @@ impl<W: Window> Medium for RingMedium<W> {
             // packets are counted by the engine (and NAKed).
             let _verdict = engine
                 .handle_packet_from(now, &header, room, |offset, dst, crc, message_len| {
-                    let at = slot + HEADER_LEN + offset;
+                    let at = packet + HEADER_LEN + offset;
                     payload_read += dst.len();
                     match (crc, message_len >= STREAM_MESSAGES_FROM) {
                         (Some(crc), true) => own.read_crc_streaming(at, dst, crc),
@@ -588,16 +591,17 @@ impl<W: Window> Medium for RingMedium<W> {
             let written = engine.poll_transmit_with(now, |transmit| {
                 // The payload is copied and checksummed in one pass; the
                 // header, with the CRC, goes last.
-                let payload_at = slot + HEADER_LEN;
+                let packet = slot + PACKET_AT;
+                let payload_at = packet + HEADER_LEN;
                 let packet_len = HEADER_LEN + transmit.payload().len();
                 if !transmit.has_crc() {
                     peer.write(payload_at, transmit.payload())?;
-                    peer.write(slot, &transmit.header_with_crc(0))?;
+                    peer.write(packet, &transmit.header_with_crc(0))?;
                     return Ok((packet_len, transmit.ends_burst()));
                 }
                 let mut crc = transmit.crc_of_header();
                 peer.write_crc(payload_at, transmit.payload(), &mut crc)?;
-                peer.write(slot, &transmit.header_with_crc(crc.finish()))?;
+                peer.write(packet, &transmit.header_with_crc(crc.finish()))?;
                 Ok::<_, WindowError>((packet_len, transmit.ends_burst()))
             });
             let ends_burst = match written {
@@ -633,13 +637,13 @@ impl<W: Window> Medium for RingMedium<W> {
         if sent > 0
             && let Some(slot) = self.producer.next_slot_offset()
         {
-            self.peer.prefetch_for_write(slot, SMALL_PACKET);
+            self.peer.prefetch_for_write(slot + PACKET_AT, SMALL_PACKET);
         }
         Ok(sent)
     }
 
     fn max_packet(&self) -> usize {
-        self.peer_geometry.slot_size as usize
+        (self.peer_geometry.slot_size as usize).saturating_sub(PACKET_AT)
     }
 
     fn poll_timeout(&self) -> Option<Time> {
@@ -683,7 +687,7 @@ impl<W: Window, B: AsRef<[u8]>> Link<RingMedium<W>, B> {
     pub fn new(own: W, peer: W, config: EngineConfig, epoch: u32) -> Result<Self, SetupError> {
         let medium = RingMedium::new(own, peer)?;
         let slot_size = medium.peer_geometry.slot_size;
-        if (slot_size as usize) < config.mtu {
+        if (slot_size as usize).saturating_sub(PACKET_AT) < config.mtu {
             return Err(SetupError::SlotsTooSmall {
                 slot_size,
                 mtu: config.mtu,

@@ -14,7 +14,8 @@ use super::plan::STEP_TIMEOUT;
 
 /// The raw-ring baselines: fragments copied into slots behind a 16-byte
 /// slot header (length, last-fragment flag and, for `raw-ring-crc`, the
-/// slot's CRC-32C); no acknowledgement, retransmission or ordering.
+/// slot's CRC-32C); no acknowledgement, retransmission or ordering. As a
+/// link's packets do, the fragments start on a cache line of the slot.
 pub(super) struct RawRingPipe {
     own: ShmWindow,
     peer: ShmWindow,
@@ -30,6 +31,10 @@ pub(super) struct RawRingPipe {
 /// message (u8), and with `crc` the piece's CRC-32C (u32 at 12).
 const RAW_SLOT_HEADER: usize = 16;
 const RAW_CRC_AT: usize = 12;
+/// Where the header lies in its slot: it ends where the slot's second
+/// cache line, and the fragment, begin.
+const RAW_HEADER_AT: usize = ring::SLOT_ALIGN - RAW_SLOT_HEADER;
+const RAW_PIECE_AT: usize = ring::SLOT_ALIGN;
 
 impl RawRingPipe {
     pub(super) fn new(own: ShmWindow, peer: ShmWindow, crc: bool) -> Result<Self, String> {
@@ -37,7 +42,7 @@ impl RawRingPipe {
         let peer_info =
             barlink_transport::link::read_ring_info(&peer).map_err(|e| e.to_string())?;
         Ok(RawRingPipe {
-            slot_payload: peer_info.geometry.slot_size as usize - RAW_SLOT_HEADER,
+            slot_payload: peer_info.geometry.slot_size as usize - RAW_PIECE_AT,
             producer: Producer::new(peer_info.geometry),
             consumer: Consumer::new(own_info.geometry),
             own,
@@ -91,15 +96,17 @@ impl Pipe for RawRingPipe {
             if self.crc {
                 let mut crc = Crc32c::new();
                 self.peer
-                    .write_crc(slot + RAW_SLOT_HEADER, piece, &mut crc)
+                    .write_crc(slot + RAW_PIECE_AT, piece, &mut crc)
                     .map_err(|e| e.to_string())?;
                 header[RAW_CRC_AT..].copy_from_slice(&crc.finish().to_le_bytes());
             } else {
                 self.peer
-                    .write(slot + RAW_SLOT_HEADER, piece)
+                    .write(slot + RAW_PIECE_AT, piece)
                     .map_err(|e| e.to_string())?;
             }
-            self.peer.write(slot, &header).map_err(|e| e.to_string())?;
+            self.peer
+                .write(slot + RAW_HEADER_AT, &header)
+                .map_err(|e| e.to_string())?;
             let head = self.producer.commit();
             self.peer.store_fence();
             self.peer
@@ -136,7 +143,7 @@ impl Pipe for RawRingPipe {
             })?;
             let mut header = [0u8; RAW_SLOT_HEADER];
             self.own
-                .read(slot, &mut header)
+                .read(slot + RAW_HEADER_AT, &mut header)
                 .map_err(|e| e.to_string())?;
             let len = (u64::from_le_bytes(header[..8].try_into().expect("8 bytes")) as usize)
                 .min(self.slot_payload);
@@ -147,7 +154,7 @@ impl Pipe for RawRingPipe {
             if self.crc {
                 let mut crc = Crc32c::new();
                 self.own
-                    .read_crc(slot + RAW_SLOT_HEADER, piece, &mut crc)
+                    .read_crc(slot + RAW_PIECE_AT, piece, &mut crc)
                     .map_err(|e| e.to_string())?;
                 let carried = u32::from_le_bytes(header[RAW_CRC_AT..].try_into().expect("4 bytes"));
                 if crc.finish() != carried {
@@ -158,7 +165,7 @@ impl Pipe for RawRingPipe {
                 }
             } else {
                 self.own
-                    .read(slot + RAW_SLOT_HEADER, piece)
+                    .read(slot + RAW_PIECE_AT, piece)
                     .map_err(|e| e.to_string())?;
             }
             filled += len;
