@@ -242,7 +242,7 @@ fn links(args: &SoakArgs) -> Result<SoakSetup, CommandError> {
     config
         .validate()
         .map_err(|e| CommandError::usage(format!("engine configuration: {e}")))?;
-    let window_len = (4 << 20) + barlink_transport::ring::CONTROL_LEN;
+    let window_len = barlink_transport::ring::Geometry::window_len_for(4 << 20);
     let each = args.fault_rate / 4.0;
     let faults = FaultConfig::none()
         .with_bit_flip(each)

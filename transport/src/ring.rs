@@ -309,7 +309,8 @@ fn advance(count: u32, seen: u64, room: u64) -> Result<u64, MissedUpdate> {
 /// The shape of a ring: how many slots of what size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
-    /// Bytes per slot (a multiple of [`SLOT_ALIGN`], at least one packet).
+    /// Bytes per slot (a multiple of [`SLOT_ALIGN`]; a packet and its lead,
+    /// [`PACKET_AT`]).
     pub slot_size: u32,
     /// Number of slots (at least 2).
     pub slot_count: u32,
@@ -320,6 +321,15 @@ impl Geometry {
     /// into its slot, rounded up to cache lines.
     pub const fn slot_size_for(mtu: usize) -> usize {
         (mtu + PACKET_AT).div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+    }
+
+    /// A window that holds at least `packet_bytes` of packets in whole
+    /// slots at any MTU from 4 KiB that divides them: the control block,
+    /// the packets, and room for each slot's lead
+    /// ([`Geometry::slot_size_for`]), so that a 4 MiB ring holds 32
+    /// packets of 128 KiB, as it did before the lead.
+    pub const fn window_len_for(packet_bytes: usize) -> usize {
+        CONTROL_LEN + packet_bytes + packet_bytes / 4096 * SLOT_ALIGN
     }
 
     /// The geometry that fits `window_len` bytes with slots for packets of
@@ -602,6 +612,18 @@ mod tests {
         assert!(geometry.ring_len() <= 4 << 20);
         // Slots round up to cache lines.
         assert_eq!(Geometry::for_window(1 << 20, 1000).unwrap().slot_size, 1088);
+        // The default window holds 4 MiB of packets at every power-of-two
+        // MTU, the lead notwithstanding: 32 of the default 128 KiB.
+        let window = Geometry::window_len_for(4 << 20);
+        assert_eq!(
+            Geometry::for_window(window, 128 << 10).unwrap().slot_count,
+            32
+        );
+        for mtu in (12..=21).map(|shift| 1usize << shift) {
+            let geometry = Geometry::for_window(window, mtu).unwrap();
+            assert!(geometry.slot_count as usize >= (4 << 20) / mtu, "mtu {mtu}");
+            geometry.validate(window).unwrap();
+        }
     }
 
     #[test]

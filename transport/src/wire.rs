@@ -571,7 +571,7 @@ impl Repr {
     /// Validates a header whose payload has not been read yet: everything
     /// [`Repr::parse`] checks except the CRC, which covers the payload. `room`
     /// is how many payload bytes could follow the header (a ring slot's
-    /// size less the header): a claimed payload beyond it is
+    /// size less the packet's lead and header): a claimed payload beyond it is
     /// [`WireError::PayloadBeyondBuffer`].
     ///
     /// This is how a receiver copies a payload exactly once — out of the

@@ -333,7 +333,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
     ///
     /// `header` holds the packet's first [`HEADER_LEN`] bytes; at most
     /// `room` payload bytes can follow it (a ring slot's size less the
-    /// header). `read_payload(offset, dst, crc, message_len)` copies
+    /// packet's lead and header). `read_payload(offset, dst, crc, message_len)` copies
     /// `dst.len()` payload bytes starting at `offset` out of the medium
     /// and, when `crc` is `Some`, feeds the bytes as they landed in `dst`
     /// into it (a window does both in one pass:

@@ -255,7 +255,8 @@ impl fmt::Display for SetupError {
             ),
             SetupError::SlotsTooSmall { slot_size, mtu } => write!(
                 f,
-                "the peer's ring slots hold {slot_size} bytes but this side's MTU is {mtu}: use the same MTU on both sides"
+                "the peer's ring slots ({slot_size} bytes) hold packets of at most {} bytes but this side's MTU is {mtu}: use the same MTU on both sides",
+                (*slot_size as usize).saturating_sub(PACKET_AT)
             ),
             SetupError::MediumTooSmall { max_packet, needed } => write!(
                 f,
@@ -434,8 +435,9 @@ const PUBLISH_BYTES: usize = 16 << 10;
 
 /// Bytes of a slot worth fetching ahead, as soon as a packet is known to
 /// be there (to read it) or a slot is known to be the next one written (to
-/// write it): a header and a small message's payload. The raw-ring
-/// baselines take the next slot's the same way.
+/// write it): a header and a small message's payload, after the slot's
+/// lead ([`PACKET_AT`]). The raw-ring baselines take the next slot's the
+/// same way.
 pub const SMALL_PACKET: usize = 256;
 
 impl<W: Window> RingMedium<W> {
@@ -529,7 +531,7 @@ impl<W: Window> Medium for RingMedium<W> {
             // A small packet's lines all at once, rather than the payload's
             // only after the header has been parsed.
             let packet = slot + PACKET_AT;
-            self.own.prefetch(packet, SMALL_PACKET);
+            self.own.prefetch(slot, PACKET_AT + SMALL_PACKET);
             let mut header = [0u8; HEADER_LEN];
             self.own
                 .read(packet, &mut header)
@@ -637,7 +639,7 @@ impl<W: Window> Medium for RingMedium<W> {
         if sent > 0
             && let Some(slot) = self.producer.next_slot_offset()
         {
-            self.peer.prefetch_for_write(slot + PACKET_AT, SMALL_PACKET);
+            self.peer.prefetch_for_write(slot, PACKET_AT + SMALL_PACKET);
         }
         Ok(sent)
     }

@@ -67,7 +67,7 @@ impl Default for NamedOptions {
     fn default() -> Self {
         NamedOptions {
             engine: EngineConfig::default(),
-            window_len: (4 << 20) + crate::ring::CONTROL_LEN,
+            window_len: crate::ring::Geometry::window_len_for(4 << 20),
             shm: ShmOptions::default(),
             setup_timeout: Duration::from_secs(10),
             reclaim_stale: false,

@@ -115,8 +115,10 @@ impl Pipe for RawRingPipe {
             // The link's hint, so that the baseline stays the limit: the
             // next slot's lines taken for writing while the peer reads.
             if let Some(slot) = self.producer.next_slot_offset() {
-                self.peer
-                    .prefetch_for_write(slot, barlink_transport::link::SMALL_PACKET);
+                self.peer.prefetch_for_write(
+                    slot,
+                    ring::PACKET_AT + barlink_transport::link::SMALL_PACKET,
+                );
             }
         }
         Ok(())
