@@ -274,6 +274,26 @@ mod tests {
         );
     }
 
+    /// The vendor check that picks AMD's copies agrees with the vendor
+    /// Linux names: a wrong constant would keep Intel's choices on AMD.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn the_vendor_check_agrees_with_the_kernel() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let Some(vendor) = cpuinfo
+            .lines()
+            .find_map(|line| line.strip_prefix("vendor_id"))
+        else {
+            println!(
+                "SKIPPED the_vendor_check_agrees_with_the_kernel: /proc/cpuinfo names no vendor"
+            );
+            return;
+        };
+        let vendor = vendor.trim_start_matches([' ', '\t', ':']).trim();
+        assert_eq!(is_amd(), vendor == "AuthenticAMD", "vendor_id {vendor:?}");
+        assert_eq!(writes_ahead(), has_prefetchw() && vendor != "AuthenticAMD");
+    }
+
     #[test]
     fn an_isa_limit_is_named_in_any_case_and_nothing_else_is_one() {
         assert_eq!(IsaLimit::parse("AVX2"), Some(IsaLimit::Avx2));

@@ -318,9 +318,12 @@ pub struct Geometry {
 
 impl Geometry {
     /// Bytes of a slot for packets of up to `mtu` bytes, each [`PACKET_AT`]
-    /// into its slot, rounded up to cache lines.
+    /// into its slot, rounded up to cache lines (saturating, for an absurd
+    /// `mtu`, into a size no geometry takes).
     pub const fn slot_size_for(mtu: usize) -> usize {
-        (mtu + PACKET_AT).div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+        mtu.saturating_add(PACKET_AT)
+            .div_ceil(SLOT_ALIGN)
+            .saturating_mul(SLOT_ALIGN)
     }
 
     /// A window that holds at least `packet_bytes` of packets in whole
@@ -341,7 +344,7 @@ impl Geometry {
         if slot_count < 2 {
             return Err(RingError::WindowTooSmall {
                 window_len,
-                needed: CONTROL_LEN + 2 * slot_size,
+                needed: slot_size.saturating_mul(2).saturating_add(CONTROL_LEN),
             });
         }
         Ok(Geometry {
@@ -612,6 +615,8 @@ mod tests {
         assert!(geometry.ring_len() <= 4 << 20);
         // Slots round up to cache lines.
         assert_eq!(Geometry::for_window(1 << 20, 1000).unwrap().slot_size, 1088);
+        // An absurd MTU is refused, not wrapped into a small slot.
+        assert!(Geometry::for_window(1 << 20, usize::MAX).is_err());
         // The default window holds 4 MiB of packets at every power-of-two
         // MTU, the lead notwithstanding: 32 of the default 128 KiB.
         let window = Geometry::window_len_for(4 << 20);

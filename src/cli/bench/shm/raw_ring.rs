@@ -41,8 +41,15 @@ impl RawRingPipe {
         let own_info = barlink_transport::link::read_ring_info(&own).map_err(|e| e.to_string())?;
         let peer_info =
             barlink_transport::link::read_ring_info(&peer).map_err(|e| e.to_string())?;
+        let slot_payload = (peer_info.geometry.slot_size as usize).saturating_sub(RAW_PIECE_AT);
+        if slot_payload == 0 {
+            return Err(format!(
+                "raw ring: slots of {} bytes leave no room for a fragment after the {RAW_PIECE_AT}-byte lead: use a larger MTU",
+                peer_info.geometry.slot_size
+            ));
+        }
         Ok(RawRingPipe {
-            slot_payload: peer_info.geometry.slot_size as usize - RAW_PIECE_AT,
+            slot_payload,
             producer: Producer::new(peer_info.geometry),
             consumer: Consumer::new(own_info.geometry),
             own,
