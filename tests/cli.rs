@@ -687,6 +687,37 @@ fn doctor_says_whether_remote_setup_is_authenticated() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--paths barlink,barlink-copied` measures the link twice in one run:
+/// sending one shared buffer, and sending a copy made for each message
+/// (the baseline of the C face's copying calls). Both rows come, in that
+/// order, with every message delivered.
+#[test]
+fn bench_measures_the_link_sending_copies_beside_the_shared_buffer() {
+    let output = Command::new(env!("CARGO_BIN_EXE_barlink"))
+        .args([
+            "bench",
+            "--quick",
+            "--json",
+            "--sizes",
+            "64K",
+            "--windows",
+            "1",
+        ])
+        .args(["--paths", "barlink,barlink-copied"])
+        .env_remove("BARLINK_SIZES")
+        .output()
+        .expect("the barlink binary runs");
+    assert!(output.status.success(), "{output:?}");
+    let rows = json_rows(&output);
+    let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["barlink", "barlink-copied"], "{rows:?}");
+    for row in &rows {
+        assert!(row["gbps"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(row["crc_errors"], 0, "{row}");
+        assert!(row.get("ratio_to_raw_ring").is_none(), "{row}");
+    }
+}
+
 /// `BARLINK_CPU_ISA` that names no limit is refused before anything runs
 /// (exit 2, naming the variable and its values), not ignored.
 #[test]

@@ -8,7 +8,10 @@
 //!   the same pass as each copy and checked on arrival, through the same
 //!   kernels barlink uses: the limit for anything that checks its data on
 //!   this CPU (what barlink adds beyond it is its protocol);
-//! - `unix-socket`: a Unix stream socket.
+//! - `unix-socket`: a Unix stream socket;
+//! - `barlink-copied` (asked for by name): the barlink link sending a copy
+//!   of the caller's bytes made for each message, as a caller that only
+//!   borrows its memory must (the C face's copying calls do the same).
 //!
 //! The parent sends; a child process (this binary, `bench-peer`) receives.
 //! Bandwidth: a window of messages, then the child's one-byte "got them
@@ -43,12 +46,13 @@ pub use schedule::{Measured, RunError, run_child, run_parent};
 pub(in crate::cli::bench) use watch::watch_parent;
 
 /// Every two-process path, in the order the rows' ratios index them.
-const ALL: [ProcPath; 5] = [
+const ALL: [ProcPath; 6] = [
     ProcPath::Barlink,
     ProcPath::RawRing,
     ProcPath::RawRingCrc,
     ProcPath::UnixSocket,
     ProcPath::BarlinkFaults,
+    ProcPath::BarlinkCopied,
 ];
 
 /// `barlink bench` (the default path): both processes, every path, the rows.

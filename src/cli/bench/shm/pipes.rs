@@ -150,12 +150,22 @@ impl<M: Medium + Send + 'static> DrivenLink for ProgressThread<M, Arc<[u8]>> {
 }
 
 /// A barlink link as a pipe.
-struct LinkPipe<L: DrivenLink>(L);
+struct LinkPipe<L: DrivenLink> {
+    link: L,
+    /// Each message goes as a copy of its bytes made for it (a caller that
+    /// only borrows them), not as another count of the shared buffer.
+    copies: bool,
+}
 
 impl<L: DrivenLink> Pipe for LinkPipe<L> {
     fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String> {
-        self.0
-            .send_blocking(message.clone(), STEP_TIMEOUT)
+        let data = if self.copies {
+            Arc::from(&message[..])
+        } else {
+            message.clone()
+        };
+        self.link
+            .send_blocking(data, STEP_TIMEOUT)
             .map_err(|e| e.to_string())
     }
     fn recv_within(
@@ -165,16 +175,16 @@ impl<L: DrivenLink> Pipe for LinkPipe<L> {
     ) -> Result<Option<usize>, String> {
         // Into the caller's buffer, as the raw ring receives: a stream of
         // large messages keeps landing in the same memory.
-        unless_timed_out(self.0.recv_into(buf, within))
+        unless_timed_out(self.link.recv_into(buf, within))
     }
     fn flush_within(&mut self, within: Duration) -> Result<bool, String> {
-        Ok(unless_timed_out(self.0.flush(within))?.is_some())
+        Ok(unless_timed_out(self.link.flush(within))?.is_some())
     }
     fn poke(&mut self) -> Result<(), String> {
-        self.0.poke().map_err(|e| e.to_string())
+        self.link.poke().map_err(|e| e.to_string())
     }
     fn counters(&self) -> (u64, u64) {
-        counters(&self.0.stats())
+        counters(&self.link.stats())
     }
 }
 
@@ -183,17 +193,20 @@ fn counters(stats: &barlink_transport::Stats) -> (u64, u64) {
     (stats.retransmits(), stats.crc_failures + stats.malformed)
 }
 
-/// The link as a pipe, driven as `mode` says.
+/// The link as a pipe, driven as `mode` says; `copies`: each message sent
+/// as a copy made for it.
 pub(super) fn link_pipe<W: Window + Send + 'static>(
     link: RingLink<W, Arc<[u8]>>,
     mode: ProgressMode,
+    copies: bool,
 ) -> Result<Box<dyn Pipe>, String> {
     Ok(match mode {
-        ProgressMode::Poll => Box::new(LinkPipe(link)),
-        ProgressMode::Thread => Box::new(LinkPipe(
-            ProgressThread::spawn(link, ProgressOptions::default())
+        ProgressMode::Poll => Box::new(LinkPipe { link, copies }),
+        ProgressMode::Thread => Box::new(LinkPipe {
+            link: ProgressThread::spawn(link, ProgressOptions::default())
                 .map_err(|e| format!("starting the progress thread: {e}"))?,
-        )),
+            copies,
+        }),
     })
 }
 

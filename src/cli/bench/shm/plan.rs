@@ -18,6 +18,10 @@ pub enum ProcPath {
     UnixSocket,
     /// barlink with a bit flipped in packets on the way (`--fault-rate`).
     BarlinkFaults,
+    /// barlink sending a copy of the caller's bytes made for each message,
+    /// as a caller that only borrows its memory must: the Rust link doing
+    /// what the C face's copying calls do.
+    BarlinkCopied,
 }
 
 impl ProcPath {
@@ -28,6 +32,7 @@ impl ProcPath {
             ProcPath::RawRingCrc => "raw-ring-crc",
             ProcPath::UnixSocket => "unix-socket",
             ProcPath::BarlinkFaults => "barlink-faults",
+            ProcPath::BarlinkCopied => "barlink-copied",
         }
     }
 }

@@ -47,11 +47,12 @@ pub(super) fn parent_pipe(
     let config = link_config(plan);
     let name = format!("{}-{}", plan.name, path.name());
     Ok(match path {
-        ProcPath::Barlink => {
+        ProcPath::Barlink | ProcPath::BarlinkCopied => {
             let listener = Listener::bind(&name).map_err(|e| e.to_string())?;
             link_pipe(
                 listener.accept(&config).map_err(|e| e.to_string())?,
                 plan.progress,
+                path == ProcPath::BarlinkCopied,
             )?
         }
         ProcPath::BarlinkFaults => {
@@ -62,6 +63,7 @@ pub(super) fn parent_pipe(
             link_pipe(
                 faulty_link(own, peer, &config, plan.fault_rate, plan.seed)?,
                 plan.progress,
+                false,
             )?
         }
         ProcPath::RawRing | ProcPath::RawRingCrc => {
@@ -101,15 +103,17 @@ pub(super) fn child_pipe(plan: &PeerPlan, path: ProcPath) -> Result<Box<dyn Pipe
     let config = link_config(plan);
     let name = format!("{}-{}", plan.name, path.name());
     Ok(match path {
-        ProcPath::Barlink => link_pipe(
+        ProcPath::Barlink | ProcPath::BarlinkCopied => link_pipe(
             connect(&name, &config).map_err(|e| e.to_string())?,
             plan.progress,
+            path == ProcPath::BarlinkCopied,
         )?,
         ProcPath::BarlinkFaults => {
             let (own, peer) = connect_windows(&name, &config).map_err(|e| e.to_string())?;
             link_pipe(
                 faulty_link(own, peer, &config, plan.fault_rate, !plan.seed)?,
                 plan.progress,
+                false,
             )?
         }
         ProcPath::RawRing | ProcPath::RawRingCrc => {
