@@ -2,10 +2,17 @@
 # The C ABI against the Rust link, between two processes, in the same run:
 # ffi/bench/ffi_bench.c (blocking barlink_send, barlink_post_send + poll,
 # zero-copy barlink_post_send_buffer; default config) and `barlink bench
-# --paths barlink` (the Rust link the C face wraps) take turns, ROUNDS
-# times; each round's ratio is C / Rust at each size, and the medians of
-# the rounds are printed with the CPU they ran on, beside each C mode's
-# one-way latency less the Rust link's.
+# --paths barlink,barlink-copied` (the Rust link the C face wraps) take
+# turns, ROUNDS times; each round's ratio is C / Rust at each size, and the
+# medians of the rounds are printed with the CPU they ran on, beside each C
+# mode's one-way latency less the Rust link's.
+#
+# Two Rust baselines: `barlink` sends one shared buffer again and again (a
+# count more each time, never a copy), as zero-copy
+# barlink_post_send_buffer does; `barlink-copied` sends a copy of the
+# bytes made for each message, as a Rust caller that only borrows its
+# memory must, and as barlink_post_send and a blocking barlink_send below
+# its lending size (4 packets) do.
 #
 #   scripts/ffi-bench.sh [--rounds 3] [--sizes 64,4K,64K,1M,16M] [--quick]
 #                        [--recv in-place|copy] [--progress-thread]
@@ -56,7 +63,7 @@ c_bytes=$(bytes_of "$bytes")
 echo "# scripts/ffi-bench.sh: C ABI / Rust link, $rounds rounds, sizes $sizes, $windows windows of $bytes, C receiving $recv${progress:+, C links with a progress thread}"
 "$barlink" bench --paths barlink --sizes 64 --windows 1 --lat-iters 1 | grep '^# cpu'
 for round in $(seq "$rounds"); do
-    "$barlink" bench --paths barlink --sizes "$sizes" --windows "$windows" \
+    "$barlink" bench --paths barlink,barlink-copied --sizes "$sizes" --windows "$windows" \
         --bytes-per-window "$bytes" --lat-iters "$lat" --json >"$work/rust.$round.jsonl"
     "$ffi_bench" --sizes "$c_sizes" --windows "$windows" --bytes-per-window "$c_bytes" \
         --lat-iters "$lat" --recv "$recv" $progress --json >"$work/c.$round.jsonl"
@@ -66,19 +73,23 @@ import json, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
 def rows(path):
     return [json.loads(line) for line in open(path) if line.startswith("{")]
-ratio, lat_delta, rust_gbps, c_gbps = {}, {}, {}, {}
+ratio, copied_ratio, lat_delta, rust_gbps, c_gbps = {}, {}, {}, {}, {}
 for r in range(1, rounds + 1):
-    rust = {row["size_bytes"]: row for row in rows(f"{work}/rust.{r}.jsonl") if row["path"] == "barlink"}
+    rust = {(row["path"], row["size_bytes"]): row for row in rows(f"{work}/rust.{r}.jsonl")}
     for row in rows(f"{work}/c.{r}.jsonl"):
-        base = rust[row["size_bytes"]]
+        base = rust[("barlink", row["size_bytes"])]
+        copied = rust[("barlink-copied", row["size_bytes"])]
         key = (row["size_bytes"], row["path"])
         ratio.setdefault(key, []).append(row["gbps"] / base["gbps"])
+        copied_ratio.setdefault(key, []).append(row["gbps"] / copied["gbps"])
         c_gbps.setdefault(key, []).append(row["gbps"])
         rust_gbps.setdefault(row["size_bytes"], []).append(base["gbps"])
         lat_delta.setdefault(key, []).append(row["lat_p50_us"] - base["lat_p50_us"])
-print(f"# {'size':>10}  {'C path':<20} {'C GB/s':>8} {'Rust GB/s':>10} {'C/Rust':>7}  (rounds' ratios)   one-way p50 C - Rust")
+print(f"# {'size':>10}  {'C path':<20} {'C GB/s':>8} {'Rust GB/s':>10} {'C/Rust':>7}  (rounds' ratios)   "
+      f"{'C/Rust copied':>13}  one-way p50 C - Rust")
 for (size, path), values in sorted(ratio.items()):
     print(f"  {size:>10}  {path:<20} {statistics.median(c_gbps[(size, path)]):>8.2f} "
           f"{statistics.median(rust_gbps[size]):>10.2f} {statistics.median(values):>7.2f}  "
-          f"({', '.join(f'{v:.2f}' for v in values)})   {statistics.median(lat_delta[(size, path)]):+.2f} us")
+          f"({', '.join(f'{v:.2f}' for v in values)})   {statistics.median(copied_ratio[(size, path)]):>13.2f}  "
+          f"{statistics.median(lat_delta[(size, path)]):+.2f} us")
 PY
