@@ -85,7 +85,9 @@ pub mod offset {
     /// u64 the owner's generation: +1 each time a process attaches as owner
     /// (the engine's epoch).
     pub const GENERATION: usize = 24;
-    /// u32 the owner's process id (diagnostics for stale rings).
+    /// u32 the owner's process id (diagnostics for stale rings). It, the
+    /// magic and the version have kept their places in every layout
+    /// version, so that a ring file any version left can be told stale.
     pub const OWNER_PID: usize = 32;
     /// u64 index word: packets the peer has published into this window
     /// (line 1; see [`super::encode_index`]).

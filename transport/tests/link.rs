@@ -874,6 +874,68 @@ fn stale_live_and_foreign_ring_files_are_told_apart() {
     std::fs::remove_dir(&dir).unwrap();
 }
 
+/// A ring file that an earlier layout version left is told apart by its
+/// owner as a current one is: stale once the owner is gone (reclaimed on
+/// request, and named so when it is the other side's), in use while it
+/// runs, and then named by its version.
+#[test]
+fn a_ring_file_of_an_older_layout_is_told_stale_or_in_use() {
+    use barlink_transport::ring::{RING_VERSION, offset};
+    let dir = ring_dir("older");
+    let shm = ShmOptions::default().with_dir(&dir);
+    let kept = shm.clone().with_unlink_on_drop(false);
+    let older = RING_VERSION - 1;
+    let leave = |name: &str, owner: u32| {
+        let window = create_named_ring(name, 1 << 20, 4096, &kept, false).unwrap();
+        window.write(offset::VERSION, &older.to_le_bytes()).unwrap();
+        window
+            .write(offset::OWNER_PID, &owner.to_le_bytes())
+            .unwrap();
+    };
+    let dead = dead_pid();
+    leave("crashed", dead);
+    let error = create_named_ring("crashed", 1 << 20, 4096, &shm, false).unwrap_err();
+    assert!(
+        matches!(&error, SetupError::StaleRing { owner_pid, .. } if *owner_pid == dead),
+        "{error}"
+    );
+    let window = create_named_ring("crashed", 1 << 20, 4096, &shm, true).unwrap();
+    let info = barlink_transport::link::read_ring_info(&window).unwrap();
+    assert_eq!(info.owner_pid, std::process::id());
+    drop(window);
+    // A running owner's: in use, named by its version.
+    leave("running", std::process::id());
+    let error = create_named_ring("running", 1 << 20, 4096, &shm, true).unwrap_err();
+    assert!(matches!(error, SetupError::NameInUse { .. }), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("layout version {older}")),
+        "{error}"
+    );
+    // The other side's: stale while its owner is gone, another version's
+    // while it runs.
+    let options = NamedOptions {
+        setup_timeout: Duration::from_millis(200),
+        ..named_options(&dir)
+    };
+    leave("gone.first", dead);
+    let error = connect_named::<Vec<u8>>("gone", Side::Second, &options).unwrap_err();
+    assert!(matches!(error, SetupError::StaleRing { .. }), "{error}");
+    leave("live.first", std::process::id());
+    let error = connect_named::<Vec<u8>>("live", Side::Second, &options).unwrap_err();
+    assert!(
+        matches!(error, SetupError::RingVersion { found } if found == older),
+        "{error}"
+    );
+    for name in ["running", "gone.first", "live.first"] {
+        std::fs::remove_file(dir.join(name)).unwrap();
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+    std::fs::remove_dir(&dir).unwrap();
+}
+
 /// Two windows both sides can reach (as two device BARs are): each side
 /// lays out its ring and waits for the other's; a side that comes back
 /// alone finds the other's ring full of the old session and says so

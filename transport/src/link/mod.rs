@@ -158,14 +158,7 @@ pub struct RingInfo {
 /// ring, of another layout version, or whose geometry does not fit the
 /// window is refused with an error that says which.
 pub fn read_ring_info<W: Window + ?Sized>(window: &W) -> Result<RingInfo, SetupError> {
-    // The magic first (Acquire): the owner stores it last (see init_ring).
-    let magic = window.load_u64(ring::offset::MAGIC, Ordering::Acquire)?;
-    if magic != ring::RING_MAGIC {
-        return Err(SetupError::NotARing { found: magic });
-    }
-    let mut line = [0u8; ring::IDENTITY_LEN];
-    window.read(0, &mut line)?;
-    let identity = ring::Identity::decode(&line);
+    let identity = read_identity(window)?;
     if identity.version != ring::RING_VERSION {
         return Err(SetupError::RingVersion {
             found: identity.version,
@@ -177,6 +170,21 @@ pub fn read_ring_info<W: Window + ?Sized>(window: &W) -> Result<RingInfo, SetupE
         generation: identity.generation,
         owner_pid: identity.owner_pid,
     })
+}
+
+/// A ring's identity line, of any layout version: refused only if the
+/// window holds no barlink ring. Who owns a ring is read the same way in
+/// every version ([`ring::offset::OWNER_PID`]), so a file another version
+/// left behind can still be told stale or in use.
+pub(crate) fn read_identity<W: Window + ?Sized>(window: &W) -> Result<ring::Identity, SetupError> {
+    // The magic first (Acquire): the owner stores it last (see init_ring).
+    let magic = window.load_u64(ring::offset::MAGIC, Ordering::Acquire)?;
+    if magic != ring::RING_MAGIC {
+        return Err(SetupError::NotARing { found: magic });
+    }
+    let mut line = [0u8; ring::IDENTITY_LEN];
+    window.read(0, &mut line)?;
+    Ok(ring::Identity::decode(&line))
 }
 
 /// Why a link could not be set up.

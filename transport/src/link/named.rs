@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{RingLink, SetupError, init_ring, read_ring_info};
+use super::{RingLink, SetupError, init_ring, read_identity, read_ring_info};
 use crate::engine::EngineConfig;
 use crate::ring::Geometry;
 use crate::window::{ShmOptions, ShmWindow, Window, WindowError};
@@ -115,19 +115,26 @@ fn diagnose_existing(
         // error says which.
         Err(error) => return Err(SetupError::Window(error)),
     };
-    let info = read_ring_info(&window)?;
-    if process_runs(info.owner_pid) {
+    // Of any layout version: a ring an earlier barlink left is as stale
+    // as one of this version once its owner is gone.
+    let identity = read_identity(&window)?;
+    if process_runs(identity.owner_pid) {
+        let version = if identity.version == crate::ring::RING_VERSION {
+            String::new()
+        } else {
+            format!(" of ring layout version {}", identity.version)
+        };
         return Err(SetupError::NameInUse {
             name: format!(
-                "{} (ring owned by running process {})",
+                "{} (ring{version} owned by running process {})",
                 path.display(),
-                info.owner_pid
+                identity.owner_pid
             ),
         });
     }
     Ok(StaleRing {
         path: path.to_path_buf(),
-        owner_pid: info.owner_pid,
+        owner_pid: identity.owner_pid,
     })
 }
 
@@ -242,6 +249,18 @@ fn peer_ring_state<W: Window>(window: &W, place: &Path) -> Result<PeerRing, Setu
         }))),
         // Not laid out yet.
         Err(SetupError::NotARing { found: 0 }) => Ok(PeerRing::NotYet(None)),
+        // Another version's ring whose owner is gone: stale, to be laid
+        // out anew when that side comes back; a running owner's is refused
+        // by its version.
+        Err(SetupError::RingVersion { .. })
+            if let Ok(identity) = read_identity(window)
+                && !process_runs(identity.owner_pid) =>
+        {
+            Ok(PeerRing::NotYet(Some(SetupError::StaleRing {
+                path: place.to_path_buf(),
+                owner_pid: identity.owner_pid,
+            })))
+        }
         Err(error) => Err(error),
     }
 }
