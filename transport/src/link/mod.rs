@@ -158,13 +158,21 @@ pub struct RingInfo {
 /// ring, of another layout version, or whose geometry does not fit the
 /// window is refused with an error that says which.
 pub fn read_ring_info<W: Window + ?Sized>(window: &W) -> Result<RingInfo, SetupError> {
-    let identity = read_identity(window)?;
+    ring_info(read_identity(window)?, window.len())
+}
+
+/// What an identity line read from a window of `window_len` bytes says,
+/// checked as [`read_ring_info`] checks it.
+pub(crate) fn ring_info(
+    identity: ring::Identity,
+    window_len: usize,
+) -> Result<RingInfo, SetupError> {
     if identity.version != ring::RING_VERSION {
         return Err(SetupError::RingVersion {
             found: identity.version,
         });
     }
-    identity.geometry.validate(window.len())?;
+    identity.geometry.validate(window_len)?;
     Ok(RingInfo {
         geometry: identity.geometry,
         generation: identity.generation,

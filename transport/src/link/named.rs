@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{RingLink, SetupError, init_ring, read_identity, read_ring_info};
+use super::{RingLink, SetupError, init_ring, read_identity, ring_info};
 use crate::engine::EngineConfig;
 use crate::ring::Geometry;
 use crate::window::{ShmOptions, ShmWindow, Window, WindowError};
@@ -115,14 +115,15 @@ fn diagnose_existing(
         // error says which.
         Err(error) => return Err(SetupError::Window(error)),
     };
-    // Of any layout version: a ring an earlier barlink left is as stale
-    // as one of this version once its owner is gone.
+    // Of any layout version, and judged by its owner alone (not by its
+    // geometry): a file of ours with a ring's magic whose owner is gone is
+    // stale, whatever else it holds.
     let identity = read_identity(&window)?;
     if process_runs(identity.owner_pid) {
         let version = if identity.version == crate::ring::RING_VERSION {
             String::new()
         } else {
-            format!(" of ring layout version {}", identity.version)
+            format!(" of layout version {},", identity.version)
         };
         return Err(SetupError::NameInUse {
             name: format!(
@@ -231,38 +232,32 @@ enum PeerRing {
 }
 
 fn peer_ring_state<W: Window>(window: &W, place: &Path) -> Result<PeerRing, SetupError> {
-    match read_ring_info(window) {
-        Ok(info) if !process_runs(info.owner_pid) => {
-            Ok(PeerRing::NotYet(Some(SetupError::StaleRing {
-                path: place.to_path_buf(),
-                owner_pid: info.owner_pid,
-            })))
-        }
-        Ok(_) if ring_is_fresh(window)? => Ok(PeerRing::Usable),
-        Ok(info) => Ok(PeerRing::NotYet(Some(SetupError::Handshake {
-            detail: format!(
-                "the other side's ring in {} (process {}) holds packets of an earlier session: \
-                 restart that side too",
-                place.display(),
-                info.owner_pid
-            ),
-        }))),
+    let identity = match read_identity(window) {
+        Ok(identity) => identity,
         // Not laid out yet.
-        Err(SetupError::NotARing { found: 0 }) => Ok(PeerRing::NotYet(None)),
-        // Another version's ring whose owner is gone: stale, to be laid
-        // out anew when that side comes back; a running owner's is refused
-        // by its version.
-        Err(SetupError::RingVersion { .. })
-            if let Ok(identity) = read_identity(window)
-                && !process_runs(identity.owner_pid) =>
-        {
-            Ok(PeerRing::NotYet(Some(SetupError::StaleRing {
-                path: place.to_path_buf(),
-                owner_pid: identity.owner_pid,
-            })))
-        }
-        Err(error) => Err(error),
+        Err(SetupError::NotARing { found: 0 }) => return Ok(PeerRing::NotYet(None)),
+        Err(error) => return Err(error),
+    };
+    // Of any layout version: its owner lays it out anew when it comes back.
+    if !process_runs(identity.owner_pid) {
+        return Ok(PeerRing::NotYet(Some(SetupError::StaleRing {
+            path: place.to_path_buf(),
+            owner_pid: identity.owner_pid,
+        })));
     }
+    // A running owner's ring of another version is refused by it.
+    let info = ring_info(identity, window.len())?;
+    if ring_is_fresh(window)? {
+        return Ok(PeerRing::Usable);
+    }
+    Ok(PeerRing::NotYet(Some(SetupError::Handshake {
+        detail: format!(
+            "the other side's ring in {} (process {}) holds packets of an earlier session: \
+             restart that side too",
+            place.display(),
+            info.owner_pid
+        ),
+    })))
 }
 
 /// Sleeps a little before the next look, or ends the wait at the deadline
