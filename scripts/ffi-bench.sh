@@ -10,9 +10,11 @@
 # Two Rust baselines: `barlink` sends one shared buffer again and again (a
 # count more each time, never a copy), as zero-copy
 # barlink_post_send_buffer does; `barlink-copied` sends a copy of the
-# bytes made for each message, as a Rust caller that only borrows its
+# bytes made for each message (into buffers reused once acknowledged, as
+# the C face reuses its spares), as a Rust caller that only borrows its
 # memory must, and as barlink_post_send and a blocking barlink_send below
-# its lending size (4 packets) do.
+# its lending size (4 packets) do. The latencies are compared with
+# `barlink`'s.
 #
 #   scripts/ffi-bench.sh [--rounds 3] [--sizes 64,4K,64K,1M,16M] [--quick]
 #                        [--recv in-place|copy] [--progress-thread]
@@ -86,7 +88,7 @@ for r in range(1, rounds + 1):
         rust_gbps.setdefault(row["size_bytes"], []).append(base["gbps"])
         lat_delta.setdefault(key, []).append(row["lat_p50_us"] - base["lat_p50_us"])
 print(f"# {'size':>10}  {'C path':<20} {'C GB/s':>8} {'Rust GB/s':>10} {'C/Rust':>7}  (rounds' ratios)   "
-      f"{'C/Rust copied':>13}  one-way p50 C - Rust")
+      f"{'C/Rust copied':>13}  one-way p50 C - Rust (barlink)")
 for (size, path), values in sorted(ratio.items()):
     print(f"  {size:>10}  {path:<20} {statistics.median(c_gbps[(size, path)]):>8.2f} "
           f"{statistics.median(rust_gbps[size]):>10.2f} {statistics.median(values):>7.2f}  "

@@ -10,8 +10,9 @@
 //!   this CPU (what barlink adds beyond it is its protocol);
 //! - `unix-socket`: a Unix stream socket;
 //! - `barlink-copied` (asked for by name): the barlink link sending a copy
-//!   of the caller's bytes made for each message, as a caller that only
-//!   borrows its memory must (the C face's copying calls do the same).
+//!   of the caller's bytes made for each message, into buffers reused once
+//!   the link lets go of them, as a caller that only borrows its memory
+//!   must (the C face's copying calls do the same).
 //!
 //! The parent sends; a child process (this binary, `bench-peer`) receives.
 //! Bandwidth: a window of messages, then the child's one-byte "got them

@@ -154,15 +154,14 @@ struct LinkPipe<L: DrivenLink> {
     link: L,
     /// Each message goes as a copy of its bytes made for it (a caller that
     /// only borrows them), not as another count of the shared buffer.
-    copies: bool,
+    copies: Option<Copies>,
 }
 
 impl<L: DrivenLink> Pipe for LinkPipe<L> {
     fn send(&mut self, message: &Arc<[u8]>) -> Result<(), String> {
-        let data = if self.copies {
-            Arc::from(&message[..])
-        } else {
-            message.clone()
+        let data = match &mut self.copies {
+            Some(copies) => copies.copy_of(message),
+            None => message.clone(),
         };
         self.link
             .send_blocking(data, STEP_TIMEOUT)
@@ -188,6 +187,48 @@ impl<L: DrivenLink> Pipe for LinkPipe<L> {
     }
 }
 
+/// The buffers a copying pipe copies messages into, each reused once the
+/// link has let go of it (as the C face reuses its spare buffers), so that
+/// a message costs its copy, not an allocation and fresh pages.
+#[derive(Default)]
+struct Copies {
+    spares: Vec<Arc<[u8]>>,
+    /// The spare to try first: the link lets go of them in the order it
+    /// took them.
+    next: usize,
+}
+
+impl Copies {
+    /// At most as many spares as the C face keeps.
+    const MAX_SPARES: usize = 64;
+
+    /// A copy of `message` in a spare the link no longer holds, or in a
+    /// new buffer.
+    fn copy_of(&mut self, message: &[u8]) -> Arc<[u8]> {
+        if self
+            .spares
+            .first()
+            .is_some_and(|s| s.len() != message.len())
+        {
+            self.spares.clear();
+            self.next = 0;
+        }
+        for _ in 0..self.spares.len() {
+            let at = self.next;
+            self.next = (self.next + 1) % self.spares.len();
+            if let Some(bytes) = Arc::get_mut(&mut self.spares[at]) {
+                bytes.copy_from_slice(message);
+                return self.spares[at].clone();
+            }
+        }
+        let fresh: Arc<[u8]> = Arc::from(message);
+        if self.spares.len() < Self::MAX_SPARES {
+            self.spares.push(fresh.clone());
+        }
+        fresh
+    }
+}
+
 /// Retransmissions and rejected packets, as the "done" message carries them.
 fn counters(stats: &barlink_transport::Stats) -> (u64, u64) {
     (stats.retransmits(), stats.crc_failures + stats.malformed)
@@ -201,11 +242,14 @@ pub(super) fn link_pipe<W: Window + Send + 'static>(
     copies: bool,
 ) -> Result<Box<dyn Pipe>, String> {
     Ok(match mode {
-        ProgressMode::Poll => Box::new(LinkPipe { link, copies }),
+        ProgressMode::Poll => Box::new(LinkPipe {
+            link,
+            copies: copies.then(Copies::default),
+        }),
         ProgressMode::Thread => Box::new(LinkPipe {
             link: ProgressThread::spawn(link, ProgressOptions::default())
                 .map_err(|e| format!("starting the progress thread: {e}"))?,
-            copies,
+            copies: copies.then(Copies::default),
         }),
     })
 }
@@ -229,5 +273,43 @@ impl Pipe for SocketPipe {
         buf.resize(len, 0);
         self.0.read_exact(buf).map_err(|e| e.to_string())?;
         Ok(Some(len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_are_new_bytes_and_spares_come_back_once_let_go() {
+        let message: Arc<[u8]> = Arc::from(&[7u8; 256][..]);
+        let mut copies = Copies::default();
+        let first = copies.copy_of(&message);
+        assert!(!Arc::ptr_eq(&first, &message), "a copy, not another count");
+        assert_eq!(&first[..], &message[..]);
+        // Still held (by the link): the next message needs a buffer of its own.
+        let second = copies.copy_of(&message);
+        assert!(!Arc::ptr_eq(&first, &second));
+        // Let go of: its buffer takes the next copy.
+        let first_at = Arc::as_ptr(&first);
+        drop(first);
+        let third = copies.copy_of(&[9u8; 256]);
+        assert_eq!(Arc::as_ptr(&third), first_at);
+        assert_eq!(&third[..], &[9u8; 256][..]);
+        // Another size: new buffers.
+        drop((second, third));
+        let other = copies.copy_of(&[1u8; 64]);
+        assert_eq!(other.len(), 64);
+        assert_eq!(copies.spares.len(), 1);
+    }
+
+    #[test]
+    fn the_spares_stay_within_their_limit() {
+        let mut copies = Copies::default();
+        let held: Vec<_> = (0..Copies::MAX_SPARES + 8)
+            .map(|_| copies.copy_of(&[3u8; 32]))
+            .collect();
+        assert_eq!(copies.spares.len(), Copies::MAX_SPARES);
+        assert!(held.iter().all(|h| h[..] == [3u8; 32]));
     }
 }
