@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use barlink_transport::sim::{Faults, PairSide, ReceivePath, SimPair};
 use barlink_transport::{Delivery, Engine, EngineConfig, MessageId, PostId, RecvTarget};
-use common::{connected_pair, payloads};
+use common::{connected_pair, next_delivery, payloads};
 
 const FILL: u8 = 0x5a;
 
@@ -83,17 +83,6 @@ fn xor(a: &[u8], b: &[u8]) -> Vec<u8> {
 fn untouched(recv: barlink_transport::PostedRecv) -> bool {
     let mut target = recv.into_target();
     target.bytes_mut().iter().all(|&b| b == FILL)
-}
-
-/// Steps the pair until B has a delivery ready, and takes it.
-fn next_delivery(pair: &mut SimPair) -> Delivery {
-    for _ in 0..100_000 {
-        if let Some(delivery) = pair.b.poll_delivery() {
-            return delivery;
-        }
-        assert!(pair.step(), "the pair stalled");
-    }
-    panic!("nothing delivered")
 }
 
 /// Sends one message from A and takes it at B, so that B knows the ids.

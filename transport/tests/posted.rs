@@ -5,10 +5,10 @@
 
 mod common;
 
-use barlink_transport::sim::{ReceivePath, SimPair};
+use barlink_transport::sim::ReceivePath;
 use barlink_transport::wire::{HEADER_LEN, Packet, WireError};
 use barlink_transport::{Delivery, Engine, EngineConfig, Event, PacketError, RecvTarget};
-use common::{connected_pair, payloads};
+use common::{connected_pair, next_delivery, payloads};
 
 const FILL: u8 = 0xa5;
 
@@ -27,17 +27,6 @@ fn target(len: usize) -> Box<dyn RecvTarget> {
 fn bytes(target: Box<dyn RecvTarget>) -> Vec<u8> {
     let mut target = target;
     target.bytes_mut().to_vec()
-}
-
-/// Steps the pair until B has a delivery ready, and takes it.
-fn next_delivery(pair: &mut SimPair) -> Delivery {
-    for _ in 0..10_000 {
-        if let Some(delivery) = pair.b.poll_delivery() {
-            return delivery;
-        }
-        assert!(pair.step(), "the pair stalled");
-    }
-    panic!("nothing delivered")
 }
 
 fn landed(delivery: Delivery) -> (Vec<u8>, usize) {
