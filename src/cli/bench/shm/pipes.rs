@@ -2,6 +2,7 @@
 //! caller or by its own progress thread), the raw rings and a Unix socket,
 //! with the waits that keep every path moving while one is measured.
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -188,44 +189,51 @@ impl<L: DrivenLink> Pipe for LinkPipe<L> {
 }
 
 /// The buffers a copying pipe copies messages into, each reused once the
-/// link has let go of it (as the C face reuses its spare buffers), so that
-/// a message costs its copy, not an allocation and fresh pages.
+/// link has let go of it, the most recently let go first (as the C face
+/// takes its newest spare: the likeliest still in cache), so that a
+/// message costs its copy, not an allocation and fresh pages.
 #[derive(Default)]
 struct Copies {
+    /// Copies the link may still hold, oldest first (it lets go of them in
+    /// that order).
+    sent: VecDeque<Arc<[u8]>>,
+    /// Copies it let go of, the most recent last.
     spares: Vec<Arc<[u8]>>,
-    /// The spare to try first: the link lets go of them in the order it
-    /// took them.
-    next: usize,
 }
 
 impl Copies {
-    /// At most as many spares as the C face keeps.
-    const MAX_SPARES: usize = 64;
+    /// At most as many buffers as the C face keeps spares.
+    const MAX_KEPT: usize = 64;
 
-    /// A copy of `message` in a spare the link no longer holds, or in a
-    /// new buffer.
+    /// A copy of `message`, in the spare the link let go of last if there
+    /// is one.
     fn copy_of(&mut self, message: &[u8]) -> Arc<[u8]> {
         if self
-            .spares
-            .first()
-            .is_some_and(|s| s.len() != message.len())
+            .sent
+            .front()
+            .or(self.spares.last())
+            .is_some_and(|kept| kept.len() != message.len())
         {
+            self.sent.clear();
             self.spares.clear();
-            self.next = 0;
         }
-        for _ in 0..self.spares.len() {
-            let at = self.next;
-            self.next = (self.next + 1) % self.spares.len();
-            if let Some(bytes) = Arc::get_mut(&mut self.spares[at]) {
-                bytes.copy_from_slice(message);
-                return self.spares[at].clone();
-            }
+        while self.sent.front().is_some_and(|s| Arc::strong_count(s) == 1) {
+            self.spares.extend(self.sent.pop_front());
         }
-        let fresh: Arc<[u8]> = Arc::from(message);
-        if self.spares.len() < Self::MAX_SPARES {
-            self.spares.push(fresh.clone());
+        let copy = match self.spares.pop() {
+            Some(mut spare) => match Arc::get_mut(&mut spare) {
+                Some(bytes) => {
+                    bytes.copy_from_slice(message);
+                    spare
+                }
+                None => Arc::from(message),
+            },
+            None => Arc::from(message),
+        };
+        if self.sent.len() + self.spares.len() < Self::MAX_KEPT {
+            self.sent.push_back(copy.clone());
         }
-        fresh
+        copy
     }
 }
 
@@ -296,20 +304,28 @@ mod tests {
         let third = copies.copy_of(&[9u8; 256]);
         assert_eq!(Arc::as_ptr(&third), first_at);
         assert_eq!(&third[..], &[9u8; 256][..]);
+        // Let go of in the order they were sent (as a link does), the
+        // last one's buffer comes first, then the one before it.
+        let second_at = Arc::as_ptr(&second);
+        drop(second);
+        drop(third);
+        let fourth = copies.copy_of(&message);
+        assert_eq!(Arc::as_ptr(&fourth), first_at);
+        assert_eq!(Arc::as_ptr(&copies.copy_of(&message)), second_at);
+        drop(fourth);
         // Another size: new buffers.
-        drop((second, third));
         let other = copies.copy_of(&[1u8; 64]);
         assert_eq!(other.len(), 64);
-        assert_eq!(copies.spares.len(), 1);
+        assert_eq!(copies.sent.len() + copies.spares.len(), 1);
     }
 
     #[test]
     fn the_spares_stay_within_their_limit() {
         let mut copies = Copies::default();
-        let held: Vec<_> = (0..Copies::MAX_SPARES + 8)
+        let held: Vec<_> = (0..Copies::MAX_KEPT + 8)
             .map(|_| copies.copy_of(&[3u8; 32]))
             .collect();
-        assert_eq!(copies.spares.len(), Copies::MAX_SPARES);
+        assert_eq!(copies.sent.len(), Copies::MAX_KEPT);
         assert!(held.iter().all(|h| h[..] == [3u8; 32]));
     }
 }
