@@ -690,7 +690,8 @@ fn doctor_says_whether_remote_setup_is_authenticated() {
 /// `--paths barlink,barlink-copied` measures the link twice in one run:
 /// sending one shared buffer, and sending a copy made for each message
 /// (the baseline of the C face's copying calls). Both rows come, in that
-/// order, with every message delivered.
+/// order, with every message delivered, the second with its ratio to the
+/// first.
 #[test]
 fn bench_measures_the_link_sending_copies_beside_the_shared_buffer() {
     let output = Command::new(env!("CARGO_BIN_EXE_barlink"))
@@ -716,6 +717,14 @@ fn bench_measures_the_link_sending_copies_beside_the_shared_buffer() {
         assert_eq!(row["crc_errors"], 0, "{row}");
         assert!(row.get("ratio_to_raw_ring").is_none(), "{row}");
     }
+    // The copies' row says how they compare with the shared buffer's.
+    assert!(rows[0].get("ratio_to_barlink").is_none(), "{}", rows[0]);
+    let ratio = rows[1]["ratio_to_barlink"].as_f64().unwrap();
+    let expected = rows[1]["gbps"].as_f64().unwrap() / rows[0]["gbps"].as_f64().unwrap();
+    assert!(
+        (ratio - expected).abs() < 0.01,
+        "{ratio} against {expected}"
+    );
 }
 
 /// `BARLINK_CPU_ISA` that names no limit is refused before anything runs

@@ -235,6 +235,9 @@ pub struct ProcRow {
     pub vs_unix: f64,
     /// `barlink-faults`: goodput relative to the clean barlink run.
     pub vs_clean: Option<f64>,
+    /// `barlink-copied`: speed relative to the link sending its shared
+    /// buffer, where both ran.
+    pub vs_shared: Option<f64>,
 }
 
 pub fn print_proc_header(args: &BenchArgs, config: &EngineConfig, windows: usize) {
@@ -325,6 +328,9 @@ fn proc_row_json(row: &ProcRow, args: &BenchArgs, config: &EngineConfig) -> serd
     if let Some(vs_clean) = row.vs_clean {
         value.insert("fault_rate".into(), json!(args.fault_rate));
         value.insert("ratio_to_clean".into(), json!(round(vs_clean, 3)));
+    }
+    if let Some(vs_shared) = row.vs_shared {
+        value.insert("ratio_to_barlink".into(), json!(round(vs_shared, 3)));
     }
     serde_json::Value::Object(value)
 }

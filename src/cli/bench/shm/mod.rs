@@ -209,6 +209,7 @@ fn print_size(
             vs_raw_ring_crc: ratio(medians[which], medians[2]),
             vs_unix: ratio(medians[which], medians[3]),
             vs_clean: (which == 4).then(|| ratio(medians[4], medians[0])),
+            vs_shared: (which == 5 && medians[0] > 0.0).then(|| ratio(medians[5], medians[0])),
         };
         print_proc_row(&row, args, config);
     }
@@ -218,6 +219,13 @@ fn print_size(
             human_size(size),
             args.fault_rate,
             ratio(medians[4], medians[0])
+        );
+    }
+    if medians[5] > 0.0 && medians[0] > 0.0 && !args.output.json {
+        println!(
+            "# {:>8}  a copy made for each message: {:.2}x the link sending its shared buffer",
+            human_size(size),
+            ratio(medians[5], medians[0])
         );
     }
     widest
