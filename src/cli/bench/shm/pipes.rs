@@ -202,8 +202,10 @@ struct Copies {
 }
 
 impl Copies {
-    /// At most as many buffers as the C face keeps spares.
+    /// At most as many buffers, and bytes in all, as the C face keeps
+    /// spares.
     const MAX_KEPT: usize = 64;
+    const MAX_KEPT_BYTES: usize = 64 << 20;
 
     /// A copy of `message`, in the spare the link let go of last if there
     /// is one.
@@ -230,7 +232,8 @@ impl Copies {
             },
             None => Arc::from(message),
         };
-        if self.sent.len() + self.spares.len() < Self::MAX_KEPT {
+        let kept = self.sent.len() + self.spares.len();
+        if kept < Self::MAX_KEPT && (kept + 1) * message.len() <= Self::MAX_KEPT_BYTES {
             self.sent.push_back(copy.clone());
         }
         copy
@@ -320,12 +323,22 @@ mod tests {
     }
 
     #[test]
-    fn the_spares_stay_within_their_limit() {
+    fn the_kept_copies_stay_within_their_count_and_bytes() {
         let mut copies = Copies::default();
         let held: Vec<_> = (0..Copies::MAX_KEPT + 8)
             .map(|_| copies.copy_of(&[3u8; 32]))
             .collect();
         assert_eq!(copies.sent.len(), Copies::MAX_KEPT);
         assert!(held.iter().all(|h| h[..] == [3u8; 32]));
+        // Let go of, they are kept as spares, still within the count.
+        drop(held);
+        let _again = copies.copy_of(&[4u8; 32]);
+        assert_eq!(copies.sent.len() + copies.spares.len(), Copies::MAX_KEPT);
+        // Large copies: no more than their bytes' limit.
+        let large = vec![5u8; 16 << 20];
+        let held: Vec<_> = (0..8).map(|_| copies.copy_of(&large)).collect();
+        let kept = copies.sent.len() + copies.spares.len();
+        assert_eq!(kept * large.len(), Copies::MAX_KEPT_BYTES);
+        assert!(held.iter().all(|h| h[..] == large[..]));
     }
 }
