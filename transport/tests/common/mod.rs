@@ -237,8 +237,6 @@ pub fn forged(repr: Repr, payload: &[u8]) -> Vec<u8> {
     buf
 }
 
-/// A fault-free pair (A at epoch 1, B at epoch 2) after the handshake, with
-/// A's events taken.
 /// Steps the pair until B has a delivery ready, and takes it.
 pub fn next_delivery(pair: &mut SimPair) -> barlink_transport::Delivery {
     for _ in 0..100_000 {
@@ -250,6 +248,8 @@ pub fn next_delivery(pair: &mut SimPair) -> barlink_transport::Delivery {
     panic!("nothing delivered")
 }
 
+/// A fault-free pair (A at epoch 1, B at epoch 2) after the handshake, with
+/// A's events taken.
 pub fn connected_pair(config: EngineConfig) -> SimPair {
     let mut pair: SimPair =
         SimPair::new(config.clone(), config, Faults::none(), Faults::none(), 16).unwrap();
