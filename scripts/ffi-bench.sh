@@ -99,9 +99,9 @@ if not kept:
     kept = list(range(1, rounds + 1))
 elif len(kept) < rounds:
     left = [r for r in range(1, rounds + 1) if r not in kept]
-    print(f"# note: round(s) {', '.join(map(str, left))} left out: the machine's speed changed within them "
-          f"(zero copy 2.5x off the Rust link at the largest size, or the Rust link 2.5x slower than in the "
-          f"fastest round); their rows are in {work}/c.N.jsonl and rust.N.jsonl")
+    print(f"# note: round(s) {', '.join(map(str, left))} left out of the medians: zero copy 2.5x off the Rust "
+          f"link at the largest size, or the Rust link 2.5x slower than in the fastest round (the machine's "
+          f"speed changed); their rows are in {work}/c.N.jsonl and rust.N.jsonl")
 ratio, copied_ratio, lat_delta, rust_gbps, c_gbps = {}, {}, {}, {}, {}
 for r in kept:
     rust, c = runs[r - 1]
