@@ -3,8 +3,11 @@
  * barlink_post_send + barlink_poll (copying), and with
  * barlink_post_send_buffer (zero-copy from a registered buffer); and, in
  * each mode, the one-way latency of a message there and back, halved, both
- * sides sending as the mode does (a posted ping counts until its
- * completion is taken). The child receives
+ * sides sending as the mode does. A posted message's completion is taken
+ * once the next one is posted, while that one is on its way (as a server
+ * answering requests reaps its last answer's completion), so every round
+ * trip still holds one post, one receive and one completion a side. The
+ * child receives
  * in place (barlink_recv_message, giving each message back with
  * barlink_release_message when it next receives: the Rust link's receive,
  * no copy after the checked one) or, with --recv copy,
@@ -193,11 +196,11 @@ static void child(const char *name, unsigned char *buf, size_t max) {
         for (int k = 0; k < mode_count; k++) {
             for (int i = 0; i < lat_iters; i++) {
                 len = receive(link, buf, max);
-                if (pending != 0) {
-                    TRY("an answer's completion", barlink_wait(link, pending, TIMEOUT_MS));
-                }
+                uint64_t answered = pending;
                 send_turn(link, modes[k], modes[k] == REGISTERED ? answers : buf, registered, len,
                           &pending);
+                if (answered != 0)
+                    TRY("an answer's completion", barlink_wait(link, answered, TIMEOUT_MS));
             }
         }
     }
@@ -337,19 +340,22 @@ int main(int argc, char **argv) {
             }
         }
         for (int k = 0; k < mode_count; k++) {
+            uint64_t request = 0, last = 0;
             for (int i = 0; i < lat_iters; i++) {
-                uint64_t request;
                 double t0 = now();
                 send_turn(link, modes[k], data, registered, size, &request);
+                /* The last ping's completion, which its answer brought,
+                 * is taken while this one is on its way. */
+                if (last != 0) TRY("a ping's completion", barlink_wait(link, last, TIMEOUT_MS));
+                last = request;
                 /* The answer is taken as the child takes every message (in
                  * place, or copied with --recv copy), as the Rust bench's
-                 * parent takes its answers in the engine's buffers; a
-                 * posted ping's completion, which the answer brought, too. */
+                 * parent takes its answers in the engine's buffers. */
                 len = receive(link, back, max);
                 if (len != size) die("an answer of another length", BARLINK_INTERNAL);
-                if (request != 0) TRY("a ping's completion", barlink_wait(link, request, TIMEOUT_MS));
                 lat[i] = (now() - t0) / 2 * 1e6;
             }
+            if (last != 0) TRY("the last ping's completion", barlink_wait(link, last, TIMEOUT_MS));
             lat_p50[modes[k]] = median(lat, lat_iters);
         }
         /* The next size's windows take their acks with barlink_recv: give
