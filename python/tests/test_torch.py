@@ -232,7 +232,20 @@ def test_the_benchmark_checks_what_it_measured():
     rows = [row for row in lines if "op" in row]
     assert {row["backend"] for row in rows} == {"barlink", "gloo"}
     assert all(row["wrong"] == 0 for row in rows), rows
+    assert all(row["window_warmup_s"] == 0.03 for row in rows), rows
     assert "cpu" in lines[0]["header"]
+
+
+def test_the_benchmark_starts_each_window_with_about_its_warmup_of_operations():
+    from barlink.torch.bench import main, window_warmup_count
+
+    assert window_warmup_count(0, 0.001) == 0
+    assert window_warmup_count(0.03, 0.001) == 30
+    assert window_warmup_count(0.03, 0.040) == 1  # at least one
+    assert window_warmup_count(0.03, 1e-6) == 10_000  # at most 10,000
+    with pytest.raises(SystemExit) as refused:
+        main(["--window-warmup", "-1"])
+    assert refused.value.code == 2
 
 
 def test_the_benchmark_on_cuda_tensors_checks_what_it_measured_or_says_why_not():

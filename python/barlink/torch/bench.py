@@ -7,7 +7,9 @@
 Starts the ranks itself (processes on this host). In every rank both
 groups exist side by side, barlink and gloo, and each size is measured on
 both in turn, window after window, so the ratio compares the same moment
-of a noisy machine. A row per operation, size and backend: the time of one
+of a noisy machine; each window starts with untimed operations
+(--window-warmup), so that it times the backend, not the machine coming
+back to speed after the other's window. A row per operation, size and backend: the time of one
 operation (the slowest rank's, median of the windows), algorithm and bus
 bandwidth as nccl-tests defines them, and #wrong, the elements that differ
 from the result computed locally on fresh inputs after the timed windows.
@@ -212,19 +214,29 @@ def measure(torch, dist, groups, case, args, gloo):
                       file=sys.stderr, flush=True)
     times = {name: [] for name in groups}
     case.sync()
-    iters = args.iters
-    if iters == 0:
+    # One operation's time on each backend, for the count of a window and
+    # of its warm-up. Every rank must run as many: rank 0's counts stand.
+    once = {}
+    for name, group in groups.items():
         started = time.perf_counter()
-        case.run(groups["barlink"], tensor, out)
+        case.run(group, tensor, out)
         case.sync()
-        once = time.perf_counter() - started
-        # Every rank must run as many: rank 0's count stands.
-        agreed = torch.tensor([max(1, min(50, int(args.window / max(once, 1e-6))))])
-        dist.broadcast(agreed, src=0, group=gloo)
-        iters = int(agreed.item())
+        once[name] = max(time.perf_counter() - started, 1e-6)
+    iters = args.iters or max(1, min(50, int(args.window / once["barlink"])))
+    counts = [iters] + [window_warmup_count(args.window_warmup, once[name]) for name in groups]
+    agreed = torch.tensor(counts)
+    dist.broadcast(agreed, src=0, group=gloo)
+    iters, *warm = (int(c) for c in agreed.tolist())
+    warm = dict(zip(groups, warm))
     for _ in range(args.windows):
         for name, group in groups.items():
             dist.barrier(group=gloo)
+            # Untimed: the machine comes back to speed after the other
+            # backend's window (whose waits left its cores idle) on these
+            # calls, not on the timed ones.
+            for _ in range(warm[name]):
+                case.run(group, tensor, out)
+            case.sync()
             started = time.perf_counter()
             for _ in range(iters):
                 case.run(group, tensor, out)
@@ -238,6 +250,14 @@ def measure(torch, dist, groups, case, args, gloo):
         dist.all_reduce(count, group=gloo)
         wrong[name] = int(count.item())
     return {name: statistics.median(t) for name, t in times.items()}, wrong, iters
+
+
+def window_warmup_count(seconds: float, once: float) -> int:
+    """Untimed operations that start a window: about `seconds` of them, at
+    least one, at most 10,000; none for 0."""
+    if seconds <= 0:
+        return 0
+    return max(1, min(10_000, round(seconds / once)))
 
 
 def rank_main(rank: int, n: int, port: int, args):
@@ -283,6 +303,7 @@ def rank_main(rank: int, n: int, port: int, args):
                     "wrong": wrong[name],
                     "iters": iters,
                     "windows": args.windows,
+                    "window_warmup_s": args.window_warmup,
                     "device": args.device,
                     "build": build,
                 }
@@ -333,6 +354,10 @@ def main(argv=None) -> int:
                         help="operations per window (default: as many as fill --window)")
     parser.add_argument("--window", default=0.1, type=float, help="seconds per window (default 0.1)")
     parser.add_argument("--windows", default=5, type=int, help="windows per backend (default 5)")
+    parser.add_argument("--window-warmup", default=0.03, type=float,
+                        help="seconds of untimed operations that start every window, at least "
+                             "one (default 0.03; 0: none): the machine's cores come back to "
+                             "speed after the other backend's window on these")
     parser.add_argument("--no-gloo", action="store_true", help="measure barlink alone")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the tensors live (cuda: ranks share the GPUs there are, "
@@ -351,6 +376,8 @@ def main(argv=None) -> int:
         parser.error(f"--ranks: {args.ranks!r} is not a comma-separated list of numbers")
     if any(r < 1 for r in ranks):
         parser.error("--ranks: every count must be at least 1")
+    if args.window_warmup < 0:
+        parser.error("--window-warmup: seconds, 0 or more")
     if args.min_bytes < 1 or args.max_bytes < args.min_bytes or args.factor < 2:
         parser.error("sizes: need 1 <= --min-bytes <= --max-bytes and --factor >= 2")
     if args.quick:
