@@ -3,9 +3,9 @@
 # ffi/bench/ffi_bench.c (blocking barlink_send, barlink_post_send + poll,
 # zero-copy barlink_post_send_buffer; default config) and `barlink bench
 # --paths barlink,barlink-copied` (the Rust link the C face wraps) take
-# turns, ROUNDS times; each round's ratio is C / Rust at each size, and the
-# medians of the rounds are printed with the CPU they ran on, beside each C
-# mode's one-way latency less the Rust link's.
+# turns size by size, ROUNDS times; each round's ratio is C / Rust at each
+# size, and the medians of the rounds are printed with the CPU they ran
+# on, beside each C mode's one-way latency less the Rust link's.
 #
 # Two Rust baselines: `barlink` sends one shared buffer again and again (a
 # count more each time, never a copy), as zero-copy
@@ -60,52 +60,62 @@ bytes_of() { # 64K -> 65536, as barlink bench reads sizes
 u={"":1,"K":1<<10,"M":1<<20,"G":1<<30}
 print(",".join(str(int(s.rstrip("KMG"))*u[s[len(s.rstrip("KMG")):]]) for s in sys.argv[1].split(",")))' "$1"
 }
-c_sizes=$(bytes_of "$sizes")
 c_bytes=$(bytes_of "$bytes")
 echo "# scripts/ffi-bench.sh: C ABI / Rust link, $rounds rounds, sizes $sizes, $windows windows of $bytes, C receiving $recv${progress:+, C links with a progress thread}"
 "$barlink" bench --paths barlink --sizes 64 --windows 1 --lat-iters 1 | grep '^# cpu'
+# Size by size, the Rust link and then the C ABI: the two runs of a size
+# lie seconds apart, so a change of the machine's speed between them is
+# rarer than across whole runs of every size.
 for round in $(seq "$rounds"); do
-    "$barlink" bench --paths barlink,barlink-copied --sizes "$sizes" --windows "$windows" \
-        --bytes-per-window "$bytes" --lat-iters "$lat" --json >"$work/rust.$round.jsonl"
-    "$ffi_bench" --sizes "$c_sizes" --windows "$windows" --bytes-per-window "$c_bytes" \
-        --lat-iters "$lat" --recv "$recv" $progress --json >"$work/c.$round.jsonl"
+    : >"$work/rust.$round.jsonl"
+    : >"$work/c.$round.jsonl"
+    for size in ${sizes//,/ }; do
+        "$barlink" bench --paths barlink,barlink-copied --sizes "$size" --windows "$windows" \
+            --bytes-per-window "$bytes" --lat-iters "$lat" --json >>"$work/rust.$round.jsonl"
+        "$ffi_bench" --sizes "$(bytes_of "$size")" --windows "$windows" --bytes-per-window "$c_bytes" \
+            --lat-iters "$lat" --recv "$recv" $progress --json >>"$work/c.$round.jsonl"
+    done
 done
 python3 - "$work" "$rounds" <<'PY'
 import json, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
 def rows(path):
     return [json.loads(line) for line in open(path) if line.startswith("{")]
-# C and Rust run one after the other: in a round in which the machine's
-# speed changed between them (a shared VM's slow phases run every path
-# several times slower), the ratios say nothing, and in a round spent in
-# such a phase they show the machine, not barlink. Zero copy moves the
-# largest size at about the Rust link's speed: a round where it is 2.5x
-# off, or where the Rust link moved the largest size 2.5x slower than in
-# the fastest round, is left out of the medians.
+# A size's C and Rust runs follow each other: where the machine's speed
+# changed between them (a shared VM's slow phases run every path several
+# times slower), their ratios say nothing, and in a slow phase they show
+# the machine, not barlink. Zero copy moves each size at well within 2.5x
+# of the Rust link's speed: a round's size where it is 2.5x off, or where
+# the Rust link moved it 2.5x slower than in its fastest round, is left
+# out of the medians.
 runs = []
 for r in range(1, rounds + 1):
     rust = {(row["path"], row["size_bytes"]): row for row in rows(f"{work}/rust.{r}.jsonl")}
     runs.append((rust, rows(f"{work}/c.{r}.jsonl")))
-largest = max(row["size_bytes"] for row in runs[0][1])
-fastest = max(rust[("barlink", largest)]["gbps"] for rust, _ in runs)
-def steady(run):
+all_sizes = sorted({row["size_bytes"] for _, c in runs for row in c})
+fastest = {size: max(rust[("barlink", size)]["gbps"] for rust, _ in runs) for size in all_sizes}
+def steady(run, size):
     rust, c = run
-    own = rust[("barlink", largest)]["gbps"]
-    zero_copy = [row for row in c if row["size_bytes"] == largest and row["path"] == "c-post-send-buffer"]
-    return own > fastest / 2.5 and all(1 / 2.5 < row["gbps"] / own < 2.5 for row in zero_copy)
-kept = [r for r, run in enumerate(runs, start=1) if steady(run)]
-if not kept:
-    print("# note: the machine's speed changed within every round: the medians below take them all and say little")
-    kept = list(range(1, rounds + 1))
-elif len(kept) < rounds:
-    left = [r for r in range(1, rounds + 1) if r not in kept]
-    print(f"# note: round(s) {', '.join(map(str, left))} left out of the medians: zero copy 2.5x off the Rust "
-          f"link at the largest size, or the Rust link 2.5x slower than in the fastest round (the machine's "
-          f"speed changed); their rows are in {work}/c.N.jsonl and rust.N.jsonl")
+    own = rust[("barlink", size)]["gbps"]
+    zero_copy = [row for row in c if row["size_bytes"] == size and row["path"] == "c-post-send-buffer"]
+    return own > fastest[size] / 2.5 and all(1 / 2.5 < row["gbps"] / own < 2.5 for row in zero_copy)
+kept = {size: [r for r, run in enumerate(runs, start=1) if steady(run, size)] for size in all_sizes}
+for size in all_sizes:
+    if not kept[size]:
+        print(f"# note: {size} B: the machine's speed changed within every round: its medians take them all "
+              f"and say little")
+        kept[size] = list(range(1, rounds + 1))
+    elif len(kept[size]) < rounds:
+        left = [r for r in range(1, rounds + 1) if r not in kept[size]]
+        print(f"# note: {size} B: round(s) {', '.join(map(str, left))} left out of the medians: zero copy 2.5x "
+              f"off the Rust link, or the Rust link 2.5x slower than in its fastest round (the machine's speed "
+              f"changed); their rows are in {work}/c.N.jsonl and rust.N.jsonl")
 ratio, copied_ratio, lat_delta, rust_gbps, c_gbps = {}, {}, {}, {}, {}
-for r in kept:
+for r in range(1, rounds + 1):
     rust, c = runs[r - 1]
     for row in c:
+        if r not in kept[row["size_bytes"]]:
+            continue
         base = rust[("barlink", row["size_bytes"])]
         copied = rust[("barlink-copied", row["size_bytes"])]
         key = (row["size_bytes"], row["path"])
