@@ -233,6 +233,7 @@ def test_the_benchmark_checks_what_it_measured():
     assert {row["backend"] for row in rows} == {"barlink", "gloo"}
     assert all(row["wrong"] == 0 for row in rows), rows
     assert all(row["window_warmup_s"] == 0.03 for row in rows), rows
+    assert all(row["time_min_us"] <= row["time_us"] <= row["time_max_us"] for row in rows), rows
     assert "cpu" in lines[0]["header"]
 
 

@@ -26,6 +26,10 @@ import time
 
 from barlink._units import parse_size
 
+# One backend's windows differing by more than this say the machine's
+# load changed during the run (as `barlink bench` warns).
+UNSTEADY_SPREAD = 1.5
+
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
 REDOPS = ("sum", "avg", "min", "max", "product")
@@ -179,7 +183,8 @@ GLOO_CUDA_OPS = ("all_reduce", "broadcast")
 
 
 def measure(torch, dist, groups, case, args, gloo):
-    """Median time of one operation per backend, and #wrong, slowest rank."""
+    """Each window's time of one operation per backend (the slowest
+    rank's), #wrong, and the operations a window ran."""
     tensor = case.inputs(0)
     out = case.zeros()
     if case.op in ("all_reduce",) and case.redop == "product":
@@ -249,7 +254,7 @@ def measure(torch, dist, groups, case, args, gloo):
         count = torch.tensor([case.wrong(group, seed)], dtype=torch.int64)
         dist.all_reduce(count, group=gloo)
         wrong[name] = int(count.item())
-    return {name: statistics.median(t) for name, t in times.items()}, wrong, iters
+    return times, wrong, iters
 
 
 def window_warmup_count(seconds: float, once: float) -> int:
@@ -281,12 +286,16 @@ def rank_main(rank: int, n: int, port: int, args):
     if not args.no_gloo:
         groups["gloo"] = dist.new_group(backend="gloo")
     wrong_total = 0
+    # The widest spread of one backend's windows: (max/min, row), to warn
+    # about below.
+    widest = (1.0, None)
     for op in args.ops:
         if op == "send_recv" and n < 2:
             continue
         for size in sizes(args.min_bytes, args.max_bytes, args.factor):
             case = Case(torch, dist, op, size, args.dtype, args.redop, rank, n, device)
-            medians, wrong, iters = measure(torch, dist, groups, case, args, gloo)
+            times, wrong, iters = measure(torch, dist, groups, case, args, gloo)
+            medians = {name: statistics.median(t) for name, t in times.items()}
             for name, seconds in medians.items():
                 algbw = case.bytes / seconds / 1e9
                 row = {
@@ -298,6 +307,8 @@ def rank_main(rank: int, n: int, port: int, args):
                     "type": args.dtype,
                     "redop": args.redop if op in ("all_reduce", "reduce_scatter") else "none",
                     "time_us": seconds * 1e6,
+                    "time_min_us": min(times[name]) * 1e6,
+                    "time_max_us": max(times[name]) * 1e6,
                     "algbw_gbps": algbw,
                     "busbw_gbps": algbw * bus_factor(op, n),
                     "wrong": wrong[name],
@@ -312,7 +323,16 @@ def rank_main(rank: int, n: int, port: int, args):
                 wrong_total += row["wrong"]
                 if rank == 0:
                     print_row(row, args.json)
+                spread = row["time_max_us"] / row["time_min_us"]
+                if spread > widest[0]:
+                    widest = (spread, row)
     dist.destroy_process_group()
+    spread, row = widest
+    if rank == 0 and spread > UNSTEADY_SPREAD and not args.json:
+        print(f"# note: the machine's load changed during this run: {row['backend']}'s {row['op']} of "
+              f"{row['size_bytes']} B took {row['time_min_us']:.1f}-{row['time_max_us']:.1f} us in "
+              f"different windows; the backends take turns, so each ratio saw the same load, but one "
+              f"run is not a figure here: run it again (time_min_us/time_max_us in --json)", flush=True)
     if wrong_total:
         print(f"barlink.torch.bench: {wrong_total} wrong element(s)", file=sys.stderr)
         sys.exit(1)
