@@ -387,7 +387,12 @@ impl Graveyard {
 
     /// Releases what was buried (call with the GIL held).
     pub fn release(&self, _py: Python<'_>) {
-        drop(self.0.take_all());
+        drop(self.take());
+    }
+
+    /// What was buried, for a caller that holds the GIL to drop.
+    pub fn take(&self) -> Vec<BufferView> {
+        self.0.take_all()
     }
 }
 

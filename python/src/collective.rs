@@ -804,10 +804,13 @@ impl Halves {
         }
     }
 
-    fn release(&self, py: Python<'_>) {
-        for shared in &self.links {
-            shared.graveyard.release(py);
-        }
+    /// The views the links let go of meanwhile, for the caller to drop
+    /// with the GIL once it no longer holds the exchange's lock.
+    fn take_released(&self) -> Vec<BufferView> {
+        self.links
+            .iter()
+            .flat_map(|shared| shared.graveyard.take())
+            .collect()
     }
 }
 
@@ -869,27 +872,33 @@ impl Exchange {
     /// is done.
     fn run(&self, py: Python<'_>, slice: Duration) -> PyResult<bool> {
         let mut progress = self.lock_with(py);
-        let outcome = match &mut *progress {
+        let (outcome, released) = match &mut *progress {
             Progress::Done => return Ok(true),
             Progress::Failed(error) => return Err(error.clone_ref(py)),
             Progress::Running(halves) => {
                 let outcome = py.detach(|| halves.drive(slice));
-                halves.release(py);
-                outcome
+                (outcome, halves.take_released())
             }
         };
-        match outcome {
-            Ok(true) => {
-                *progress = Progress::Done;
-                Ok(true)
-            }
-            Ok(false) => Ok(false),
+        let (result, finished) = match outcome {
+            Ok(true) => (
+                Ok(true),
+                Some(std::mem::replace(&mut *progress, Progress::Done)),
+            ),
+            Ok(false) => (Ok(false), None),
             Err(failure) => {
                 let error = failure.into_py();
-                *progress = Progress::Failed(error.clone_ref(py));
-                Err(error)
+                let failed = Progress::Failed(error.clone_ref(py));
+                (Err(error), Some(std::mem::replace(&mut *progress, failed)))
             }
-        }
+        };
+        // Buffers are released, with the GIL, only once the lock is free:
+        // a release can run Python code (a finalizer of the buffer's
+        // owner) that asks this exchange whether it is done.
+        drop(progress);
+        drop(released);
+        drop(finished);
+        result
     }
 }
 

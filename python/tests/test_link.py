@@ -598,6 +598,40 @@ def test_an_exchange_polled_from_another_thread_while_it_runs_finishes(name, spa
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
+_FINALIZER_ASKS_WHILE_RELEASED = """
+import sys, weakref
+import numpy as np
+import barlink
+link = barlink.connect(sys.argv[1], "accept", 10.0, peer_timeout=10.0)
+for _ in range(5):
+    a = np.frombuffer(np.random.bytes(300_000), np.uint8).copy()
+    b = np.zeros(300_000, np.uint8)
+    held, asked = [], []
+    # Runs when the exchange lets go of the last reference to `a`.
+    weakref.finalize(a, lambda: asked.append(held[0].done))
+    held.append(barlink.Exchange(link, a, link, b, chunk=8192))
+    del a
+    held[0].wait(timeout=30)
+    assert asked, "the exchange kept the send buffer after wait"
+    assert held[0].done
+print("ok")
+"""
+
+
+def test_a_finalizer_that_asks_the_exchange_releasing_its_buffer_gets_an_answer(name, spawn):
+    # Releasing a finished exchange's buffers can run Python code on the
+    # thread driving it (here a finalizer of the sent array, whose last
+    # reference the exchange held): code that asks that exchange whether
+    # it is done waited for the lock its own thread held, for ever. In its
+    # own process, so that a hang fails the test instead of the suite.
+    spawn("echo", name)
+    run = subprocess.run(
+        [sys.executable, "-c", _FINALIZER_ASKS_WHILE_RELEASED, name],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
 def test_a_chain_out_over_one_link_and_back_over_another_is_intact(
     name, spawn
 ):
