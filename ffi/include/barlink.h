@@ -56,7 +56,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 8
+#define BARLINK_ABI_VERSION_MINOR 9
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -132,6 +132,9 @@ typedef enum barlink_status {
   // it does not admit ours; nothing was exchanged. The message names
   // its uid and pid.
   BARLINK_PEER_NOT_ALLOWED = 20,
+  // A posted receive was cancelled (`barlink_cancel`) before a message
+  // completed it: its completion's status. (ABI 0.9.)
+  BARLINK_CANCELED = 21,
 } barlink_status;
 
 // Which medium a link uses (`barlink_config.transport`).
@@ -609,6 +612,20 @@ enum barlink_status barlink_test(struct barlink_link *link, uint64_t request);
 // Like `barlink_test`, but drives the link for at most `timeout_ms` until
 // the request finished (`BARLINK_TIMEOUT` if it did not).
 enum barlink_status barlink_wait(struct barlink_link *link, uint64_t request, uint32_t timeout_ms);
+
+// Cancels a posted receive (`barlink_post_recv`) that no message has
+// completed: once the call returns barlink never writes its buffer again,
+// and its completion, reported once by `barlink_poll`, `barlink_test` or
+// `barlink_wait` as any other, has status `BARLINK_CANCELED` and `bytes`
+// 0. Nothing is lost: a message that had begun landing in the buffer goes
+// on arriving in barlink's memory, whole and in order, for the next
+// receive. A receive that completed before the call (its completion not
+// reported yet) is left as it is: `BARLINK_OK`, and its completion says
+// which happened. `BARLINK_INVALID_ARGUMENT` for an id that is not a
+// pending posted receive's (unknown, reported already, or a posted
+// send's: sends cannot be cancelled, their bytes may be on their way).
+// (ABI 0.9.)
+enum barlink_status barlink_cancel(struct barlink_link *link, uint64_t request);
 
 // Drives the link once (moves packets both ways, runs timers). Every other
 // call on the link does this too; call it when a thread has nothing else

@@ -1092,6 +1092,26 @@ pub extern "C" fn barlink_wait(
     })
 }
 
+/// Cancels a posted receive (`barlink_post_recv`) that no message has
+/// completed: once the call returns barlink never writes its buffer again,
+/// and its completion, reported once by `barlink_poll`, `barlink_test` or
+/// `barlink_wait` as any other, has status `BARLINK_CANCELED` and `bytes`
+/// 0. Nothing is lost: a message that had begun landing in the buffer goes
+/// on arriving in barlink's memory, whole and in order, for the next
+/// receive. A receive that completed before the call (its completion not
+/// reported yet) is left as it is: `BARLINK_OK`, and its completion says
+/// which happened. `BARLINK_INVALID_ARGUMENT` for an id that is not a
+/// pending posted receive's (unknown, reported already, or a posted
+/// send's: sends cannot be cancelled, their bytes may be on their way).
+/// (ABI 0.9.)
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_cancel(link: *mut barlink_link, request: u64) -> barlink_status {
+    boundary("barlink_cancel", || {
+        let cell = registry::link(key(link))?;
+        cell.lock_even_if_closed().cancel(request)
+    })
+}
+
 /// Drives the link once (moves packets both ways, runs timers). Every other
 /// call on the link does this too; call it when a thread has nothing else
 /// to do on the link but wants it to move (e.g. retransmissions). Returns

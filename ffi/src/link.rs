@@ -1011,6 +1011,32 @@ impl LinkState {
         crate::recv::reclaim(self.link.as_mut(), &mut self.received, id);
     }
 
+    /// Cancels posted receive `request` (see `barlink_cancel`).
+    pub(crate) fn cancel(&mut self, request: u64) -> Result<()> {
+        if request & RECV_REQUEST == 0 {
+            return Err(Error::invalid(format!(
+                "request {request} is not a posted receive's: only receives can be cancelled (a posted send's bytes may be on their way already; closing the link drops what is unsent)"
+            )));
+        }
+        if self.done.contains_key(&request) {
+            // Completed before the cancel: its completion says how.
+            return Ok(());
+        }
+        let found = self.recvs.cancel(
+            self.link.as_mut(),
+            &mut self.received,
+            &mut self.done,
+            request,
+        );
+        if !found {
+            return Err(Error::invalid(format!(
+                "no posted receive {request} is pending: the id is unknown, or its completion was reported already"
+            )));
+        }
+        self.settle_recvs();
+        Ok(())
+    }
+
     /// Drives progress once and takes up to `max` completions.
     pub(crate) fn poll(&mut self, max: usize, out: &mut Vec<barlink_completion>) {
         self.step();

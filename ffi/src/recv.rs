@@ -19,7 +19,7 @@ use barlink_transport::engine::{Delivery, PostId};
 
 use crate::payload::{CallerMemory, Payload};
 use crate::types::barlink_completion;
-use crate::types::barlink_status::{self, BARLINK_BUFFER_TOO_SMALL, BARLINK_OK};
+use crate::types::barlink_status::{self, BARLINK_BUFFER_TOO_SMALL, BARLINK_CANCELED, BARLINK_OK};
 
 /// Set in every receive request's id: sends' ids are message numbers, so
 /// the two never meet.
@@ -141,6 +141,27 @@ impl PostedRecvs {
                 reclaim(link.as_deref_mut(), received, id);
             }
         }
+    }
+
+    /// Cancels pending receive `request`: every buffer comes back from the
+    /// link (a message that began landing in one goes on in the link's
+    /// memory, whole, for the next receive), and the receive completes
+    /// with `BARLINK_CANCELED`; the next [`PostedRecvs::settle`] posts the
+    /// rest again, in order. False if no pending receive has that id.
+    pub(crate) fn cancel(
+        &mut self,
+        link: Option<&mut Connection<Payload>>,
+        received: &mut VecDeque<Delivery>,
+        done: &mut BTreeMap<u64, barlink_completion>,
+        request: u64,
+    ) -> bool {
+        let Some(at) = self.pending.iter().position(|p| p.request == request) else {
+            return false;
+        };
+        self.take_back_all(link, received);
+        let cancelled = self.pending.remove(at).expect("found above");
+        complete(done, &cancelled, BARLINK_CANCELED, 0);
+        true
     }
 
     /// The link ended with `status`: every receive still pending completes

@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_void};
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
 /// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 8;
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 9;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.
@@ -90,6 +90,9 @@ pub enum barlink_status {
     /// it does not admit ours; nothing was exchanged. The message names
     /// its uid and pid.
     BARLINK_PEER_NOT_ALLOWED = 20,
+    /// A posted receive was cancelled (`barlink_cancel`) before a message
+    /// completed it: its completion's status. (ABI 0.9.)
+    BARLINK_CANCELED = 21,
 }
 
 /// Which medium a link uses (`barlink_config.transport`).
@@ -337,6 +340,7 @@ impl barlink_status {
             18 => BARLINK_OUT_OF_MEMORY,
             19 => BARLINK_INTERNAL,
             20 => BARLINK_PEER_NOT_ALLOWED,
+            21 => BARLINK_CANCELED,
             _ => return c"BARLINK_UNKNOWN_STATUS: a status code this library does not know",
         };
         match status {
@@ -375,6 +379,7 @@ impl barlink_status {
             BARLINK_PEER_NOT_ALLOWED => {
                 c"BARLINK_PEER_NOT_ALLOWED: the peer is of a user not admitted, or does not admit ours"
             }
+            BARLINK_CANCELED => c"BARLINK_CANCELED: the posted receive was cancelled",
         }
     }
 }

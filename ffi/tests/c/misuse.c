@@ -360,6 +360,7 @@ int main(void) {
     check("poll(NULL link)", barlink_poll(NULL, completions, 4, &count), BARLINK_INVALID_HANDLE);
     check("test(NULL link)", barlink_test(NULL, 1), BARLINK_INVALID_HANDLE);
     check("wait(NULL link)", barlink_wait(NULL, 1, 0), BARLINK_INVALID_HANDLE);
+    check("cancel(NULL link)", barlink_cancel(NULL, 1), BARLINK_INVALID_HANDLE);
     check("flush(NULL link)", barlink_flush(NULL, 0), BARLINK_INVALID_HANDLE);
     check("progress(NULL link)", barlink_progress(NULL), BARLINK_INVALID_HANDLE);
     check("get_stats(NULL link)", barlink_get_stats(NULL, &stats), BARLINK_INVALID_HANDLE);
@@ -511,6 +512,9 @@ int main(void) {
           BARLINK_INVALID_ARGUMENT);
     check("poll(NULL count)", barlink_poll(link, completions, 4, NULL), BARLINK_INVALID_ARGUMENT);
     check("test(unknown request)", barlink_test(link, 999999), BARLINK_INVALID_ARGUMENT);
+    check("cancel(a send's id)", barlink_cancel(link, 999999), BARLINK_INVALID_ARGUMENT);
+    check("cancel(unknown receive)", barlink_cancel(link, (1ull << 63) | 999999),
+          BARLINK_INVALID_ARGUMENT);
     barlink_stats tiny = {0};
     tiny.struct_size = 4;
     check("get_stats(struct_size 4)", barlink_get_stats(link, &tiny), BARLINK_INVALID_ARGUMENT);
@@ -594,6 +598,21 @@ int main(void) {
     check("send for the posted receive", barlink_send(link, "posted!", 7, 5000), BARLINK_OK);
     check("wait(posted receive)", barlink_wait(link, request, 10000), BARLINK_OK);
     check_true("the echo landed in the posted buffer", memcmp(posted, "posted!", 7) == 0);
+    /* A cancelled receive's buffer is freed at once (ASan: barlink never
+       writes it again); the next message lands in the receive after it. */
+    char *cancelled = malloc(4096);
+    uint64_t cancelled_request = 0;
+    check("post_recv to cancel", barlink_post_recv(link, cancelled, 4096, 79, &cancelled_request),
+          BARLINK_OK);
+    check("post_recv after it", barlink_post_recv(link, posted, 4096, 80, &request), BARLINK_OK);
+    check("cancel(pending receive)", barlink_cancel(link, cancelled_request), BARLINK_OK);
+    free(cancelled);
+    check("wait(cancelled receive)", barlink_wait(link, cancelled_request, 10000), BARLINK_CANCELED);
+    check("send for the receive after it", barlink_send(link, "second", 6, 5000), BARLINK_OK);
+    check("wait(receive after the cancelled one)", barlink_wait(link, request, 10000), BARLINK_OK);
+    check_true("the echo landed after the cancelled receive", memcmp(posted, "second", 6) == 0);
+    check("cancel(reported receive)", barlink_cancel(link, cancelled_request),
+          BARLINK_INVALID_ARGUMENT);
     char *pending = malloc(4096);
     check("post_recv left pending at close", barlink_post_recv(link, pending, 4096, 78, &request),
           BARLINK_OK);
@@ -611,6 +630,7 @@ int main(void) {
     check("post_recv after close", barlink_post_recv(link, big, sizeof big, 0, &request),
           BARLINK_INVALID_HANDLE);
     check("poll after close", barlink_poll(link, completions, 4, &count), BARLINK_INVALID_HANDLE);
+    check("cancel after close", barlink_cancel(link, request), BARLINK_INVALID_HANDLE);
     check("get_stats after close", barlink_get_stats(link, &stats), BARLINK_INVALID_HANDLE);
     check("link_path after close", barlink_link_path(link, big, sizeof big, &len),
           BARLINK_INVALID_HANDLE);
