@@ -637,6 +637,17 @@ struct Halves {
     send_link: Option<Arc<Shared>>,
     /// The links' state, to release the views they buried.
     links: Vec<Arc<Shared>>,
+    /// Receiving halves that completed, kept for [`Exchange::run`] to
+    /// drop once it no longer holds the exchange's lock: dropping one
+    /// releases `recv_buf`, which can run Python code.
+    received: Vec<Receiving>,
+}
+
+/// What a round of [`Exchange::run`] let go of: dropped, with the GIL,
+/// once the exchange's lock is free.
+struct Released {
+    _views: Vec<BufferView>,
+    _halves: Vec<Receiving>,
 }
 
 impl Halves {
@@ -658,6 +669,7 @@ impl Halves {
             received_steps: 0,
             sent: Vec::new(),
             links,
+            received: Vec::new(),
         }
     }
 
@@ -753,7 +765,8 @@ impl Halves {
             if !complete {
                 break;
             }
-            self.recvs.pop_front();
+            let complete = self.recvs.pop_front().expect("checked not empty");
+            self.received.push(complete);
             self.received_steps += 1;
         }
         while !self.sends.is_empty() {
@@ -804,13 +817,18 @@ impl Halves {
         }
     }
 
-    /// The views the links let go of meanwhile, for the caller to drop
-    /// with the GIL once it no longer holds the exchange's lock.
-    fn take_released(&self) -> Vec<BufferView> {
-        self.links
-            .iter()
-            .flat_map(|shared| shared.graveyard.take())
-            .collect()
+    /// The views the links let go of meanwhile and the receiving halves
+    /// that completed, for the caller to drop with the GIL once it no
+    /// longer holds the exchange's lock.
+    fn take_released(&mut self) -> Released {
+        Released {
+            _views: self
+                .links
+                .iter()
+                .flat_map(|shared| shared.graveyard.take())
+                .collect(),
+            _halves: std::mem::take(&mut self.received),
+        }
     }
 }
 

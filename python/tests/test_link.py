@@ -607,12 +607,14 @@ for _ in range(5):
     a = np.frombuffer(np.random.bytes(300_000), np.uint8).copy()
     b = np.zeros(300_000, np.uint8)
     held, asked = [], []
-    # Runs when the exchange lets go of the last reference to `a`.
+    # Each runs when the exchange lets go of the last reference to its
+    # buffer: the sent one, and the one received into.
     weakref.finalize(a, lambda: asked.append(held[0].done))
+    weakref.finalize(b, lambda: asked.append(held[0].done))
     held.append(barlink.Exchange(link, a, link, b, chunk=8192))
-    del a
+    del a, b
     held[0].wait(timeout=30)
-    assert asked, "the exchange kept the send buffer after wait"
+    assert len(asked) == 2, f"the exchange kept {2 - len(asked)} buffer(s) after wait"
     assert held[0].done
 print("ok")
 """
@@ -620,10 +622,11 @@ print("ok")
 
 def test_a_finalizer_that_asks_the_exchange_releasing_its_buffer_gets_an_answer(name, spawn):
     # Releasing a finished exchange's buffers can run Python code on the
-    # thread driving it (here a finalizer of the sent array, whose last
-    # reference the exchange held): code that asks that exchange whether
-    # it is done waited for the lock its own thread held, for ever. In its
-    # own process, so that a hang fails the test instead of the suite.
+    # thread driving it (here finalizers of the sent and the received
+    # arrays, whose last references the exchange held): code that asks
+    # that exchange whether it is done waited for the lock its own thread
+    # held, for ever. In its own process, so that a hang fails the test
+    # instead of the suite.
     spawn("echo", name)
     run = subprocess.run(
         [sys.executable, "-c", _FINALIZER_ASKS_WHILE_RELEASED, name],
