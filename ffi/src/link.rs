@@ -1084,6 +1084,10 @@ impl LinkState {
                 ),
             )
             .with_needed(usize::try_from(completion.bytes).unwrap_or(usize::MAX))),
+            Some(completion) if completion.status == BARLINK_CANCELED => Err(Error::new(
+                BARLINK_CANCELED,
+                format!("request {request}: the posted receive was cancelled (barlink_cancel)"),
+            )),
             Some(completion) => Err(self.end_error().unwrap_or_else(|| {
                 Error::new(
                     completion.status,

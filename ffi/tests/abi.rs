@@ -559,8 +559,24 @@ fn a_cancelled_receive_is_left_alone_and_the_next_takes_its_message() {
     );
     assert_eq!(&three[..5], b"three");
     drop(driver);
+    // Reported as cancelled also once the link has ended since.
+    let mut late = vec![0u8; 64];
+    let request = post_recv(b, &mut late, 6);
+    assert_eq!(barlink_cancel(b, request), BARLINK_OK, "{}", last_error());
     assert_eq!(barlink_progress(b), BARLINK_OK);
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while barlink_progress(b) == BARLINK_OK {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b did not see the close"
+        );
+    }
+    expect(
+        barlink_wait(b, request, 1000),
+        BARLINK_CANCELED,
+        "cancelled",
+    );
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
 
@@ -585,12 +601,12 @@ fn a_message_landing_in_a_cancelled_receive_arrives_whole_elsewhere() {
     let landed = lent.iter().filter(|&&byte| byte != 0).count();
     assert!(landed > 0, "nothing had landed in the posted buffer yet");
     assert_eq!(barlink_cancel(b, request), BARLINK_OK, "{}", last_error());
+    let before = lent.clone();
     let cancelled = completions(b, 1);
     assert_eq!(
         (cancelled[0].request, cancelled[0].status),
         (request, BARLINK_CANCELED)
     );
-    let before = lent.clone();
     let driver = drive(a);
     let mut whole = vec![0u8; long.len()];
     assert_eq!(recv(b, &mut whole, 10_000), (BARLINK_OK, long.len()));
