@@ -561,6 +561,16 @@ def test_a_chain_refuses_a_fill_it_cannot_copy(echo):
 
 
 # Waits on chains while another thread polls them; prints "ok".
+def _prints_ok_beside_an_echo(script: str, name: str, spawn, timeout: float):
+    """Runs `script` in a Python process of its own, linked by `name` to an
+    echo: a hang there fails the test (at `timeout`) instead of the suite."""
+    spawn("echo", name)
+    run = subprocess.run(
+        [sys.executable, "-c", script, name], capture_output=True, text=True, timeout=timeout,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
 _POLLED_WHILE_RUNNING = """
 import sys, threading
 import numpy as np
@@ -590,12 +600,7 @@ def test_an_exchange_polled_from_another_thread_while_it_runs_finishes(name, spa
     # thread asks for the exchange's lock holding the GIL: a poll that
     # waited for the lock with the GIL hung both (in its own process, so
     # that a hang fails the test instead of stopping the suite).
-    spawn("echo", name)
-    run = subprocess.run(
-        [sys.executable, "-c", _POLLED_WHILE_RUNNING, name],
-        capture_output=True, text=True, timeout=90,
-    )
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    _prints_ok_beside_an_echo(_POLLED_WHILE_RUNNING, name, spawn, timeout=90)
 
 
 _FINALIZER_ASKS_WHILE_RELEASED = """
@@ -627,12 +632,7 @@ def test_a_finalizer_that_asks_the_exchange_releasing_its_buffer_gets_an_answer(
     # that exchange whether it is done waited for the lock its own thread
     # held, for ever. In its own process, so that a hang fails the test
     # instead of the suite.
-    spawn("echo", name)
-    run = subprocess.run(
-        [sys.executable, "-c", _FINALIZER_ASKS_WHILE_RELEASED, name],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    _prints_ok_beside_an_echo(_FINALIZER_ASKS_WHILE_RELEASED, name, spawn, timeout=60)
 
 
 def test_a_chain_out_over_one_link_and_back_over_another_is_intact(
