@@ -624,7 +624,10 @@ enum barlink_status barlink_wait(struct barlink_link *link, uint64_t request, ui
 // which happened. `BARLINK_INVALID_ARGUMENT` for an id that is not a
 // pending posted receive's (unknown, reported already, or a posted
 // send's: sends cannot be cancelled, their bytes may be on their way).
-// (ABI 0.9.)
+// Refused, as every call is, on a link that failed inside
+// (`BARLINK_INTERNAL`) or that `barlink_close` is closing on another
+// thread (`BARLINK_CLOSED`); its buffers are the caller's again once
+// `barlink_close` returned. (ABI 0.9.)
 enum barlink_status barlink_cancel(struct barlink_link *link, uint64_t request);
 
 // Drives the link once (moves packets both ways, runs timers). Every other

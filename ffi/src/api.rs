@@ -1103,13 +1103,14 @@ pub extern "C" fn barlink_wait(
 /// which happened. `BARLINK_INVALID_ARGUMENT` for an id that is not a
 /// pending posted receive's (unknown, reported already, or a posted
 /// send's: sends cannot be cancelled, their bytes may be on their way).
-/// (ABI 0.9.)
+/// Refused, as every call is, on a link that failed inside
+/// (`BARLINK_INTERNAL`) or that `barlink_close` is closing on another
+/// thread (`BARLINK_CLOSED`); its buffers are the caller's again once
+/// `barlink_close` returned. (ABI 0.9.)
 #[unsafe(no_mangle)]
 pub extern "C" fn barlink_cancel(link: *mut barlink_link, request: u64) -> barlink_status {
     boundary("barlink_cancel", || {
         let cell = registry::link(key(link))?;
-        // A link that failed inside (its lock poisoned) is driven by no
-        // call again, so nothing writes the buffer: refused with the rest.
         cell.lock()?.cancel(request)
     })
 }
