@@ -872,10 +872,10 @@ impl Exchange {
     }
 
     /// The lock, taken by a caller that holds the GIL: waited for without
-    /// it. The thread driving the exchange holds the lock without the GIL
-    /// and takes the GIL to release a finished half's buffers; a caller
-    /// blocked on the lock with the GIL (`done` polled from another
-    /// thread) would wait for it forever.
+    /// it. The thread driving the exchange holds the lock while it runs
+    /// without the GIL, and needs the GIL back before it lets the lock go;
+    /// a caller blocked on the lock with the GIL (`done` polled from
+    /// another thread) would wait for it forever.
     fn lock_with(&self, py: Python<'_>) -> MutexGuard<'_, Progress> {
         loop {
             match self.progress.try_lock() {
@@ -912,10 +912,20 @@ impl Exchange {
         };
         // Buffers are released, with the GIL, only once the lock is free:
         // a release can run Python code (a finalizer of the buffer's
-        // owner) that asks this exchange whether it is done.
+        // owner) that asks this exchange whether it is done. The sending
+        // halves a failed exchange drops bury their buffers' views in
+        // their links' graveyards: released too, so that the caller may
+        // resize those buffers once this returns.
+        let links = match &finished {
+            Some(Progress::Running(halves)) => halves.links.clone(),
+            _ => Vec::new(),
+        };
         drop(progress);
         drop(released);
         drop(finished);
+        for shared in &links {
+            shared.graveyard.release(py);
+        }
         result
     }
 }
