@@ -110,7 +110,8 @@ for size in all_sizes:
         print(f"# note: {size} B: round(s) {', '.join(map(str, left))} left out of the medians: zero copy 2.5x "
               f"off the Rust link, or the Rust link 2.5x slower than in its fastest round (the machine's speed "
               f"changed); their rows are in {work}/c.N.jsonl and rust.N.jsonl")
-ratio, copied_ratio, lat_delta, rust_gbps, c_gbps = {}, {}, {}, {}, {}
+ratio, copied_ratio, lat_delta, c_gbps = {}, {}, {}, {}
+rust_gbps = {size: [runs[r - 1][0][("barlink", size)]["gbps"] for r in kept[size]] for size in all_sizes}
 for r in range(1, rounds + 1):
     rust, c = runs[r - 1]
     for row in c:
@@ -122,7 +123,6 @@ for r in range(1, rounds + 1):
         ratio.setdefault(key, []).append(row["gbps"] / base["gbps"])
         copied_ratio.setdefault(key, []).append(row["gbps"] / copied["gbps"])
         c_gbps.setdefault(key, []).append(row["gbps"])
-        rust_gbps.setdefault(row["size_bytes"], []).append(base["gbps"])
         lat_delta.setdefault(key, []).append(row["lat_p50_us"] - base["lat_p50_us"])
 print(f"# {'size':>10}  {'C path':<20} {'C GB/s':>8} {'Rust GB/s':>10} {'C/Rust':>7}  (rounds' ratios)   "
       f"{'C/Rust copied':>13}  one-way p50 C - Rust (barlink)")
