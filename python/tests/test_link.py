@@ -560,7 +560,6 @@ def test_a_chain_refuses_a_fill_it_cannot_copy(echo):
         barlink.Exchange.chain(echo, echo, [(a, b, False), (b, a, False)], fill=bytes(4096))
 
 
-# Waits on chains while another thread polls them; prints "ok".
 def _prints_ok_beside_an_echo(script: str, name: str, spawn, timeout: float):
     """Runs `script` in a Python process of its own, linked by `name` to an
     echo: a hang there fails the test (at `timeout`) instead of the suite."""
@@ -571,6 +570,7 @@ def _prints_ok_beside_an_echo(script: str, name: str, spawn, timeout: float):
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
+# Waits on chains while another thread polls them; prints "ok".
 _POLLED_WHILE_RUNNING = """
 import sys, threading
 import numpy as np

@@ -9,10 +9,11 @@ groups exist side by side, barlink and gloo, and each size is measured on
 both in turn, window after window, so the ratio compares the same moment
 of a noisy machine; each window starts with untimed operations
 (--window-warmup), so that it times the backend, not the machine coming
-back to speed after the other's window. A row per operation, size and backend: the time of one
-operation (the slowest rank's, median of the windows), algorithm and bus
-bandwidth as nccl-tests defines them, and #wrong, the elements that differ
-from the result computed locally on fresh inputs after the timed windows.
+back to speed after the other's window. A row per operation, size and
+backend: the time of one operation (the slowest rank's, median of the
+windows), algorithm and bus bandwidth as nccl-tests defines them, and
+#wrong, the elements that differ from the result computed locally on
+fresh inputs after the timed windows.
 The exit status is 1 if any element was wrong.
 """
 
