@@ -11,11 +11,10 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use barlink_transport::sim::{Faults, PairSide, ReceivePath, SimPair};
+use barlink_transport::sim::{PairSide, ReceivePath};
 use barlink_transport::{Delivery, Engine, EngineConfig, MessageId, PostId, RecvTarget};
-use common::{connected_pair, next_delivery, payloads};
+use common::{connected_pair, faulty_pair, first_message, next_delivery, payloads};
 
 const FILL: u8 = 0x5a;
 
@@ -85,44 +84,12 @@ fn untouched(recv: barlink_transport::PostedRecv) -> bool {
     target.bytes_mut().iter().all(|&b| b == FILL)
 }
 
-/// Sends one message from A and takes it at B, so that B knows the ids.
-fn first_message(pair: &mut SimPair) -> MessageId {
-    assert_eq!(pair.b.next_message_id(), None, "no id before the first");
-    pair.a.send(b"hello".to_vec()).unwrap();
-    let id = next_delivery(pair).id();
-    assert_eq!(pair.b.next_message_id(), Some(MessageId(id.0 + 1)));
-    MessageId(id.0 + 1)
-}
-
-fn faulty_pair(seed: u64, path: ReceivePath) -> SimPair {
-    let faults = Faults {
-        loss: 0.03,
-        corrupt: 0.04,
-        truncate: 0.02,
-        duplicate: 0.02,
-        reorder: 0.05,
-        latency: Duration::from_micros(20),
-        reorder_delay: Duration::from_micros(200),
-    };
-    let mut pair: SimPair =
-        SimPair::new(config(16), config(16), faults.clone(), faults, seed).unwrap();
-    pair.receive_path = path;
-    for _ in 0..200 {
-        pair.step();
-        if pair.a.is_connected() && pair.b.is_connected() {
-            break;
-        }
-    }
-    while pair.a.poll_event().is_some() {}
-    pair
-}
-
 #[test]
 fn every_byte_is_folded_once_and_only_once_checked_under_every_fault() {
     let mut landed_in_all = 0;
     for seed in 0..6 {
         for path in [ReceivePath::Contiguous, ReceivePath::FromMedium] {
-            let mut pair = faulty_pair(seed, path);
+            let mut pair = faulty_pair(seed, path, config(16));
             let first = first_message(&mut pair);
             let sizes: Vec<usize> = (0..40).map(|i| 1 + (i * 733) % 5_000).collect();
             let messages = payloads(&sizes, seed);

@@ -1,14 +1,18 @@
 //! Receiving into memory the caller lends (`Engine::post_recv`): a message
 //! lands in the first posted target it fits, nothing else in it changes,
 //! and a target taken back is never touched again while its message still
-//! arrives, intact and in order.
+//! arrives, intact and in order. A target that names its message
+//! (`RecvTarget::message`) takes that one only, so one passed by leaves the
+//! later ones in step.
 
 mod common;
 
-use barlink_transport::sim::ReceivePath;
+use barlink_transport::sim::{PairSide, ReceivePath};
 use barlink_transport::wire::{HEADER_LEN, Packet, WireError};
-use barlink_transport::{Delivery, Engine, EngineConfig, Event, PacketError, RecvTarget};
-use common::{connected_pair, next_delivery, payloads};
+use barlink_transport::{
+    Delivery, Engine, EngineConfig, Event, MessageId, PacketError, PostId, RecvTarget,
+};
+use common::{connected_pair, faulty_pair, first_message, next_delivery, payloads};
 
 const FILL: u8 = 0xa5;
 
@@ -237,4 +241,141 @@ fn a_target_staged_by_a_corrupt_header_goes_back_when_the_real_message_does_not_
     pair.a.send(sent[1].clone()).unwrap();
     let (landed_bytes, len) = landed(next_delivery(&mut pair));
     assert_eq!(&landed_bytes[..len], &sent[1][..]);
+}
+
+/// A target that names the one message it takes.
+struct Named {
+    id: MessageId,
+    bytes: Vec<u8>,
+}
+
+impl RecvTarget for Named {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+
+    fn message(&self) -> Option<MessageId> {
+        Some(self.id)
+    }
+}
+
+fn named(id: MessageId, len: usize) -> Box<dyn RecvTarget> {
+    Box::new(Named {
+        id,
+        bytes: vec![FILL; len],
+    })
+}
+
+/// A message that began before the targets were posted passes its own by:
+/// an unnamed target then takes the next message that starts, every later
+/// one shifted onto the target before its own; named targets wait for
+/// their own, so the later messages land where they were meant to.
+#[test]
+fn a_message_begun_before_its_named_target_leaves_the_later_ones_in_step() {
+    for path in [ReceivePath::Contiguous, ReceivePath::FromMedium] {
+        for naming in [false, true] {
+            // Four packets a round trip: the first message is under way
+            // for a while.
+            let mut pair = connected_pair(config(4));
+            pair.receive_path = path;
+            let first = first_message(&mut pair);
+            let messages = payloads(&[20_000, 3_000, 3_000], 13);
+            pair.a.send(messages[0].clone()).unwrap();
+            pair.step();
+            assert!(pair.b.poll_delivery().is_none(), "not yet whole");
+            let posts: Vec<PostId> = (0..3)
+                .map(|k| {
+                    pair.b.post_recv(if naming {
+                        named(MessageId(first.0 + k), 20_000)
+                    } else {
+                        target(20_000)
+                    })
+                })
+                .collect();
+            for message in &messages[1..] {
+                pair.a.send(message.clone()).unwrap();
+            }
+            assert_eq!(in_buffer(next_delivery(&mut pair)), messages[0]);
+            for (k, message) in messages.iter().enumerate().skip(1) {
+                let Delivery::Landed { recv, len, .. } = next_delivery(&mut pair) else {
+                    panic!("{path:?} naming {naming}: message {k} did not land");
+                };
+                let meant = if naming { posts[k] } else { posts[k - 1] };
+                assert_eq!(recv.id(), meant, "{path:?} naming {naming}: message {k}");
+                assert!(bytes(recv.into_target())[..len] == message[..]);
+            }
+            let left = if naming { posts[0] } else { posts[2] };
+            assert!(pair.b.unpost_recv(left).is_some(), "still posted");
+            assert_eq!(pair.b.posted_recvs(), 0);
+        }
+    }
+}
+
+/// Under every fault, with half the targets posted only while the first
+/// messages arrive: every message arrives once, intact and in order, and
+/// each one that landed did so in the target naming it.
+#[test]
+fn named_targets_take_only_their_own_message_under_every_fault() {
+    let mut landed_in_all = 0;
+    for seed in 0..6 {
+        for path in [ReceivePath::Contiguous, ReceivePath::FromMedium] {
+            let mut pair = faulty_pair(seed, path, config(16));
+            let first = first_message(&mut pair);
+            let sizes: Vec<usize> = (0..40).map(|i| 1 + (i * 733) % 5_000).collect();
+            let messages = payloads(&sizes, seed);
+            let name = |index: usize| MessageId(first.0 + index as u64);
+            let mut posts: Vec<PostId> = (0..20)
+                .map(|index| pair.b.post_recv(named(name(index), 5_000)))
+                .collect();
+            for message in &messages {
+                pair.a.send(message.clone()).unwrap();
+            }
+            for (index, message) in messages.iter().enumerate() {
+                if index < 20 {
+                    posts.push(pair.b.post_recv(named(name(index + 20), 5_000)));
+                }
+                let delivery = next_delivery(&mut pair);
+                assert_eq!(delivery.id(), name(index), "seed {seed} {path:?}: in order");
+                match delivery {
+                    Delivery::Landed { recv, len, .. } => {
+                        assert_eq!(recv.id(), posts[index], "seed {seed} {path:?}: its own");
+                        assert!(bytes(recv.into_target())[..len] == message[..]);
+                        landed_in_all += 1;
+                    }
+                    Delivery::Message { data, .. } => {
+                        // It began before its target could take it (posted
+                        // late, or the message began ahead of a gap).
+                        assert!(data == *message, "seed {seed} {path:?}: message {index}");
+                        assert!(pair.b.unpost_recv(posts[index]).is_some(), "still posted");
+                    }
+                }
+            }
+            assert_eq!(pair.b.posted_recvs(), 0, "seed {seed} {path:?}");
+            let counts = pair.a_to_b.counts().clone();
+            assert!(counts.lost > 0, "seed {seed}: the faults ran ({counts:?})");
+        }
+    }
+    assert!(
+        landed_in_all > 200,
+        "messages landed in their targets: {landed_in_all} of 480"
+    );
+}
+
+/// A peer restart numbers messages anew: a target naming a message of the
+/// old session takes none of the new one's, even one of the same number.
+#[test]
+fn after_a_peer_restart_no_named_target_takes_a_message() {
+    let mut pair = connected_pair(config(4));
+    let first = first_message(&mut pair);
+    let post = pair.b.post_recv(named(first, 5_000));
+    pair.restart(PairSide::A, config(4), 7).unwrap();
+    let messages = payloads(&[3_000, 3_000], 14);
+    for message in &messages {
+        pair.a.send(message.clone()).unwrap();
+    }
+    for message in &messages {
+        assert_eq!(&in_buffer(next_delivery(&mut pair)), message);
+    }
+    assert!(pair.b.stats().peer_restarts >= 1);
+    assert!(pair.b.unpost_recv(post).is_some(), "still posted");
 }

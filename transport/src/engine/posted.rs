@@ -9,6 +9,12 @@
 //! a buffer of the engine's as before and the target stays posted; the
 //! caller sees which by what it is handed ([`Delivery`]).
 //!
+//! A target may name the one message it takes ([`RecvTarget::message`]):
+//! then a message that passed it by in the engine's memory does not shift
+//! the later targets onto the wrong messages. Each takes its own, and one
+//! whose message has gone by takes nothing more until the caller takes it
+//! back.
+//!
 //! A combining target (an all-reduce's partial sums) takes only the one
 //! message it names, and folds that message's bytes into what it holds
 //! ([`RecvTarget::combine`]) rather than taking them. Folding cannot be
@@ -48,6 +54,16 @@ pub trait RecvTarget: Send {
         None
     }
 
+    /// For a target that takes bytes: the one message it takes (the id
+    /// the engine will deliver it under, see `Engine::next_message_id`),
+    /// if it fits. Other messages pass it by, and it stays posted. `None`
+    /// (the default): the next message in order that fits, whichever it
+    /// is. Ignored on a combining target, which names its message in
+    /// [`RecvTarget::combines`].
+    fn message(&self) -> Option<MessageId> {
+        None
+    }
+
     /// Folds `bytes`, the message's bytes from offset `at`, into the
     /// target. Called only on a target whose [`RecvTarget::combines`] is
     /// `Some`, in order from offset 0, each byte once, with bytes whose
@@ -79,10 +95,14 @@ pub struct PostedRecv {
     id: PostId,
     len: usize,
     buffer_len: u64,
-    /// [`RecvTarget::combines`], as it was when posted.
-    combines: Option<MessageId>,
-    /// A combining target a session reset passed over: it may hold part of
-    /// a message the new session will never finish, so it takes none.
+    /// The one message it takes ([`RecvTarget::combines`], else
+    /// [`RecvTarget::message`]), as it was when posted.
+    names: Option<MessageId>,
+    /// Whether it folds its message in ([`RecvTarget::combines`]).
+    combining: bool,
+    /// A target naming a message that a session reset passed over: the
+    /// new session numbers its messages anew, so it takes none (and a
+    /// combining one may hold part of a message that will never finish).
     spoiled: bool,
     target: Box<dyn RecvTarget>,
 }
@@ -105,7 +125,8 @@ impl PostedRecv {
             id,
             len,
             buffer_len,
-            combines,
+            names: combines.or_else(|| target.message()),
+            combining: combines.is_some(),
             spoiled: false,
             target,
         }
@@ -114,18 +135,27 @@ impl PostedRecv {
     /// Whether this target folds its message in (see
     /// [`RecvTarget::combines`]).
     pub fn is_combining(&self) -> bool {
-        self.combines.is_some()
+        self.combining
     }
 
     /// Whether the message `msg_id`, `len` bytes, may be assembled here: a
-    /// combining target takes only the message it names, and only of its
-    /// own length (one of another is left to the caller to refuse before
-    /// anything of it is folded in).
-    fn takes(&self, msg_id: u64, len: usize) -> bool {
-        match self.combines {
+    /// target that names a message takes only that one, and a combining
+    /// target only of its own length (one of another is left to the
+    /// caller to refuse before anything of it is folded in).
+    pub(super) fn takes(&self, msg_id: u64, len: usize) -> bool {
+        match self.names {
             None => self.len >= len,
-            Some(id) => id.0 == msg_id && self.len == len && !self.spoiled,
+            Some(_) if self.spoiled => false,
+            Some(id) if self.combining => id.0 == msg_id && self.len == len,
+            Some(id) => id.0 == msg_id && self.len >= len,
         }
+    }
+
+    /// Whether the target can take no message from `msg_id` on: it names
+    /// an earlier one, or a session reset spoiled it. Messages start in
+    /// order, so a later one may be assembled in a target behind it.
+    fn passed_by(&self, msg_id: u64) -> bool {
+        self.names.is_some_and(|id| self.spoiled || id.0 < msg_id)
     }
 
     /// Folds a packet's checked bytes, `at` the message's offset.
@@ -284,29 +314,36 @@ impl Posted {
         id
     }
 
-    /// The first target, if message `msg_id` of `len` bytes fits it (and,
-    /// for a combining target, is the one it names).
+    /// Where in the queue message `msg_id` looks for its target: the
+    /// first target not passed by (see [`PostedRecv::passed_by`]).
+    fn next_for(&self, msg_id: u64) -> Option<usize> {
+        self.queue
+            .iter()
+            .position(|posted| !posted.passed_by(msg_id))
+    }
+
+    /// The next target for message `msg_id`, if the message, `len` bytes,
+    /// fits it (and is the one it names, if it names one).
     pub(super) fn take_if_fits(&mut self, msg_id: u64, len: usize) -> Option<PostedRecv> {
-        if self
-            .queue
-            .front()
-            .is_some_and(|posted| posted.takes(msg_id, len))
-        {
-            self.queue.pop_front()
+        let at = self.next_for(msg_id)?;
+        if self.queue[at].takes(msg_id, len) {
+            self.queue.remove(at)
         } else {
             None
         }
     }
 
-    /// Whether the first target is a combining one.
-    pub(super) fn front_combines(&self) -> bool {
-        self.queue.front().is_some_and(PostedRecv::is_combining)
+    /// Whether the next target for message `msg_id` is a combining one.
+    pub(super) fn next_combines(&self, msg_id: u64) -> bool {
+        self.next_for(msg_id)
+            .is_some_and(|at| self.queue[at].is_combining())
     }
 
-    /// After a session reset: no combining target takes a message again.
-    pub(super) fn spoil_combining(&mut self) {
+    /// After a session reset: no target that names a message takes one
+    /// again (the new session numbers its messages anew).
+    pub(super) fn spoil_named(&mut self) {
         for posted in &mut self.queue {
-            posted.spoiled |= posted.combines.is_some();
+            posted.spoiled |= posted.names.is_some();
         }
     }
 
@@ -318,8 +355,15 @@ impl Posted {
 
     /// A target a message took and did not keep goes back to the front:
     /// it was the first when taken, and targets are taken in order.
+    /// Puts a target taken out of the queue back where it was (posts are
+    /// numbered in order).
     pub(super) fn put_back(&mut self, posted: PostedRecv) {
-        self.queue.push_front(posted);
+        let at = self
+            .queue
+            .iter()
+            .position(|queued| queued.id > posted.id)
+            .unwrap_or(self.queue.len());
+        self.queue.insert(at, posted);
     }
 
     pub(super) fn remove(&mut self, id: PostId) -> Option<PostedRecv> {

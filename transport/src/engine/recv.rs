@@ -273,11 +273,12 @@ fn first_reservation(msg_len: usize, first_len: usize) -> usize {
 }
 
 /// A lent target staged for a message (by a packet that then failed its
-/// CRC, or before a session reset) goes back to the front of the posted
-/// ones if the message now starting, `msg_len` bytes, does not fit it: an
-/// owned buffer grows, a lent one cannot. Nothing counted is in it yet.
-fn release_if_too_small(staged: &mut Option<Room>, posted: &mut Posted, msg_len: usize) {
-    if matches!(staged, Some(Room::Lent(lent)) if lent.len() < msg_len)
+/// CRC) goes back among the posted ones if the message now starting,
+/// `msg_id` of `msg_len` bytes, is not one it takes (it does not fit, or
+/// the target names another): an owned buffer grows, a lent one cannot.
+/// Nothing counted is in it yet.
+fn release_if_unfit(staged: &mut Option<Room>, posted: &mut Posted, msg_id: u64, msg_len: usize) {
+    if matches!(staged, Some(Room::Lent(lent)) if !lent.takes(msg_id, msg_len))
         && let Some(Room::Lent(lent)) = staged.take()
     {
         posted.put_back(lent);
@@ -568,12 +569,12 @@ impl Receiver {
                 // A combining target first in line is not staged: the
                 // packet lands in the engine's buffer and is folded in from
                 // there once checked (`consume`).
-                if self.staged.is_none() && self.posted.front_combines() {
+                let msg_id = fragment.msg_id;
+                if self.staged.is_none() && self.posted.next_combines(msg_id) {
                     return None;
                 }
-                release_if_too_small(&mut self.staged, &mut self.posted, limit);
+                release_if_unfit(&mut self.staged, &mut self.posted, msg_id, limit);
                 let (posted, spares) = (&mut self.posted, &mut self.spares);
-                let msg_id = fragment.msg_id;
                 let data = self
                     .staged
                     .get_or_insert_with(|| room_for_next(posted, spares, msg_id, limit));
@@ -853,7 +854,12 @@ impl Receiver {
                         // of it counts (`place` did not use it either).
                         drop(stale);
                         let msg_len = usize::try_from(fragment.msg_len).unwrap_or(usize::MAX);
-                        release_if_too_small(&mut self.staged, &mut self.posted, msg_len);
+                        release_if_unfit(
+                            &mut self.staged,
+                            &mut self.posted,
+                            fragment.msg_id,
+                            msg_len,
+                        );
                         match self.staged.take() {
                             Some(data) => data,
                             None => room_for_next(
@@ -1049,16 +1055,25 @@ impl Receiver {
         {
             posted.put_back(lent);
         }
-        // A combining target may hold part of a message of the old
-        // session, which will never be finished: none takes a message of
-        // the new one (their ids start anew), and their owner, who learns
-        // of the restart, takes them back.
-        posted.spoil_combining();
+        // A target staged for the old session's next message goes back in
+        // line, to be spoiled if it names one.
+        let staged = match self.staged.take() {
+            Some(Room::Lent(lent)) => {
+                posted.put_back(lent);
+                None
+            }
+            owned => owned,
+        };
+        // No target naming a message takes one of the new session (their
+        // ids start anew; a combining one may hold part of a message of the
+        // old session, which will never be finished); their owner, who
+        // learns of the restart, takes them back.
+        posted.spoil_named();
         *self = Receiver {
             undelivered_packets: self.undelivered_packets,
             undelivered_bytes: self.undelivered_bytes,
             spares: std::mem::take(&mut self.spares),
-            staged: self.staged.take(),
+            staged,
             posted,
             ..Receiver::default()
         };

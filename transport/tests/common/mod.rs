@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use barlink_transport::EngineConfig;
 use barlink_transport::rng::SplitMix64;
-use barlink_transport::sim::{Faults, SimPair};
+use barlink_transport::sim::{Faults, ReceivePath, SimPair};
 use barlink_transport::wire::Repr;
-use barlink_transport::{Event, LinkError, PostId, RecvTarget, SendError, Time};
+use barlink_transport::{Event, LinkError, MessageId, PostId, RecvTarget, SendError, Time};
 
 /// Everything one side observed.
 #[derive(Debug, Default)]
@@ -257,6 +257,41 @@ pub fn connected_pair(config: EngineConfig) -> SimPair {
         pair.step();
     }
     assert!(pair.a.is_connected() && pair.b.is_connected());
+    while pair.a.poll_event().is_some() {}
+    pair
+}
+
+/// Sends one message from A and takes it at B, so that B knows the ids;
+/// returns the id of the next message.
+pub fn first_message(pair: &mut SimPair) -> MessageId {
+    assert_eq!(pair.b.next_message_id(), None, "no id before the first");
+    pair.a.send(b"hello".to_vec()).unwrap();
+    let id = next_delivery(pair).id();
+    assert_eq!(pair.b.next_message_id(), Some(MessageId(id.0 + 1)));
+    MessageId(id.0 + 1)
+}
+
+/// A pair whose medium loses, corrupts, cuts, repeats and reorders
+/// packets both ways, after the handshake, with A's events taken.
+pub fn faulty_pair(seed: u64, path: ReceivePath, config: EngineConfig) -> SimPair {
+    let faults = Faults {
+        loss: 0.03,
+        corrupt: 0.04,
+        truncate: 0.02,
+        duplicate: 0.02,
+        reorder: 0.05,
+        latency: Duration::from_micros(20),
+        reorder_delay: Duration::from_micros(200),
+    };
+    let mut pair: SimPair =
+        SimPair::new(config.clone(), config, faults.clone(), faults, seed).unwrap();
+    pair.receive_path = path;
+    for _ in 0..200 {
+        pair.step();
+        if pair.a.is_connected() && pair.b.is_connected() {
+            break;
+        }
+    }
     while pair.a.poll_event().is_some() {}
     pair
 }
