@@ -539,9 +539,18 @@ impl<W: Window> Medium for RingMedium<W> {
                 .ready_bytes()
                 .saturating_add(FIRST_MESSAGE_STOP_BYTES)
         });
+        // A caller that lends targets takes its messages in them: once the
+        // round has used them all, the next message stays in the ring until
+        // the caller lends more (or until the next round, if it lends
+        // none), rather than beginning in a buffer of the engine's, to be
+        // copied out again. A fast sender otherwise keeps one round going
+        // past every target the caller had lent.
+        let lending = engine.posted_recvs() > 0;
         let mut handed = 0;
         while let Some(slot) = self.consumer.next_slot_offset() {
-            if stop_at.is_some_and(|stop_at| engine.ready_bytes() >= stop_at) {
+            if stop_at.is_some_and(|stop_at| engine.ready_bytes() >= stop_at)
+                || (lending && engine.posted_recvs() == 0)
+            {
                 break;
             }
             // A small packet's lines all at once, rather than the payload's
