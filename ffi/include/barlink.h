@@ -56,7 +56,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 9
+#define BARLINK_ABI_VERSION_MINOR 10
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -310,6 +310,12 @@ typedef struct barlink_stats {
   // message whose link ended first counts in neither. Since ABI
   // version 0.8.
   uint64_t messages_lent;
+  // Messages that landed in the caller's memory as they arrived, a
+  // `barlink_post_recv` buffer or a `barlink_recv` one, with no copy
+  // after the checked one out of the medium. A message that began
+  // arriving before its buffer was posted is copied into it instead,
+  // and counts in `messages_received` only. Since ABI version 0.10.
+  uint64_t messages_landed;
 } barlink_stats;
 
 #ifdef __cplusplus
@@ -558,7 +564,8 @@ enum barlink_status barlink_post_send(struct barlink_link *link,
 //
 // While no delivered message waits, the buffers are lent to the link, so
 // the messages that come next are assembled in them as they arrive, with
-// no copy after the checked one out of the ring. barlink writes `buf`
+// no copy after the checked one out of the ring (`messages_landed` in
+// `barlink_stats` counts them). barlink writes `buf`
 // until the completion is reported or the link is closed; its contents
 // are unspecified until then, and after any status but `BARLINK_OK`.
 //

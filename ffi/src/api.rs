@@ -959,7 +959,8 @@ pub unsafe extern "C" fn barlink_post_send(
 ///
 /// While no delivered message waits, the buffers are lent to the link, so
 /// the messages that come next are assembled in them as they arrive, with
-/// no copy after the checked one out of the ring. barlink writes `buf`
+/// no copy after the checked one out of the ring (`messages_landed` in
+/// `barlink_stats` counts them). barlink writes `buf`
 /// until the completion is reported or the link is closed; its contents
 /// are unspecified until then, and after any status but `BARLINK_OK`.
 ///

@@ -131,6 +131,9 @@ pub(crate) struct LinkState {
     /// Lent messages the peer acknowledged while the link read them from
     /// the caller's memory (`barlink_stats`).
     messages_lent: u64,
+    /// `barlink_recv` calls whose message landed in the caller's buffer
+    /// as it arrived (`barlink_stats`; posted receives count their own).
+    recvs_landed: u64,
 }
 
 /// The buffer of one `barlink_recv` call, and whether it is posted to
@@ -231,6 +234,7 @@ impl LinkCell {
                 loan_outcomes: BTreeMap::new(),
                 messages_copied: 0,
                 messages_lent: 0,
+                recvs_landed: 0,
             }),
         }
     }
@@ -912,6 +916,7 @@ impl LinkState {
                 matches!(front, Delivery::Landed { recv, .. } if Some(recv.id()) == into.posted);
             if ours {
                 into.posted = None;
+                self.recvs_landed += 1;
                 let delivery = self.received.pop_front().expect("checked above");
                 return Ok(Step::Done(delivery.len()));
             }
@@ -1157,6 +1162,7 @@ impl LinkState {
             bytes_sent_in_place: bytes_in_place,
             messages_copied: self.messages_copied,
             messages_lent: self.messages_lent,
+            messages_landed: self.recvs_landed + self.recvs.landed(),
         }
     }
 }

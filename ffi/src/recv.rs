@@ -42,6 +42,9 @@ struct Pending {
 pub(crate) struct PostedRecvs {
     pending: VecDeque<Pending>,
     next: u64,
+    /// Receives completed by a message assembled in their own buffer,
+    /// with no copy after the checked one (`barlink_stats`).
+    landed: u64,
 }
 
 impl PostedRecvs {
@@ -51,6 +54,11 @@ impl PostedRecvs {
 
     pub(crate) fn len(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Receives whose message landed in their buffer as it arrived.
+    pub(crate) fn landed(&self) -> u64 {
+        self.landed
     }
 
     pub(crate) fn contains(&self, request: u64) -> bool {
@@ -88,6 +96,7 @@ impl PostedRecvs {
             if landed_here {
                 let len = received.pop_front().map_or(0, |d| d.len());
                 let first = self.pending.pop_front().expect("checked above");
+                self.landed += 1;
                 complete(done, &first, BARLINK_OK, len);
                 continue;
             }

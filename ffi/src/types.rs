@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_void};
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
 /// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 9;
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 10;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.
@@ -256,6 +256,12 @@ pub struct barlink_stats {
     /// message whose link ended first counts in neither. Since ABI
     /// version 0.8.
     pub messages_lent: u64,
+    /// Messages that landed in the caller's memory as they arrived, a
+    /// `barlink_post_recv` buffer or a `barlink_recv` one, with no copy
+    /// after the checked one out of the medium. A message that began
+    /// arriving before its buffer was posted is copied into it instead,
+    /// and counts in `messages_received` only. Since ABI version 0.10.
+    pub messages_landed: u64,
 }
 
 /// One finished non-blocking send or receive (`barlink_poll`). This struct
@@ -393,7 +399,7 @@ const _: () = {
     assert!(
         size_of::<barlink_config>() == 40 + 2 * 36 + 3 * 8 + 8 && align_of::<barlink_config>() == 8
     );
-    assert!(size_of::<barlink_stats>() == 8 + 17 * 8 && align_of::<barlink_stats>() == 8);
+    assert!(size_of::<barlink_stats>() == 8 + 18 * 8 && align_of::<barlink_stats>() == 8);
     assert!(size_of::<barlink_completion>() == 32 && align_of::<barlink_completion>() == 8);
     assert!(size_of::<barlink_message>() == 24 && align_of::<barlink_message>() == 8);
     assert!(size_of::<barlink_status>() == 4);
