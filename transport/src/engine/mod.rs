@@ -955,7 +955,8 @@ impl<B: AsRef<[u8]>> Engine<B> {
     /// after it carries this id plus `n` (wrapping), while the session
     /// lasts and no message is dropped (a combining target taken back, see
     /// [`Engine::unpost_recv`]): what a caller names when it posts
-    /// combining targets ahead. Messages of a session the peer ended by
+    /// targets ahead that name their messages (`RecvTarget::message`,
+    /// `RecvTarget::combines`). Messages of a session the peer ended by
     /// restarting may still wait before the new session's, whose ids start
     /// again: a caller that names messages checks the peer's epoch.
     pub fn next_message_id(&self) -> Option<MessageId> {

@@ -153,9 +153,14 @@ impl PostedRecv {
 
     /// Whether the target can take no message from `msg_id` on: it names
     /// an earlier one, or a session reset spoiled it. Messages start in
-    /// order, so a later one may be assembled in a target behind it.
+    /// order, so a later one may be assembled in a target behind it. Ids
+    /// wrap (a peer's first may be any): "earlier" is within half the id
+    /// space behind.
     fn passed_by(&self, msg_id: u64) -> bool {
-        self.names.is_some_and(|id| self.spoiled || id.0 < msg_id)
+        self.names.is_some_and(|id| {
+            let behind = msg_id.wrapping_sub(id.0);
+            self.spoiled || (behind != 0 && behind < 1 << 63)
+        })
     }
 
     /// Folds a packet's checked bytes, `at` the message's offset.
@@ -353,10 +358,8 @@ impl Posted {
         self.queue.front().map_or(0, |posted| posted.buffer_len)
     }
 
-    /// A target a message took and did not keep goes back to the front:
-    /// it was the first when taken, and targets are taken in order.
-    /// Puts a target taken out of the queue back where it was (posts are
-    /// numbered in order).
+    /// Puts a target a message took and did not keep back where it was
+    /// in line (posts are numbered in order).
     pub(super) fn put_back(&mut self, posted: PostedRecv) {
         let at = self
             .queue
@@ -377,5 +380,67 @@ impl Posted {
 
     pub(super) fn ids(&self) -> Vec<PostId> {
         self.queue.iter().map(|posted| posted.id).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Names(Option<MessageId>, Vec<u8>);
+
+    impl RecvTarget for Names {
+        fn bytes_mut(&mut self) -> &mut [u8] {
+            &mut self.1
+        }
+        fn message(&self) -> Option<MessageId> {
+            self.0
+        }
+    }
+
+    fn queue(names: &[Option<u64>]) -> Posted {
+        let mut posted = Posted::default();
+        for name in names {
+            posted.post(Box::new(Names(name.map(MessageId), vec![0; 100])));
+        }
+        posted
+    }
+
+    /// Ids wrap: a peer's first message may carry any. A target naming
+    /// the id before the wrap is passed by the one after it, not waited on.
+    #[test]
+    fn targets_named_across_the_id_wrap_stay_in_step() {
+        let mut posted = queue(&[Some(u64::MAX), Some(0), Some(1)]);
+        assert_eq!(
+            posted.take_if_fits(u64::MAX, 10).map(|p| p.id()),
+            Some(PostId(1))
+        );
+        // u64::MAX's target gone by, 0's takes 0 across the wrap.
+        let mut posted_late = queue(&[Some(u64::MAX), Some(0)]);
+        assert_eq!(
+            posted_late.take_if_fits(0, 10).map(|p| p.id()),
+            Some(PostId(2))
+        );
+        assert_eq!(posted.take_if_fits(1, 10).map(|p| p.id()), Some(PostId(3)));
+        assert_eq!(posted.len(), 1, "0's target waits for the caller");
+    }
+
+    /// A target that names no message takes the next that fits; those
+    /// behind it that name messages take theirs, and one whose message
+    /// went by elsewhere is passed over.
+    #[test]
+    fn unnamed_and_named_targets_share_a_line() {
+        let mut posted = queue(&[None, Some(8), Some(9), Some(10)]);
+        assert_eq!(posted.take_if_fits(7, 10).map(|p| p.id()), Some(PostId(1)));
+        assert!(posted.take_if_fits(8, 500).is_none(), "too long for it");
+        assert_eq!(posted.take_if_fits(9, 10).map(|p| p.id()), Some(PostId(3)));
+        let back = posted.take_if_fits(10, 10).unwrap();
+        posted.post(Box::new(Names(None, vec![0; 100])));
+        posted.put_back(back);
+        assert_eq!(
+            posted.ids(),
+            vec![PostId(2), PostId(4), PostId(5)],
+            "back where it was"
+        );
     }
 }

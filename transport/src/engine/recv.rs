@@ -285,9 +285,9 @@ fn release_if_unfit(staged: &mut Option<Room>, posted: &mut Posted, msg_id: u64,
     }
 }
 
-/// Where message `msg_id`, `len` bytes, is assembled: the first posted
-/// target if the message fits it (and it names this message, if it
-/// combines), else a spare buffer.
+/// Where message `msg_id`, `len` bytes, is assembled: the next posted
+/// target for it (the first not passed by) if the message fits it and it
+/// names none or this one, else a spare buffer.
 fn room_for_next(posted: &mut Posted, spares: &mut Spares, msg_id: u64, len: usize) -> Room {
     match posted.take_if_fits(msg_id, len) {
         Some(lent) => Room::Lent(lent),
@@ -566,14 +566,16 @@ impl Receiver {
                     // this is a duplicate, and must not touch that buffer.
                     return None;
                 }
-                // A combining target first in line is not staged: the
+                // A combining target next in line is not staged: the
                 // packet lands in the engine's buffer and is folded in from
-                // there once checked (`consume`).
+                // there once checked (`consume`). A staged target that does
+                // not take this message goes back first, so the one next in
+                // line is the one checked.
                 let msg_id = fragment.msg_id;
+                release_if_unfit(&mut self.staged, &mut self.posted, msg_id, limit);
                 if self.staged.is_none() && self.posted.next_combines(msg_id) {
                     return None;
                 }
-                release_if_unfit(&mut self.staged, &mut self.posted, msg_id, limit);
                 let (posted, spares) = (&mut self.posted, &mut self.spares);
                 let data = self
                     .staged
@@ -964,7 +966,7 @@ impl Receiver {
     }
 
     /// Keeps a buffer a message took and did not keep: an owned one as a
-    /// spare, a lent one posted again, first in line (it was when taken).
+    /// spare, a lent one posted again where it was in line.
     fn release(&mut self, room: Room, config: &EngineConfig) {
         match room {
             Room::Owned(buf) => self.recycle(buf, config),
