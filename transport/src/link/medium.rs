@@ -120,7 +120,9 @@ impl IndexStats {
 /// How far one [`Medium::receive`] goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Intake {
-    /// Every packet that has arrived.
+    /// Every packet that has arrived (on a ring, up to the message after
+    /// the last target the caller lent, when it lent some: see
+    /// `RingMedium::receive`).
     All,
     /// Up to the packet that makes one more message ready to deliver: the
     /// caller waits for a message, and the packets behind it stay in the
