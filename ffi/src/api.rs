@@ -947,8 +947,9 @@ pub unsafe extern "C" fn barlink_post_send(
     })
 }
 
-/// Posts a receive without waiting: the next message not yet received
-/// lands in `buf` (`capacity` bytes). Posted receives take messages in the
+/// Posts a receive without waiting, and without driving the link (the
+/// next call's round does): the next message not yet received lands in
+/// `buf` (`capacity` bytes). Posted receives take messages in the
 /// order they were posted, before any `barlink_recv` (which returns
 /// `BARLINK_BUSY` while some are pending). `*request` gets an id (never 0)
 /// that `barlink_poll`, `barlink_test` and `barlink_wait` report exactly
@@ -1116,10 +1117,11 @@ pub extern "C" fn barlink_cancel(link: *mut barlink_link, request: u64) -> barli
     })
 }
 
-/// Drives the link once (moves packets both ways, runs timers). Every other
-/// call on the link does this too; call it when a thread has nothing else
-/// to do on the link but wants it to move (e.g. retransmissions). Returns
-/// why the link ended, once it has.
+/// Drives the link once (moves packets both ways, runs timers). The calls
+/// that send, receive, poll, test, wait or flush do this too; call it when
+/// a thread has nothing else to do on the link but wants it to move (e.g.
+/// retransmissions, or the acknowledgement of what it last received before
+/// it turns to other work). Returns why the link ended, once it has.
 #[unsafe(no_mangle)]
 pub extern "C" fn barlink_progress(link: *mut barlink_link) -> barlink_status {
     boundary("barlink_progress", || {

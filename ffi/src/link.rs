@@ -504,7 +504,9 @@ impl LinkState {
                 .unwrap_or_else(|| Error::new(BARLINK_CLOSED, "the link is closed")));
         }
         let request = self.recvs.add(memory, capacity, user_tag);
-        self.step();
+        // Lent to the link at once, without a round of progress: a caller
+        // posting a batch lends it all before any of it fills, and the
+        // next call's round lands messages in it.
         self.settle_recvs();
         Ok(request)
     }

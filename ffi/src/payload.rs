@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use barlink::rdma::SendMemory;
+use barlink_transport::MessageId;
 
 use crate::error::{Error, Result};
 use crate::types::barlink_status::{BARLINK_BUSY, BARLINK_INVALID_HANDLE, BARLINK_OUT_OF_MEMORY};
@@ -490,6 +491,9 @@ impl Drop for Payload {
 pub(crate) struct CallerMemory {
     ptr: *mut u8,
     len: usize,
+    /// The one message a posted receive's buffer takes, once the link
+    /// knows the ids (`RecvTarget::message`); `None`: the next that fits.
+    names: Option<MessageId>,
 }
 
 // SAFETY: only the address and length are stored; writing through them is
@@ -503,7 +507,11 @@ impl CallerMemory {
     /// The caller (the extern function) has checked that `ptr` is non-null
     /// unless `len` is 0, and that `ptr + len` stays in the address space.
     pub(crate) fn new(ptr: *mut u8, len: usize) -> CallerMemory {
-        CallerMemory { ptr, len }
+        CallerMemory {
+            ptr,
+            len,
+            names: None,
+        }
     }
 
     /// A second handle to the same buffer: one is posted to the link, the
@@ -514,6 +522,16 @@ impl CallerMemory {
         CallerMemory {
             ptr: self.ptr,
             len: self.len,
+            names: self.names,
+        }
+    }
+
+    /// A second handle (see [`CallerMemory::duplicate`]) that takes only
+    /// message `names`, if given.
+    pub(crate) fn naming(&self, names: Option<MessageId>) -> CallerMemory {
+        CallerMemory {
+            names,
+            ..self.duplicate()
         }
     }
 }
@@ -534,6 +552,10 @@ impl barlink_transport::RecvTarget for CallerMemory {
         // handles of a posted receive only one is used at a time
         // (`duplicate`).
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    fn message(&self) -> Option<MessageId> {
+        self.names
     }
 }
 

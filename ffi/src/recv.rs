@@ -4,18 +4,22 @@
 //!
 //! While no delivered message waits, every pending receive's buffer is
 //! posted to the link in order, so the messages that come next land in
-//! them with no copy after the checked one out of the ring. A message that
-//! arrived anywhere else (it began before the buffers were posted, or is
-//! larger than the first) makes every buffer come back from the link
-//! before it is copied into the first one, so that nothing lands in a
-//! buffer out of turn; the rest are posted again once nothing waits.
+//! them with no copy after the checked one out of the ring. Once the link
+//! knows the messages' ids, each buffer names the one message it takes
+//! (the next not yet received, and so on down the line): a message that
+//! arrived elsewhere (it began before its buffer was posted) is copied into
+//! its receive's buffer, which comes back from the link alone, and the
+//! later ones stay posted for their own. Without names (before the link's
+//! first message), or when the first message is larger than its buffer,
+//! every buffer comes back from the link first, so that nothing lands in
+//! one out of turn; they are posted again once nothing waits.
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, VecDeque};
 
 use barlink::Connection;
-use barlink_transport::RecvTarget;
 use barlink_transport::engine::{Delivery, PostId};
+use barlink_transport::{MessageId, RecvTarget};
 
 use crate::payload::{CallerMemory, Payload};
 use crate::types::barlink_completion;
@@ -35,6 +39,8 @@ struct Pending {
     capacity: usize,
     /// Posted to the link under this id.
     post: Option<PostId>,
+    /// The message the posted buffer takes, if it names one.
+    names: Option<MessageId>,
 }
 
 /// The receives posted on one link and not yet completed, oldest first.
@@ -77,6 +83,7 @@ impl PostedRecvs {
             memory,
             capacity,
             post: None,
+            names: None,
         });
         request
     }
@@ -100,10 +107,18 @@ impl PostedRecvs {
                 complete(done, &first, BARLINK_OK, len);
                 continue;
             }
-            // It arrived elsewhere: every buffer comes back first, so that
-            // nothing lands in one out of turn while this one is filled.
-            self.take_back_all(link.as_deref_mut(), received);
-            let len = received.front().map_or(0, Delivery::len);
+            // It arrived elsewhere. A buffer naming it waited in vain and
+            // comes back alone (nothing else lands in it); else every buffer
+            // comes back first, so that nothing lands in one out of turn
+            // while this one is filled.
+            let len = delivery.len();
+            if len <= first.capacity && first.names == Some(delivery.id()) {
+                if let Some(id) = self.pending.front_mut().and_then(|p| p.post.take()) {
+                    reclaim(link.as_deref_mut(), received, id);
+                }
+            } else {
+                self.take_back_all(link.as_deref_mut(), received);
+            }
             let mut first = self.pending.pop_front().expect("checked above");
             if len > first.capacity {
                 // The message stays first in line for the next receive.
@@ -130,9 +145,15 @@ impl PostedRecvs {
             return;
         }
         if let Some(link) = link {
-            for pending in self.pending.iter_mut().filter(|p| p.post.is_none()) {
-                let target = Box::new(pending.memory.duplicate());
-                pending.post = Some(link.post_recv(target));
+            // The buffers still posted name the messages before these.
+            let next = link.next_message_id();
+            for (ahead, pending) in self.pending.iter_mut().enumerate() {
+                if pending.post.is_none() {
+                    pending.names =
+                        next.map(|MessageId(id)| MessageId(id.wrapping_add(ahead as u64)));
+                    let target = Box::new(pending.memory.naming(pending.names));
+                    pending.post = Some(link.post_recv(target));
+                }
             }
         }
     }

@@ -407,3 +407,97 @@ fn only_messages_assembled_in_their_buffer_count_as_landed() {
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
+
+/// A message that began arriving before any receive was posted is copied
+/// into its receive's buffer; the receives posted behind it still take
+/// their own messages in place (each buffer names the message it takes),
+/// rather than the next message landing in the first buffer, out of turn.
+#[test]
+fn receives_posted_behind_a_message_already_arriving_take_their_own_in_place() {
+    let (a, b) = pair(None);
+    let long: Vec<u8> = (0..8usize << 20)
+        .map(|i| (i * 13 + i / 999) as u8)
+        .collect();
+    let mut request = 0;
+    // SAFETY: valid data and out-pointer; the copy is taken before return.
+    let status = unsafe { barlink_post_send(a, long.as_ptr().cast(), long.len(), 0, &mut request) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    assert_eq!(barlink_progress(b), BARLINK_OK);
+    assert!(stats(b).messages_received == 0, "not whole yet");
+    let mut whole = vec![0u8; long.len()];
+    let mut one = vec![0u8; 64];
+    let mut two = vec![0u8; 64];
+    post_recv(b, &mut whole, 0);
+    post_recv(b, &mut one, 1);
+    post_recv(b, &mut two, 2);
+    let driver = drive(a);
+    assert_eq!(send(a, b"one"), BARLINK_OK);
+    assert_eq!(send(a, b"two"), BARLINK_OK);
+    let done = completions(b, 3);
+    assert!(done.iter().all(|c| c.status == BARLINK_OK), "{done:?}");
+    assert!(whole == long, "the long message arrived changed");
+    assert_eq!((&one[..3], &two[..3]), (&b"one"[..], &b"two"[..]));
+    assert_eq!(
+        stats(b).messages_landed,
+        2,
+        "the two behind it landed in place"
+    );
+    drop(driver);
+    // a's close waits for b to acknowledge it: b answers from a thread.
+    let answering = drive(b);
+    assert_eq!(barlink_close(a, 5000), BARLINK_OK, "{}", last_error());
+    drop(answering);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+/// Receives that name their messages stay in step when one in the line
+/// is too small (its message goes to the next) or is cancelled: each of
+/// the rest completes with the message that is its turn.
+#[test]
+fn a_receive_too_small_or_cancelled_leaves_the_rest_in_step() {
+    let (a, b) = pair(None);
+    let driver = drive(a);
+    // A first message, so that the receives posted next name theirs.
+    let mut hello = vec![0u8; 16];
+    post_recv(b, &mut hello, 0);
+    assert_eq!(send(a, b"hello"), BARLINK_OK);
+    assert_eq!(completions(b, 1)[0].status, BARLINK_OK);
+    let mut small = vec![0u8; 2];
+    let mut first = vec![0u8; 64];
+    let mut cancelled = vec![0xeeu8; 64];
+    let mut second = vec![0u8; 64];
+    let requests = [
+        post_recv(b, &mut small, 1),
+        post_recv(b, &mut first, 2),
+        post_recv(b, &mut cancelled, 3),
+        post_recv(b, &mut second, 4),
+    ];
+    assert_eq!(
+        barlink_cancel(b, requests[2]),
+        BARLINK_OK,
+        "{}",
+        last_error()
+    );
+    assert_eq!(send(a, b"first!"), BARLINK_OK);
+    assert_eq!(send(a, b"second"), BARLINK_OK);
+    let done = completions(b, 4);
+    let by_request = |r: u64| *done.iter().find(|c| c.request == r).unwrap();
+    let outcome = |r: u64| (by_request(r).status, by_request(r).bytes);
+    assert_eq!(outcome(requests[0]), (BARLINK_BUFFER_TOO_SMALL, 6));
+    assert_eq!(outcome(requests[1]), (BARLINK_OK, 6));
+    assert_eq!(outcome(requests[2]), (BARLINK_CANCELED, 0));
+    assert_eq!(outcome(requests[3]), (BARLINK_OK, 6));
+    assert_eq!(
+        (&first[..6], &second[..6]),
+        (&b"first!"[..], &b"second"[..])
+    );
+    assert!(
+        cancelled.iter().all(|&byte| byte == 0xee),
+        "written after the cancel"
+    );
+    drop(driver);
+    let answering = drive(b);
+    assert_eq!(barlink_close(a, 5000), BARLINK_OK, "{}", last_error());
+    drop(answering);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
