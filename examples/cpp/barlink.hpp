@@ -198,6 +198,26 @@ public:
         return s == BARLINK_OK ? request : 0;
     }
 
+    // Posts a receive: the next message not yet received lands in buf (as
+    // it arrives, when the buffer is posted before the message begins).
+    // Returns the request id; barlink writes buf until its completion is
+    // reported (poll) or the receive is cancelled.
+    uint64_t post_recv(void* buf, size_t capacity, uint64_t user_tag) {
+        uint64_t request = 0;
+        check(barlink_post_recv(handle_, buf, capacity, user_tag, &request), "barlink_post_recv");
+        return request;
+    }
+
+    // Cancels a posted receive: barlink never writes its buffer again. OK,
+    // or INVALID_ARGUMENT when it had completed and its completion was
+    // taken already.
+    barlink_status cancel(uint64_t request) noexcept { return barlink_cancel(handle_, request); }
+
+    // Drives the link once (moves packets and acknowledgements both ways).
+    barlink_status progress() {
+        return check(barlink_progress(handle_), "barlink_progress", {BARLINK_CLOSED});
+    }
+
     // Drives progress once; appends up to 64 completions to `out`.
     size_t poll(std::vector<barlink_completion>& out) {
         barlink_completion batch[64];

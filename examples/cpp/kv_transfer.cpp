@@ -5,15 +5,20 @@
 // of `block_tokens` tokens) with a seeded pattern, registers it, and posts
 // one zero-copy send per block; barlink reads every block straight from the
 // pool, CRC-checks every packet and retransmits what fails. The decode side
-// receives each block into its own pool at the block's place (delivery is
-// in order and exactly once), verifies every byte against the pattern,
-// reports the verdict back, and prints the throughput.
+// posts a receive for each block at the block's place in its own pool
+// before the block comes, so blocks land where they belong as they arrive
+// (in order, exactly once, no copy after the checked one); it verifies
+// every byte against the pattern, reports the verdict back, and prints the
+// throughput and how many blocks landed in place.
 //
 //   kv_transfer [--layers N] [--blocks N] [--block-tokens N] [--name PEER]
 //               [--role both|prefill|decode] [--seed S] [--inflight N]
 //               [--expect-seed S] [--own-bar W --peer-bar W]
 //               [--sysfs-root DIR] [--setup-timeout-ms MS]
 //               [--peer-timeout-ms MS]
+//
+// --inflight N: sends prefill keeps in flight and receives decode keeps
+// posted ahead (64).
 //
 // --name PEER is where decode listens and prefill connects: a link name on
 // this host (the default), or tcp://HOST:PORT or rdma://HOST:PORT to run
@@ -42,6 +47,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <thread>
 #include <vector>
@@ -193,7 +199,36 @@ int prefill(const Plan& plan, const Route& route, size_t inflight) {
     return verdict.blocks_bad == 0 && verdict.blocks_ok == plan.total_blocks() ? 0 : 1;
 }
 
-int decode(const Route& route, const uint64_t* expect_seed) {
+// The receives decode has posted into its pool, oldest first. However
+// decode leaves, those still pending are cancelled before the pool goes:
+// barlink writes a posted buffer until its receive completes or is
+// cancelled, as a server reclaims a request's KV slots when it aborts.
+class PostedBlocks {
+public:
+    explicit PostedBlocks(barlink::Link& link) : link_(link) {}
+    ~PostedBlocks() {
+        for (uint64_t request : pending_) link_.cancel(request);
+    }
+    PostedBlocks(const PostedBlocks&) = delete;
+    PostedBlocks& operator=(const PostedBlocks&) = delete;
+
+    void post(unsigned char* slot, size_t len, uint64_t block) {
+        pending_.push_back(link_.post_recv(slot, len, block));
+    }
+    // Receives complete in the order they were posted.
+    bool completes_oldest(const barlink_completion& done) {
+        if (pending_.empty() || pending_.front() != done.request) return false;
+        pending_.pop_front();
+        return true;
+    }
+    size_t size() const { return pending_.size(); }
+
+private:
+    barlink::Link& link_;
+    std::deque<uint64_t> pending_;
+};
+
+int decode(const Route& route, const uint64_t* expect_seed, size_t inflight) {
     barlink::Listener listener(route.name, link_config(route, true));
     barlink::Link link = listener.accept(route.setup_timeout_ms);
     link.set_close_timeout_ms(5000);
@@ -207,18 +242,52 @@ int decode(const Route& route, const uint64_t* expect_seed) {
         return 1;
     }
     std::vector<unsigned char> pool(plan.total_bytes());  // zeroed: every page touched
+    const size_t block_bytes = plan.block_bytes();
+    const uint64_t landed_before = link.stats().messages_landed;  // the plan's
+    // Each block's slot in the pool is posted as a receive before its
+    // block comes (up to `inflight` ahead), so barlink assembles the block
+    // where it belongs, with no copy after the checked one out of the link.
+    PostedBlocks posted(link);
+    size_t next = 0;
+    while (next < plan.total_blocks() && posted.size() < inflight) {
+        posted.post(pool.data() + next * block_bytes, block_bytes, next);
+        next++;
+    }
     const char ready[] = "ready";
     link.send(ready, sizeof ready, 5000);
 
     auto start = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < plan.total_blocks(); i++) {
-        s = link.recv(pool.data() + i * plan.block_bytes(), plan.block_bytes(), len, 10000);
-        if (s != BARLINK_OK || len != plan.block_bytes()) {
-            std::fprintf(stderr, "decode: block %zu: %s (%zu bytes): %s\n", i,
-                         barlink_status_string(s), len, barlink_last_error());
-            return 1;
+    auto last_block = start;
+    std::vector<barlink_completion> done;
+    size_t received = 0;
+    while (received < plan.total_blocks()) {
+        done.clear();
+        if (link.poll(done) == 0) {
+            if (seconds_since(last_block) > 10) {
+                std::fprintf(stderr, "decode: no block for 10 s after block %zu\n", received);
+                return 1;
+            }
+            std::this_thread::yield();  // let the prefill side run
+            continue;
+        }
+        last_block = std::chrono::steady_clock::now();
+        for (const barlink_completion& c : done) {
+            if (!posted.completes_oldest(c) || c.status != BARLINK_OK || c.bytes != block_bytes ||
+                c.user_tag != received) {
+                std::fprintf(stderr, "decode: block %zu: %s (%" PRIu64 " bytes, tag %" PRIu64 ")\n",
+                             received, barlink_status_string(c.status), c.bytes, c.user_tag);
+                return 1;
+            }
+            received++;
+            if (next < plan.total_blocks()) {
+                posted.post(pool.data() + next * block_bytes, block_bytes, next);
+                next++;
+            }
         }
     }
+    // One more round sends the acknowledgement of the last blocks now,
+    // not with the next call after the verification below.
+    link.progress();
     double elapsed = seconds_since(start);
 
     if (expect_seed) plan.seed = *expect_seed;
@@ -239,10 +308,11 @@ int decode(const Route& route, const uint64_t* expect_seed) {
     barlink_stats stats = link.stats();
     std::printf("decode: received %zu KV blocks of %zu KiB (%u layers x %u blocks, %.1f MiB) in %.3f s: "
                 "%.2f GB/s; verified %" PRIu64 " intact, %" PRIu64 " corrupted; "
-                "crc failures seen %" PRIu64 "\n",
+                "crc failures seen %" PRIu64 "; landed in place %" PRIu64 "\n",
                 plan.total_blocks(), plan.block_bytes() / 1024, plan.layers, plan.blocks,
                 plan.total_bytes() / 1048576.0, elapsed, plan.total_bytes() / elapsed / 1e9,
-                verdict.blocks_ok, verdict.blocks_bad, stats.crc_failures);
+                verdict.blocks_ok, verdict.blocks_bad, stats.crc_failures,
+                stats.messages_landed - landed_before);
     // Wait for prefill to close: it has read the verdict.
     std::vector<unsigned char> rest;
     while (link.recv(rest, 10000) == BARLINK_OK) {
@@ -304,7 +374,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     try {
         if (role == "prefill") return prefill(plan, route, inflight);
-        if (role == "decode") return decode(route, expect);
+        if (role == "decode") return decode(route, expect, inflight);
         if (role != "both") usage();
         pid_t child = fork();
         if (child < 0) {
@@ -321,7 +391,7 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
             _exit(code);
         }
-        int code = decode(route, expect);
+        int code = decode(route, expect, inflight);
         int status = 0;
         waitpid(child, &status, 0);
         bool child_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
