@@ -40,6 +40,15 @@ fn stats(link: *mut barlink_link) -> barlink_stats {
     stats
 }
 
+/// Closes `a`, whose close waits for `b` to acknowledge what it sent
+/// (`b` answers from a thread meanwhile), then `b`.
+fn close_sender_first(a: *mut barlink_link, b: *mut barlink_link) {
+    let answering = drive(b);
+    assert_eq!(barlink_close(a, 5000), BARLINK_OK, "{}", last_error());
+    drop(answering);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
 fn held_count(link: *mut barlink_link) -> u64 {
     stats(link).messages_held
 }
@@ -443,11 +452,7 @@ fn receives_posted_behind_a_message_already_arriving_take_their_own_in_place() {
         "the two behind it landed in place"
     );
     drop(driver);
-    // a's close waits for b to acknowledge it: b answers from a thread.
-    let answering = drive(b);
-    assert_eq!(barlink_close(a, 5000), BARLINK_OK, "{}", last_error());
-    drop(answering);
-    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+    close_sender_first(a, b);
 }
 
 /// Receives that name their messages stay in step when one in the line
@@ -496,8 +501,5 @@ fn a_receive_too_small_or_cancelled_leaves_the_rest_in_step() {
         "written after the cancel"
     );
     drop(driver);
-    let answering = drive(b);
-    assert_eq!(barlink_close(a, 5000), BARLINK_OK, "{}", last_error());
-    drop(answering);
-    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+    close_sender_first(a, b);
 }
