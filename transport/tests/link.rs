@@ -1057,13 +1057,12 @@ fn rounds_that_reuse_the_clock_see_arrivals_and_a_silent_peer() {
 /// so a stream lands whole in targets lent a few at a time.
 #[test]
 fn a_round_leaves_the_message_after_the_last_lent_target_in_the_ring() {
-    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    let geometry = Geometry::for_window(window_a.len(), engine_config().mtu).unwrap();
-    init_ring(&*window_a, geometry, 1).unwrap();
-    init_ring(&*window_b, geometry, 1).unwrap();
-    let mut a = RingLink::<_>::new(window_a.clone(), window_b.clone(), engine_config(), 1).unwrap();
-    let mut b = RingLink::<_>::new(window_b, window_a, engine_config(), 1).unwrap();
+    let (mut a, mut b) = thread_links(
+        Arc::new(HeapWindow::new(1 << 20).unwrap()),
+        Arc::new(HeapWindow::new(1 << 20).unwrap()),
+        |w| w,
+        |w| w,
+    );
     a.send_blocking(b"hello".to_vec(), TIMEOUT).unwrap();
     answer_until_delivered(&mut a, &mut b);
     let messages: Vec<Vec<u8>> = (0..12u64)
