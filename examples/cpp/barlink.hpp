@@ -213,6 +213,16 @@ public:
     // taken already.
     barlink_status cancel(uint64_t request) noexcept { return barlink_cancel(handle_, request); }
 
+    // Waits at most timeout_ms for one posted request and fills `done` as
+    // poll would once it is reported (a receive's length in done.bytes):
+    // OK, TIMEOUT (not finished yet), BUFFER_TOO_SMALL (done.bytes = the
+    // size needed) or CANCELED.
+    barlink_status wait(uint64_t request, uint32_t timeout_ms, barlink_completion& done) {
+        return check(barlink_wait_completion(handle_, request, timeout_ms, &done),
+                     "barlink_wait_completion",
+                     {BARLINK_TIMEOUT, BARLINK_BUFFER_TOO_SMALL, BARLINK_CANCELED});
+    }
+
     // Drives the link once (moves packets and acknowledgements both ways).
     barlink_status progress() {
         return check(barlink_progress(handle_), "barlink_progress", {BARLINK_CLOSED});

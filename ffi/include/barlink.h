@@ -56,7 +56,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 10
+#define BARLINK_ABI_VERSION_MINOR 11
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -620,6 +620,24 @@ enum barlink_status barlink_test(struct barlink_link *link, uint64_t request);
 // Like `barlink_test`, but drives the link for at most `timeout_ms` until
 // the request finished (`BARLINK_TIMEOUT` if it did not).
 enum barlink_status barlink_wait(struct barlink_link *link, uint64_t request, uint32_t timeout_ms);
+
+// Like `barlink_wait`, and fills `*completion` as `barlink_poll` would once
+// the request is reported, so that a caller waiting for one posted receive
+// learns its message's length without polling (as `MPI_Wait` fills its
+// status). Returns what `barlink_wait` returns, and `completion->status`
+// is always that status. `completion->request` is the request's id when
+// it was reported now, and 0 on every other return (`BARLINK_TIMEOUT`:
+// not finished yet, still to be reported; an unknown id; a refused call),
+// with the other fields 0. A timeout of 0 tests the request with one round
+// of progress. (ABI 0.11.)
+//
+// # Safety
+// `completion` is NULL (refused) or points to a writable
+// `barlink_completion`.
+enum barlink_status barlink_wait_completion(struct barlink_link *link,
+                                            uint64_t request,
+                                            uint32_t timeout_ms,
+                                            struct barlink_completion *completion);
 
 // Cancels a posted receive (`barlink_post_recv`) that no message has
 // completed: once the call returns barlink never writes its buffer again,

@@ -1094,6 +1094,62 @@ pub extern "C" fn barlink_wait(
     })
 }
 
+/// Like `barlink_wait`, and fills `*completion` as `barlink_poll` would once
+/// the request is reported, so that a caller waiting for one posted receive
+/// learns its message's length without polling (as `MPI_Wait` fills its
+/// status). Returns what `barlink_wait` returns, and `completion->status`
+/// is always that status. `completion->request` is the request's id when
+/// it was reported now, and 0 on every other return (`BARLINK_TIMEOUT`:
+/// not finished yet, still to be reported; an unknown id; a refused call),
+/// with the other fields 0. A timeout of 0 tests the request with one round
+/// of progress. (ABI 0.11.)
+///
+/// # Safety
+/// `completion` is NULL (refused) or points to a writable
+/// `barlink_completion`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_wait_completion(
+    link: *mut barlink_link,
+    request: u64,
+    timeout_ms: u32,
+    completion: *mut barlink_completion,
+) -> barlink_status {
+    boundary("barlink_wait_completion", || {
+        check_out(completion, "completion")?;
+        let unreported = |status| barlink_completion {
+            request: 0,
+            user_tag: 0,
+            bytes: 0,
+            status,
+            reserved: 0,
+        };
+        // What a panic below (BARLINK_INTERNAL) leaves.
+        // SAFETY: checked; writable by contract.
+        unsafe { completion.write(unreported(BARLINK_INTERNAL)) };
+        let waited = registry::link(key(link)).and_then(|cell| {
+            cell.blocking(millis(timeout_ms), |state| {
+                Ok(match state.take_completion(request)? {
+                    Step::Done(taken) => Step::Done((taken, state.outcome(&taken))),
+                    Step::Again { moved } => Step::Again { moved },
+                })
+            })
+        });
+        let (mut filled, outcome) = match waited {
+            Ok(reported) => reported,
+            Err(error) => (unreported(error.status), Err(error)),
+        };
+        if let Err(error) = &outcome {
+            // The status returned, which names why the link ended once it
+            // has (as barlink_wait's does), where the completion may have
+            // been made with an earlier reason.
+            filled.status = error.status;
+        }
+        // SAFETY: as above.
+        unsafe { completion.write(filled) };
+        outcome
+    })
+}
+
 /// Cancels a posted receive (`barlink_post_recv`) that no message has
 /// completed: once the call returns barlink never writes its buffer again,
 /// and its completion, reported once by `barlink_poll`, `barlink_test` or

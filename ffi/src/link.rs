@@ -1058,6 +1058,16 @@ impl LinkState {
     /// The state of one request: `Ok` (reported now), pending, or the
     /// failure (reported now).
     pub(crate) fn test(&mut self, request: u64) -> Result<Step<()>> {
+        Ok(match self.take_completion(request)? {
+            Step::Done(completion) => Step::Done(self.outcome(&completion)?),
+            Step::Again { moved } => Step::Again { moved },
+        })
+    }
+
+    /// One request's completion, taken (reported now) once it finished,
+    /// driving the link once if it has not; `Err` for an id that is not a
+    /// posted request's or was reported already.
+    pub(crate) fn take_completion(&mut self, request: u64) -> Result<Step<barlink_completion>> {
         let mut moved = false;
         if !self.done.contains_key(&request) {
             // Only posted requests have ids to test (a blocking send's
@@ -1080,9 +1090,19 @@ impl LinkState {
             }
             moved = self.step();
         }
-        match self.done.remove(&request) {
-            Some(completion) if completion.status == BARLINK_OK => Ok(Step::Done(())),
-            Some(completion) if completion.status == BARLINK_BUFFER_TOO_SMALL => Err(Error::new(
+        Ok(match self.done.remove(&request) {
+            Some(completion) => Step::Done(completion),
+            None => Step::Again { moved },
+        })
+    }
+
+    /// How a reported request finished, as `barlink_test` and
+    /// `barlink_wait` return it: `Ok`, or the error its status names.
+    pub(crate) fn outcome(&self, completion: &barlink_completion) -> Result<()> {
+        let request = completion.request;
+        match completion.status {
+            BARLINK_OK => Ok(()),
+            BARLINK_BUFFER_TOO_SMALL => Err(Error::new(
                 BARLINK_BUFFER_TOO_SMALL,
                 format!(
                     "request {request}: the next message has {} bytes, more than the posted \
@@ -1091,17 +1111,16 @@ impl LinkState {
                 ),
             )
             .with_needed(usize::try_from(completion.bytes).unwrap_or(usize::MAX))),
-            Some(completion) if completion.status == BARLINK_CANCELED => Err(Error::new(
+            BARLINK_CANCELED => Err(Error::new(
                 BARLINK_CANCELED,
                 format!("request {request}: the posted receive was cancelled (barlink_cancel)"),
             )),
-            Some(completion) => Err(self.end_error().unwrap_or_else(|| {
+            status => Err(self.end_error().unwrap_or_else(|| {
                 Error::new(
-                    completion.status,
+                    status,
                     format!("request {request} failed: the session ended before the peer acknowledged it"),
                 )
             })),
-            None => Ok(Step::Again { moved }),
         }
     }
 

@@ -1,6 +1,7 @@
 //! Receiving through the C ABI: in place (`barlink_recv_message`, held
-//! until released once), posted receives cancelled (`barlink_cancel`),
-//! and the engine's flow control kept (a receiver that takes nothing
+//! until released once), posted receives cancelled (`barlink_cancel`) or
+//! waited for one by one (`barlink_wait_completion`), and the engine's
+//! flow control kept (a receiver that takes nothing
 //! holds its sender back).
 
 use std::ptr;
@@ -498,6 +499,100 @@ fn a_receive_too_small_or_cancelled_leaves_the_rest_in_step() {
     drop(driver);
     // b's last receive left its acknowledgement for b's next round: one
     // round sends it, or a's close would wait for it.
+    assert_eq!(barlink_progress(b), BARLINK_OK);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+/// `barlink_wait_completion` for one request.
+fn wait_completion(
+    link: *mut barlink_link,
+    request: u64,
+    timeout_ms: u32,
+) -> (barlink_status, barlink_completion) {
+    let mut completion = barlink_completion {
+        request: 99,
+        user_tag: 99,
+        bytes: 99,
+        status: BARLINK_INTERNAL,
+        reserved: 99,
+    };
+    // SAFETY: completion is writable.
+    let status = unsafe { barlink_wait_completion(link, request, timeout_ms, &mut completion) };
+    (status, completion)
+}
+
+/// A wait for one posted request fills its completion as a poll would (a
+/// receive's length, a too-small receive's needed length, a send's tag),
+/// returns what `barlink_wait` returns, and says "not reported" with
+/// request 0 when the wait timed out or was refused.
+#[test]
+fn a_wait_for_one_request_fills_its_completion() {
+    let (a, b) = pair(None);
+    let driver = drive(a);
+    let mut small = vec![0u8; 2];
+    let mut first = vec![0u8; 64];
+    let requests = [post_recv(b, &mut small, 1), post_recv(b, &mut first, 2)];
+    let unreported = |status| barlink_completion {
+        request: 0,
+        user_tag: 0,
+        bytes: 0,
+        status,
+        reserved: 0,
+    };
+    let (status, completion) = wait_completion(b, requests[1], 0);
+    assert_eq!(
+        (status, completion),
+        (BARLINK_TIMEOUT, unreported(BARLINK_TIMEOUT))
+    );
+    assert_eq!(send(a, b"first!"), BARLINK_OK);
+    let (status, completion) = wait_completion(b, requests[0], 5000);
+    expect(status, BARLINK_BUFFER_TOO_SMALL, "6 bytes");
+    assert_eq!(
+        (completion.request, completion.user_tag, completion.bytes),
+        (requests[0], 1, 6)
+    );
+    assert_eq!(completion.status, BARLINK_BUFFER_TOO_SMALL);
+    let (status, completion) = wait_completion(b, requests[1], 5000);
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    assert_eq!(
+        completion,
+        barlink_completion {
+            request: requests[1],
+            user_tag: 2,
+            bytes: 6,
+            status: BARLINK_OK,
+            reserved: 0,
+        }
+    );
+    assert_eq!(&first[..6], b"first!");
+    // Reported already, never posted, no link, nowhere to write: refused.
+    let (status, completion) = wait_completion(b, requests[1], 0);
+    expect(status, BARLINK_INVALID_ARGUMENT, "already reported");
+    assert_eq!(completion, unreported(BARLINK_INVALID_ARGUMENT));
+    let (status, completion) = wait_completion(ptr::null_mut(), requests[1], 0);
+    assert_eq!(
+        (status, completion),
+        (BARLINK_INVALID_HANDLE, unreported(BARLINK_INVALID_HANDLE))
+    );
+    // SAFETY: a NULL completion is refused before anything is written.
+    let status = unsafe { barlink_wait_completion(b, requests[1], 0, ptr::null_mut()) };
+    expect(status, BARLINK_INVALID_ARGUMENT, "completion");
+    drop(driver);
+    // A posted send: its tag and length once the peer acknowledged it.
+    let mut request = 0;
+    // SAFETY: valid data and out-pointer; the copy is taken before return.
+    let status = unsafe { barlink_post_send(b, b"back".as_ptr().cast(), 4, 9, &mut request) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    let mut back = [0u8; 8];
+    assert_eq!(recv(a, &mut back, 5000), (BARLINK_OK, 4));
+    assert_eq!(barlink_progress(a), BARLINK_OK);
+    let (status, completion) = wait_completion(b, request, 5000);
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    assert_eq!(
+        (completion.request, completion.user_tag, completion.bytes),
+        (request, 9, 4)
+    );
     assert_eq!(barlink_progress(b), BARLINK_OK);
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);

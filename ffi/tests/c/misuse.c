@@ -596,8 +596,21 @@ int main(void) {
     check("recv while a receive is posted", barlink_recv(link, big, sizeof big, &len, 0),
           BARLINK_BUSY);
     check("send for the posted receive", barlink_send(link, "posted!", 7, 5000), BARLINK_OK);
-    check("wait(posted receive)", barlink_wait(link, request, 10000), BARLINK_OK);
+    barlink_completion posted_done;
+    check("wait_completion(posted receive)", barlink_wait_completion(link, request, 10000, &posted_done),
+          BARLINK_OK);
     check_true("the echo landed in the posted buffer", memcmp(posted, "posted!", 7) == 0);
+    check_true("its completion says its length and tag",
+               posted_done.request == request && posted_done.bytes == 7 && posted_done.user_tag == 77 &&
+                   posted_done.status == BARLINK_OK);
+    check("wait_completion(reported already)", barlink_wait_completion(link, request, 0, &posted_done),
+          BARLINK_INVALID_ARGUMENT);
+    check_true("a refused wait reports nothing", posted_done.request == 0 &&
+                                                     posted_done.status == BARLINK_INVALID_ARGUMENT);
+    check("wait_completion(NULL completion)", barlink_wait_completion(link, request, 0, NULL),
+          BARLINK_INVALID_ARGUMENT);
+    check("wait_completion(NULL link)", barlink_wait_completion(NULL, request, 0, &posted_done),
+          BARLINK_INVALID_HANDLE);
     /* A cancelled receive's buffer is freed at once (ASan: barlink never
        writes it again); the next message lands in the receive after it. */
     char *cancelled = malloc(4096);
@@ -631,6 +644,8 @@ int main(void) {
           BARLINK_INVALID_HANDLE);
     check("poll after close", barlink_poll(link, completions, 4, &count), BARLINK_INVALID_HANDLE);
     check("cancel after close", barlink_cancel(link, request), BARLINK_INVALID_HANDLE);
+    check("wait_completion after close", barlink_wait_completion(link, request, 0, &posted_done),
+          BARLINK_INVALID_HANDLE);
     check("get_stats after close", barlink_get_stats(link, &stats), BARLINK_INVALID_HANDLE);
     check("link_path after close", barlink_link_path(link, big, sizeof big, &len),
           BARLINK_INVALID_HANDLE);
