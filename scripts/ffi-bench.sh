@@ -17,12 +17,14 @@
 # `barlink`'s.
 #
 #   scripts/ffi-bench.sh [--rounds 3] [--sizes 64,4K,64K,1M,16M] [--quick]
-#                        [--recv in-place|copy] [--progress-thread]
+#                        [--recv in-place|copy|posted] [--progress-thread]
 #
 # --quick: 64,64K,1M, 2 rounds of 3 windows of 8 MiB (under a minute).
 # --recv: how the C receiver takes messages: in place (barlink_recv_message,
-# as the Rust link's receiver takes its buffers; the default) or copied
-# into its own buffer (barlink_recv).
+# as the Rust link's receiver takes its buffers; the default), copied
+# into its own buffer (barlink_recv), or landing in receives it keeps
+# posted ahead into a pool of its own (barlink_post_recv, each taken with
+# barlink_wait_completion), as a server lends its buffers.
 # --progress-thread: the C links run with BARLINK_CONFIG_PROGRESS_THREAD (a
 # thread per link moves packets while the caller copies; on a machine with
 # cores to spare); the Rust link stays driven by its caller.
@@ -37,7 +39,7 @@ while [ $# -gt 0 ]; do
         --sizes) sizes=$2; shift 2 ;;
         --quick) rounds=2 sizes=64,64K,1M windows=3 bytes=8M lat=200; shift ;;
         --recv) recv=$2; shift 2 ;;
-        *) echo "usage: scripts/ffi-bench.sh [--rounds N] [--sizes LIST] [--quick] [--recv in-place|copy] [--progress-thread]" >&2; exit 2 ;;
+        *) echo "usage: scripts/ffi-bench.sh [--rounds N] [--sizes LIST] [--quick] [--recv in-place|copy|posted] [--progress-thread]" >&2; exit 2 ;;
     esac
 done
 target="${CARGO_TARGET_DIR:-$root/target}"

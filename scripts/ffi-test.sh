@@ -280,7 +280,7 @@ fi
 # shellcheck disable=SC2086
 if run_check "C ABI benchmark builds (gcc -std=c11 -Werror, shared library)" "$logs/bench-build.log" \
     gcc -std=c11 -O2 -Wall -Wextra -Werror $cflags ffi/bench/ffi_bench.c -o "$work/ffi_bench" $libs $rpath; then
-    for how in in-place copy; do
+    for how in in-place copy posted; do
         run_check "C ABI benchmark smoke run (64 B, 64 KiB and 1 MiB, every mode, received $how, checked by the receiver)" \
             "$logs/bench-$how.log" "$work/ffi_bench" --sizes 64,65536,1048576 --windows 1 --bytes-per-window 1048576 \
             --lat-iters 10 --recv "$how" || true

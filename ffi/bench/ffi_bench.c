@@ -12,18 +12,22 @@
  * barlink_release_message when it next receives: the Rust link's receive,
  * no copy after the checked one) or, with --recv copy,
  * with barlink_recv into its own buffer; it checks the first and last
- * bytes of every message. Default config throughout (barlink_config_init);
+ * bytes of every message; or, with --recv posted, into its own pool, where
+ * it keeps receives posted ahead (barlink_post_recv) and takes each with
+ * barlink_wait_completion, oldest first, as a server lends its buffers.
+ * Default config throughout (barlink_config_init);
  * --progress-thread sets BARLINK_CONFIG_PROGRESS_THREAD on both sides, so
  * each link has a thread of its own moving packets while the caller copies.
  *
  *   ffi_bench [--sizes 64,4096,65536,1048576,16777216] [--windows 5]
  *             [--bytes-per-window 67108864] [--lat-iters 500] [--json]
  *             [--modes c-send,c-post-send,c-post-send-buffer]
- *             [--recv in-place|copy] [--progress-thread]
+ *             [--recv in-place|copy|posted] [--progress-thread]
  *
  * scripts/ffi-bench.sh builds it and runs it beside `barlink bench --paths
  * barlink` (the Rust link) in the same run, for the ratios. One JSON object
- * per line with --json: path, size_bytes, gbps, lat_p50_us, progress_thread.
+ * per line with --json: path, size_bytes, gbps, lat_p50_us, progress_thread,
+ * recv.
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -52,8 +56,11 @@ static int json = 0;
 /* The modes measured, in turn within each window. */
 static enum mode modes[MODES] = {BLOCKING, POSTED, REGISTERED};
 static int mode_count = MODES;
-/* How the child receives: in place (1) or copied into its buffer (0). */
-static int recv_in_place = 1;
+/* How both sides receive: in place, copied into their buffer, or into
+ * receives posted ahead. */
+enum recv_how { RECV_IN_PLACE, RECV_COPY, RECV_POSTED, RECV_HOWS };
+static const char *recv_names[RECV_HOWS] = {"in-place", "copy", "posted"};
+static enum recv_how recv_how = RECV_IN_PLACE;
 /* Both sides' config: the defaults, or with a progress thread. */
 static barlink_config config;
 static int progress_thread = 0;
@@ -109,12 +116,76 @@ static void release_held(barlink_link *link) {
     }
 }
 
-/* Receives the next message: copied into `buf`, or in place, its first
- * and last bytes copied into `buf` (where the checks read them) and the
- * message held until the next call. Returns its length. */
+/* --recv posted: a pool of slots, each of one message's size, that take
+ * the next messages in turn. A slot is posted again, while messages are
+ * still to come, when the next receive begins: after its message was
+ * checked and answered, as a server lends a buffer back once done with
+ * it, so that no post lies between a message and its answer. The receives
+ * posted run ahead of the messages arriving and none is left over. */
+static unsigned char *pool;
+static size_t pool_bytes;
+static uint64_t slot_request[IN_FLIGHT];
+static size_t slot_size, slot_count, slot_next, posts_left, outstanding;
+static int slot_to_post = -1; /* a slot whose message was taken */
+
+static void post_slot(barlink_link *link, size_t slot) {
+    TRY("post_recv", barlink_post_recv(link, pool + slot * slot_size, slot_size, slot,
+                                       &slot_request[slot]));
+    posts_left--;
+    outstanding++;
+}
+
+/* The pool of a process (after the fork: its pages are its own): 4 MiB,
+ * or two of the largest messages if more, touched now, so that no first
+ * write of a page falls in a timed window. Small enough to stay in cache
+ * as the Rust link's reused buffers do: this measures the calls, not
+ * memory. A pool of 32 MiB (32 slots at 1 MiB) ran at half the speed. */
+static void make_pool(size_t max) {
+    if (recv_how != RECV_POSTED) return;
+    pool_bytes = max * 2 > (4u << 20) ? max * 2 : (4u << 20);
+    pool = malloc(pool_bytes);
+    if (!pool) die("allocating the posted receives' pool", BARLINK_OUT_OF_MEMORY);
+    memset(pool, 0, pool_bytes);
+}
+
+/* Readies the receives of the next `count` messages of `size` bytes: as
+ * many posted now as the pool has slots, the rest as slots come back. */
+static void expect_messages(barlink_link *link, size_t size, size_t count) {
+    if (recv_how != RECV_POSTED) return;
+    if (outstanding != 0 || slot_to_post >= 0) die("posted receives left over", BARLINK_INTERNAL);
+    slot_size = size;
+    slot_count = pool_bytes / size;
+    if (slot_count > IN_FLIGHT) slot_count = IN_FLIGHT;
+    slot_next = 0;
+    posts_left = count;
+    for (size_t slot = 0; slot < slot_count && posts_left > 0; slot++) post_slot(link, slot);
+}
+
+/* Receives the next message: copied into `buf`; in a posted slot; or in
+ * place, held until the next call. The last two copy its first and last
+ * bytes into `buf`, where the checks read them. Returns its length. */
 static size_t receive(barlink_link *link, unsigned char *buf, size_t max) {
     size_t len = 0;
-    if (!recv_in_place) {
+    if (recv_how == RECV_POSTED) {
+        size_t slot = slot_next;
+        barlink_completion done;
+        if (slot_to_post >= 0) post_slot(link, (size_t)slot_to_post);
+        slot_to_post = -1;
+        if (outstanding == 0) die("a receive with none posted", BARLINK_INTERNAL);
+        TRY("wait_completion",
+            barlink_wait_completion(link, slot_request[slot], TIMEOUT_MS, &done));
+        outstanding--;
+        slot_next = (slot + 1) % slot_count;
+        len = done.bytes;
+        if (len > max) die("a message longer than the largest size", BARLINK_BUFFER_TOO_SMALL);
+        if (len > 0) {
+            buf[0] = pool[slot * slot_size];
+            buf[len - 1] = pool[slot * slot_size + len - 1];
+        }
+        if (posts_left > 0) slot_to_post = (int)slot;
+        return len;
+    }
+    if (recv_how == RECV_COPY) {
         TRY("recv", barlink_recv(link, buf, max, &len, TIMEOUT_MS));
         return len;
     }
@@ -167,6 +238,7 @@ static void send_turn(barlink_link *link, enum mode mode, const unsigned char *d
  * the way the mode sends. */
 static void child(const char *name, unsigned char *buf, size_t max) {
     barlink_link *link = NULL;
+    make_pool(max);
     TRY("connect", barlink_connect(name, &config, TIMEOUT_MS, &link));
     /* Zero-copy answers come from memory of their own: `buf` takes each
      * message's checked bytes while the last answer may still be read. */
@@ -184,6 +256,7 @@ static void child(const char *name, unsigned char *buf, size_t max) {
         expect[0] = buf[0];
         expect[1] = buf[size - 1];
         for (int w = 0; w < windows * mode_count; w++) {
+            expect_messages(link, size, count);
             for (size_t i = 0; i < count; i++) {
                 len = receive(link, buf, max);
                 if (len != size || buf[0] != expect[0] || buf[size - 1] != expect[1]) {
@@ -194,6 +267,7 @@ static void child(const char *name, unsigned char *buf, size_t max) {
             TRY("send ack", barlink_send(link, "k", 1, TIMEOUT_MS));
         }
         for (int k = 0; k < mode_count; k++) {
+            expect_messages(link, size, (size_t)lat_iters);
             for (int i = 0; i < lat_iters; i++) {
                 len = receive(link, buf, max);
                 uint64_t answered = pending;
@@ -214,6 +288,7 @@ static void child(const char *name, unsigned char *buf, size_t max) {
     barlink_close(link, 1000);
     barlink_deregister_buffer(registered);
     free(answers);
+    free(pool);
 }
 
 /* Sends one window in `mode`; returns when the child confirmed it. */
@@ -267,11 +342,13 @@ static void parse(int argc, char **argv) {
             lat_iters = atoi(argv[++i]);
         } else if (i + 1 < argc && !strcmp(argv[i], "--recv")) {
             const char *how = argv[++i];
-            if (strcmp(how, "in-place") && strcmp(how, "copy")) {
-                fprintf(stderr, "ffi_bench: --recv takes in-place or copy\n");
+            int r = 0;
+            while (r < RECV_HOWS && strcmp(how, recv_names[r])) r++;
+            if (r == RECV_HOWS) {
+                fprintf(stderr, "ffi_bench: --recv takes in-place, copy or posted\n");
                 exit(2);
             }
-            recv_in_place = !strcmp(how, "in-place");
+            recv_how = (enum recv_how)r;
         } else if (i + 1 < argc && !strcmp(argv[i], "--modes")) {
             mode_count = 0;
             for (char *p = strtok(argv[++i], ","); p; p = strtok(NULL, ",")) {
@@ -286,7 +363,7 @@ static void parse(int argc, char **argv) {
         } else {
             fprintf(stderr, "usage: ffi_bench [--sizes N,N..] [--windows N] "
                             "[--bytes-per-window N] [--lat-iters N] [--json] [--modes M,M..]\n"
-                            "                 [--recv in-place|copy] [--progress-thread]\n");
+                            "                 [--recv in-place|copy|posted] [--progress-thread]\n");
             exit(2);
         }
     }
@@ -306,6 +383,7 @@ int main(int argc, char **argv) {
     for (int s = 0; s < size_count; s++) max = sizes[s] > max ? sizes[s] : max;
     unsigned char *data = malloc(max), *back = malloc(max);
     if (!data || !back) return 1;
+
     char name[64];
     snprintf(name, sizeof name, "ffi-bench-%d", (int)getpid());
     barlink_listener *listener = NULL;
@@ -316,6 +394,7 @@ int main(int argc, char **argv) {
         _exit(0);
     }
     barlink_link *link = NULL;
+    make_pool(max);
     TRY("accept", barlink_accept(listener, TIMEOUT_MS, &link));
     TRY("listener_close", barlink_listener_close(listener));
     barlink_buffer *registered = NULL;
@@ -323,7 +402,9 @@ int main(int argc, char **argv) {
     if (!json) {
         printf("# ffi_bench: barlink's C ABI (%s), default config%s, two processes, receiving %s\n",
                barlink_version(), progress_thread ? " with a progress thread" : "",
-               recv_in_place ? "in place" : "by copy");
+               recv_how == RECV_IN_PLACE ? "in place"
+               : recv_how == RECV_COPY   ? "by copy"
+                                         : "into receives posted ahead");
         printf("# %10s  %-20s %9s %12s\n", "size", "path", "GB/s", "lat p50 us");
     }
     double gbps[MODES][64], lat_p50[MODES];
@@ -341,6 +422,7 @@ int main(int argc, char **argv) {
         }
         for (int k = 0; k < mode_count; k++) {
             uint64_t request = 0, last = 0;
+            expect_messages(link, size, (size_t)lat_iters);
             for (int i = 0; i < lat_iters; i++) {
                 double t0 = now();
                 send_turn(link, modes[k], data, registered, size, &request);
@@ -349,8 +431,9 @@ int main(int argc, char **argv) {
                 if (last != 0) TRY("a ping's completion", barlink_wait(link, last, TIMEOUT_MS));
                 last = request;
                 /* The answer is taken as the child takes every message (in
-                 * place, or copied with --recv copy), as the Rust bench's
-                 * parent takes its answers in the engine's buffers. */
+                 * place, copied, or posted ahead, as --recv says), as the
+                 * Rust bench's parent takes its answers in the engine's
+                 * buffers. */
                 len = receive(link, back, max);
                 if (len != size) die("an answer of another length", BARLINK_INTERNAL);
                 lat[i] = (now() - t0) / 2 * 1e6;
@@ -366,8 +449,9 @@ int main(int argc, char **argv) {
             double g = median(gbps[m], windows < 64 ? windows : 64);
             if (json)
                 printf("{\"path\":\"%s\",\"size_bytes\":%zu,\"gbps\":%.3f,\"lat_p50_us\":%.3f,"
-                       "\"progress_thread\":%s}\n",
-                       mode_names[m], size, g, lat_p50[m], progress_thread ? "true" : "false");
+                       "\"progress_thread\":%s,\"recv\":\"%s\"}\n",
+                       mode_names[m], size, g, lat_p50[m], progress_thread ? "true" : "false",
+                       recv_names[recv_how]);
             else
                 printf("  %10zu  %-20s %9.2f %12.2f\n", size, mode_names[m], g, lat_p50[m]);
         }
@@ -381,6 +465,7 @@ int main(int argc, char **argv) {
     barlink_deregister_buffer(registered);
     free(data);
     free(back);
+    free(pool);
     free(lat);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "ffi_bench: the receiving process failed\n");
