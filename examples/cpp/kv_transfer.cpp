@@ -42,6 +42,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -241,7 +242,15 @@ int decode(const Route& route, const uint64_t* expect_seed, size_t inflight) {
         std::fprintf(stderr, "decode: bad plan (%s, %zu bytes)\n", barlink_status_string(s), len);
         return 1;
     }
-    std::vector<unsigned char> pool(plan.total_bytes());  // zeroed: every page touched
+    // Every page of the pool touched before the blocks come, a slice at a
+    // time with a round of progress after each: touching gigabytes takes
+    // seconds, longer than prefill lets its peer stay silent.
+    std::vector<unsigned char> pool;
+    pool.reserve(plan.total_bytes());
+    while (pool.size() < plan.total_bytes()) {
+        pool.resize(pool.size() + std::min<size_t>(plan.total_bytes() - pool.size(), 64u << 20));
+        link.progress();
+    }
     const size_t block_bytes = plan.block_bytes();
     const uint64_t landed_before = link.stats().messages_landed;  // the plan's
     // Each block's slot in the pool is posted as a receive before its
