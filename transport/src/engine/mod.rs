@@ -403,9 +403,13 @@ impl<B: AsRef<[u8]>> Engine<B> {
             let dst = match placement {
                 Some(dst) => dst,
                 None => {
-                    scratch.clear();
-                    scratch.resize(payload_len, 0);
-                    &mut scratch[..]
+                    // `read_payload` writes every byte before any is read:
+                    // only bytes never used before are zeroed, not every
+                    // packet's (a combining target's packets all come here).
+                    if scratch.len() < payload_len {
+                        scratch.resize(payload_len, 0);
+                    }
+                    &mut scratch[..payload_len]
                 }
             };
             if !dst.is_empty()
