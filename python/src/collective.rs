@@ -23,6 +23,7 @@ use barlink_transport::link::IoError;
 use barlink_transport::{Delivery, LinkError, MessageId, PostId, RecvTarget};
 
 use crate::buffer::{BufferView, Graveyard, LandingView, overlap};
+use crate::errors::Raisable;
 use crate::link::{Deadline, Failure, HeldView, Link, Payload, Shared};
 use crate::reduce::{self, Dtype, Op};
 use crate::targets::{CombiningRange, LEAST_LENT, MOST_LENT, MOST_LENT_BYTES, Scratch};
@@ -836,7 +837,11 @@ impl Halves {
 enum Progress {
     Running(Box<Halves>),
     Done,
-    Failed(PyErr),
+    /// Failed: every call raises this anew. Kept as a type and a text, not
+    /// a Python exception: making that runs Python code (a finalizer may
+    /// run and ask this exchange `done`), which must not happen under the
+    /// lock.
+    Failed(Raisable),
 }
 
 /// Sends `send_buf` over `send_to` while receiving exactly `len(recv_buf)`
@@ -892,7 +897,11 @@ impl Exchange {
         let mut progress = self.lock_with(py);
         let (outcome, released) = match &mut *progress {
             Progress::Done => return Ok(true),
-            Progress::Failed(error) => return Err(error.clone_ref(py)),
+            Progress::Failed(failure) => {
+                let failure = failure.clone();
+                drop(progress);
+                return Err(failure.raise());
+            }
             Progress::Running(halves) => {
                 let outcome = py.detach(|| halves.drive(slice));
                 (outcome, halves.take_released())
@@ -905,9 +914,12 @@ impl Exchange {
             ),
             Ok(false) => (Ok(false), None),
             Err(failure) => {
-                let error = failure.into_py();
-                let failed = Progress::Failed(error.clone_ref(py));
-                (Err(error), Some(std::mem::replace(&mut *progress, failed)))
+                let failure = failure.into_raisable();
+                let failed = Progress::Failed(failure.clone());
+                (
+                    Err(failure),
+                    Some(std::mem::replace(&mut *progress, failed)),
+                )
             }
         };
         // Buffers are released, with the GIL, only once the lock is free:
@@ -926,7 +938,7 @@ impl Exchange {
         for shared in &links {
             shared.graveyard.release(py);
         }
-        result
+        result.map_err(|failure| failure.raise())
     }
 }
 

@@ -47,18 +47,46 @@ create_exception!(
      are out of step afterwards."
 );
 
+/// An exception to raise: its type and text, made into a Python exception
+/// anew for each raise. Making one runs no Python code until it is raised,
+/// so it may be made and kept under a lock (`collective::Exchange`).
+#[derive(Debug, Clone)]
+pub struct Raisable {
+    new_err: fn(String) -> PyErr,
+    text: String,
+}
+
+impl Raisable {
+    pub fn new(new_err: fn(String) -> PyErr, text: impl Into<String>) -> Self {
+        Raisable {
+            new_err,
+            text: text.into(),
+        }
+    }
+
+    pub fn raise(&self) -> PyErr {
+        (self.new_err)(self.text.clone())
+    }
+}
+
 /// The exception for a failed link call.
 pub fn io_error(error: IoError) -> PyErr {
+    io_raisable(error).raise()
+}
+
+/// [`io_error`], to raise later.
+pub fn io_raisable(error: IoError) -> Raisable {
     let text = error.to_string();
-    match error {
-        IoError::Timeout { .. } => PyTimeoutError::new_err(text),
-        IoError::TooLong { .. } => PyValueError::new_err(text),
+    let new_err: fn(String) -> PyErr = match error {
+        IoError::Timeout { .. } => PyTimeoutError::new_err,
+        IoError::TooLong { .. } => PyValueError::new_err,
         IoError::Closed(LinkError::PeerLost { .. } | LinkError::PeerRestarted { .. }) => {
-            PeerLost::new_err(text)
+            PeerLost::new_err
         }
-        IoError::Closed(LinkError::PeerClosed | LinkError::LocalClose) => LinkClosed::new_err(text),
-        _ => LinkFailed::new_err(text),
-    }
+        IoError::Closed(LinkError::PeerClosed | LinkError::LocalClose) => LinkClosed::new_err,
+        _ => LinkFailed::new_err,
+    };
+    Raisable::new(new_err, text)
 }
 
 /// The exception for a failed `connect`.
@@ -69,7 +97,11 @@ pub fn connect_error(error: ConnectError) -> PyErr {
     }
 }
 
+/// What a call on a link that was closed by `close()` raises, as
+/// `LinkClosed`.
+pub const CLOSED_HERE: &str = "link closed: this side called close()";
+
 /// The exception for a call on a link that was closed by `close()`.
 pub fn closed_here() -> PyErr {
-    LinkClosed::new_err("link closed: this side called close()")
+    LinkClosed::new_err(CLOSED_HERE)
 }

@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::buffer::{self, BufferView, Graveyard, LandingView, Message, SendLoan, Spares};
-use crate::errors::{self, closed_here};
+use crate::errors::{self, CLOSED_HERE, LinkClosed, Raisable, closed_here};
 use crate::lend;
 
 /// Longest one wait runs without the GIL before it checks for signals.
@@ -124,14 +124,20 @@ pub enum Failure {
 
 impl Failure {
     pub fn into_py(self) -> PyErr {
+        self.into_raisable().raise()
+    }
+
+    /// The exception, to raise later (and again).
+    pub fn into_raisable(self) -> Raisable {
         match self {
-            Failure::Io(error) => errors::io_error(error),
-            Failure::ClosedHere => closed_here(),
-            Failure::Busy => PyBlockingIOError::new_err(
+            Failure::Io(error) => errors::io_raisable(error),
+            Failure::ClosedHere => Raisable::new(LinkClosed::new_err, CLOSED_HERE),
+            Failure::Busy => Raisable::new(
+                PyBlockingIOError::new_err,
                 "the send queue is full: wait on an earlier request, or call progress()",
             ),
-            Failure::Mismatch(why) => errors::Mismatch::new_err(why),
-            Failure::Interrupted(why) => PyRuntimeError::new_err(why),
+            Failure::Mismatch(why) => Raisable::new(errors::Mismatch::new_err, why),
+            Failure::Interrupted(why) => Raisable::new(PyRuntimeError::new_err, why),
         }
     }
 }

@@ -735,8 +735,14 @@ def test_an_exchange_refuses_a_reduction_its_dtype_has_not(echo):
 def test_a_chain_whose_peer_sent_another_tag_raises_mismatch(echo):
     a, b = bytearray(100), bytearray(100)
     echo.send(b"not the tag")
+    exchange = barlink.Exchange.chain(echo, echo, [(a, b, False)], tag=b"ring")
     with pytest.raises(barlink.Mismatch, match="not the tag"):
-        barlink.Exchange.chain(echo, echo, [(a, b, False)], tag=b"ring").wait(timeout=30)
+        exchange.wait(timeout=30)
+    # Kept: every later call raises it again, and it is not done.
+    for call in (lambda: exchange.wait(timeout=1), exchange.test):
+        with pytest.raises(barlink.Mismatch, match="not the tag"):
+            call()
+    assert not exchange.done
 
 
 def test_an_exchange_that_timed_out_leaves_no_target_lent(echo):
