@@ -68,7 +68,10 @@ impl PostedRecvs {
     }
 
     pub(crate) fn contains(&self, request: u64) -> bool {
-        self.pending.iter().any(|p| p.request == request)
+        // Ids grow as receives are added, and the line keeps their order.
+        self.pending
+            .binary_search_by_key(&request, |p| p.request)
+            .is_ok()
     }
 
     /// Adds a receive into `memory` (`capacity` bytes); returns its
@@ -145,9 +148,25 @@ impl PostedRecvs {
             return;
         }
         if let Some(link) = link {
+            // Buffers are posted in order and taken back all at once (or
+            // the first alone, as it completes): those not posted are the
+            // last ones, found from the back without walking the line.
+            let first_unposted = self
+                .pending
+                .iter()
+                .rposition(|p| p.post.is_some())
+                .map_or(0, |at| at + 1);
+            debug_assert!(
+                self.pending
+                    .range(..first_unposted)
+                    .all(|p| p.post.is_some())
+            );
+            if first_unposted == self.pending.len() {
+                return;
+            }
             // The buffers still posted name the messages before these.
             let next = link.next_message_id();
-            for (ahead, pending) in self.pending.iter_mut().enumerate() {
+            for (ahead, pending) in self.pending.iter_mut().enumerate().skip(first_unposted) {
                 if pending.post.is_none() {
                     pending.names =
                         next.map(|MessageId(id)| MessageId(id.wrapping_add(ahead as u64)));
