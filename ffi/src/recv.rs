@@ -167,12 +167,9 @@ impl PostedRecvs {
             // The buffers still posted name the messages before these.
             let next = link.next_message_id();
             for (ahead, pending) in self.pending.iter_mut().enumerate().skip(first_unposted) {
-                if pending.post.is_none() {
-                    pending.names =
-                        next.map(|MessageId(id)| MessageId(id.wrapping_add(ahead as u64)));
-                    let target = Box::new(pending.memory.naming(pending.names));
-                    pending.post = Some(link.post_recv(target));
-                }
+                pending.names = next.map(|MessageId(id)| MessageId(id.wrapping_add(ahead as u64)));
+                let target = Box::new(pending.memory.naming(pending.names));
+                pending.post = Some(link.post_recv(target));
             }
         }
     }
