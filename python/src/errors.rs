@@ -97,11 +97,12 @@ pub fn connect_error(error: ConnectError) -> PyErr {
     }
 }
 
-/// What a call on a link that was closed by `close()` raises, as
-/// `LinkClosed`.
-pub const CLOSED_HERE: &str = "link closed: this side called close()";
-
 /// The exception for a call on a link that was closed by `close()`.
 pub fn closed_here() -> PyErr {
-    LinkClosed::new_err(CLOSED_HERE)
+    closed_here_raisable().raise()
+}
+
+/// [`closed_here`], to raise later.
+pub fn closed_here_raisable() -> Raisable {
+    Raisable::new(LinkClosed::new_err, "link closed: this side called close()")
 }

@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::buffer::{self, BufferView, Graveyard, LandingView, Message, SendLoan, Spares};
-use crate::errors::{self, CLOSED_HERE, LinkClosed, Raisable, closed_here};
+use crate::errors::{self, Raisable, closed_here};
 use crate::lend;
 
 /// Longest one wait runs without the GIL before it checks for signals.
@@ -131,7 +131,7 @@ impl Failure {
     pub fn into_raisable(self) -> Raisable {
         match self {
             Failure::Io(error) => errors::io_raisable(error),
-            Failure::ClosedHere => Raisable::new(LinkClosed::new_err, CLOSED_HERE),
+            Failure::ClosedHere => errors::closed_here_raisable(),
             Failure::Busy => Raisable::new(
                 PyBlockingIOError::new_err,
                 "the send queue is full: wait on an earlier request, or call progress()",
