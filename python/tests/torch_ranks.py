@@ -118,6 +118,13 @@ def matrix(rank, world):
             dist.all_gather_into_tensor(flat, own)
             check(f"all_gather_into_tensor in place {dtype}", flat,
                   torch.cat([values(r, count, dtype) for r in range(world)]))
+            # Strided outputs (one element of such, or none, is contiguous
+            # to torch whatever its stride).
+            for n in (count, 0):
+                outs = [torch.zeros(2 * n, dtype=dtype)[::2] for _ in range(world)]
+                dist.all_gather(outs, values(rank, n, dtype))
+                for r in range(world):
+                    check(f"all_gather strided {dtype} x{n} from {r}", outs[r], values(r, n, dtype))
             # The input is the output another rank's part lands in: it is
             # read before that part arrives.
             outs = [torch.zeros(count, dtype=dtype) for _ in range(world)]

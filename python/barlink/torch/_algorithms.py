@@ -63,7 +63,11 @@ def raw(tensor) -> np.ndarray:
     """The bytes of a contiguous CPU tensor, as a numpy view of its memory."""
     if tensor.dtype in _NUMPY_DTYPES and not tensor.requires_grad:
         return tensor.numpy().reshape(-1).view(np.uint8)
-    return tensor.detach().reshape(-1).view(torch.uint8).numpy()
+    flat = tensor.detach().reshape(-1)
+    if flat.numel() <= 1:
+        # Contiguous whatever its stride, which torch's byte view refuses.
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat.view(torch.uint8).numpy()
 
 
 class Out:
