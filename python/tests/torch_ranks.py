@@ -138,9 +138,25 @@ def matrix(rank, world):
             dist.reduce_scatter_tensor(out, full)
             want = reduce_locally(world, world * count, dtype, "sum")[rank * count:(rank + 1) * count]
             check(f"reduce_scatter_tensor {dtype}", out, want)
+            check(f"reduce_scatter_tensor leaves its input {dtype}", full,
+                  values(rank, world * count, dtype))
             out = torch.zeros(count, dtype=dtype)
             dist.reduce_scatter(out, list(full.chunk(world)))
             check(f"reduce_scatter {dtype}", out, want)
+            # The output is part of the input: this rank's own (in place),
+            # or the part another rank is sent.
+            for where, part in (("in place", rank), ("into another's part", (rank + 1) % world)):
+                whole = values(rank, world * count, dtype)
+                into = whole[part * count:(part + 1) * count]
+                dist.reduce_scatter_tensor(into, whole)
+                check(f"reduce_scatter_tensor {where} {dtype}", into, want)
+                parts = list(values(rank, world * count, dtype).chunk(world))
+                dist.reduce_scatter(parts[part], parts)
+                check(f"reduce_scatter {where} {dtype}", parts[part], want)
+            # A strided output.
+            strided = torch.zeros(2 * count, dtype=dtype)[::2]
+            dist.reduce_scatter_tensor(strided, full)
+            check(f"reduce_scatter_tensor strided {dtype}", strided, want)
             out = torch.zeros(world * count, dtype=dtype)
             dist.all_to_all_single(out, values(rank, world * count, dtype))
             want = torch.cat([values(r, world * count, dtype)[rank * count:(rank + 1) * count]
@@ -220,6 +236,10 @@ def groups(rank, world):
         out = torch.zeros(6)
         dist.reduce_scatter_tensor(out, t, group=solo)
         check("one-rank reduce_scatter_tensor", out, t)
+        shifted = torch.arange(7, dtype=torch.float32)
+        dist.reduce_scatter_tensor(shifted[1:], shifted[:-1], group=solo)
+        check("one-rank reduce_scatter_tensor into its own input, shifted", shifted[1:],
+              torch.arange(6, dtype=torch.float32))
         u = t.clone()
         dist.all_reduce(u, group=solo)
         check("one-rank all_reduce", u, t)

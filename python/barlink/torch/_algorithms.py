@@ -279,56 +279,85 @@ def all_gather_into(pg, output, tensor):
     out.done()
 
 
-def _ring_reduce_scatter(pg, work, count: int, esize: int, op: str, dtype: str, tag: bytes):
-    """Leaves segment `rank` of `work` (n segments of `count` elements)
-    reduced over all ranks."""
+def _ring_reduce_scatter(pg, part, out, op: str, dtype: str, tag: bytes):
+    """Leaves in `out` (bytes, writable) the reduction over all ranks of
+    their `part(rank)`, where `part(i)` are the bytes of this rank's input
+    meant for rank i. The input is only read: each partial sum is combined
+    into memory of its own (this rank's own in `out`, the others' in
+    scratch), which starts as a copy of this rank's part for it."""
     n, r = pg._size, pg._rank
-    buf = raw(work)
-    size = count * esize
+    own = part(r)
+    if any(np.may_share_memory(out, part(i)) for i in range(n) if i != r):
+        # `out` is memory another rank's part is read from: work apart.
+        final = np.empty_like(out)
+        _ring_reduce_scatter(pg, part, final, op, dtype, tag)
+        out[:] = final
+        return
+    if not (out.nbytes == own.nbytes and (own.nbytes == 0 or _address(out) == _address(own))):
+        out[:] = own
+    targets = []
+    for s in range(n - 2):
+        scratch = np.empty_like(out)
+        scratch[:] = part(pg.rank_at(-s - 2))
+        targets.append(scratch)
+    targets.append(out)
+    sends = [part(pg.rank_at(-1))] + targets[:-1]
+    _ring(pg, [(send, target, True) for send, target in zip(sends, targets)],
+          reduce=(op, dtype), tag=tag)
 
-    def seg(offset):
-        # The segment of the rank `offset` places along the ring.
-        i = pg.rank_at(offset)
-        return buf[i * size : (i + 1) * size]
 
-    steps = [(seg(-s - 1), seg(-s - 2), True) for s in range(n - 1)]
-    _ring(pg, steps, reduce=(op, dtype), tag=tag)
-    return work.reshape(-1)[r * count : (r + 1) * count]
+def _address(view: np.ndarray) -> int:
+    return view.__array_interface__["data"][0]
+
+
+def _reduce_scatter_parts(pg, output, part, op: str, what: str):
+    """`output` = the reduction over the ranks of their `part(rank)`."""
+    out = Out(output)
+    _ring_reduce_scatter(pg, part, out.bytes, op, reducible(output), pg.tag(what, output, " " + op))
+    out.done()
+
+
+def _readable(tensor) -> np.ndarray:
+    """The bytes of `tensor`'s values in order (a copy only where it is
+    not contiguous or its bytes are not its values)."""
+    return raw(tensor.resolve_conj().resolve_neg().contiguous())
 
 
 def reduce_scatter(pg, output, inputs, op: str, average: bool):
     n = pg._size
-    dtype = reducible(output)
+    reducible(output)
     _check(not average or output.dtype != torch.bool, "AVG of bool tensors is not defined")
     _check(len(inputs) == n, f"reduce_scatter: {len(inputs)} input tensors for {n} ranks")
     _same(inputs, output, "reduce_scatter")
-    work = torch.cat([t.reshape(-1) for t in inputs]) if n > 1 else inputs[0].reshape(-1)
-    mine = _ring_reduce_scatter(
-        pg, work, output.numel(), output.element_size(), op, dtype,
-        pg.tag("reduce_scatter", output, " " + op),
-    ) if n > 1 else work
-    output.copy_(mine.reshape(output.shape))
+    if n == 1:
+        output.copy_(inputs[0].reshape(output.shape))
+    else:
+        parts = [_readable(t) for t in inputs]
+        _reduce_scatter_parts(pg, output, lambda i: parts[i], op, "reduce_scatter")
     if average:
         _average(output, n)
 
 
 def reduce_scatter_into(pg, output, tensor, op: str, average: bool):
     n = pg._size
-    dtype = reducible(output)
+    reducible(output)
     _check(not average or output.dtype != torch.bool, "AVG of bool tensors is not defined")
     _check(
         output.dtype == tensor.dtype and tensor.numel() == n * output.numel(),
         f"reduce_scatter_tensor: the input must hold {n} x {output.numel()} elements of "
         f"{output.dtype}, not {tensor.numel()} of {tensor.dtype}",
     )
-    work = tensor.reshape(-1).clone()
-    mine = work
-    if n > 1:
-        mine = _ring_reduce_scatter(
-            pg, work, output.numel(), output.element_size(), op, dtype,
-            pg.tag("reduce_scatter_tensor", output, " " + op),
+    if n == 1:
+        whole = tensor.reshape(output.shape)
+        if whole.untyped_storage().data_ptr() == output.untyped_storage().data_ptr():
+            whole = whole.clone()  # The same memory, perhaps overlapping.
+        output.copy_(whole)
+    else:
+        whole = _readable(tensor)
+        size = whole.nbytes // n
+        _reduce_scatter_parts(
+            pg, output, lambda i: whole[i * size : (i + 1) * size], op, "reduce_scatter_tensor"
         )
-    output.copy_(mine.reshape(output.shape))
     if average:
         _average(output, n)
 
