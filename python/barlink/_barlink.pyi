@@ -90,7 +90,7 @@ class Exchange:
     def chain(
         send_to: Link,
         recv_from: Link,
-        steps: Sequence[tuple[Buffer, Buffer, bool]],
+        steps: Sequence[tuple[Buffer, Buffer, Union[bool, Buffer]]],
         *,
         chunk: int = 1 << 20,
         reduce: Optional[tuple[str, str]] = None,
@@ -101,9 +101,12 @@ class Exchange:
         combines)` sends over `send_to` while receiving over `recv_from`,
         and each step after the first sends the buffer the step before it
         received, every chunk as soon as it arrived (and was combined with
-        `reduce`, where `combines`). With `fill`, the first step's bytes
-        are copied from it into its `send_buf` a chunk at a time, each just
-        before it goes."""
+        `reduce`, where `combines`). `combines` may be a buffer as long
+        as `recv_buf`: the step then combines starting from its values
+        (`recv_buf = combines op received`, each chunk copied from it as
+        it is combined), and no step may receive into it. With `fill`,
+        the first step's bytes are copied from it into its `send_buf` a
+        chunk at a time, each just before it goes."""
     def test(self) -> bool: ...
     def wait(self, timeout: Optional[float] = None) -> None: ...
     @property

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use barlink::Connection;
@@ -231,6 +231,10 @@ struct Receiving {
     /// Bytes of the buffer lent so far (`done` and beyond).
     lent_to: usize,
     reduce: Option<(Dtype, Op)>,
+    /// For a combining half: where the buffer's starting values are read
+    /// from, if not from the buffer (each chunk is copied from there as
+    /// it is combined, so the buffer is written once).
+    base: Option<Arc<HeldView>>,
 }
 
 /// Where a delivered message is, for the receiving half.
@@ -294,6 +298,7 @@ impl Receiving {
                 let id = first_id.map(|first| first.wrapping_add(ahead));
                 match (*self.named.get_or_insert(id.is_some()), id) {
                     (true, Some(id)) => {
+                        let base = self.base.as_ref().map(|b| (Arc::clone(b), self.lent_to));
                         self.view.lend_as(conn, self.lent_to..end, |range| {
                             Box::new(CombiningRange {
                                 range,
@@ -303,6 +308,7 @@ impl Receiving {
                                 carry: [0; 8],
                                 carried: 0,
                                 folded: Arc::clone(&self.folded),
+                                base,
                             })
                         });
                         self.naming.push_back(id);
@@ -584,7 +590,10 @@ impl Receiving {
 
     /// Copies or combines a chunk into `range` of the buffer.
     fn land(&mut self, range: std::ops::Range<usize>, chunk: &[u8]) -> Result<(), Failure> {
-        let target = self.view.range_mut(range);
+        let target = self.view.range_mut(range.clone());
+        if let Some(base) = &self.base {
+            target.copy_from_slice(base.range(range));
+        }
         match self.reduce {
             None => target.copy_from_slice(chunk),
             Some((dtype, op)) => reduce::combine(target, chunk, dtype, op)
@@ -989,6 +998,11 @@ impl Exchange {
     /// every step after the first sends the buffer the step before it
     /// received, each chunk as soon as it arrived (and was combined, for
     /// a step whose third item is true; `reduce=(op, dtype)` says how).
+    /// A buffer as the third item combines too, into `recv_buf` starting
+    /// from that buffer's values instead of its own (`recv_buf = base op
+    /// received`, each chunk copied from `base` as it is combined), so
+    /// that no copy of `base` into `recv_buf` is made first; no step may
+    /// receive into `base`.
     /// So the steps overlap: a chunk goes on around the ring while the
     /// rest of its step is still arriving. A step may receive into memory
     /// an earlier step sent or received: it waits until the earlier
@@ -1007,7 +1021,7 @@ impl Exchange {
     fn chain(
         send_to: PyRef<'_, Link>,
         recv_from: PyRef<'_, Link>,
-        steps: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>, bool)>,
+        steps: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>)>,
         chunk: usize,
         reduce: Option<(String, String)>,
         tag: Option<Vec<u8>>,
@@ -1019,7 +1033,12 @@ impl Exchange {
         for (index, (send_buf, recv_buf, combines)) in steps.iter().enumerate() {
             let first = index == 0;
             let step_tag = if first { tag.clone() } else { None };
-            let step_reduce = if *combines {
+            // True, false, or the buffer the combined values start from.
+            let (combines, base) = match combines.extract::<bool>() {
+                Ok(combines) => (combines, None),
+                Err(_) => (true, Some(combines)),
+            };
+            let step_reduce = if combines {
                 Some(reduce.ok_or_else(|| {
                     PyValueError::new_err(format!("step {index} combines, but no reduce was given"))
                 })?)
@@ -1031,6 +1050,9 @@ impl Exchange {
                 sending.fill = Some(filling(fill, send_buf, &send_to)?);
             }
             let mut receiving = receiving_half(&recv_from, recv_buf, chunk, step_tag, step_reduce)?;
+            if let Some(base) = base {
+                receiving.base = Some(based_on(base, &receiving, &recv_from, index)?);
+            }
             if index + 1 == steps.len() {
                 // The last step's bytes are not sent on as they arrive.
                 receiving.view.filled_before_read();
@@ -1046,6 +1068,24 @@ impl Exchange {
             }
             sends.push(sending);
             recvs.push(receiving);
+        }
+        // A base is read while the steps receive: no step may write it,
+        // nor the fill that writes the first step's send_buf meanwhile.
+        let filled = sends
+            .first()
+            .filter(|first| first.fill.is_some())
+            .map(|first| first.held.span());
+        for (index, half) in recvs.iter().enumerate() {
+            if let Some(base) = &half.base
+                && (recvs.iter().any(|r| overlap(&base.span(), &r.view.span()))
+                    || filled.as_ref().is_some_and(|f| overlap(&base.span(), f)))
+            {
+                return Err(PyValueError::new_err(format!(
+                    "step {index}'s starting values overlap a step's recv_buf (or the send_buf \
+                     that fill writes): give them from memory nothing writes during the \
+                     exchange, or combine in place with True"
+                )));
+            }
         }
         if let Some(first) = sends.first()
             && let Some(fill) = &first.fill
@@ -1169,6 +1209,36 @@ fn filling(fill: &Bound<'_, PyAny>, send_buf: &Bound<'_, PyAny>, link: &Link) ->
     })
 }
 
+/// The buffer a combining step's values start from: as long as its
+/// `recv_buf`, and only read.
+fn based_on(
+    base: &Bound<'_, PyAny>,
+    receiving: &Receiving,
+    link: &Link,
+    index: usize,
+) -> PyResult<Arc<HeldView>> {
+    let view = BufferView::get(base, false).map_err(|_| {
+        PyTypeError::new_err(format!(
+            "step {index}'s third item must be True, False, or a buffer its combined values \
+             start from, not {}",
+            base.get_type()
+                .name()
+                .map_or_else(|_| "this".into(), |name| name.to_string())
+        ))
+    })?;
+    if view.len() != receiving.view.len() {
+        return Err(PyValueError::new_err(format!(
+            "step {index} combines into {} bytes starting from {}: give as many",
+            receiving.view.len(),
+            view.len()
+        )));
+    }
+    Ok(Arc::new(HeldView::new(
+        view,
+        link.shared().graveyard.clone(),
+    )))
+}
+
 fn receiving_half(
     link: &Link,
     buf: &Bound<'_, PyAny>,
@@ -1204,6 +1274,7 @@ fn receiving_half(
         done: 0,
         lent_to: 0,
         reduce,
+        base: None,
     })
 }
 

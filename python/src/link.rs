@@ -89,7 +89,7 @@ impl HeldView {
 
     /// The held bytes of `range` (none where it lies outside them), read
     /// without making a slice of the rest.
-    fn range(&self, range: std::ops::Range<usize>) -> &[u8] {
+    pub fn range(&self, range: std::ops::Range<usize>) -> &[u8] {
         match &self.view {
             Some(view) if range.start <= range.end && range.end <= view.len() => view.range(range),
             _ => &[],

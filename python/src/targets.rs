@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use barlink_transport::{MessageId, RecvTarget};
 
 use crate::buffer::LentRange;
+use crate::link::HeldView;
 use crate::reduce::{self, Dtype, Op};
 
 /// Fewest targets lent ahead, and most, whatever the chunk; and most
@@ -87,6 +88,10 @@ pub struct CombiningRange {
     pub carried: usize,
     /// Bytes combined by every target of its half.
     pub folded: Arc<AtomicUsize>,
+    /// Where the range's starting values are read from, if not from the
+    /// range itself: a buffer and the offset in it of the range's start.
+    /// Each byte is copied from there just before it is combined.
+    pub base: Option<(Arc<HeldView>, usize)>,
 }
 
 impl RecvTarget for CombiningRange {
@@ -103,6 +108,13 @@ impl RecvTarget for CombiningRange {
         let size = self.dtype.size();
         let (dtype, op) = (self.dtype, self.op);
         let target = self.range.bytes_mut();
+        if let Some((base, offset)) = &self.base {
+            // Before any of these bytes is combined: an element split
+            // across calls has its first bytes copied by the call before.
+            let span = at..at + bytes.len();
+            let start = offset + at;
+            target[span].copy_from_slice(base.range(start..start + bytes.len()));
+        }
         let mut bytes = bytes;
         let mut at = at;
         if self.carried > 0 {

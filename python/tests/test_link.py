@@ -547,6 +547,48 @@ def test_a_chain_fills_its_first_buffer_as_it_sends(echo, chunk):
     assert np.array_equal(a, own) and np.array_equal(b, own)
 
 
+@pytest.mark.parametrize("chunk", [4096, 65536 + 64])
+@pytest.mark.parametrize("dtype", ["uint8", "int32"])
+def test_a_chain_step_combines_starting_from_a_buffer_it_names(echo, chunk, dtype):
+    # The second step's values start from `base`, not from its recv_buf
+    # (filled with junk, which must not show): recv_buf = base + received,
+    # each chunk copied from base as it is combined; base is only read.
+    size = (1 << 20) + 4000
+    a = np.frombuffer(os.urandom(size), np.uint8).copy()
+    base = np.frombuffer(os.urandom(size), np.uint8).copy()
+    kept = base.copy()
+    b, d = np.zeros(size, np.uint8), np.full(size, 0xEE, np.uint8)
+    steps = [(a, b, False), (b, d, base)]
+    barlink.Exchange.chain(echo, echo, steps, chunk=chunk, reduce=("sum", dtype)).wait(timeout=60)
+    want = (base.view(dtype) + a.view(dtype)).view(np.uint8)
+    assert np.array_equal(b, a) and np.array_equal(d, want)
+    assert np.array_equal(base, kept)
+    if chunk == 4096:
+        # Most chunks are lent once the link has delivered a message, as
+        # targets the link combines into as they arrive (larger chunks are
+        # all lent before, as scratch, which `land` combines).
+        assert echo.stats()["messages_combined"] > 0
+
+
+def test_a_chain_refuses_a_base_it_cannot_combine_from(echo):
+    a, b, c = bytearray(4096), bytearray(4096), bytearray(8192)
+    with pytest.raises(ValueError, match="combines into 4096 bytes starting from 100"):
+        barlink.Exchange.chain(echo, echo, [(a, b, bytes(100))], reduce=("sum", "uint8"))
+    with pytest.raises(ValueError, match="no reduce was given"):
+        barlink.Exchange.chain(echo, echo, [(a, b, bytes(4096))])
+    with pytest.raises(ValueError, match="starting values overlap a step's recv_buf"):
+        barlink.Exchange.chain(echo, echo, [(a, b, memoryview(b))], reduce=("sum", "uint8"))
+    with pytest.raises(ValueError, match="starting values overlap a step's recv_buf"):
+        barlink.Exchange.chain(echo, echo, [(a, memoryview(c)[:4096], memoryview(c)[4096:]),
+                                            (memoryview(c)[:4096], memoryview(c)[4096:], False)],
+                               reduce=("sum", "uint8"))
+    with pytest.raises(ValueError, match="or the send_buf that fill writes"):
+        barlink.Exchange.chain(echo, echo, [(a, b, memoryview(a))], reduce=("sum", "uint8"),
+                               fill=bytes(4096))
+    with pytest.raises(TypeError, match="third item must be True, False, or a buffer"):
+        barlink.Exchange.chain(echo, echo, [(a, b, 1)], reduce=("sum", "uint8"))
+
+
 def test_a_chain_refuses_a_fill_it_cannot_copy(echo):
     a, b, c = bytearray(4096), bytearray(4096), bytearray(8192)
     with pytest.raises(ValueError, match="fill has 100 bytes"):

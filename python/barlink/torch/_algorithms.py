@@ -284,7 +284,8 @@ def _ring_reduce_scatter(pg, part, out, op: str, dtype: str, tag: bytes):
     their `part(rank)`, where `part(i)` are the bytes of this rank's input
     meant for rank i. The input is only read: each partial sum is combined
     into memory of its own (this rank's own in `out`, the others' in
-    scratch), which starts as a copy of this rank's part for it."""
+    scratch), starting from this rank's part for it as each chunk
+    arrives."""
     n, r = pg._size, pg._rank
     own = part(r)
     if any(np.may_share_memory(out, part(i)) for i in range(n) if i != r):
@@ -293,16 +294,19 @@ def _ring_reduce_scatter(pg, part, out, op: str, dtype: str, tag: bytes):
         _ring_reduce_scatter(pg, part, final, op, dtype, tag)
         out[:] = final
         return
-    if not (out.nbytes == own.nbytes and (own.nbytes == 0 or _address(out) == _address(own))):
+    if out.nbytes == own.nbytes and (own.nbytes == 0 or _address(out) == _address(own)):
+        start = True  # In place: `out` holds this rank's part already.
+    elif np.may_share_memory(out, own):
         out[:] = own
-    targets = []
-    for s in range(n - 2):
-        scratch = np.empty_like(out)
-        scratch[:] = part(pg.rank_at(-s - 2))
-        targets.append(scratch)
-    targets.append(out)
-    sends = [part(pg.rank_at(-1))] + targets[:-1]
-    _ring(pg, [(send, target, True) for send, target in zip(sends, targets)],
+        start = True
+    else:
+        start = own
+    # The sums passed on combine in scratch, starting from this rank's part
+    # for the rank each is for.
+    targets = [(np.empty_like(out), part(pg.rank_at(-s - 2))) for s in range(n - 2)]
+    targets.append((out, start))
+    sends = [part(pg.rank_at(-1))] + [scratch for scratch, _ in targets[:-1]]
+    _ring(pg, [(send, target, base) for send, (target, base) in zip(sends, targets)],
           reduce=(op, dtype), tag=tag)
 
 

@@ -468,8 +468,8 @@ mod tests {
         // subnormals, ones, and patterns special in one format and not in
         // the other.
         let specials: [u16; 14] = [
-            0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e01, 0xfe00, 0x0001, 0x83ff, 0x3c00, 0x7f80,
-            0xff80, 0x7fc0, 0xffc1, 0x3f80,
+            0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e01, 0xfe00, 0x0001, 0x83ff, 0x3c00, 0x7f80, 0xff80,
+            0x7fc0, 0xffc1, 0x3f80,
         ];
         // Every pair of specials, then every pattern against pseudo-random
         // partners: three more than a whole number of vector steps.
@@ -501,7 +501,8 @@ mod tests {
                     assert!(
                         v == s,
                         "{dtype:?} {op:?} of {:#06x} and {:#06x}: vector {v:#06x}, scalar {s:#06x}",
-                        a[i], b[i]
+                        a[i],
+                        b[i]
                     );
                 }
             }
