@@ -240,6 +240,10 @@ def groups(rank, world):
         dist.reduce_scatter_tensor(shifted[1:], shifted[:-1], group=solo)
         check("one-rank reduce_scatter_tensor into its own input, shifted", shifted[1:],
               torch.arange(6, dtype=torch.float32))
+        shifted = torch.arange(7, dtype=torch.float32)
+        dist.reduce_scatter(shifted[1:], [shifted[:-1]], group=solo)
+        check("one-rank reduce_scatter into its own input, shifted", shifted[1:],
+              torch.arange(6, dtype=torch.float32))
         u = t.clone()
         dist.all_reduce(u, group=solo)
         check("one-rank all_reduce", u, t)

@@ -247,7 +247,11 @@ def holds_already(slot: np.ndarray, tensor) -> bool:
     length (an in-place gather, as FSDP's): then nothing is to be copied."""
     if not tensor.is_contiguous() or slot.nbytes != tensor.numel() * tensor.element_size():
         return False
-    return slot.nbytes == 0 or slot.__array_interface__["data"][0] == tensor.data_ptr()
+    return slot.nbytes == 0 or _address(slot) == tensor.data_ptr()
+
+
+def _address(view: np.ndarray) -> int:
+    return view.__array_interface__["data"][0]
 
 
 def all_gather(pg, outputs, tensor):
@@ -288,6 +292,9 @@ def _ring_reduce_scatter(pg, part, out, op: str, dtype: str, tag: bytes):
     arrives."""
     n, r = pg._size, pg._rank
     own = part(r)
+    if n == 1:
+        out[:] = own  # numpy copies overlapping memory as if through a buffer
+        return
     if any(np.may_share_memory(out, part(i)) for i in range(n) if i != r):
         # `out` is memory another rank's part is read from: work apart.
         final = np.empty_like(out)
@@ -310,10 +317,6 @@ def _ring_reduce_scatter(pg, part, out, op: str, dtype: str, tag: bytes):
           reduce=(op, dtype), tag=tag)
 
 
-def _address(view: np.ndarray) -> int:
-    return view.__array_interface__["data"][0]
-
-
 def _reduce_scatter_parts(pg, output, part, op: str, what: str):
     """`output` = the reduction over the ranks of their `part(rank)`."""
     out = Out(output)
@@ -333,11 +336,8 @@ def reduce_scatter(pg, output, inputs, op: str, average: bool):
     _check(not average or output.dtype != torch.bool, "AVG of bool tensors is not defined")
     _check(len(inputs) == n, f"reduce_scatter: {len(inputs)} input tensors for {n} ranks")
     _same(inputs, output, "reduce_scatter")
-    if n == 1:
-        output.copy_(inputs[0].reshape(output.shape))
-    else:
-        parts = [_readable(t) for t in inputs]
-        _reduce_scatter_parts(pg, output, lambda i: parts[i], op, "reduce_scatter")
+    parts = [_readable(t) for t in inputs]
+    _reduce_scatter_parts(pg, output, lambda i: parts[i], op, "reduce_scatter")
     if average:
         _average(output, n)
 
@@ -351,17 +351,11 @@ def reduce_scatter_into(pg, output, tensor, op: str, average: bool):
         f"reduce_scatter_tensor: the input must hold {n} x {output.numel()} elements of "
         f"{output.dtype}, not {tensor.numel()} of {tensor.dtype}",
     )
-    if n == 1:
-        whole = tensor.reshape(output.shape)
-        if whole.untyped_storage().data_ptr() == output.untyped_storage().data_ptr():
-            whole = whole.clone()  # The same memory, perhaps overlapping.
-        output.copy_(whole)
-    else:
-        whole = _readable(tensor)
-        size = whole.nbytes // n
-        _reduce_scatter_parts(
-            pg, output, lambda i: whole[i * size : (i + 1) * size], op, "reduce_scatter_tensor"
-        )
+    whole = _readable(tensor)
+    size = whole.nbytes // n
+    _reduce_scatter_parts(
+        pg, output, lambda i: whole[i * size : (i + 1) * size], op, "reduce_scatter_tensor"
+    )
     if average:
         _average(output, n)
 
