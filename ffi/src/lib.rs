@@ -27,6 +27,7 @@
 //! ownership, threading and versioning rules.
 
 mod api;
+mod completions;
 mod config;
 mod error;
 mod held;

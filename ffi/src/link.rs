@@ -26,6 +26,7 @@ use barlink::rdma::SendMemory;
 use barlink_transport::engine::{Delivery, LinkError, MessageId, PostId, SendError, Stats};
 use barlink_transport::link::IoError;
 
+use crate::completions::Completions;
 use crate::config::SendLimits;
 use crate::error::{Error, Result};
 use crate::held::{HeldMessages, Lent};
@@ -97,7 +98,7 @@ pub(crate) struct LinkState {
     /// Copies of finished copying sends, for the next ones.
     send_copies: SendCopies,
     /// Completions of posted sends not yet reported, by request id.
-    done: BTreeMap<u64, barlink_completion>,
+    done: Completions,
     /// `RingLink::completed` when last looked at.
     completed_seen: u64,
     /// Why the link ended.
@@ -220,7 +221,7 @@ impl LinkCell {
                 recvs: PostedRecvs::default(),
                 held: HeldMessages::default(),
                 send_copies: SendCopies::default(),
-                done: BTreeMap::new(),
+                done: Completions::default(),
                 completed_seen: 0,
                 end: None,
                 any_failed: false,
@@ -562,16 +563,13 @@ impl LinkState {
             }
             if request.report {
                 let id = msg_id + 1;
-                self.done.insert(
-                    id,
-                    barlink_completion {
+                self.done.insert(barlink_completion {
                         request: id,
                         user_tag: request.user_tag,
                         bytes: request.len,
                         status,
                         reserved: 0,
-                    },
-                );
+                });
             }
         }
     }
@@ -1025,7 +1023,7 @@ impl LinkState {
                 "request {request} is not a posted receive's: only receives can be cancelled (a posted send's bytes may be on their way already; closing the link drops what is unsent)"
             )));
         }
-        if self.done.contains_key(&request) {
+        if self.done.contains(request) {
             // Completed before the cancel: its completion says how.
             return Ok(());
         }
@@ -1049,7 +1047,7 @@ impl LinkState {
         self.step();
         while out.len() < max {
             match self.done.pop_first() {
-                Some((_, completion)) => out.push(completion),
+                Some(completion) => out.push(completion),
                 None => break,
             }
         }
@@ -1069,7 +1067,7 @@ impl LinkState {
     /// posted request's or was reported already.
     pub(crate) fn take_completion(&mut self, request: u64) -> Result<Step<barlink_completion>> {
         let mut moved = false;
-        if !self.done.contains_key(&request) {
+        if !self.done.contains(request) {
             // Only posted requests have ids to test (a blocking send's
             // internal entry is not one).
             let posted = if request & RECV_REQUEST != 0 {
@@ -1090,7 +1088,7 @@ impl LinkState {
             }
             moved = self.step();
         }
-        Ok(match self.done.remove(&request) {
+        Ok(match self.done.remove(request) {
             Some(completion) => Step::Done(completion),
             None => Step::Again { moved },
         })

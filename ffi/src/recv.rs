@@ -15,12 +15,13 @@
 //! one out of turn; they are posted again once nothing waits.
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use barlink::Connection;
 use barlink_transport::engine::{Delivery, PostId};
 use barlink_transport::{MessageId, RecvTarget};
 
+use crate::completions::Completions;
 use crate::payload::{CallerMemory, Payload};
 use crate::types::barlink_completion;
 use crate::types::barlink_status::{self, BARLINK_BUFFER_TOO_SMALL, BARLINK_CANCELED, BARLINK_OK};
@@ -98,7 +99,7 @@ impl PostedRecvs {
         &mut self,
         mut link: Option<&mut Connection<Payload>>,
         received: &mut VecDeque<Delivery>,
-        done: &mut BTreeMap<u64, barlink_completion>,
+        done: &mut Completions,
     ) {
         while let (Some(first), Some(delivery)) = (self.pending.front(), received.front()) {
             let landed_here =
@@ -198,7 +199,7 @@ impl PostedRecvs {
         &mut self,
         link: Option<&mut Connection<Payload>>,
         received: &mut VecDeque<Delivery>,
-        done: &mut BTreeMap<u64, barlink_completion>,
+        done: &mut Completions,
         request: u64,
     ) -> bool {
         let Some(at) = self.pending.iter().position(|p| p.request == request) else {
@@ -212,33 +213,21 @@ impl PostedRecvs {
 
     /// The link ended with `status`: every receive still pending completes
     /// with it (messages delivered before the end were matched first).
-    pub(crate) fn fail_all(
-        &mut self,
-        status: barlink_status,
-        done: &mut BTreeMap<u64, barlink_completion>,
-    ) {
+    pub(crate) fn fail_all(&mut self, status: barlink_status, done: &mut Completions) {
         for pending in self.pending.drain(..) {
             complete(done, &pending, status, 0);
         }
     }
 }
 
-fn complete(
-    done: &mut BTreeMap<u64, barlink_completion>,
-    pending: &Pending,
-    status: barlink_status,
-    bytes: usize,
-) {
-    done.insert(
-        pending.request,
-        barlink_completion {
-            request: pending.request,
-            user_tag: pending.user_tag,
-            bytes: bytes as u64,
-            status,
-            reserved: 0,
-        },
-    );
+fn complete(done: &mut Completions, pending: &Pending, status: barlink_status, bytes: usize) {
+    done.insert(barlink_completion {
+        request: pending.request,
+        user_tag: pending.user_tag,
+        bytes: bytes as u64,
+        status,
+        reserved: 0,
+    });
 }
 
 /// Takes posted buffer `id` back from the link, and out of the delivered
