@@ -564,11 +564,11 @@ impl LinkState {
             if request.report {
                 let id = msg_id + 1;
                 self.done.insert(barlink_completion {
-                        request: id,
-                        user_tag: request.user_tag,
-                        bytes: request.len,
-                        status,
-                        reserved: 0,
+                    request: id,
+                    user_tag: request.user_tag,
+                    bytes: request.len,
+                    status,
+                    reserved: 0,
                 });
             }
         }
@@ -872,13 +872,13 @@ impl LinkState {
 
     /// A registered range as a payload (for `post`).
     pub(crate) fn registered_payload(
-        &self,
+        &mut self,
         region: &Arc<Region>,
         offset: usize,
         len: usize,
     ) -> Result<(Payload, Release)> {
         self.check_len(len)?;
-        let (flag, released) = Release::flag();
+        let (flag, released) = self.send_copies.flag();
         let payload = region.payload(offset, len, flag)?;
         Ok((payload, released))
     }

@@ -163,11 +163,16 @@ pub(crate) struct SendCopies {
     spares: Vec<Arc<Vec<u8>>>,
     /// Their capacities' total.
     bytes: usize,
+    /// Release flags of registered ranges the link let go of, each held
+    /// here only: a zero-copy post takes one rather than allocating.
+    flags: Vec<Arc<AtomicBool>>,
 }
 
 /// Most spare send copies a link keeps, and most bytes in all.
 const MAX_SPARE_SENDS: usize = 64;
 const MAX_SPARE_SEND_BYTES: usize = 64 << 20;
+/// Most spare release flags a link keeps.
+const MAX_SPARE_FLAGS: usize = 64;
 
 impl SendCopies {
     /// A payload holding a copy of `data`, and what tells its request
@@ -231,8 +236,8 @@ impl SendCopies {
     }
 
     /// Keeps the copy of a request the link let go of (or never took),
-    /// for a later send; a registered range has none, a lent one only if
-    /// it was backed up.
+    /// for a later send (a lent one only if it was backed up), and a
+    /// registered range's release flag for a later post.
     pub(crate) fn reclaim(&mut self, released: Release) {
         match released {
             Release::Copy(copy) => self.give(copy),
@@ -243,8 +248,24 @@ impl SendCopies {
                     self.give(copy);
                 }
             }
-            Release::Flag(_) => {}
+            Release::Flag(flag) => {
+                // Held here only once the payload that sets it was dropped.
+                if Arc::strong_count(&flag) == 1 && self.flags.len() < MAX_SPARE_FLAGS {
+                    flag.store(false, Ordering::Relaxed);
+                    self.flags.push(flag);
+                }
+            }
         }
+    }
+
+    /// A registered range's release flag, unset, for its payload: a spare
+    /// one if kept, else a new one.
+    pub(crate) fn flag(&mut self) -> (Arc<AtomicBool>, Release) {
+        let flag = self
+            .flags
+            .pop()
+            .unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
+        (Arc::clone(&flag), Release::Flag(flag))
     }
 
     /// Keeps a released copy for a later send, within the limits (the
@@ -304,12 +325,6 @@ pub(crate) enum Release {
 }
 
 impl Release {
-    /// A registered range's flag, for its payload.
-    pub(crate) fn flag() -> (Arc<AtomicBool>, Release) {
-        let flag = Arc::new(AtomicBool::new(false));
-        (Arc::clone(&flag), Release::Flag(flag))
-    }
-
     /// The memory a copy barlink made takes (its capacity, which counts
     /// against `send_queue_bytes`); 0 for the caller's registered memory.
     pub(crate) fn copy_bytes(&self) -> u64 {
@@ -562,6 +577,31 @@ impl barlink_transport::RecvTarget for CallerMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_flag_is_reused_unset_once_its_payload_is_dropped() {
+        let buf = vec![5u8; 256];
+        let region = Arc::new(Region::new(buf.as_ptr(), buf.len()));
+        let mut copies = SendCopies::default();
+        let (flag, release) = copies.flag();
+        let payload = region.payload(0, 64, flag).unwrap();
+        let Release::Flag(first) = &release else {
+            panic!("a registered range's release is a flag")
+        };
+        let first = Arc::as_ptr(first);
+        drop(payload);
+        assert!(release.is_released());
+        copies.reclaim(release);
+        let (flag, release) = copies.flag();
+        assert_eq!(Arc::as_ptr(&flag), first, "the spare flag is taken");
+        assert!(!release.is_released(), "a reused flag starts unset");
+        // One whose payload is still held is not kept.
+        let payload = region.payload(0, 64, flag).unwrap();
+        copies.reclaim(release);
+        assert!(copies.flags.is_empty());
+        drop(payload);
+        region.retire().unwrap();
+    }
 
     #[test]
     fn send_copies_are_reused_once_released_and_within_their_limits() {

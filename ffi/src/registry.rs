@@ -138,63 +138,102 @@ fn remove(value: u64, kind: Kind) -> Result<Object> {
     if removed.is_ok() {
         // After the removal: a thread that reads the old count may still
         // use its cached cell, as a call that began before the close would.
-        REMOVALS.fetch_add(1, Ordering::Release);
+        removals_of(kind).fetch_add(1, Ordering::Release);
     }
     removed
 }
 
-/// Handles removed so far: a link a thread cached is good only while this
-/// has not moved since it was looked up.
-static REMOVALS: AtomicU64 = AtomicU64::new(0);
+/// Handles of each kind removed so far: a lookup a thread cached is good
+/// only while its kind's count has not moved since it was made. One count
+/// a kind, so that a server deregistering buffers keeps its links' lookups.
+static LINK_REMOVALS: AtomicU64 = AtomicU64::new(0);
+static BUFFER_REMOVALS: AtomicU64 = AtomicU64::new(0);
+static LISTENER_REMOVALS: AtomicU64 = AtomicU64::new(0);
 
-/// Links a thread's lookups remember: a server thread often drives a few
-/// links in turn (a request in from one, out to another).
-const CACHED_LINKS: usize = 4;
+fn removals_of(kind: Kind) -> &'static AtomicU64 {
+    match kind {
+        Kind::Link => &LINK_REMOVALS,
+        Kind::Buffer => &BUFFER_REMOVALS,
+        Kind::Listener => &LISTENER_REMOVALS,
+    }
+}
 
-/// One remembered lookup: its handle value, [`REMOVALS`] as read before
-/// the lookup, and the cell.
-type CachedLink = Option<(u64, u64, Weak<LinkCell>)>;
+/// Lookups a thread remembers, per kind: a server thread often drives a
+/// few links in turn (a request in from one, out to another), and sends
+/// from a few registered buffers.
+const CACHED: usize = 4;
+
+/// A thread's last lookups of one kind of handle, the newest first: each
+/// its handle value, its kind's removals count as read before the lookup,
+/// and the object. Weak references: the cache never keeps a closed
+/// handle's object alive.
+struct Recent<T> {
+    entries: [Option<(u64, u64, Weak<T>)>; CACHED],
+}
+
+impl<T> Recent<T> {
+    const fn new() -> Recent<T> {
+        Recent {
+            entries: [None, None, None, None],
+        }
+    }
+
+    /// The object this thread looked `value` up as lately, if no handle
+    /// was removed since.
+    fn find(&self, value: u64, removals: u64) -> Option<Arc<T>> {
+        self.entries.iter().find_map(|entry| match entry {
+            Some((cached, seen, object)) if *cached == value && *seen == removals => {
+                object.upgrade()
+            }
+            _ => None,
+        })
+    }
+
+    fn remember(&mut self, value: u64, removals: u64, object: &Arc<T>) {
+        // An entry left stale for this handle by a removal elsewhere is
+        // replaced, not kept beside the new one, so live handles are not
+        // crowded out.
+        let end = self
+            .entries
+            .iter()
+            .position(|entry| entry.as_ref().is_some_and(|(cached, ..)| *cached == value))
+            .unwrap_or(CACHED - 1);
+        self.entries[..=end].rotate_right(1);
+        self.entries[0] = Some((value, removals, Arc::downgrade(object)));
+    }
+}
 
 thread_local! {
-    /// This thread's last link lookups, the newest first. Every call on a
-    /// link looks it up; the registry's lock and hash then stay out of the
-    /// way. Weak references: the cache never keeps a closed link's cell
-    /// alive.
-    static LAST_LINKS: RefCell<[CachedLink; CACHED_LINKS]> =
-        const { RefCell::new([const { None }; CACHED_LINKS]) };
+    /// Every call on a link or buffer looks its handle up: with these,
+    /// the registry's lock and hash stay out of the way.
+    static LAST_LINKS: RefCell<Recent<LinkCell>> = const { RefCell::new(Recent::new()) };
+    static LAST_BUFFERS: RefCell<Recent<Region>> = const { RefCell::new(Recent::new()) };
 }
 
-/// The cell this thread looked `value` up as lately, if no handle was
-/// removed since.
-fn cached_link(value: u64, removals: u64) -> Option<Arc<LinkCell>> {
-    LAST_LINKS
-        .try_with(|last| {
-            let last = last.try_borrow().ok()?;
-            last.iter().find_map(|entry| match entry {
-                Some((cached, seen, cell)) if *cached == value && *seen == removals => {
-                    cell.upgrade()
-                }
-                _ => None,
-            })
-        })
+/// `value` through this thread's `cache`, else through the registry
+/// (remembered for the next lookup); `unwrap` takes the object of its kind.
+fn lookup<T>(
+    cache: &'static std::thread::LocalKey<RefCell<Recent<T>>>,
+    value: u64,
+    kind: Kind,
+    unwrap: impl FnOnce(Object) -> Option<Arc<T>>,
+) -> Result<Arc<T>> {
+    // Read before the lookup (see `remove`).
+    let removals = removals_of(kind).load(Ordering::Acquire);
+    let cached = cache
+        .try_with(|recent| recent.try_borrow().ok()?.find(value, removals))
         .ok()
-        .flatten()
-}
-
-fn cache_link(value: u64, removals: u64, cell: &Arc<LinkCell>) {
-    let _ = LAST_LINKS.try_with(|last| {
-        if let Ok(mut last) = last.try_borrow_mut() {
-            // An entry left stale for this handle by a removal elsewhere is
-            // replaced, not kept beside the new one, so live links are not
-            // crowded out.
-            let end = last
-                .iter()
-                .position(|entry| entry.as_ref().is_some_and(|(cached, ..)| *cached == value))
-                .unwrap_or(CACHED_LINKS - 1);
-            last[..=end].rotate_right(1);
-            last[0] = Some((value, removals, Arc::downgrade(cell)));
+        .flatten();
+    if let Some(object) = cached {
+        return Ok(object);
+    }
+    let object = unwrap(get(value, kind)?).ok_or_else(|| explain(value, kind))?;
+    let _ = cache.try_with(|recent| {
+        if let Ok(mut recent) = recent.try_borrow_mut() {
+            recent.remember(value, removals, &object);
         }
     });
+    Ok(object)
 }
 
 pub(crate) fn insert_link(cell: Arc<LinkCell>) -> Result<u64> {
@@ -210,18 +249,10 @@ pub(crate) fn insert_buffer(region: Arc<Region>) -> Result<u64> {
 }
 
 pub(crate) fn link(value: u64) -> Result<Arc<LinkCell>> {
-    // Read before the lookup (see `remove`).
-    let removals = REMOVALS.load(Ordering::Acquire);
-    if let Some(cell) = cached_link(value, removals) {
-        return Ok(cell);
-    }
-    match get(value, Kind::Link)? {
-        Object::Link(cell) => {
-            cache_link(value, removals, &cell);
-            Ok(cell)
-        }
-        _ => Err(explain(value, Kind::Link)),
-    }
+    lookup(&LAST_LINKS, value, Kind::Link, |object| match object {
+        Object::Link(cell) => Some(cell),
+        _ => None,
+    })
 }
 
 pub(crate) fn listener(value: u64) -> Result<Arc<ListenerCell>> {
@@ -232,10 +263,10 @@ pub(crate) fn listener(value: u64) -> Result<Arc<ListenerCell>> {
 }
 
 pub(crate) fn buffer(value: u64) -> Result<Arc<Region>> {
-    match get(value, Kind::Buffer)? {
-        Object::Buffer(region) => Ok(region),
-        _ => Err(explain(value, Kind::Buffer)),
-    }
+    lookup(&LAST_BUFFERS, value, Kind::Buffer, |object| match object {
+        Object::Buffer(region) => Some(region),
+        _ => None,
+    })
 }
 
 pub(crate) fn remove_link(value: u64) -> Result<Arc<LinkCell>> {
@@ -252,8 +283,11 @@ pub(crate) fn remove_listener(value: u64) -> Result<Arc<ListenerCell>> {
     }
 }
 
-/// Removes a buffer handle if `check` allows it (under the registry lock, so
-/// no lookup can race in between).
+/// Removes a buffer handle if `check` allows it, under the registry's
+/// lock so that no lookup through the registry races in between. A thread
+/// may still find the buffer in its cache meanwhile; `check`
+/// (`Region::retire`) marks it dead under the region's own lock, so a
+/// post from it is refused all the same.
 pub(crate) fn remove_buffer_if(
     value: u64,
     check: impl FnOnce(&Region) -> Result<()>,
@@ -267,5 +301,7 @@ pub(crate) fn remove_buffer_if(
         _ => return Err(explain(value, Kind::Buffer)),
     }
     objects.remove(&value);
+    // As in `remove`: no thread's cached lookup of it is good any more.
+    BUFFER_REMOVALS.fetch_add(1, Ordering::Release);
     Ok(())
 }
