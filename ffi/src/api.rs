@@ -1048,15 +1048,17 @@ pub unsafe extern "C" fn barlink_poll(
             check_out(completions, "completions")?;
         }
         let cell = registry::link(key(link))?;
-        let mut taken = Vec::new();
-        cell.lock()?.poll(max, &mut taken);
-        for (i, completion) in taken.iter().enumerate() {
-            // SAFETY: i < taken.len() <= max; the array holds `max`
-            // writable, aligned (checked) elements by contract.
-            unsafe { completions.add(i).write(*completion) };
-        }
+        let mut written = 0;
+        let taken = cell.lock()?.poll(max, |completion| {
+            debug_assert!(written < max, "poll handed over more than max");
+            // SAFETY: `poll` hands over at most `max` completions, so
+            // written < max; the array holds `max` writable, aligned
+            // (checked) elements by contract.
+            unsafe { completions.add(written).write(completion) };
+            written += 1;
+        });
         // SAFETY: as above.
-        unsafe { put(count, taken.len()) };
+        unsafe { put(count, taken) };
         Ok(())
     })
 }

@@ -1042,15 +1042,20 @@ impl LinkState {
         Ok(())
     }
 
-    /// Drives progress once and takes up to `max` completions.
-    pub(crate) fn poll(&mut self, max: usize, out: &mut Vec<barlink_completion>) {
+    /// Drives progress once and hands up to `max` completions to `take`,
+    /// oldest first (into the caller's array: no buffer in between);
+    /// returns how many.
+    pub(crate) fn poll(&mut self, max: usize, mut take: impl FnMut(barlink_completion)) -> usize {
         self.step();
-        while out.len() < max {
+        let mut taken = 0;
+        while taken < max {
             match self.done.pop_first() {
-                Some(completion) => out.push(completion),
+                Some(completion) => take(completion),
                 None => break,
             }
+            taken += 1;
         }
+        taken
     }
 
     /// The state of one request: `Ok` (reported now), pending, or the
