@@ -3,7 +3,9 @@
 //!
 //! The loops read and write whole elements through `from_ne_bytes` and
 //! `to_ne_bytes`, so neither range needs to be aligned and they need no
-//! `unsafe`; the compiler vectorizes them. Half-precision types are widened
+//! `unsafe`; the compiler vectorizes them, for the baseline target and,
+//! for min and max, once more for AVX-512 (`x86`), chosen at run time
+//! where the CPU has it. Half-precision types are widened
 //! to `f32`, combined, and rounded back to nearest even, as torch does for
 //! its CPU reductions: in AVX2 registers where the CPU has them (`x86`),
 //! else a block at a time here.
@@ -149,21 +151,43 @@ pub fn combine(dst: &mut [u8], src: &[u8], dtype: Dtype, op: Op) -> Result<(), R
     if op.is_bitwise() && dtype.is_float() {
         return Err(ReduceError::Unsupported { op, dtype });
     }
+    if let Dtype::F16 | Dtype::Bf16 = dtype {
+        let done = vector_half(dst, src, dtype, op);
+        scalar_half(&mut dst[done..], &src[done..], dtype, op);
+    } else if !vector_plain(dst, src, dtype, op) {
+        plain(dst, src, dtype, op);
+    }
+    Ok(())
+}
+
+/// The loops over whole elements of a dtype the CPU has (not half
+/// precision), inlined into their caller: the baseline target's here,
+/// and the same code compiled for wider vectors in `x86`.
+#[inline(always)]
+fn plain(dst: &mut [u8], src: &[u8], dtype: Dtype, op: Op) {
     match dtype {
         Dtype::F32 => float::<4, f32>(dst, src, op, f32::from_ne_bytes, f32::to_ne_bytes),
         Dtype::F64 => float::<8, f64>(dst, src, op, f64::from_ne_bytes, f64::to_ne_bytes),
-        Dtype::F16 | Dtype::Bf16 => {
-            let done = vector_half(dst, src, dtype, op);
-            scalar_half(&mut dst[done..], &src[done..], dtype, op);
-        }
         Dtype::I8 => int!(dst, src, op, i8),
         Dtype::I16 => int!(dst, src, op, i16),
         Dtype::I32 => int!(dst, src, op, i32),
         Dtype::I64 => int!(dst, src, op, i64),
         Dtype::U8 => int!(dst, src, op, u8),
         Dtype::Bool => boolean(dst, src, op),
+        Dtype::F16 | Dtype::Bf16 => unreachable!("half precision is combined apart"),
     }
-    Ok(())
+}
+
+/// [`plain`] compiled for the CPU's widest vectors, where it has more
+/// than the baseline target: whether it ran.
+fn vector_plain(dst: &mut [u8], src: &[u8], dtype: Dtype, op: Op) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86::combine_plain(dst, src, dtype, op);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dst, src, dtype, op);
+        false
+    }
 }
 
 /// Applies `f` to each pair of `N`-byte elements.
@@ -177,11 +201,13 @@ fn each<const N: usize>(dst: &mut [u8], src: &[u8], f: impl Fn([u8; N], [u8; N])
 }
 
 /// Whether `x` is NaN: the one value not ordered against itself.
+#[inline(always)]
 fn is_nan<T: PartialOrd>(x: T) -> bool {
     x.partial_cmp(&x).is_none()
 }
 
 /// NaN wins, as in torch's `minimum`/`maximum`.
+#[inline(always)]
 fn float_min<T: PartialOrd + Copy>(a: T, b: T) -> T {
     if is_nan(a) {
         a
@@ -192,6 +218,7 @@ fn float_min<T: PartialOrd + Copy>(a: T, b: T) -> T {
     }
 }
 
+#[inline(always)]
 fn float_max<T: PartialOrd + Copy>(a: T, b: T) -> T {
     if is_nan(a) {
         a
@@ -202,6 +229,7 @@ fn float_max<T: PartialOrd + Copy>(a: T, b: T) -> T {
     }
 }
 
+#[inline(always)]
 fn float<const N: usize, T>(
     dst: &mut [u8],
     src: &[u8],
@@ -319,6 +347,7 @@ fn f16_narrow(values: &[f32], out: &mut [[u8; 2]]) {
 
 /// Booleans as torch reduces them: sum and max are "or", product and min
 /// are "and"; the result is 0 or 1.
+#[inline(always)]
 fn boolean(dst: &mut [u8], src: &[u8], op: Op) {
     for (d, s) in dst.iter_mut().zip(src) {
         let (a, b) = (*d != 0, *s != 0);
@@ -504,6 +533,101 @@ mod tests {
                         a[i],
                         b[i]
                     );
+                }
+            }
+        }
+    }
+
+    /// Min and max of every whole-element dtype, through the AVX-512
+    /// build of the loops, against the baseline build: the same bits for
+    /// pseudo-random patterns (NaNs of every payload and both signs
+    /// among the floats), for every pair of float specials, and for a
+    /// length that is not a whole number of vector steps.
+    #[test]
+    fn wide_min_and_max_match_the_baseline_loops() {
+        #[cfg(target_arch = "x86_64")]
+        if x86::wide_available() {
+            compare_wide_min_and_max();
+        } else {
+            eprintln!("skipped: this CPU has no AVX-512F and AVX-512BW for the wide kernels");
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        eprintln!("skipped: the wide kernels are for x86-64");
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn compare_wide_min_and_max() {
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut random = |len: usize| -> Vec<u8> {
+            (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 24) as u8
+                })
+                .collect()
+        };
+        let f32_specials: Vec<u8> = [0.0f32, -0.0, 1.0, -1.0, f32::INFINITY, f32::NEG_INFINITY]
+            .into_iter()
+            .map(f32::to_bits)
+            .chain([0x7fc0_0000, 0xffc0_0001, 0x7f80_0001, 0x0000_0001])
+            .flat_map(u32::to_ne_bytes)
+            .collect();
+        let f64_specials: Vec<u8> = [0.0f64, -0.0, 1.0, -1.0, f64::INFINITY, f64::NEG_INFINITY]
+            .into_iter()
+            .map(f64::to_bits)
+            .chain([
+                0x7ff8_0000_0000_0000,
+                0xfff8_0000_0000_0001,
+                0x7ff0_0000_0000_0001,
+                1,
+            ])
+            .flat_map(u64::to_ne_bytes)
+            .collect();
+        // Every pair of specials: each against each in turn.
+        let pairs = |specials: &[u8], size: usize| -> (Vec<u8>, Vec<u8>) {
+            let elements: Vec<&[u8]> = specials.chunks(size).collect();
+            let mut a = Vec::new();
+            let mut b = Vec::new();
+            for x in &elements {
+                for y in &elements {
+                    a.extend_from_slice(x);
+                    b.extend_from_slice(y);
+                }
+            }
+            (a, b)
+        };
+        let dtypes = [
+            Dtype::F32,
+            Dtype::F64,
+            Dtype::I8,
+            Dtype::I16,
+            Dtype::I32,
+            Dtype::I64,
+            Dtype::U8,
+            Dtype::Bool,
+        ];
+        for dtype in dtypes {
+            let size = dtype.size();
+            let len = (4096 + 3) * size;
+            let (mut a, mut b) = (random(len), random(len));
+            let specials = match dtype {
+                Dtype::F32 => Some(pairs(&f32_specials, 4)),
+                Dtype::F64 => Some(pairs(&f64_specials, 8)),
+                _ => None,
+            };
+            if let Some((x, y)) = specials {
+                a.extend(x);
+                b.extend(y);
+            }
+            for op in [Op::Min, Op::Max] {
+                let mut wide = a.clone();
+                combine(&mut wide, &b, dtype, op).unwrap();
+                let mut baseline = a.clone();
+                plain(&mut baseline, &b, dtype, op);
+                for (i, (w, p)) in wide.chunks(size).zip(baseline.chunks(size)).enumerate() {
+                    assert_eq!(w, p, "{dtype:?} {op:?}, element {i}");
                 }
             }
         }
