@@ -162,6 +162,13 @@ def matrix(rank, world):
             want = torch.cat([values(r, world * count, dtype)[rank * count:(rank + 1) * count]
                               for r in range(world)])
             check(f"all_to_all_single {dtype}", out, want)
+            # In place: every part received lands where a part to go was.
+            same = values(rank, world * count, dtype)
+            dist.all_to_all_single(same, same)
+            check(f"all_to_all_single in place {dtype}", same, want)
+            outs = [torch.zeros(count, dtype=dtype) for _ in range(world)]
+            dist.all_to_all(outs, list(values(rank, world * count, dtype).chunk(world)))
+            check(f"all_to_all {dtype}", torch.cat(outs), want)
     # A tensor of three chunks and a bit, from every root: the tree's
     # relays send on a tensor that arrived in several chunks.
     chunk = parse_size(os.environ.get("BARLINK_CHUNK_BYTES", "1M"))

@@ -391,6 +391,9 @@ def all_to_all_single(pg, output, tensor, output_splits, input_splits):
     _check(sent(r).nbytes == received(r).nbytes,
            f"all_to_all_single: rank {r} sends itself {sent(r).nbytes} bytes but expects "
            f"{received(r).nbytes}")
+    if np.may_share_memory(source, out.bytes):
+        # In place: a part received must not overwrite one still to go.
+        source = source.copy()
     received(r)[:] = sent(r)
     tag = pg.tag("all_to_all", None, " " + str(tensor.dtype)[6:])
     for k in range(1, n):
@@ -407,6 +410,8 @@ def all_to_all(pg, outputs, inputs):
     sources = [raw(t.contiguous()) for t in inputs]
     _check(outs[r].bytes.nbytes == sources[r].nbytes,
            "all_to_all: this rank's own input and output differ in size")
+    if any(np.may_share_memory(source, out.bytes) for source in sources for out in outs):
+        sources = [source.copy() for source in sources]
     outs[r].bytes[:] = sources[r]
     tag = pg.tag("all_to_all", None)
     for k in range(1, n):
