@@ -12,7 +12,10 @@ use barlink_c::*;
 
 mod support;
 
-use support::{completions, drive, expect, last_error, pair, post_recv, recv, send, unique_name};
+use support::{
+    completions, drive, expect, last_error, pair, post_recv, recv, send, unique_name,
+    unwritten_completions,
+};
 
 #[test]
 fn version_and_status_strings() {
@@ -838,16 +841,7 @@ fn threads_share_a_link() {
     all.dedup();
     assert_eq!(all.len() as u64, THREADS * EACH, "no duplicates");
     // Completions of the posted half are all there, once.
-    let mut completions = vec![
-        barlink_completion {
-            request: 0,
-            user_tag: 0,
-            bytes: 0,
-            status: BARLINK_INTERNAL,
-            reserved: 0,
-        };
-        THREADS as usize * EACH as usize
-    ];
+    let mut completions = unwritten_completions(THREADS as usize * EACH as usize);
     let mut count = 0;
     // SAFETY: the array holds that many completions; count is writable.
     let status =

@@ -10,7 +10,7 @@ use barlink_c::*;
 
 mod support;
 
-use support::{expect, last_error, pair, recv, send};
+use support::{expect, last_error, pair, recv, send, unwritten_completions};
 
 #[test]
 fn posted_zero_copy_sends_complete_once() {
@@ -82,16 +82,7 @@ fn posted_zero_copy_sends_complete_once() {
     );
     expect(barlink_test(a, 0), BARLINK_INVALID_ARGUMENT, "unknown");
     let mut seen = vec![requests[0]];
-    let mut completions = vec![
-        barlink_completion {
-            request: 0,
-            user_tag: 0,
-            bytes: 0,
-            status: BARLINK_INTERNAL,
-            reserved: 0,
-        };
-        8
-    ];
+    let mut completions = unwritten_completions(8);
     let start = std::time::Instant::now();
     while seen.len() < blocks {
         let mut count = 0;

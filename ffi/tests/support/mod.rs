@@ -161,16 +161,22 @@ pub fn completions(link: *mut barlink_link, count: usize) -> Vec<barlink_complet
     got
 }
 
-/// One `barlink_poll` of `link`: the completions it took (up to 8).
-pub fn poll(link: *mut barlink_link) -> Vec<barlink_completion> {
-    let empty = barlink_completion {
+/// `count` completion slots for barlink to fill; one it has not written
+/// reads as `BARLINK_INTERNAL`.
+pub fn unwritten_completions(count: usize) -> Vec<barlink_completion> {
+    let unwritten = barlink_completion {
         request: 0,
         user_tag: 0,
         bytes: 0,
-        status: BARLINK_OK,
+        status: BARLINK_INTERNAL,
         reserved: 0,
     };
-    let mut batch = [empty; 8];
+    vec![unwritten; count]
+}
+
+/// One `barlink_poll` of `link`: the completions it took (up to 8).
+pub fn poll(link: *mut barlink_link) -> Vec<barlink_completion> {
+    let mut batch = unwritten_completions(8);
     let mut n = 0;
     // SAFETY: batch holds 8 writable completions; n is writable.
     let status = unsafe { barlink_poll(link, batch.as_mut_ptr(), batch.len(), &mut n) };
