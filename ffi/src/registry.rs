@@ -138,23 +138,27 @@ fn remove(value: u64, kind: Kind) -> Result<Object> {
     if removed.is_ok() {
         // After the removal: a thread that reads the old count may still
         // use its cached cell, as a call that began before the close would.
-        removals_of(kind).fetch_add(1, Ordering::Release);
+        if let Some(removals) = cached_removals(kind) {
+            removals.fetch_add(1, Ordering::Release);
+        }
     }
     removed
 }
 
-/// Handles of each kind removed so far: a lookup a thread cached is good
-/// only while its kind's count has not moved since it was made. One count
-/// a kind, so that a server deregistering buffers keeps its links' lookups.
+/// Handles of each cached kind removed so far: a lookup a thread cached
+/// is good only while its kind's count has not moved since it was made.
+/// One count a kind, so that a server deregistering buffers keeps its
+/// links' lookups.
 static LINK_REMOVALS: AtomicU64 = AtomicU64::new(0);
 static BUFFER_REMOVALS: AtomicU64 = AtomicU64::new(0);
-static LISTENER_REMOVALS: AtomicU64 = AtomicU64::new(0);
 
-fn removals_of(kind: Kind) -> &'static AtomicU64 {
+/// The removals count of a kind whose lookups threads cache (listeners'
+/// are not: a listener is looked up once per accept).
+fn cached_removals(kind: Kind) -> Option<&'static AtomicU64> {
     match kind {
-        Kind::Link => &LINK_REMOVALS,
-        Kind::Buffer => &BUFFER_REMOVALS,
-        Kind::Listener => &LISTENER_REMOVALS,
+        Kind::Link => Some(&LINK_REMOVALS),
+        Kind::Buffer => Some(&BUFFER_REMOVALS),
+        Kind::Listener => None,
     }
 }
 
@@ -210,16 +214,18 @@ thread_local! {
     static LAST_BUFFERS: RefCell<Recent<Region>> = const { RefCell::new(Recent::new()) };
 }
 
-/// `value` through this thread's `cache`, else through the registry
-/// (remembered for the next lookup); `unwrap` takes the object of its kind.
+/// `value` through this thread's `cache`, valid while `removed` (its
+/// kind's removals count) stays, else through the registry (remembered
+/// for the next lookup); `unwrap` takes the object of its kind.
 fn lookup<T>(
     cache: &'static std::thread::LocalKey<RefCell<Recent<T>>>,
+    removed: &AtomicU64,
     value: u64,
     kind: Kind,
     unwrap: impl FnOnce(Object) -> Option<Arc<T>>,
 ) -> Result<Arc<T>> {
     // Read before the lookup (see `remove`).
-    let removals = removals_of(kind).load(Ordering::Acquire);
+    let removals = removed.load(Ordering::Acquire);
     let cached = cache
         .try_with(|recent| recent.try_borrow().ok()?.find(value, removals))
         .ok()
@@ -249,10 +255,16 @@ pub(crate) fn insert_buffer(region: Arc<Region>) -> Result<u64> {
 }
 
 pub(crate) fn link(value: u64) -> Result<Arc<LinkCell>> {
-    lookup(&LAST_LINKS, value, Kind::Link, |object| match object {
-        Object::Link(cell) => Some(cell),
-        _ => None,
-    })
+    lookup(
+        &LAST_LINKS,
+        &LINK_REMOVALS,
+        value,
+        Kind::Link,
+        |object| match object {
+            Object::Link(cell) => Some(cell),
+            _ => None,
+        },
+    )
 }
 
 pub(crate) fn listener(value: u64) -> Result<Arc<ListenerCell>> {
@@ -263,10 +275,16 @@ pub(crate) fn listener(value: u64) -> Result<Arc<ListenerCell>> {
 }
 
 pub(crate) fn buffer(value: u64) -> Result<Arc<Region>> {
-    lookup(&LAST_BUFFERS, value, Kind::Buffer, |object| match object {
-        Object::Buffer(region) => Some(region),
-        _ => None,
-    })
+    lookup(
+        &LAST_BUFFERS,
+        &BUFFER_REMOVALS,
+        value,
+        Kind::Buffer,
+        |object| match object {
+            Object::Buffer(region) => Some(region),
+            _ => None,
+        },
+    )
 }
 
 pub(crate) fn remove_link(value: u64) -> Result<Arc<LinkCell>> {
