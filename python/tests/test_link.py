@@ -624,7 +624,8 @@ def poll():
         if current[0] is not None:
             current[0].done
             current[0].test()
-threading.Thread(target=poll, daemon=True).start()
+poller = threading.Thread(target=poll, daemon=True)
+poller.start()
 for _ in range(30):
     a = np.frombuffer(np.random.bytes(300_000), np.uint8).copy()
     b, c, d = (np.zeros(300_000, np.uint8) for _ in range(3))
@@ -632,7 +633,11 @@ for _ in range(30):
     current[0] = barlink.Exchange.chain(link, link, steps, chunk=8192)
     current[0].wait(timeout=30)
 stop.set()
-print("ok")
+# Joined before exit: a daemon thread still inside a call when the
+# interpreter finalizes is ended by a forced unwind, which aborts the
+# process ("exception not rethrown") after "ok" was printed.
+poller.join(timeout=30)
+print("ok" if not poller.is_alive() else "the poller did not stop")
 """
 
 
