@@ -206,6 +206,7 @@ fn index_check(kind: IndexKind, count: u32) -> u32 {
 /// complement misses two flips 32 bits apart. All-zero and all-one words
 /// (lost or dead memory) fail it too. 32 bits of count suffice: a reader
 /// extends it from what it knew, the ring holding at most [`MAX_SLOTS`].
+#[inline]
 pub fn encode_index(kind: IndexKind, count: u64) -> u64 {
     let count = count as u32;
     u64::from(count) | (u64::from(index_check(kind, count)) << 32)
@@ -463,6 +464,7 @@ impl Producer {
     /// with Acquire): a word that fails its check, or whose count goes
     /// backwards or past what we wrote, is a missed update and changes
     /// nothing.
+    #[inline]
     pub fn on_consumed(&mut self, word: u64) -> Result<(), MissedUpdate> {
         let count =
             decode_index(IndexKind::Consumed, word).ok_or(MissedUpdate::Corrupt { word })?;
@@ -509,6 +511,7 @@ impl Consumer {
     /// how many packets are ready. A word that fails its check, or whose
     /// head runs backwards or further ahead than the ring holds, is a missed
     /// update and changes nothing (the packets already known stay ready).
+    #[inline]
     pub fn on_head(&mut self, word: u64) -> Result<u64, MissedUpdate> {
         let room = u64::from(self.geometry.slot_count) - (self.head - self.read);
         self.head = advance_index(IndexKind::Head, word, self.head, room)?;

@@ -577,6 +577,7 @@ impl Repr {
     /// This is how a receiver copies a payload exactly once — out of the
     /// medium straight into its destination, taking the CRC as it goes —
     /// and checks [`Repr::crc_to_verify`] before trusting any of it.
+    #[inline]
     pub fn parse_header(
         header: &[u8],
         room: usize,
@@ -690,6 +691,7 @@ impl Repr {
     /// Writes every header field except the CRC, which stays zero: the CRC
     /// covers the payload too, and links compute it while they copy the
     /// payload (see [`crc_of_parts`]).
+    #[inline]
     pub fn emit_header(&self, header: &mut [u8; HEADER_LEN]) {
         let mut packet = Packet::new_unchecked(&mut header[..]);
         packet.set_magic(MAGIC);

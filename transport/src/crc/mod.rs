@@ -108,6 +108,7 @@ impl Crc32c {
     /// stores is implied (publish with a fence and a `Release` store, as
     /// [`Window`](crate::window::Window) describes).
     #[allow(unsafe_code)]
+    #[inline]
     pub(crate) unsafe fn copy_into(&mut self, src: &[u8], dst: *mut u8) {
         #[cfg(target_arch = "x86_64")]
         if avx512::available() {
@@ -154,6 +155,7 @@ impl Crc32c {
     ///   the call. A device or another process writing the source
     ///   meanwhile is allowed (see above).
     #[allow(unsafe_code)]
+    #[inline]
     pub(crate) unsafe fn copy_from(&mut self, src: *const u8, dst: &mut [u8]) {
         #[cfg(target_arch = "x86_64")]
         if avx512::available() {

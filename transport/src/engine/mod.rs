@@ -115,6 +115,7 @@ impl Transmit<'_> {
     }
 
     /// The header with `crc` filled in (0 when the packet carries no CRC).
+    #[inline]
     pub fn header_with_crc(&self, crc: u32) -> [u8; HEADER_LEN] {
         let mut header = self.header;
         let crc = if self.crc { crc } else { 0 };
@@ -457,6 +458,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
     }
 
     /// Acts on a packet that passed the wire checks.
+    #[inline]
     fn accept(&mut self, now: Time, repr: &Repr, payload: Payload<'_>) -> Result<(), PacketError> {
         let repr = *repr;
         if repr.peer_epoch != 0 && repr.peer_epoch != self.epoch {
@@ -668,6 +670,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
 
     /// When [`Engine::handle_timeout`] should next be called if nothing
     /// arrives and nothing is sent; `None` once the link has ended.
+    #[inline]
     pub fn poll_timeout(&self) -> Option<Time> {
         if self.state == State::Closed {
             return None;
@@ -847,6 +850,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
 
     /// The next delivered message, wherever it landed (see
     /// [`Engine::post_recv`]); as [`Engine::poll_message`] otherwise.
+    #[inline]
     pub fn poll_delivery(&mut self) -> Option<Delivery> {
         let (_, queued) = self.events.messages.pop_front()?;
         match self.take(queued) {
@@ -943,6 +947,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
     /// stay queued — and keep holding the credit their packets used, so a
     /// caller that is slow to receive slows the sender down — until
     /// [`Engine::poll_message`] or [`Engine::poll_event`] takes them.
+    #[inline]
     pub fn poll_other_event(&mut self) -> Option<Event<B>> {
         let (_, queued) = self.events.others.pop_front()?;
         Some(self.take(queued))
@@ -995,6 +1000,7 @@ impl<B: AsRef<[u8]>> Engine<B> {
 /// and may not hold back, else a heartbeat once `keepalive` has passed since
 /// the last packet of any kind. A free function so that it can run while
 /// the sender lends a payload.
+#[inline]
 fn control_due(
     receiver: &Receiver,
     config: &EngineConfig,

@@ -409,6 +409,7 @@ impl Receiver {
     }
 
     /// The next transmission serial to NAK.
+    #[inline]
     pub(super) fn take_nak(&mut self) -> Option<u32> {
         self.naks.pop_front()
     }
@@ -419,6 +420,7 @@ impl Receiver {
     }
 
     /// Bit `i` set: `ack() + 1 + i` is buffered.
+    #[inline]
     pub(super) fn sack(&self) -> u64 {
         let first = self.next_seq + 1;
         self.ahead
@@ -428,6 +430,7 @@ impl Receiver {
 
     /// Packets beyond `ack()` this side will accept: what the receive
     /// window has room for now, and never less than was offered before.
+    #[inline]
     pub(super) fn credit(&self, config: &EngineConfig) -> u32 {
         let held = u32::try_from(self.undelivered_packets).unwrap_or(u32::MAX);
         let room = config.recv_window.saturating_sub(held);
@@ -485,6 +488,7 @@ impl Receiver {
     }
 
     /// Every outgoing packet carries the acknowledgement state.
+    #[inline]
     pub(super) fn on_ack_sent(&mut self, credit: u32) {
         self.ack_now = false;
         self.ack_requested = false;
@@ -495,6 +499,7 @@ impl Receiver {
 
     /// The caller took a delivered message: its packets free credit. If the
     /// peer may be waiting for credit, tell it now.
+    #[inline]
     pub(super) fn on_taken(&mut self, packets: u32, bytes: usize, config: &EngineConfig) {
         self.undelivered_packets -= u64::from(packets);
         self.undelivered_bytes -= bytes;
@@ -512,6 +517,7 @@ impl Receiver {
     /// Only a hint for how the medium writes, never for where: after a
     /// loss it may name the room of another message than the one the
     /// packet lands in.
+    #[inline]
     pub(super) fn landing_buffer_len(&self, msg_id: u64) -> u64 {
         match (&self.assembly, &self.staged) {
             (Some(assembly), _) if assembly.msg_id == msg_id => assembly.data.buffer_len(),
@@ -527,6 +533,7 @@ impl Receiver {
     /// message being assembled (or starts the next one). The bytes copied
     /// there count only once [`Receiver::on_data`] takes the packet with
     /// [`Payload::Placed`]; until then they are room, overwritten later.
+    #[inline]
     pub(super) fn place(&mut self, repr: &Repr, config: &EngineConfig) -> Option<&mut [u8]> {
         let fragment = repr.fragment?;
         let len = repr.payload_len as usize;

@@ -146,6 +146,7 @@ impl RttEstimator {
 
     /// When a packet sent at `now` for the `transmissions`-th time times
     /// out (in integer nanoseconds: this runs for every packet sent).
+    #[inline]
     fn deadline(&self, now: Time, transmissions: u32, config: &EngineConfig) -> Time {
         Time::from_nanos(
             now.as_nanos()
@@ -252,6 +253,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
     /// The next data packet to send and its payload, read from the caller's
     /// buffer: the one step a transmission takes through the sender (stall
     /// accounting, choice of packet, its timer, its bytes).
+    #[inline]
     pub(super) fn next_transmission(
         &mut self,
         now: Time,

@@ -33,6 +33,7 @@ pub struct RepeatTimer {
 impl RepeatTimer {
     /// Whether the repeat is due at `now`; when it is (or on the first
     /// call, which only arms the timer) the next one is set.
+    #[inline]
     pub fn due(&mut self, now: Time, heartbeat: Duration) -> bool {
         let due = self.at.is_some_and(|at| now >= at);
         if due || self.at.is_none() {

@@ -146,11 +146,13 @@ impl Mapping {
     }
 
     /// The region's length in bytes.
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// Copies `src` into the region at `offset`.
+    #[inline]
     pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
         check_range(offset, src.len(), self.len)?;
         // SAFETY: `offset + src.len() <= self.len` without overflow (checked
@@ -162,6 +164,7 @@ impl Mapping {
 
     /// Copies `src` into the region at `offset`, feeding it into `crc` in
     /// the same pass.
+    #[inline]
     pub(crate) fn write_crc(
         &self,
         offset: usize,
@@ -177,6 +180,7 @@ impl Mapping {
 
     /// Copies bytes at `offset` out of the region into `dst`, feeding them
     /// (as they landed in `dst`) into `crc` in the same pass.
+    #[inline]
     pub(crate) fn read_crc(
         &self,
         offset: usize,
@@ -215,6 +219,7 @@ impl Mapping {
     }
 
     /// Copies bytes at `offset` out of the region into `dst`.
+    #[inline]
     pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
         check_range(offset, dst.len(), self.len)?;
         // SAFETY: the source range lies within the live region (checked
@@ -227,6 +232,7 @@ impl Mapping {
     /// Starts taking the cache lines of `offset..offset + len` (clipped to
     /// the region) for this core, in the state a write needs, where the
     /// CPU has `prefetchw`; elsewhere does nothing.
+    #[inline]
     pub(crate) fn prefetch_for_write(&self, offset: usize, len: usize) {
         if !crate::cpu::has_prefetchw() {
             return;
@@ -243,6 +249,7 @@ impl Mapping {
 
     /// Starts fetching the cache lines of `offset..offset + len` (clipped
     /// to the region) into this core's cache.
+    #[inline]
     pub(crate) fn prefetch(&self, offset: usize, len: usize) {
         let end = offset.saturating_add(len).min(self.len);
         let mut at = offset;
@@ -260,6 +267,7 @@ impl Mapping {
     }
 
     /// The 8-byte word at `offset`, checked for range and alignment.
+    #[inline]
     fn word(&self, offset: usize) -> Result<*mut u64, WindowError> {
         check_range(offset, size_of::<u64>(), self.len)?;
         // SAFETY: `offset + 8 <= self.len` (checked above), so the pointer
@@ -275,6 +283,7 @@ impl Mapping {
     }
 
     /// An atomic load of the word at `offset`.
+    #[inline]
     pub(crate) fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, WindowError> {
         check_load_ordering(order)?;
         let word = self.word(offset)?;
@@ -287,6 +296,7 @@ impl Mapping {
     }
 
     /// An atomic store to the word at `offset`.
+    #[inline]
     pub(crate) fn store_u64(
         &self,
         offset: usize,
@@ -565,6 +575,7 @@ impl Drop for Mapping {
 
 /// Loads can be Relaxed, Acquire or SeqCst (the standard library panics on
 /// the others; a window returns an error instead).
+#[inline]
 fn check_load_ordering(order: Ordering) -> Result<(), WindowError> {
     match order {
         Ordering::Relaxed | Ordering::Acquire | Ordering::SeqCst => Ok(()),
@@ -576,6 +587,7 @@ fn check_load_ordering(order: Ordering) -> Result<(), WindowError> {
 }
 
 /// Stores can be Relaxed, Release or SeqCst.
+#[inline]
 pub(super) fn check_store_ordering(order: Ordering) -> Result<(), WindowError> {
     match order {
         Ordering::Relaxed | Ordering::Release | Ordering::SeqCst => Ok(()),

@@ -300,15 +300,19 @@ forward_window!(&W, Box<W>, Arc<W>);
 macro_rules! window_over_mapping {
     ($ty:ty) => {
         impl $crate::window::Window for $ty {
+            #[inline]
             fn len(&self) -> usize {
                 self.mapping.len()
             }
+            #[inline]
             fn write(&self, offset: usize, src: &[u8]) -> Result<(), WindowError> {
                 self.mapping.write(offset, src)
             }
+            #[inline]
             fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
                 self.mapping.read(offset, dst)
             }
+            #[inline]
             fn write_crc(
                 &self,
                 offset: usize,
@@ -317,6 +321,7 @@ macro_rules! window_over_mapping {
             ) -> Result<(), WindowError> {
                 self.mapping.write_crc(offset, src, crc)
             }
+            #[inline]
             fn read_crc(
                 &self,
                 offset: usize,
@@ -325,6 +330,7 @@ macro_rules! window_over_mapping {
             ) -> Result<(), WindowError> {
                 self.mapping.read_crc(offset, dst, crc)
             }
+            #[inline]
             fn read_crc_streaming(
                 &self,
                 offset: usize,
@@ -333,9 +339,11 @@ macro_rules! window_over_mapping {
             ) -> Result<(), WindowError> {
                 self.mapping.read_crc_streaming(offset, dst, crc)
             }
+            #[inline]
             fn read_streaming(&self, offset: usize, dst: &mut [u8]) -> Result<(), WindowError> {
                 self.mapping.read_streaming(offset, dst)
             }
+            #[inline]
             fn load_u64(
                 &self,
                 offset: usize,
@@ -343,6 +351,7 @@ macro_rules! window_over_mapping {
             ) -> Result<u64, WindowError> {
                 self.mapping.load_u64(offset, order)
             }
+            #[inline]
             fn store_u64(
                 &self,
                 offset: usize,
@@ -351,6 +360,7 @@ macro_rules! window_over_mapping {
             ) -> Result<(), WindowError> {
                 self.mapping.store_u64(offset, value, order)
             }
+            #[inline]
             fn fetch_add_u64(
                 &self,
                 offset: usize,
@@ -359,12 +369,15 @@ macro_rules! window_over_mapping {
             ) -> Result<u64, WindowError> {
                 self.mapping.fetch_add_u64(offset, value, order)
             }
+            #[inline]
             fn prefetch(&self, offset: usize, len: usize) {
                 self.mapping.prefetch(offset, len)
             }
+            #[inline]
             fn prefetch_for_write(&self, offset: usize, len: usize) {
                 self.mapping.prefetch_for_write(offset, len)
             }
+            #[inline]
             fn store_fence(&self) {
                 // Host memory: the index's Release store orders the rest.
                 $crate::window::mapping::host_store_fence()
