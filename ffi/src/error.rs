@@ -4,7 +4,7 @@
 #![forbid(unsafe_code)]
 
 use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{CStr, CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -83,9 +83,15 @@ enum LastError {
 
 thread_local! {
     static LAST_ERROR: RefCell<LastError> = const { RefCell::new(LastError::None) };
+    /// Whether `LAST_ERROR` may hold a message. Every call clears the
+    /// message first; after a call that succeeded, the next one then reads
+    /// this flag only (a slot without a destructor: no state to check,
+    /// nothing to drop).
+    static ERROR_HELD: Cell<bool> = const { Cell::new(false) };
 }
 
 fn set_last_error(error: LastError) {
+    ERROR_HELD.set(!matches!(error, LastError::None));
     // `try_with`: during thread teardown the slot may be gone; then the
     // message is lost, never the process.
     let _ = LAST_ERROR.try_with(|slot| {
@@ -128,7 +134,9 @@ pub(crate) fn boundary(
     function: &'static str,
     body: impl FnOnce() -> Result<()>,
 ) -> barlink_status {
-    set_last_error(LastError::None);
+    if ERROR_HELD.get() {
+        set_last_error(LastError::None);
+    }
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => BARLINK_OK,
         Ok(Err(error)) => {
