@@ -433,15 +433,16 @@ impl LinkState {
         // not in a round of its own.
         let mut ended = match link.progress_waiting(!self.waiting, self.for_delivery) {
             // A blocking call's later rounds, while nothing moves, no
-            // message waits and nothing completed or ended (another
-            // thread's receive round may have brought completions or an
-            // end without collecting them): the rest of the step would
-            // find nothing. This is the loop a waiting call spins in.
+            // message waits, nothing waits to be collected and nothing
+            // ended (another thread's receive round may have brought
+            // completions or an end without collecting them): the rest of
+            // the step would find nothing. This is the loop a waiting call
+            // spins in.
             Ok(false)
                 if self.waiting
                     && self.received.is_empty()
                     && link.messages_ready() == 0
-                    && link.completed() == self.completed_seen
+                    && nothing_to_collect(link, self.completed_seen, &self.requests)
                     && link.check_open().is_ok() =>
             {
                 return false;
@@ -462,18 +463,12 @@ impl LinkState {
         // A receive that has its message returns with it at once when
         // nothing waits to be collected: whether the link ended is then
         // the next step's question, which usually runs after the caller's
-        // answer has gone out. Sends the round released (a peer's restart
-        // fails them without counting them) are collected now: a thread
-        // waiting for them spins in rounds that would not notice them.
+        // answer has gone out.
         if delivered
             && self.for_delivery
             && ended.is_none()
             && self.recvs.is_empty()
-            && link.completed() == self.completed_seen
-            && self
-                .requests
-                .front()
-                .is_none_or(|(_, request)| !request.released.is_released())
+            && nothing_to_collect(link, self.completed_seen, &self.requests)
         {
             return true;
         }
@@ -1260,6 +1255,21 @@ fn closed_meanwhile() -> Error {
         BARLINK_CLOSED,
         "the link was closed (barlink_close) while this call was using it",
     )
+}
+
+/// Whether the link holds nothing for [`LinkState::collect`]: no
+/// acknowledgement counted since `completed_seen`, and the oldest request's
+/// payload still held. A peer's restart fails sends by releasing them
+/// without counting them, so the count alone would not show those.
+fn nothing_to_collect(
+    link: &mut Connection<Payload>,
+    completed_seen: u64,
+    requests: &VecDeque<(u64, Request)>,
+) -> bool {
+    link.completed() == completed_seen
+        && requests
+            .front()
+            .is_none_or(|(_, request)| !request.released.is_released())
 }
 
 fn activity(stats: &Stats) -> (u64, u64) {
