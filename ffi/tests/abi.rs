@@ -13,8 +13,8 @@ use barlink_c::*;
 mod support;
 
 use support::{
-    completions, drive, expect, last_error, pair, post_recv, recv, send, unique_name,
-    unwritten_completions,
+    completions, default_config, drive, expect, last_error, pair, post_recv, recv, send,
+    unique_name, unwritten_completions,
 };
 
 #[test]
@@ -483,9 +483,7 @@ fn a_posted_receive_learns_that_the_link_ended() {
 
 #[test]
 fn message_too_long() {
-    let mut config = barlink_config::default();
-    // SAFETY: valid out-pointer.
-    unsafe { barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>()) };
+    let mut config = default_config();
     config.max_message_bytes = 1000;
     let (a, b) = pair(Some(&config));
     let driver = drive(a);
@@ -515,9 +513,7 @@ fn message_too_long() {
 /// message larger than the limit still goes alone.
 #[test]
 fn copies_held_for_a_peer_that_does_not_receive_are_bounded() {
-    let mut config = barlink_config::default();
-    // SAFETY: valid out-pointer.
-    unsafe { barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>()) };
+    let mut config = default_config();
     assert_eq!(config.send_queue_bytes, 0, "0 is the default");
     config.send_queue_bytes = 4 << 20;
     let (a, b) = pair(Some(&config));
@@ -591,9 +587,7 @@ fn copies_held_for_a_peer_that_does_not_receive_are_bounded() {
 /// counters say which way each went.
 #[test]
 fn long_blocking_sends_leave_the_callers_buffer_free_at_return() {
-    let mut config = barlink_config::default();
-    // SAFETY: valid out-pointer.
-    unsafe { barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>()) };
+    let mut config = default_config();
     // A 1 MiB ring: a 2 MiB message cannot all be written while the peer
     // does not read, so its last packets go out after the call returned.
     config.window_bytes = 1 << 20;

@@ -14,7 +14,7 @@ use barlink_c::*;
 
 mod support;
 
-use support::{expect, last_error, unique_name};
+use support::{default_config, expect, last_error, unique_name};
 
 const V0_4_SIZE: usize = 112;
 
@@ -92,9 +92,7 @@ fn the_sized_init_fills_every_field_the_caller_has() {
 
 #[test]
 fn a_struct_size_that_splits_a_field_is_refused() {
-    let mut config = barlink_config::default();
-    // SAFETY: a whole, writable config.
-    unsafe { barlink_config_init_size(&mut config, size_of::<barlink_config>()) };
+    let config = default_config();
     for size in [
         V0_4_SIZE + 4,
         V0_4_SIZE + 12,

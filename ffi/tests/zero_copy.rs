@@ -10,7 +10,7 @@ use barlink_c::*;
 
 mod support;
 
-use support::{expect, last_error, pair, recv, send, unwritten_completions};
+use support::{default_config, expect, last_error, pair, recv, send, unwritten_completions};
 
 #[test]
 fn posted_zero_copy_sends_complete_once() {
@@ -217,9 +217,7 @@ fn check_sender_stats(a: *mut barlink_link, b: *mut barlink_link, blocks: usize,
 
 #[test]
 fn peer_loss_fails_posted_sends_and_releases_memory() {
-    let mut config = barlink_config::default();
-    // SAFETY: valid out-pointer.
-    unsafe { barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>()) };
+    let mut config = default_config();
     config.peer_timeout_ms = 300;
     let (a, b) = pair(Some(&config));
     // The peer goes silent: its handle is never driven again.

@@ -10,6 +10,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use barlink_c::barlink_status::*;
 use barlink_c::*;
 
+/// The library's defaults, as `barlink_config_init` fills them, for a test
+/// to change a field of.
+pub fn default_config() -> barlink_config {
+    let mut config = barlink_config::default();
+    // SAFETY: a whole, writable config of the size given.
+    let status =
+        unsafe { barlink_config_init_size(&mut config, std::mem::size_of::<barlink_config>()) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    config
+}
+
 pub fn last_error() -> String {
     // SAFETY: barlink_last_error never returns NULL; the string is valid
     // until this thread's next barlink call, and copied at once.
