@@ -12,7 +12,8 @@
 #      benchmark (ffi/bench/ffi_bench.c), built with gcc/g++ through
 #      `pkg-config --cflags --libs barlink` against the shared library (and
 #      the example must exit 1 when decode expects other data); the
-#      library's SONAME carries the ABI major;
+#      library's SONAME carries the ABI major; a smoke run of
+#      ffi/examples/latency_pairs.rs (the C ABI and the Rust link in turns);
 #   6. both again against the static library under AddressSanitizer and
 #      UndefinedBehaviorSanitizer (leak detection on).
 # Prints one line per check (ok: / FAILED: / SKIPPED:) and a summary line;
@@ -285,6 +286,16 @@ if run_check "C ABI benchmark builds (gcc -std=c11 -Werror, shared library)" "$l
             "$logs/bench-$how.log" "$work/ffi_bench" --sizes 64,65536,1048576 --windows 1 --bytes-per-window 1048576 \
             --lat-iters 10 --recv "$how" || true
     done
+fi
+
+# The C ABI and the Rust link in turns between one pair of processes
+# (ffi/examples/latency_pairs.rs; scripts/ffi-bench.sh runs it for the 64 B
+# figure): a short run loads the shared library and checks every answer.
+if run_check "latency pairs builds (cargo, ffi/examples/latency_pairs.rs)" "$logs/pairs-build.log" \
+    cargo build --release -p barlink-ffi --example latency_pairs; then
+    run_check "latency pairs smoke run (64 B, every C mode through the shared library and the Rust link in turns)" \
+        "$logs/pairs.log" "$target/release/examples/latency_pairs" --lib "$libdir/libbarlink_c.so" \
+        --turns 3 --per-turn 10 --modes c-send,c-post-send,c-post-send-buffer || true
 fi
 
 # --- 6. under AddressSanitizer and UndefinedBehaviorSanitizer -----------------
