@@ -6,8 +6,12 @@
 # turns size by size, ROUNDS times; each round's ratio is C / Rust at each
 # size, and the medians of the rounds are printed with the CPU they ran
 # on, beside each C mode's one-way latency less the Rust link's. The
-# latency is the median of 20,000 round trips at sizes up to 4 KiB (a
-# 0.1 us difference is lost among 500 on a shared VM) and of 500 above.
+# latency is the median of 20,000 round trips at sizes up to 4 KiB (the
+# small differences a C call makes are lost among 500 on a shared VM) and
+# of 500 above.
+# Last, ffi/examples/latency_pairs.rs takes the 64 B one-way through both
+# in turns between one pair of processes: a shared VM's launches differ by
+# more than the gap, and that figure does not see them.
 #
 # Two Rust baselines: `barlink` sends one shared buffer again and again (a
 # count more each time, never a copy), as zero-copy
@@ -21,7 +25,8 @@
 #   scripts/ffi-bench.sh [--rounds 3] [--sizes 64,4K,64K,1M,16M] [--quick]
 #                        [--recv in-place|copy|posted] [--progress-thread]
 #
-# --quick: 64,64K,1M, 2 rounds of 3 windows of 8 MiB (under a minute).
+# --quick: 64,64K,1M, 2 rounds of 3 windows of 8 MiB, 2,000 round trips for
+# the small sizes' latency (under a minute).
 # --recv: how the C receiver takes messages: in place (barlink_recv_message,
 # as the Rust link's receiver takes its buffers; the default), copied
 # into its own buffer (barlink_recv), or landing in receives it keeps
@@ -55,6 +60,7 @@ ffi_bench="${FFI_BENCH:-}"
 if [ -z "$ffi_bench" ]; then
     ./scripts/ffi-test.sh --build >/dev/null
     cargo build --release --quiet --bin barlink
+    cargo build --release --quiet -p barlink-ffi --example latency_pairs
     gcc -O2 -Wall -Wextra -std=c11 -I ffi/include ffi/bench/ffi_bench.c \
         -L "$target/release" -lbarlink_c -Wl,-rpath,"$target/release" -o "$work/ffi_bench"
     ffi_bench="$work/ffi_bench"
@@ -141,3 +147,16 @@ for (size, path), values in sorted(ratio.items()):
           f"({', '.join(f'{v:.2f}' for v in values)})   {statistics.median(copied_ratio[(size, path)]):>13.2f}  "
           f"{statistics.median(lat_delta[(size, path)]):+.2f} us")
 PY
+pairs="$target/release/examples/latency_pairs"
+# It takes the C ABI as the default run does: receiving in place, driven by
+# the caller. Given FFI_BENCH, it finds the library as ffi_bench does.
+lib=(--lib "$target/release/libbarlink_c.so")
+[ -n "${FFI_BENCH:-}" ] && lib=()
+if [ "$recv" != in-place ] || [ -n "$progress" ]; then
+    echo "# note: 64 B in turns skipped: it receives in place with no progress thread, unlike this run"
+elif [ ! -x "$pairs" ]; then
+    echo "# note: 64 B in turns skipped: $pairs is not built (cargo build --release -p barlink-ffi --example latency_pairs)"
+else
+    "$pairs" "${lib[@]}" --turns 200 --per-turn 100 --modes c-send,c-post-send,c-post-send-buffer | grep -v "^# cpu" ||
+        echo "# note: latency_pairs failed (its message is above)"
+fi
