@@ -40,8 +40,12 @@ if [ ! -x "$venv/bin/python" ]; then
         # Debian's python3 keeps venv in a package of its own.
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
             echo "installing python3-venv (apt-get)"
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null 2>&1 ||
-                { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null 2>&1; }
+            # test-all.sh runs this in the background while its own steps
+            # may install packages: wait for dpkg's lock rather than fail.
+            lock=(-o DPkg::Lock::Timeout=120)
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${lock[@]}" python3-venv >/dev/null 2>&1 ||
+                { apt-get update -qq "${lock[@]}" >/dev/null 2>&1 &&
+                    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${lock[@]}" python3-venv >/dev/null 2>&1; }
         fi
         rm -rf "$venv"
         "$python" -m venv "$venv" || { bad "$python -m venv $venv"; summary; }

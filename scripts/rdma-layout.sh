@@ -13,9 +13,13 @@ header=/usr/include/infiniband/verbs.h
 if [ ! -e "$header" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "rdma-layout: installing libibverbs-dev for $header"
-        DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends \
-            -o DPkg::Lock::Timeout=120 libibverbs-dev >/tmp/rdma-layout-apt.log 2>&1 ||
-            { tail -5 /tmp/rdma-layout-apt.log; }
+        install_verbs_dev() {
+            DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends \
+                -o DPkg::Lock::Timeout=120 libibverbs-dev >/tmp/rdma-layout-apt.log 2>&1
+        }
+        # A fresh image may have empty package lists: fill them and retry.
+        install_verbs_dev || { apt-get update -qq -o DPkg::Lock::Timeout=120 >/dev/null 2>&1 && install_verbs_dev; } ||
+            tail -5 /tmp/rdma-layout-apt.log
     fi
 fi
 if [ ! -e "$header" ]; then

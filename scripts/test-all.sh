@@ -49,6 +49,11 @@ fi
 step "layout (no Rust file over 1,000 lines of code; functions are held to 120 by clippy)"
 if ./scripts/file-sizes.sh; then ok "file sizes"; else bad "file sizes (scripts/file-sizes.sh)"; fi
 
+# Before the tests: it installs the header that their layout test reads, so
+# on a fresh machine that test runs rather than says SKIPPED.
+step "ibverbs ABI of rdma/src/sys.rs against verbs.h (scripts/rdma-layout.sh; installs libibverbs-dev as root)"
+./scripts/rdma-layout.sh >"$log/layout.txt" 2>&1; case $? in 0) ok "$(tail -1 "$log/layout.txt")" ;; 3) skip "$(tail -1 "$log/layout.txt")" ;; *) cat "$log/layout.txt"; bad "rdma-layout (scripts/rdma-layout.sh)" ;; esac
+
 step "tests (unit, property with PROPTEST_CASES=$PROPTEST_CASES, scenario, CLI)"
 # bench --tcp's bandwidth baseline; its test says SKIPPED without it.
 if ! command -v iperf3 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -75,9 +80,6 @@ tests_passed=$((tests_passed - tests_skipped))
 skipped=$((skipped + tests_skipped))
 grep 'SKIPPED' "$log/test.txt" | sed 's/^[. ]*/  /' || true
 if [ "$test_status" -eq 0 ]; then ok "cargo test: $tests_passed tests passed, $tests_skipped skipped"; else bad "cargo test: $tests_failed tests failed"; fi
-
-step "ibverbs ABI of rdma/src/sys.rs against verbs.h (scripts/rdma-layout.sh; installs libibverbs-dev as root)"
-./scripts/rdma-layout.sh >"$log/layout.txt" 2>&1; case $? in 0) ok "$(tail -1 "$log/layout.txt")" ;; 3) skip "$(tail -1 "$log/layout.txt")" ;; *) cat "$log/layout.txt"; bad "rdma-layout (scripts/rdma-layout.sh)" ;; esac
 
 # A sub-suite that prints "<name>: N passed, M failed[, K skipped]" as its
 # summary: its checks count one by one in the totals here.
