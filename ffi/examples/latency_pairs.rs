@@ -40,6 +40,8 @@ use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use barlink_c::barlink_status::{self, BARLINK_OK, BARLINK_WOULD_BLOCK};
+use barlink_c::{barlink_buffer, barlink_config, barlink_link, barlink_listener, barlink_message};
 use barlink_transport::link::{LinkConfig, Listener, RingLink, connect};
 use barlink_transport::window::ShmWindow;
 
@@ -47,45 +49,14 @@ use barlink_transport::window::ShmWindow;
 const TIMEOUT: Duration = Duration::from_secs(10);
 const TIMEOUT_MS: u32 = 10_000;
 
-/// `barlink_message` (`ffi/include/barlink.h`; frozen layout).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct Message {
-    data: *const c_void,
-    len: usize,
-    id: u64,
-}
-
-/// The first fields of `barlink_config`, up to the peer timeout: a config
-/// whose `struct_size` ends there takes the defaults for the rest.
-#[repr(C)]
-#[derive(Debug)]
-struct ConfigPrefix {
-    struct_size: u32,
-    transport: u32,
-    window_bytes: u64,
-    max_message_bytes: u64,
-    mtu: u32,
-    peer_timeout_ms: u32,
-}
-
 /// The default config, with the peer timeout of [`TIMEOUT`].
-fn c_config() -> ConfigPrefix {
-    ConfigPrefix {
-        struct_size: std::mem::size_of::<ConfigPrefix>() as u32,
-        transport: 0,
-        window_bytes: 0,
-        max_message_bytes: 0,
-        mtu: 0,
+fn c_config() -> barlink_config {
+    barlink_config {
+        struct_size: std::mem::size_of::<barlink_config>() as u32,
         peer_timeout_ms: TIMEOUT_MS,
+        ..barlink_config::default()
     }
 }
-
-type Status = i32;
-type Handle = *mut c_void;
-
-const BARLINK_OK: Status = 0;
-const BARLINK_WOULD_BLOCK: Status = 2;
 
 /// How the C side sends, as `ffi_bench --modes` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,23 +78,30 @@ impl Mode {
     }
 }
 
+type Status = barlink_status;
+type Link = *mut barlink_link;
+type ListenerHandle = *mut barlink_listener;
+type Buffer = *mut barlink_buffer;
+
 /// The entry points of `libbarlink_c.so` this program calls, with the
-/// signatures `barlink.h` declares.
+/// signatures of the crate's own (those `barlink.h` declares), taking the
+/// crate's types: the loaded library is the same code.
 struct CAbi {
-    listen: unsafe extern "C" fn(*const c_char, *const c_void, *mut Handle) -> Status,
-    accept: unsafe extern "C" fn(Handle, u32, *mut Handle) -> Status,
-    connect: unsafe extern "C" fn(*const c_char, *const c_void, u32, *mut Handle) -> Status,
-    send: unsafe extern "C" fn(Handle, *const c_void, usize, u32) -> Status,
-    post_send: unsafe extern "C" fn(Handle, *const c_void, usize, u64, *mut u64) -> Status,
-    post_send_buffer: unsafe extern "C" fn(Handle, Handle, usize, usize, u64, *mut u64) -> Status,
-    wait: unsafe extern "C" fn(Handle, u64, u32) -> Status,
-    progress: unsafe extern "C" fn(Handle) -> Status,
-    register_buffer: unsafe extern "C" fn(*const c_void, usize, *mut Handle) -> Status,
-    deregister_buffer: unsafe extern "C" fn(Handle) -> Status,
-    recv_message: unsafe extern "C" fn(Handle, *mut Message, u32) -> Status,
-    release_message: unsafe extern "C" fn(Handle, *const Message) -> Status,
-    close: unsafe extern "C" fn(Handle, u32) -> Status,
-    listener_close: unsafe extern "C" fn(Handle) -> Status,
+    listen:
+        unsafe extern "C" fn(*const c_char, *const barlink_config, *mut ListenerHandle) -> Status,
+    accept: unsafe extern "C" fn(ListenerHandle, u32, *mut Link) -> Status,
+    connect: unsafe extern "C" fn(*const c_char, *const barlink_config, u32, *mut Link) -> Status,
+    send: unsafe extern "C" fn(Link, *const c_void, usize, u32) -> Status,
+    post_send: unsafe extern "C" fn(Link, *const c_void, usize, u64, *mut u64) -> Status,
+    post_send_buffer: unsafe extern "C" fn(Link, Buffer, usize, usize, u64, *mut u64) -> Status,
+    wait: unsafe extern "C" fn(Link, u64, u32) -> Status,
+    progress: unsafe extern "C" fn(Link) -> Status,
+    register_buffer: unsafe extern "C" fn(*const c_void, usize, *mut Buffer) -> Status,
+    deregister_buffer: unsafe extern "C" fn(Buffer) -> Status,
+    recv_message: unsafe extern "C" fn(Link, *mut barlink_message, u32) -> Status,
+    release_message: unsafe extern "C" fn(Link, *const barlink_message) -> Status,
+    close: unsafe extern "C" fn(Link, u32) -> Status,
+    listener_close: unsafe extern "C" fn(ListenerHandle) -> Status,
     last_error: unsafe extern "C" fn() -> *const c_char,
     /// Keeps the entry points mapped.
     _lib: libloading::Library,
@@ -172,31 +150,28 @@ impl CAbi {
         // SAFETY: barlink_last_error takes nothing and returns a
         // NUL-terminated string valid until this thread's next call.
         let text = unsafe { CStr::from_ptr((self.last_error)()) };
-        Err(format!(
-            "{call}: status {status}: {}",
-            text.to_string_lossy()
-        ))
+        Err(format!("{call}: {status:?}: {}", text.to_string_lossy()))
     }
 }
 
 /// A C link as the turns use it.
 struct CLink<'a> {
     abi: &'a CAbi,
-    link: Handle,
+    link: Link,
     /// The message received last, given back before the next receive.
-    held: Option<Message>,
+    held: Option<barlink_message>,
     /// The request of this side's last posted message, waited for once
     /// the next one is on its way; 0: none.
     pending: u64,
     /// The buffer `c-post-send-buffer` sends from, if registered.
-    registered: Handle,
+    registered: Buffer,
     /// The memory registered: a field, so it is dropped after `drop` has
     /// closed the link and deregistered it, on every way out.
     registered_bytes: Option<Arc<[u8]>>,
 }
 
 impl<'a> CLink<'a> {
-    fn new(abi: &'a CAbi, link: Handle) -> CLink<'a> {
+    fn new(abi: &'a CAbi, link: Link) -> CLink<'a> {
         CLink {
             abi,
             link,
@@ -211,7 +186,7 @@ impl<'a> CLink<'a> {
     /// registered if a mode sends from registered memory.
     fn with_message(
         abi: &'a CAbi,
-        link: Handle,
+        link: Link,
         byte: u8,
         args: &Args,
     ) -> Result<(CLink<'a>, Arc<[u8]>), String> {
@@ -330,7 +305,7 @@ impl<'a> CLink<'a> {
             let status = unsafe { (self.abi.release_message)(self.link, &held) };
             self.abi.check(status, "barlink_release_message")?;
         }
-        let mut message = Message {
+        let mut message = barlink_message {
             data: std::ptr::null(),
             len: 0,
             id: 0,
@@ -469,14 +444,7 @@ fn child(abi: &CAbi, args: &Args, name: &str) -> Result<(), String> {
     let config = c_config();
     // SAFETY: a NUL-terminated name, a config of `struct_size` readable
     // bytes, a writable handle.
-    let status = unsafe {
-        (abi.connect)(
-            c_name.as_ptr(),
-            (&raw const config).cast(),
-            TIMEOUT_MS,
-            &mut link,
-        )
-    };
+    let status = unsafe { (abi.connect)(c_name.as_ptr(), &config, TIMEOUT_MS, &mut link) };
     abi.check(status, "barlink_connect")?;
     let (mut c, answer) = CLink::with_message(abi, link, 0xA5, args)?;
     let mut buf = Vec::new();
@@ -548,8 +516,7 @@ fn parent(abi: &CAbi, args: &Args) -> Result<(), String> {
     let config = c_config();
     // SAFETY: a NUL-terminated name, a config of `struct_size` readable
     // bytes, a writable handle.
-    let status =
-        unsafe { (abi.listen)(c_name.as_ptr(), (&raw const config).cast(), &mut c_listener) };
+    let status = unsafe { (abi.listen)(c_name.as_ptr(), &config, &mut c_listener) };
     abi.check(status, "barlink_listen")?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let modes: Vec<&str> = args.modes.iter().map(|mode| mode.name()).collect();
@@ -635,7 +602,7 @@ fn ping(
     abi: &CAbi,
     args: &Args,
     listener: &Listener,
-    c_listener: Handle,
+    c_listener: ListenerHandle,
 ) -> Result<Vec<Figures>, String> {
     let mut rust: RustLink = listener.accept(&rust_config()).map_err(|e| e.to_string())?;
     let mut link = std::ptr::null_mut();
