@@ -14,7 +14,7 @@ use barlink::loan::LoanWait;
 
 use crate::error::{Error, Result, boundary, last_error_ptr};
 use crate::held::Lent;
-use crate::link::{COPY_UNLOCKED_FROM, LinkState, RecvInto, Step};
+use crate::link::{COPY_UNLOCKED_FROM, RecvInto, Step};
 use crate::payload::{CallerMemory, Region, fill_copy};
 use crate::peer::{ConfigTexts, ListenerCell, Setup, connect_link};
 use crate::registry;
@@ -596,6 +596,10 @@ pub unsafe extern "C" fn barlink_send(
         let cell = registry::link(key(link))?;
         // SAFETY: forwarded caller contract; the slice lives for this call.
         let data = unsafe { bytes(data, len, "data")? };
+        // A short message on a ring link with room goes the direct way.
+        if data.len() < COPY_UNLOCKED_FROM && cell.lock()?.send_copy_direct(data)? {
+            return Ok(());
+        }
         // Lent bytes are settled before the call returns, whatever happens
         // (a panic included): the guard copies them or ends the link.
         let mut loan = SettleLoan {
@@ -841,7 +845,7 @@ pub unsafe extern "C" fn barlink_recv_message(
         // SAFETY: checked; writable by contract.
         unsafe { put(message, empty) };
         let cell = registry::link(key(link))?;
-        let lent = cell.blocking(millis(timeout_ms), LinkState::recv_message_step)?;
+        let lent = cell.recv_message(millis(timeout_ms))?;
         let received = barlink_message {
             data: lent.ptr.cast(),
             len: lent.len,
@@ -1282,4 +1286,91 @@ pub unsafe extern "C" fn barlink_get_stats(
         };
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod direct_tests {
+    use std::ffi::CString;
+    use std::ptr;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use super::{
+        barlink_accept, barlink_close, barlink_connect, barlink_get_stats, barlink_listen,
+        barlink_listener_close, barlink_recv_message, barlink_release_message, barlink_send,
+    };
+    use crate::registry;
+    use crate::types::barlink_status::BARLINK_OK;
+    use crate::types::{barlink_link, barlink_message, barlink_stats};
+
+    /// A connected pair of links on this host: (accepted, connected).
+    fn pair(name: &str) -> (usize, usize) {
+        let name = CString::new(format!("{name}-{}", std::process::id())).unwrap();
+        let mut listener = ptr::null_mut();
+        // SAFETY: a valid name and out-pointer; the default config.
+        let status = unsafe { barlink_listen(name.as_ptr(), ptr::null(), &mut listener) };
+        assert_eq!(status, BARLINK_OK);
+        let connector = std::thread::spawn(move || {
+            let mut link = ptr::null_mut();
+            // SAFETY: as above.
+            let status = unsafe { barlink_connect(name.as_ptr(), ptr::null(), 5000, &mut link) };
+            assert_eq!(status, BARLINK_OK);
+            link as usize
+        });
+        let mut accepted = ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let status = unsafe { barlink_accept(listener, 5000, &mut accepted) };
+        assert_eq!(status, BARLINK_OK);
+        assert_eq!(barlink_listener_close(listener), BARLINK_OK);
+        (accepted as usize, connector.join().unwrap())
+    }
+
+    /// Calls on a link whose receive in place waits while holding its
+    /// lock (`link::direct`) get in through the waiters' count, not only
+    /// at the receive's yields.
+    #[test]
+    fn a_waiting_receive_lets_calls_that_wait_in() {
+        let (a, b) = pair("direct-gives-way");
+        let receiver = std::thread::spawn(move || {
+            let mut message = barlink_message {
+                data: ptr::null(),
+                len: 0,
+                id: 0,
+            };
+            // SAFETY: a writable message.
+            let status =
+                unsafe { barlink_recv_message(b as *mut barlink_link, &mut message, 10_000) };
+            assert_eq!(status, BARLINK_OK);
+            // SAFETY: lent by this link, not released yet.
+            let status = unsafe { barlink_release_message(b as *mut barlink_link, &message) };
+            assert_eq!(status, BARLINK_OK);
+        });
+        // Calls on b while its receive waits: each that finds the lock
+        // taken is counted, and the receive lets it in.
+        let cell = registry::link(b as u64).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while cell.gave_way.load(Ordering::Relaxed) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no call on the link was let in through the waiters' count"
+            );
+            let mut stats = barlink_stats {
+                struct_size: size_of::<barlink_stats>() as u32,
+                ..barlink_stats::default()
+            };
+            // SAFETY: a valid stats struct.
+            let status = unsafe { barlink_get_stats(b as *mut barlink_link, &mut stats) };
+            assert_eq!(status, BARLINK_OK);
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        // SAFETY: four readable bytes.
+        let status =
+            unsafe { barlink_send(a as *mut barlink_link, b"done".as_ptr().cast(), 4, 5000) };
+        assert_eq!(status, BARLINK_OK);
+        receiver.join().unwrap();
+        // Each close waits for its peer's answer: both at once.
+        let closing_b = std::thread::spawn(move || barlink_close(b as *mut barlink_link, 5000));
+        assert_eq!(barlink_close(a as *mut barlink_link, 5000), BARLINK_OK);
+        assert_eq!(closing_b.join().unwrap(), BARLINK_OK);
+    }
 }

@@ -17,7 +17,9 @@
 //! - **Links** (`link`): the facade's `Connection` behind a mutex, with the
 //!   messages delivered but not yet taken (a too-small buffer loses
 //!   nothing), the non-blocking requests and their completions, and why the
-//!   link ended. Calls drive progress; blocking calls unlock between steps.
+//!   link ended. Calls drive progress; blocking calls unlock between steps
+//!   (a waiting receive in place keeps the lock across idle rounds until
+//!   another call waits for it: `link::direct`).
 //! - **Zero copy** (`payload`): a registered buffer's range is the engine's
 //!   message buffer itself, read from the caller's memory until the engine
 //!   lets go of it, which is when the completion becomes due.

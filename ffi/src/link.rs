@@ -17,7 +17,8 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, LockResult, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use barlink::Connection;
@@ -34,6 +35,8 @@ use crate::payload::{CallerMemory, Payload, Region, Release, SendCopies, SendLoa
 use crate::recv::{PostedRecvs, RECV_REQUEST};
 use crate::types::barlink_status::{self, *};
 use crate::types::{barlink_completion, barlink_stats};
+
+mod direct;
 
 /// Shortest message whose send copy is made outside the link's lock
 /// ([`crate::payload::fill_copy`]), so that a progress thread, or a call
@@ -57,6 +60,12 @@ fn end_of(error: &IoError) -> (barlink_status, String) {
 #[derive(Debug)]
 pub(crate) struct LinkCell {
     state: Mutex<LinkState>,
+    /// Calls waiting for the lock: a receive in place that keeps it
+    /// across its idle rounds lets them in at its next round.
+    lock_waiters: AtomicU32,
+    /// Times a waiting receive let a waiting call in (tests read it).
+    #[cfg(test)]
+    pub(crate) gave_way: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug)]
@@ -163,6 +172,22 @@ impl RecvInto {
 const SPINS_BEFORE_YIELD: u32 = 1024;
 /// Idle rounds between two reads of the clock in a blocking call.
 const CLOCK_EVERY_IDLE_ROUNDS: u32 = 16;
+/// A call counted among a lock's waiters until it has the lock (or
+/// unwinds).
+struct Waiting<'a>(&'a AtomicU32);
+
+impl<'a> Waiting<'a> {
+    fn counted(waiters: &'a AtomicU32) -> Waiting<'a> {
+        waiters.fetch_add(1, Ordering::Relaxed);
+        Waiting(waiters)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// What a blocking loop does after one step.
 pub(crate) enum Step<T> {
@@ -210,6 +235,9 @@ impl LinkCell {
     fn new(link: Connection<Payload>, limits: SendLimits) -> LinkCell {
         let path = link.decision.to_string();
         LinkCell {
+            lock_waiters: AtomicU32::new(0),
+            #[cfg(test)]
+            gave_way: std::sync::atomic::AtomicU64::new(0),
             state: Mutex::new(LinkState {
                 path,
                 link: Some(link),
@@ -240,11 +268,24 @@ impl LinkCell {
         }
     }
 
+    /// Takes the mutex, counting the call among the lock's waiters while
+    /// another holds it.
+    fn acquire(&self) -> LockResult<MutexGuard<'_, LinkState>> {
+        match self.state.try_lock() {
+            Ok(state) => Ok(state),
+            Err(TryLockError::Poisoned(poisoned)) => Err(poisoned),
+            Err(TryLockError::WouldBlock) => {
+                let _waiting = Waiting::counted(&self.lock_waiters);
+                self.state.lock()
+            }
+        }
+    }
+
     /// Locks the state for one step. A poisoned lock means a panic was
     /// caught in the middle of an operation on this link: it is not trusted
     /// again.
     pub(crate) fn lock(&self) -> Result<MutexGuard<'_, LinkState>> {
-        let state = self.state.lock().map_err(|_| unusable())?;
+        let state = self.acquire().map_err(|_| unusable())?;
         if state.closed_by_handle {
             return Err(closed_meanwhile());
         }
@@ -255,7 +296,7 @@ impl LinkCell {
     /// the lock: gives its reservation back first, whatever happened
     /// meanwhile, then refuses as [`LinkCell::lock`] does.
     pub(crate) fn lock_after_copy(&self, reserved: usize) -> Result<MutexGuard<'_, LinkState>> {
-        let (mut state, poisoned) = match self.state.lock() {
+        let (mut state, poisoned) = match self.acquire() {
             Ok(state) => (state, false),
             Err(poisoned) => (poisoned.into_inner(), true),
         };
@@ -272,7 +313,7 @@ impl LinkCell {
     /// Locks the state whatever happened to the link: for a call that must
     /// take its memory back from it before returning.
     pub(crate) fn lock_even_if_closed(&self) -> MutexGuard<'_, LinkState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.acquire().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs `step` under the lock until it is done or `timeout` passed,
@@ -331,8 +372,7 @@ impl LinkCell {
     /// [`LinkState::reclaim`]), also from a link that `barlink_close` is
     /// closing (it still drives the link) or that failed inside.
     pub(crate) fn reclaim(&self, id: PostId) {
-        self.state
-            .lock()
+        self.acquire()
             .unwrap_or_else(|p| p.into_inner())
             .reclaim(id);
     }
@@ -362,7 +402,7 @@ impl LinkCell {
     pub(crate) fn close(&self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
         // A poisoned state is dropped all the same.
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.acquire().unwrap_or_else(|p| p.into_inner());
         state.closed_by_handle = true;
         let result = loop {
             let Some(link) = state.link.as_mut() else {
@@ -385,7 +425,7 @@ impl LinkCell {
             // Let calls on other threads see the close.
             drop(state);
             std::thread::yield_now();
-            state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state = self.acquire().unwrap_or_else(|p| p.into_inner());
         };
         state.link = None;
         state.requests.clear();
@@ -998,19 +1038,25 @@ impl LinkState {
             moved = self.step_for_delivery();
         }
         if let Some(delivery) = self.received.pop_front() {
-            let data = match delivery {
-                Delivery::Message { data, .. } => data,
-                Delivery::Landed { recv, len, .. } => {
-                    let mut target = recv.into_target();
-                    target.bytes_mut()[..len].to_vec()
-                }
-            };
-            return Ok(Step::Done(self.held.hold(data)));
+            return Ok(Step::Done(self.hold(delivery)));
         }
         if let Some(error) = self.end_error() {
             return Err(error);
         }
         Ok(Step::Again { moved })
+    }
+
+    /// Lends a delivered message to the caller in place (one that landed
+    /// in another call's buffer is copied out first).
+    fn hold(&mut self, delivery: Delivery) -> Lent {
+        let data = match delivery {
+            Delivery::Message { data, .. } => data,
+            Delivery::Landed { recv, len, .. } => {
+                let mut target = recv.into_target();
+                target.bytes_mut()[..len].to_vec()
+            }
+        };
+        self.held.hold(data)
     }
 
     /// Gives a message received in place back; its buffer goes on to hold
@@ -1221,7 +1267,7 @@ fn drive(cell: &std::sync::Weak<LinkCell>) {
             return;
         };
         let moved = {
-            let Ok(mut state) = cell.state.lock() else {
+            let Ok(mut state) = cell.acquire() else {
                 return;
             };
             if state.closed_by_handle || state.link.is_none() {

@@ -1,0 +1,253 @@
+//! The direct way of a blocking send and receive in place on a ring link
+//! (docs/ARCHITECTURE.md, design change 85): the answer to a small
+//! message goes through the ring link's own calls, with the C face's
+//! bookkeeping kept as a step keeps it, and a waiting receive keeps the
+//! link's lock across its idle rounds until another call waits for it.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use barlink::connect::AnyLink;
+use barlink_transport::engine::MessageId;
+
+use super::{CLOCK_EVERY_IDLE_ROUNDS, LinkCell, LinkState, Request, SPINS_BEFORE_YIELD, Step};
+use crate::error::{Error, Result};
+use crate::held::Lent;
+use crate::payload::{Payload, Release};
+
+/// Spins a receive that gave the lock up waits for the waiting call to
+/// take it, before it yields the CPU instead (a woken thread takes some
+/// microseconds to run).
+const WAITER_SPINS: u32 = 4096;
+
+/// Why a blocking receive in place lets go of the lock between rounds.
+enum GiveWay {
+    /// Its idle rounds reached `SPINS_BEFORE_YIELD`.
+    Yield,
+    /// Another call waits for the lock.
+    ToWaiter,
+    /// The round was a general step's (whether anything moved).
+    AfterStep { moved: bool },
+}
+
+/// What a blocking receive in place's round found
+/// ([`LinkState::recv_message_round`]).
+enum RecvRound {
+    Delivered(Lent),
+    Idle,
+    /// Something else is going on: a step of the general kind decides.
+    Step,
+}
+
+impl LinkCell {
+    /// A blocking receive in place, waiting at most `timeout` (zero: one
+    /// round). While nothing but its wait is going on it keeps the lock
+    /// across idle rounds, until another call waits for it, and lends the
+    /// message a round delivers to the caller at once
+    /// ([`LinkState::recv_message_round`]); otherwise it steps as
+    /// [`LinkCell::blocking`] does.
+    pub(crate) fn recv_message(&self, timeout: Duration) -> Result<Lent> {
+        let mut start = None;
+        let mut idle_rounds: u32 = 0;
+        loop {
+            let mut state = self.lock()?;
+            let give_way = loop {
+                let (moved, stepped) = match state.recv_message_round(start.is_none()) {
+                    RecvRound::Delivered(lent) => return Ok(lent),
+                    // The loop a waiting receive spins in: the clock, the
+                    // lock's waiters and the yield every few rounds only.
+                    RecvRound::Idle
+                        if start.is_some()
+                            && !idle_rounds
+                                .wrapping_add(1)
+                                .is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS) =>
+                    {
+                        idle_rounds = idle_rounds.wrapping_add(1);
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    RecvRound::Idle => (false, false),
+                    RecvRound::Step => {
+                        state.waiting = start.is_some();
+                        let step = state.recv_message_step();
+                        state.waiting = false;
+                        match step? {
+                            Step::Done(lent) => return Ok(lent),
+                            Step::Again { moved } => (moved, true),
+                        }
+                    }
+                };
+                if timeout.is_zero() {
+                    return Err(Error::timed_out(0));
+                }
+                let started = *start.get_or_insert_with(Instant::now);
+                if moved {
+                    idle_rounds = 0;
+                } else {
+                    idle_rounds = idle_rounds.wrapping_add(1);
+                }
+                if (moved || idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS))
+                    && started.elapsed() >= timeout
+                {
+                    return Err(Error::timed_out(timeout.as_millis()));
+                }
+                if !moved && idle_rounds.is_multiple_of(SPINS_BEFORE_YIELD) {
+                    break GiveWay::Yield;
+                }
+                if stepped {
+                    // A general step: the lock is let go after it, as
+                    // `blocking` lets it go.
+                    break GiveWay::AfterStep { moved };
+                }
+                if self.lock_waiters.load(Ordering::Relaxed) != 0 {
+                    break GiveWay::ToWaiter;
+                }
+                if !moved {
+                    std::hint::spin_loop();
+                }
+            };
+            drop(state);
+            match give_way {
+                GiveWay::Yield => std::thread::yield_now(),
+                GiveWay::ToWaiter => {
+                    #[cfg(test)]
+                    self.gave_way.fetch_add(1, Ordering::Relaxed);
+                    self.let_waiter_in();
+                }
+                GiveWay::AfterStep { moved: false } => std::hint::spin_loop(),
+                GiveWay::AfterStep { moved: true } => {}
+            }
+        }
+    }
+
+    /// Waits, briefly, until a call that waited for the lock has it: the
+    /// mutex is not fair, and a receive that locks again at once would
+    /// keep it from the other call.
+    fn let_waiter_in(&self) {
+        for _ in 0..WAITER_SPINS {
+            if self.lock_waiters.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        std::thread::yield_now();
+    }
+}
+
+impl LinkState {
+    /// One round of a blocking receive in place while nothing but its
+    /// wait is going on (no message delivered already, no receive
+    /// posted, a ring link, open): the message the round delivered, lent
+    /// to the caller at once; `Idle` when nothing moved. Completions the
+    /// round brought, and whether the link ended after the message, are
+    /// the next step's questions, which usually runs after the caller's
+    /// answer went out. Anything else needs a step ([`RecvRound::Step`]).
+    fn recv_message_round(&mut self, fresh: bool) -> RecvRound {
+        if !self.received.is_empty() || !self.recvs.is_empty() {
+            return RecvRound::Step;
+        }
+        // The ring link's own calls, not the four-way ones of
+        // `Connection`: the answer's way through them is shorter.
+        let Some(AnyLink::HostBounce(ring)) = self.link.as_mut().map(|link| &mut link.link) else {
+            return RecvRound::Step;
+        };
+        // An error is kept in the link: the step's round meets it again
+        // and its bookkeeping learns why the link ended.
+        let Ok(moved) = ring.progress_waiting(fresh, true) else {
+            return RecvRound::Step;
+        };
+        if let Some(delivery) = ring.take_delivery() {
+            self.message_bytes_received += delivery.len() as u64;
+            return RecvRound::Delivered(self.hold(delivery));
+        }
+        if moved || ring.check_open().is_err() {
+            // Completions, or an end: a step collects them (its round
+            // finds what this one moved already).
+            return RecvRound::Step;
+        }
+        RecvRound::Idle
+    }
+
+    /// A blocking send of `data` copied and queued at once by
+    /// [`LinkState::queue_direct`]; `Ok(false)` when the general way must
+    /// take it (a link of another medium, a full queue, a copy past
+    /// `send_queue_bytes`, bytes it would lend), with nothing done.
+    pub(crate) fn send_copy_direct(&mut self, data: &[u8]) -> Result<bool> {
+        if !self.direct() {
+            return Ok(false);
+        }
+        self.check_len(data.len())?;
+        if !self.copy_fits(data.len()) || self.lends(data) {
+            return Ok(false);
+        }
+        let (payload, released) = self.copy_payload(data)?;
+        match self.queue_direct(payload, released) {
+            Ok(_) => Ok(true),
+            Err((payload, released)) => {
+                self.keep_unsent(payload, released);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Whether a send may take [`LinkState::queue_direct`]: a ring link,
+    /// open. Collects the completions earlier rounds brought first, as a
+    /// step would, so that copies come back for reuse.
+    fn direct(&mut self) -> bool {
+        let open = match self.link.as_ref().map(|link| &link.link) {
+            Some(AnyLink::HostBounce(ring)) => ring.check_open().is_ok(),
+            _ => false,
+        };
+        if !open || self.end.is_some() {
+            // The general way learns why, or waits as it does.
+            return false;
+        }
+        self.collect(None);
+        true
+    }
+
+    /// Queues a blocking send's copy (`payload`, made with `released`) on
+    /// a ring link through the ring link's own calls, and writes it out in
+    /// one round; its request is kept as [`LinkState::try_send`] keeps
+    /// it. The message id, or the payload back when the queue is full or
+    /// the link is not a ring link or is closing (the general way then
+    /// waits, or learns why).
+    fn queue_direct(
+        &mut self,
+        payload: Payload,
+        released: Release,
+    ) -> std::result::Result<u64, (Payload, Release)> {
+        let Some(AnyLink::HostBounce(ring)) = self.link.as_mut().map(|link| &mut link.link) else {
+            return Err((payload, released));
+        };
+        let len = payload.as_ref().len() as u64;
+        let id = match ring.send(payload) {
+            Ok(MessageId(id)) => id,
+            Err(error) => return Err((error.into_buf(), released)),
+        };
+        debug_assert!(
+            self.requests.back().is_none_or(|(last, _)| *last < id),
+            "the engine numbers messages in order"
+        );
+        self.messages_copied += 1;
+        self.copies_held += released.copy_bytes();
+        self.requests.push_back((
+            id,
+            Request {
+                user_tag: 0,
+                len,
+                released,
+                report: false,
+                awaited: false,
+            },
+        ));
+        // The message is queued either way; a round that fails ends the
+        // link as a step's would, which fails the message through its
+        // request.
+        if let Err(error) = ring.progress() {
+            self.collect(Some(error));
+        }
+        Ok(id)
+    }
+}
