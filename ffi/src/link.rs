@@ -37,6 +37,9 @@ use crate::types::barlink_status::{self, *};
 use crate::types::{barlink_completion, barlink_stats};
 
 mod direct;
+mod rounds;
+
+pub(crate) use rounds::{Pace, Rounds};
 
 /// Shortest message whose send copy is made outside the link's lock
 /// ([`crate::payload::fill_copy`]), so that a progress thread, or a call
@@ -323,47 +326,24 @@ impl LinkCell {
         timeout: Duration,
         mut step: impl FnMut(&mut LinkState) -> Result<Step<T>>,
     ) -> Result<T> {
-        // Read when the first step cannot finish: a call that completes at
-        // once reads no clock.
-        let mut start = None;
-        let mut idle_rounds: u32 = 0;
+        let mut rounds = Rounds::new(timeout);
         loop {
             let outcome = {
                 let mut state = self.lock()?;
                 // Rounds after the first of this call may reuse the clock
                 // of the idle rounds before them; the first reads it.
-                state.waiting = start.is_some();
+                state.waiting = rounds.started();
                 let outcome = step(&mut state);
                 state.waiting = false;
                 outcome?
             };
             match outcome {
                 Step::Done(value) => return Ok(value),
-                Step::Again { moved } => {
-                    // A timeout of 0 is one round: no clock to read.
-                    if timeout.is_zero() {
-                        return Err(Error::timed_out(0));
-                    }
-                    let start = *start.get_or_insert_with(Instant::now);
-                    // While idle, read the clock every few rounds only, and
-                    // give the CPU up every SPINS_BEFORE_YIELD: a yield is a
-                    // system call, longer than a small message's way.
-                    if moved {
-                        idle_rounds = 0;
-                    } else {
-                        idle_rounds = idle_rounds.wrapping_add(1);
-                    }
-                    if (moved || idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS))
-                        && start.elapsed() >= timeout
-                    {
-                        return Err(Error::timed_out(timeout.as_millis()));
-                    }
-                    if idle_rounds.is_multiple_of(SPINS_BEFORE_YIELD) && !moved {
-                        std::thread::yield_now();
-                    } else if !moved {
-                        std::hint::spin_loop();
-                    }
-                }
+                Step::Again { moved } => match rounds.after(moved)? {
+                    Pace::Go => {}
+                    Pace::Spin => std::hint::spin_loop(),
+                    Pace::Yield => std::thread::yield_now(),
+                },
             }
         }
     }

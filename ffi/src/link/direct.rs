@@ -6,13 +6,13 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use barlink::connect::AnyLink;
 use barlink_transport::engine::MessageId;
 
-use super::{CLOCK_EVERY_IDLE_ROUNDS, LinkCell, LinkState, Request, SPINS_BEFORE_YIELD, Step};
-use crate::error::{Error, Result};
+use super::{LinkCell, LinkState, Pace, Request, Rounds, Step};
+use crate::error::Result;
 use crate::held::Lent;
 use crate::payload::{Payload, Release};
 
@@ -23,7 +23,7 @@ const WAITER_SPINS: u32 = 4096;
 
 /// Why a blocking receive in place lets go of the lock between rounds.
 enum GiveWay {
-    /// Its idle rounds reached `SPINS_BEFORE_YIELD`.
+    /// Its idle rounds reached the yield ([`Pace::Yield`]).
     Yield,
     /// Another call waits for the lock.
     ToWaiter,
@@ -48,28 +48,21 @@ impl LinkCell {
     /// ([`LinkState::recv_message_round`]); otherwise it steps as
     /// [`LinkCell::blocking`] does.
     pub(crate) fn recv_message(&self, timeout: Duration) -> Result<Lent> {
-        let mut start = None;
-        let mut idle_rounds: u32 = 0;
+        let mut rounds = Rounds::new(timeout);
         loop {
             let mut state = self.lock()?;
             let give_way = loop {
-                let (moved, stepped) = match state.recv_message_round(start.is_none()) {
+                let (moved, stepped) = match state.recv_message_round(!rounds.started()) {
                     RecvRound::Delivered(lent) => return Ok(lent),
                     // The loop a waiting receive spins in: the clock, the
                     // lock's waiters and the yield every few rounds only.
-                    RecvRound::Idle
-                        if start.is_some()
-                            && !idle_rounds
-                                .wrapping_add(1)
-                                .is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS) =>
-                    {
-                        idle_rounds = idle_rounds.wrapping_add(1);
+                    RecvRound::Idle if rounds.skip_idle() => {
                         std::hint::spin_loop();
                         continue;
                     }
                     RecvRound::Idle => (false, false),
                     RecvRound::Step => {
-                        state.waiting = start.is_some();
+                        state.waiting = rounds.started();
                         let step = state.recv_message_step();
                         state.waiting = false;
                         match step? {
@@ -78,21 +71,8 @@ impl LinkCell {
                         }
                     }
                 };
-                if timeout.is_zero() {
-                    return Err(Error::timed_out(0));
-                }
-                let started = *start.get_or_insert_with(Instant::now);
-                if moved {
-                    idle_rounds = 0;
-                } else {
-                    idle_rounds = idle_rounds.wrapping_add(1);
-                }
-                if (moved || idle_rounds.is_multiple_of(CLOCK_EVERY_IDLE_ROUNDS))
-                    && started.elapsed() >= timeout
-                {
-                    return Err(Error::timed_out(timeout.as_millis()));
-                }
-                if !moved && idle_rounds.is_multiple_of(SPINS_BEFORE_YIELD) {
+                let pace = rounds.after(moved)?;
+                if matches!(pace, Pace::Yield) {
                     break GiveWay::Yield;
                 }
                 if stepped {
@@ -103,7 +83,7 @@ impl LinkCell {
                 if self.lock_waiters.load(Ordering::Relaxed) != 0 {
                     break GiveWay::ToWaiter;
                 }
-                if !moved {
+                if matches!(pace, Pace::Spin) {
                     std::hint::spin_loop();
                 }
             };
@@ -174,7 +154,7 @@ impl LinkState {
     /// take it (a link of another medium, a full queue, a copy past
     /// `send_queue_bytes`, bytes it would lend), with nothing done.
     pub(crate) fn send_copy_direct(&mut self, data: &[u8]) -> Result<bool> {
-        if !self.direct() {
+        if !self.ready_for_direct_send() {
             return Ok(false);
         }
         self.check_len(data.len())?;
@@ -194,7 +174,7 @@ impl LinkState {
     /// Whether a send may take [`LinkState::queue_direct`]: a ring link,
     /// open. Collects the completions earlier rounds brought first, as a
     /// step would, so that copies come back for reuse.
-    fn direct(&mut self) -> bool {
+    fn ready_for_direct_send(&mut self) -> bool {
         let open = match self.link.as_ref().map(|link| &link.link) {
             Some(AnyLink::HostBounce(ring)) => ring.check_open().is_ok(),
             _ => false,
