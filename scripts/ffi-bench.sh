@@ -60,7 +60,7 @@ ffi_bench="${FFI_BENCH:-}"
 if [ -z "$ffi_bench" ]; then
     ./scripts/ffi-test.sh --build >/dev/null
     cargo build --release --quiet --bin barlink
-    cargo build --release --quiet -p barlink-ffi --example latency_pairs
+    cargo build --release --quiet -p barlink-c -p barlink-ffi --lib --example latency_pairs
     gcc -O2 -Wall -Wextra -std=c11 -I ffi/include ffi/bench/ffi_bench.c \
         -L "$target/release" -lbarlink_c -Wl,-rpath,"$target/release" -o "$work/ffi_bench"
     ffi_bench="$work/ffi_bench"
@@ -155,7 +155,7 @@ lib=(--lib "$target/release/libbarlink_c.so")
 if [ "$recv" != in-place ] || [ -n "$progress" ]; then
     echo "# note: 64 B in turns skipped: it receives in place with no progress thread, unlike this run"
 elif [ ! -x "$pairs" ]; then
-    echo "# note: 64 B in turns skipped: $pairs is not built (cargo build --release -p barlink-ffi --example latency_pairs)"
+    echo "# note: 64 B in turns skipped: $pairs is not built (cargo build --release -p barlink-c -p barlink-ffi --lib --example latency_pairs)"
 else
     "$pairs" "${lib[@]}" --turns 200 --per-turn 100 --modes c-send,c-post-send,c-post-send-buffer | grep -v "^# cpu" ||
         echo "# note: latency_pairs failed (its message is above)"

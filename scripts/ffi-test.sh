@@ -74,7 +74,7 @@ EOF
 }
 
 build_library() {
-    if logged "$logs/build.log" cargo build --release -p barlink-ffi; then
+    if logged "$logs/build.log" cargo build --release -p barlink-c; then
         if [[ -f "$libdir/libbarlink_c.so" && -f "$libdir/libbarlink_c.a" ]]; then
             # Programs linked against the library name its SONAME
             # (libbarlink_c.so.MAJOR): give it that name beside the file.
@@ -87,7 +87,7 @@ build_library() {
         fi
         fail "cargo build succeeded but libbarlink_c.so/.a are not in $libdir"
     else
-        fail "cargo build --release -p barlink-ffi"
+        fail "cargo build --release -p barlink-c"
         show "$logs/build.log"
     fi
     return 1
@@ -292,7 +292,7 @@ fi
 # (ffi/examples/latency_pairs.rs; scripts/ffi-bench.sh runs it for the 64 B
 # figure): a short run loads the shared library and checks every answer.
 if run_check "latency pairs builds (cargo, ffi/examples/latency_pairs.rs)" "$logs/pairs-build.log" \
-    cargo build --release -p barlink-ffi --example latency_pairs; then
+    cargo build --release -p barlink-c -p barlink-ffi --lib --example latency_pairs; then
     run_check "latency pairs smoke run (64 B, every C mode through the shared library and the Rust link in turns)" \
         "$logs/pairs.log" "$target/release/examples/latency_pairs" --lib "$libdir/libbarlink_c.so" \
         --turns 3 --per-turn 10 --modes c-send,c-post-send,c-post-send-buffer || true

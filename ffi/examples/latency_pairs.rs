@@ -26,7 +26,7 @@
 //! other takes its part of a turn.
 //!
 //! ```text
-//! cargo build --release -p barlink-ffi --example latency_pairs
+//! cargo build --release -p barlink-c -p barlink-ffi --lib --example latency_pairs
 //! target/release/examples/latency_pairs [--lib target/release/libbarlink_c.so]
 //!     [--size 64] [--turns 200] [--per-turn 100] [--json]
 //!     [--modes c-send,c-post-send,c-post-send-buffer]
@@ -40,8 +40,10 @@ use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use barlink_c::barlink_status::{self, BARLINK_OK, BARLINK_WOULD_BLOCK};
-use barlink_c::{barlink_buffer, barlink_config, barlink_link, barlink_listener, barlink_message};
+use barlink_ffi::barlink_status::{self, BARLINK_OK, BARLINK_WOULD_BLOCK};
+use barlink_ffi::{
+    barlink_buffer, barlink_config, barlink_link, barlink_listener, barlink_message,
+};
 use barlink_transport::link::{LinkConfig, Listener, RingLink, connect};
 use barlink_transport::window::ShmWindow;
 
@@ -693,7 +695,7 @@ fn main() -> ExitCode {
         Ok(abi) => abi,
         Err(error) => {
             eprintln!(
-                "latency_pairs: {error} (build it: cargo build --release -p barlink-ffi; or pass --lib)"
+                "latency_pairs: {error} (build it: cargo build --release -p barlink-c; or pass --lib)"
             );
             return ExitCode::from(3);
         }

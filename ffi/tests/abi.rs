@@ -7,8 +7,8 @@ use std::ffi::CStr;
 use std::ptr;
 use std::sync::atomic::Ordering;
 
-use barlink_c::barlink_status::*;
-use barlink_c::*;
+use barlink_ffi::barlink_status::*;
+use barlink_ffi::*;
 
 mod support;
 

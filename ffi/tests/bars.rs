@@ -8,8 +8,8 @@
 use std::ffi::CString;
 use std::ptr;
 
-use barlink_c::barlink_status::*;
-use barlink_c::*;
+use barlink_ffi::barlink_status::*;
+use barlink_ffi::*;
 
 mod support;
 

@@ -2,8 +2,8 @@
 //! test in this binary, as it counts the process's progress threads and
 //! other tests start their own.
 
-use barlink_c::barlink_status::*;
-use barlink_c::*;
+use barlink_ffi::barlink_status::*;
+use barlink_ffi::*;
 
 mod support;
 

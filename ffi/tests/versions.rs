@@ -9,8 +9,8 @@
 use std::mem::size_of;
 use std::ptr;
 
-use barlink_c::barlink_status::*;
-use barlink_c::*;
+use barlink_ffi::barlink_status::*;
+use barlink_ffi::*;
 
 mod support;
 

@@ -392,11 +392,12 @@ build_tests() {
         report FAIL "barlink CLI" "cargo build --bin barlink failed (above)"
     fi
     # The C++ example, through the C ABI (linked statically: nothing to
-    # find at run time), for barlink-ffi's guest tests.
+    # find at run time), for barlink-ffi's guest tests; barlink-c builds
+    # the library.
     log "g++ examples/cpp/kv_transfer.cpp (static libbarlink_c)"
     local target_dir=${CARGO_TARGET_DIR:-$REPO/target} kv_built=0
     [[ $target_dir == /* ]] || target_dir=$REPO/$target_dir
-    if (cd "$REPO" && timeout 1200 cargo build -p barlink-ffi 2>"$RUN/build-kv.err") &&
+    if (cd "$REPO" && timeout 1200 cargo build -p barlink-c 2>"$RUN/build-kv.err") &&
         g++ -std=c++17 -O2 -I"$REPO/ffi/include" "$REPO/examples/cpp/kv_transfer.cpp" \
             -o "$RUN/share/bin/kv_transfer" "$target_dir/debug/libbarlink_c.a" \
             -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc 2>>"$RUN/build-kv.err"; then

@@ -7,8 +7,8 @@ use std::ffi::CStr;
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use barlink_c::barlink_status::*;
-use barlink_c::*;
+use barlink_ffi::barlink_status::*;
+use barlink_ffi::*;
 
 /// The library's defaults, as `barlink_config_init` fills them, for a test
 /// to change a field of.
