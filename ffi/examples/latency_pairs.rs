@@ -251,7 +251,9 @@ impl<'a> CLink<'a> {
     /// Posts `data` (the registered buffer's first bytes for
     /// `c-post-send-buffer`), driving the link while the queue is full.
     fn post(&mut self, mode: Mode, data: &[u8]) -> Result<(), String> {
-        let deadline = Instant::now() + TIMEOUT;
+        // Set by the first full queue: a post that goes at once reads no
+        // clock, as the blocking send and the Rust link read none.
+        let mut deadline = None;
         loop {
             let mut request = 0;
             let status = if mode == Mode::PostSend {
@@ -285,6 +287,7 @@ impl<'a> CLink<'a> {
                 self.pending = request;
                 return Ok(());
             }
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + TIMEOUT);
             if status != BARLINK_WOULD_BLOCK || Instant::now() > deadline {
                 let call = if mode == Mode::PostSend {
                     "barlink_post_send"
