@@ -461,6 +461,97 @@ fn posted_receives_take_messages_in_order_and_complete_once() {
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }
 
+/// Short posted sends take the direct way (docs/ARCHITECTURE.md, design
+/// change 87): each is out when its call returns, with nothing more
+/// called on the sender, and each completion comes once, with its tag and
+/// length, after the peer has them.
+#[test]
+fn short_posted_sends_are_out_at_return_and_complete_once() {
+    let (a, b) = pair(None);
+    let messages: Vec<Vec<u8>> = (0..6usize)
+        .map(|m| (0..40 + m * 300).map(|i| (i * 5 + m * 11) as u8).collect())
+        .collect();
+    let requests: Vec<u64> = messages
+        .iter()
+        .enumerate()
+        .map(|(m, message)| {
+            let mut request = 0;
+            // SAFETY: a live slice; `request` is writable.
+            let status = unsafe {
+                barlink_post_send(
+                    a,
+                    message.as_ptr().cast(),
+                    message.len(),
+                    20 + m as u64,
+                    &mut request,
+                )
+            };
+            assert_eq!(status, BARLINK_OK, "{}", last_error());
+            request
+        })
+        .collect();
+    // Only b is driven: a wrote each message out within its post.
+    let mut buf = vec![0u8; 4096];
+    for message in &messages {
+        let (status, len) = recv(b, &mut buf, 5000);
+        assert_eq!(status, BARLINK_OK, "{}", last_error());
+        assert_eq!(buf[..len], message[..]);
+    }
+    let driver = drive(b);
+    let done = completions(a, messages.len());
+    drop(driver);
+    for (m, request) in requests.iter().enumerate() {
+        let completion: Vec<_> = done.iter().filter(|c| c.request == *request).collect();
+        assert_eq!(completion.len(), 1, "post {m}: {done:?}");
+        assert_eq!(
+            (
+                completion[0].status,
+                completion[0].user_tag,
+                completion[0].bytes
+            ),
+            (BARLINK_OK, 20 + m as u64, messages[m].len() as u64)
+        );
+    }
+    assert!(support::poll(a).is_empty(), "a completion came twice");
+    let mut stats = barlink_stats {
+        struct_size: std::mem::size_of::<barlink_stats>() as u32,
+        ..Default::default()
+    };
+    // SAFETY: stats holds struct_size writable bytes.
+    assert_eq!(unsafe { barlink_get_stats(a, &mut stats) }, BARLINK_OK);
+    assert_eq!(stats.messages_copied, messages.len() as u64);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+/// A short post whose own round finds that the peer closed (the close was
+/// waiting in the ring, unread) completes with that end, `BARLINK_CLOSED`,
+/// not as a failure of unknown cause; later calls say the same.
+#[test]
+fn a_short_post_whose_round_finds_the_peer_closed_fails_with_why() {
+    let (a, b) = pair(None);
+    // b closes while a is not driven: its close waits in a's ring.
+    let status = barlink_close(b, 50);
+    assert!(
+        status == BARLINK_OK || status == BARLINK_TIMEOUT,
+        "{status:?}: {}",
+        last_error()
+    );
+    let message = [3u8; 100];
+    let mut request = 0;
+    // SAFETY: a live slice; `request` is writable.
+    let status =
+        unsafe { barlink_post_send(a, message.as_ptr().cast(), message.len(), 7, &mut request) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    let done = completions(a, 1);
+    assert_eq!(
+        (done[0].request, done[0].user_tag, done[0].status),
+        (request, 7, BARLINK_CLOSED)
+    );
+    expect(send(a, &message), BARLINK_CLOSED, "closed");
+    assert_eq!(barlink_close(a, 100), BARLINK_OK);
+}
+
 /// A receive still posted when the peer closes completes with why the
 /// link ended; one posted on a closed link is refused.
 #[test]

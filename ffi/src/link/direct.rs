@@ -1,8 +1,9 @@
-//! The direct way of a blocking send and receive in place on a ring link
-//! (docs/ARCHITECTURE.md, design change 85): the answer to a small
-//! message goes through the ring link's own calls, with the C face's
-//! bookkeeping kept as a step keeps it, and a waiting receive keeps the
-//! link's lock across its idle rounds until another call waits for it.
+//! The direct way of a short send (blocking or posted) and a receive in
+//! place on a ring link (docs/ARCHITECTURE.md, design changes 85 and 87):
+//! the answer to a small message goes through the ring link's own calls,
+//! with the C face's bookkeeping kept as a step keeps it but done once the
+//! message is out, and a waiting receive keeps the link's lock across its
+//! idle rounds until another call waits for it.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::Ordering;
@@ -152,17 +153,26 @@ impl LinkState {
     /// A blocking send of `data` copied and queued at once by
     /// [`LinkState::queue_direct`]; `Ok(false)` when the general way must
     /// take it (a link of another medium, a full queue, a copy past
-    /// `send_queue_bytes`, bytes it would lend), with nothing done.
+    /// `send_queue_bytes`, bytes it would lend), with nothing sent (a copy
+    /// made for a full queue goes back to the spares; completions may
+    /// have been collected).
     pub(crate) fn send_copy_direct(&mut self, data: &[u8]) -> Result<bool> {
         if !self.ready_for_direct_send() {
             return Ok(false);
         }
         self.check_len(data.len())?;
-        if !self.copy_fits(data.len()) || self.lends(data) {
+        if self.lends(data) {
             return Ok(false);
         }
+        if !self.copy_fits(data.len()) {
+            // Acknowledgements counted since may make room.
+            self.collect(None);
+            if !self.copy_fits(data.len()) {
+                return Ok(false);
+            }
+        }
         let (payload, released) = self.copy_payload(data)?;
-        match self.queue_direct(payload, released) {
+        match self.queue_direct(payload, released, 0, false) {
             Ok(_) => Ok(true),
             Err((payload, released)) => {
                 self.keep_unsent(payload, released);
@@ -172,31 +182,29 @@ impl LinkState {
     }
 
     /// Whether a send may take [`LinkState::queue_direct`]: a ring link,
-    /// open. Collects the completions earlier rounds brought first, as a
-    /// step would, so that copies come back for reuse.
-    fn ready_for_direct_send(&mut self) -> bool {
+    /// open.
+    pub(crate) fn ready_for_direct_send(&self) -> bool {
         let open = match self.link.as_ref().map(|link| &link.link) {
             Some(AnyLink::HostBounce(ring)) => ring.check_open().is_ok(),
             _ => false,
         };
-        if !open || self.end.is_some() {
-            // The general way learns why, or waits as it does.
-            return false;
-        }
-        self.collect(None);
-        true
+        // The general way learns why, or waits as it does.
+        open && self.end.is_none()
     }
 
-    /// Queues a blocking send's copy (`payload`, made with `released`) on
-    /// a ring link through the ring link's own calls, and writes it out in
-    /// one round; its request is kept as [`LinkState::try_send`] keeps
-    /// it. The message id, or the payload back when the queue is full or
-    /// the link is not a ring link or is closing (the general way then
-    /// waits, or learns why).
-    fn queue_direct(
+    /// Queues a short send's payload (made with `released`) on a ring link
+    /// through the ring link's own calls and writes it out in one round,
+    /// then keeps its request as [`LinkState::try_send`] keeps it (a
+    /// posted one `report`s its completion with `user_tag`) and collects
+    /// what earlier rounds completed. The message id, or the payload back
+    /// when the queue is full or the link is not a ring link or is closing
+    /// (the general way then waits, or learns why).
+    pub(crate) fn queue_direct(
         &mut self,
         payload: Payload,
         released: Release,
+        user_tag: u64,
+        report: bool,
     ) -> std::result::Result<u64, (Payload, Release)> {
         let Some(AnyLink::HostBounce(ring)) = self.link.as_mut().map(|link| &mut link.link) else {
             return Err((payload, released));
@@ -206,28 +214,31 @@ impl LinkState {
             Ok(MessageId(id)) => id,
             Err(error) => return Err((error.into_buf(), released)),
         };
+        // Out first: the bookkeeping waits until the peer has the message.
+        // A round that failed, or that found the link ended (a close or a
+        // lost peer, which fail what was queued), ends it here as a step
+        // would, so that every request fails with why.
+        let ended = ring.progress().err().or_else(|| ring.check_open().err());
         debug_assert!(
             self.requests.back().is_none_or(|(last, _)| *last < id),
             "the engine numbers messages in order"
         );
-        self.messages_copied += 1;
+        self.messages_copied += u64::from(matches!(released, Release::Copy(_)));
         self.copies_held += released.copy_bytes();
         self.requests.push_back((
             id,
             Request {
-                user_tag: 0,
+                user_tag,
                 len,
                 released,
-                report: false,
+                report,
                 awaited: false,
             },
         ));
-        // The message is queued either way; a round that fails ends the
-        // link as a step's would, which fails the message through its
-        // request.
-        if let Err(error) = ring.progress() {
-            self.collect(Some(error));
-        }
+        // The message is queued either way: an end fails it through its
+        // request. Completions earlier rounds brought are collected now,
+        // so that their copies come back for reuse.
+        self.collect(ended);
         Ok(id)
     }
 }
