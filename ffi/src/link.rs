@@ -609,6 +609,31 @@ impl LinkState {
         }
     }
 
+    /// Keeps the request of message `id` (`len` bytes, its payload made
+    /// with `released`), queued just now, until its completion: counted
+    /// as copied and held where barlink made the copy, reported with
+    /// `user_tag` if `report`, its outcome kept for the call that lent
+    /// the bytes if they are lent.
+    fn keep_request(&mut self, id: u64, len: u64, released: Release, user_tag: u64, report: bool) {
+        debug_assert!(
+            self.requests.back().is_none_or(|(last, _)| *last < id),
+            "the engine numbers messages in order"
+        );
+        self.messages_copied += u64::from(matches!(released, Release::Copy(_)));
+        self.copies_held += released.copy_bytes();
+        let awaited = matches!(released, Release::Loan(_));
+        self.requests.push_back((
+            id,
+            Request {
+                user_tag,
+                len,
+                released,
+                report,
+                awaited,
+            },
+        ));
+    }
+
     /// Queues `payload` (created with `released`); gives both back when
     /// the send queue is full.
     fn try_send(
@@ -625,26 +650,9 @@ impl LinkState {
             return Err(Error::new(BARLINK_CLOSED, "the link is closed"));
         };
         let len = payload.as_ref().len() as u64;
-        let awaited = matches!(released, Release::Loan(_));
-        let copied = matches!(released, Release::Copy(_));
         match link.try_send(payload) {
             Ok(MessageId(id)) => {
-                self.messages_copied += u64::from(copied);
-                debug_assert!(
-                    self.requests.back().is_none_or(|(last, _)| *last < id),
-                    "the engine numbers messages in order"
-                );
-                self.copies_held += released.copy_bytes();
-                self.requests.push_back((
-                    id,
-                    Request {
-                        user_tag,
-                        len,
-                        released,
-                        report,
-                        awaited,
-                    },
-                ));
+                self.keep_request(id, len, released, user_tag, report);
                 Ok(Ok(id))
             }
             Err(SendError::QueueFull(payload)) => Ok(Err((payload, released))),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use barlink::connect::AnyLink;
 use barlink_transport::engine::MessageId;
 
-use super::{LinkCell, LinkState, Pace, Request, Rounds, Step};
+use super::{LinkCell, LinkState, Pace, Rounds, Step};
 use crate::error::Result;
 use crate::held::Lent;
 use crate::payload::{Payload, Release};
@@ -219,22 +219,7 @@ impl LinkState {
         // lost peer, which fail what was queued), ends it here as a step
         // would, so that every request fails with why.
         let ended = ring.progress().err().or_else(|| ring.check_open().err());
-        debug_assert!(
-            self.requests.back().is_none_or(|(last, _)| *last < id),
-            "the engine numbers messages in order"
-        );
-        self.messages_copied += u64::from(matches!(released, Release::Copy(_)));
-        self.copies_held += released.copy_bytes();
-        self.requests.push_back((
-            id,
-            Request {
-                user_tag,
-                len,
-                released,
-                report,
-                awaited: false,
-            },
-        ));
+        self.keep_request(id, len, released, user_tag, report);
         // The message is queued either way: an end fails it through its
         // request. Completions earlier rounds brought are collected now,
         // so that their copies come back for reuse.
