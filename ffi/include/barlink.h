@@ -56,7 +56,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 11
+#define BARLINK_ABI_VERSION_MINOR 12
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -585,11 +585,14 @@ enum barlink_status barlink_post_recv(struct barlink_link *link,
 // peer's ring, and again for any retransmission. The caller must neither
 // modify nor free that range until the request's completion is reported
 // (`barlink_poll`/`barlink_test`/`barlink_wait`), or the link is closed.
-// Otherwise as `barlink_post_send`.
+// Otherwise as `barlink_post_send`. From a dma-buf
+// (`barlink_register_dmabuf`) the post first opens the CPU's read of it,
+// for which the exporter may wait until the writes it has pending are
+// done; `BARLINK_NOT_AVAILABLE` if it refuses.
 //
 // # Safety
 // `request` is NULL (refused) or writable; the registered memory obeys the
-// contract of `barlink_register_buffer`.
+// contract of `barlink_register_buffer` (or `barlink_register_dmabuf`).
 enum barlink_status barlink_post_send_buffer(struct barlink_link *link,
                                              struct barlink_buffer *buffer,
                                              size_t offset,
@@ -679,6 +682,39 @@ enum barlink_status barlink_progress(struct barlink_link *link);
 // `ptr..ptr+len` is memory the caller owns, under the contract above;
 // `buffer` is NULL (refused) or writable.
 enum barlink_status barlink_register_buffer(const void *ptr,
+                                            size_t len,
+                                            struct barlink_buffer **buffer);
+
+// Registers `len` bytes at `offset` in the dma-buf behind `fd` (memory a
+// driver exported: a GPU's through `cuMemGetHandleForAddressRange`, a DRM
+// buffer through PRIME, a udmabuf) for zero-copy sends on any link, as
+// `barlink_register_buffer` registers host memory. barlink keeps its own
+// reference to the dma-buf: the caller may close `fd` once the call
+// returned. Deregister with `barlink_deregister_buffer`.
+//
+// barlink takes every payload's CRC on the CPU, so it maps the range for
+// the CPU (read only) and brackets its reads with `DMA_BUF_IOCTL_SYNC`.
+// Over RDMA an RDMA link registers the dma-buf itself with its device
+// (`ibv_reg_dmabuf_mr`) the first time it sends from it, and the NIC
+// reads it in place; a device that refuses dma-bufs (soft-RoCE does) gets
+// a copy through the CPU's mapping instead (`packets_sent_in_place` in
+// `barlink_stats` says which).
+//
+// `BARLINK_NOT_AVAILABLE`, with the reason in `barlink_last_error`, where
+// the kernel refuses the CPU's mapping or access: an exporter that gives
+// the CPU no access, as NVIDIA's exports of device memory do not (or no
+// descriptor is left to duplicate it). `BARLINK_OUT_OF_MEMORY` where the
+// mapping finds no address space: the range is mapped from the dma-buf's
+// first byte, so the `offset` bytes before it take address space too.
+// `BARLINK_INVALID_ARGUMENT` for an fd that is not an open dma-buf, or a
+// range that does not lie within it. (ABI 0.12.)
+//
+// # Safety
+// `fd` stays open for the call; `buffer` is NULL (refused) or writable.
+// Neither the CPU nor a device writes a range while a send from it is in
+// flight (until its completion is reported).
+enum barlink_status barlink_register_dmabuf(int fd,
+                                            uint64_t offset,
                                             size_t len,
                                             struct barlink_buffer **buffer);
 

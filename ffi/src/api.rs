@@ -2,16 +2,18 @@
 //! inside [`boundary`] (no panic crosses into C; failures leave a message
 //! for `barlink_last_error`) and leaves the work to safe code in
 //! `link.rs`. All raw-pointer handling of the crate is here and in
-//! `payload.rs`.
+//! `payload.rs` (and the mapping of dma-bufs in `dmabuf.rs`).
 
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::mem::size_of;
+use std::os::fd::BorrowedFd;
 use std::ptr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use barlink::loan::LoanWait;
 
+use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Result, boundary, last_error_ptr};
 use crate::held::Lent;
 use crate::link::{COPY_UNLOCKED_FROM, RecvInto, Step};
@@ -1000,11 +1002,14 @@ pub unsafe extern "C" fn barlink_post_recv(
 /// peer's ring, and again for any retransmission. The caller must neither
 /// modify nor free that range until the request's completion is reported
 /// (`barlink_poll`/`barlink_test`/`barlink_wait`), or the link is closed.
-/// Otherwise as `barlink_post_send`.
+/// Otherwise as `barlink_post_send`. From a dma-buf
+/// (`barlink_register_dmabuf`) the post first opens the CPU's read of it,
+/// for which the exporter may wait until the writes it has pending are
+/// done; `BARLINK_NOT_AVAILABLE` if it refuses.
 ///
 /// # Safety
 /// `request` is NULL (refused) or writable; the registered memory obeys the
-/// contract of `barlink_register_buffer`.
+/// contract of `barlink_register_buffer` (or `barlink_register_dmabuf`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn barlink_post_send_buffer(
     link: *mut barlink_link,
@@ -1020,8 +1025,9 @@ pub unsafe extern "C" fn barlink_post_send_buffer(
         unsafe { put(request, 0) };
         let cell = registry::link(key(link))?;
         let region = registry::buffer(key(buffer))?;
+        let read = region.begin_cpu_read()?;
         let mut state = cell.lock()?;
-        let (payload, released) = state.registered_payload(&region, offset, len)?;
+        let (payload, released) = state.registered_payload(&region, offset, len, read)?;
         let id = state.post(payload, released, user_tag)?;
         // SAFETY: as above.
         unsafe { put(request, id) };
@@ -1231,6 +1237,71 @@ pub unsafe extern "C" fn barlink_register_buffer(
             )));
         }
         let value = registry::insert_buffer(Arc::new(Region::new(ptr.cast::<u8>(), len)))?;
+        // SAFETY: as above.
+        unsafe { put(buffer, handle(value)) };
+        Ok(())
+    })
+}
+
+/// Registers `len` bytes at `offset` in the dma-buf behind `fd` (memory a
+/// driver exported: a GPU's through `cuMemGetHandleForAddressRange`, a DRM
+/// buffer through PRIME, a udmabuf) for zero-copy sends on any link, as
+/// `barlink_register_buffer` registers host memory. barlink keeps its own
+/// reference to the dma-buf: the caller may close `fd` once the call
+/// returned. Deregister with `barlink_deregister_buffer`.
+///
+/// barlink takes every payload's CRC on the CPU, so it maps the range for
+/// the CPU (read only) and brackets its reads with `DMA_BUF_IOCTL_SYNC`.
+/// Over RDMA an RDMA link registers the dma-buf itself with its device
+/// (`ibv_reg_dmabuf_mr`) the first time it sends from it, and the NIC
+/// reads it in place; a device that refuses dma-bufs (soft-RoCE does) gets
+/// a copy through the CPU's mapping instead (`packets_sent_in_place` in
+/// `barlink_stats` says which).
+///
+/// `BARLINK_NOT_AVAILABLE`, with the reason in `barlink_last_error`, where
+/// the kernel refuses the CPU's mapping or access: an exporter that gives
+/// the CPU no access, as NVIDIA's exports of device memory do not (or no
+/// descriptor is left to duplicate it). `BARLINK_OUT_OF_MEMORY` where the
+/// mapping finds no address space: the range is mapped from the dma-buf's
+/// first byte, so the `offset` bytes before it take address space too.
+/// `BARLINK_INVALID_ARGUMENT` for an fd that is not an open dma-buf, or a
+/// range that does not lie within it. (ABI 0.12.)
+///
+/// # Safety
+/// `fd` stays open for the call; `buffer` is NULL (refused) or writable.
+/// Neither the CPU nor a device writes a range while a send from it is in
+/// flight (until its completion is reported).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_register_dmabuf(
+    fd: c_int,
+    offset: u64,
+    len: usize,
+    buffer: *mut *mut barlink_buffer,
+) -> barlink_status {
+    boundary("barlink_register_dmabuf", || {
+        check_out(buffer, "buffer")?;
+        // SAFETY: checked; writable by contract.
+        unsafe { put(buffer, ptr::null_mut()) };
+        if fd < 0 {
+            return Err(Error::invalid(format!(
+                "fd {fd} is not a file descriptor: pass the dma-buf's fd"
+            )));
+        }
+        if len == 0 {
+            return Err(Error::invalid("len is 0: register at least one byte"));
+        }
+        if len > isize::MAX as usize {
+            return Err(Error::invalid(format!(
+                "len {len} runs past the address space"
+            )));
+        }
+        // SAFETY: a non-negative descriptor that the contract keeps open for
+        // the call, used only to duplicate it (a closed one is answered by
+        // the kernel with EBADF, which `DmaBuf::map` reports); barlink keeps
+        // the duplicate, never `fd`.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let dmabuf = DmaBuf::map(fd, offset, len)?;
+        let value = registry::insert_buffer(Arc::new(Region::dmabuf(dmabuf)))?;
         // SAFETY: as above.
         unsafe { put(buffer, handle(value)) };
         Ok(())

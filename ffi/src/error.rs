@@ -66,6 +66,16 @@ impl Error {
     pub(crate) fn invalid(message: impl Into<Cow<'static, str>>) -> Self {
         Error::new(BARLINK_INVALID_ARGUMENT, message)
     }
+
+    /// The message, for tests.
+    #[cfg(test)]
+    pub(crate) fn text(&self) -> String {
+        match &self.message {
+            Message::Static(text) => text.to_string_lossy().into_owned(),
+            Message::Owned(text) => text.to_string(),
+            Message::TimedOut { after_ms } => format!("timed out after {after_ms} ms"),
+        }
+    }
 }
 
 pub(crate) type Result<T> = std::result::Result<T, Error>;

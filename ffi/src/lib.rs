@@ -26,13 +26,15 @@
 //!   message buffer itself, read from the caller's memory until the engine
 //!   lets go of it, which is when the completion becomes due.
 //!
-//! `unsafe` lives only in `api` (pointer arguments) and `payload` (reading
-//! registered memory); every other module forbids it. docs/FFI.md has the
+//! `unsafe` lives only in `api` (pointer arguments), `payload` (reading
+//! registered memory) and `dmabuf` (mapping a dma-buf for the CPU); every
+//! other module forbids it. docs/FFI.md has the
 //! ownership, threading and versioning rules.
 
 mod api;
 mod completions;
 mod config;
+mod dmabuf;
 mod error;
 mod held;
 mod ids;

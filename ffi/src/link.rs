@@ -31,7 +31,7 @@ use crate::completions::Completions;
 use crate::config::SendLimits;
 use crate::error::{Error, Result};
 use crate::held::{HeldMessages, Lent};
-use crate::payload::{CallerMemory, Payload, Region, Release, SendCopies, SendLoan};
+use crate::payload::{CallerMemory, CpuRead, Payload, Region, Release, SendCopies, SendLoan};
 use crate::recv::{PostedRecvs, RECV_REQUEST};
 use crate::types::barlink_status::{self, *};
 use crate::types::{barlink_completion, barlink_stats};
@@ -924,16 +924,18 @@ impl LinkState {
         self.send_copies.reclaim(released);
     }
 
-    /// A registered range as a payload (for `post`).
+    /// A registered range as a payload (for `post`), holding its CPU read
+    /// if it is a dma-buf's.
     pub(crate) fn registered_payload(
         &mut self,
         region: &Arc<Region>,
         offset: usize,
         len: usize,
+        read: Option<CpuRead>,
     ) -> Result<(Payload, Release)> {
         self.check_len(len)?;
         let (flag, released) = self.send_copies.flag();
-        let payload = region.payload(offset, len, flag)?;
+        let payload = region.payload(offset, len, flag, read)?;
         Ok((payload, released))
     }
 

@@ -17,14 +17,20 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use barlink::rdma::SendMemory;
 use barlink_transport::MessageId;
 
+use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Result};
 use crate::types::barlink_status::{BARLINK_BUSY, BARLINK_INVALID_HANDLE, BARLINK_OUT_OF_MEMORY};
 
-/// Caller memory registered with `barlink_register_buffer`.
+/// Caller memory registered with `barlink_register_buffer`, or a dma-buf
+/// range registered with `barlink_register_dmabuf`.
 pub(crate) struct Region {
     ptr: *const u8,
     len: usize,
     state: Mutex<RegionState>,
+    /// The dma-buf whose CPU mapping `ptr..ptr+len` is; unmapped when the
+    /// last payload from it is gone. Declared last so that it is dropped
+    /// after the state's send memory has left the registry.
+    dmabuf: Option<DmaBuf>,
 }
 
 #[derive(Debug, Default)]
@@ -38,10 +44,12 @@ struct RegionState {
     send_memory: Option<SendMemory>,
 }
 
-// SAFETY: `Region` only stores the caller's address and length; it reads the
-// memory only through `Payload::as_ref`, under the contract of
-// `barlink_register_buffer` (valid and unchanged while sends are in flight),
-// which does not depend on the thread. The state is behind a mutex.
+// SAFETY: `Region` stores the caller's address and length (or owns the
+// mapping of a dma-buf, `DmaBuf`, itself `Send`); it reads the memory only
+// through `Payload::as_ref`, under the contract of `barlink_register_buffer`
+// or `barlink_register_dmabuf` (valid and unchanged while sends are in
+// flight), which does not depend on the thread. The state is behind a
+// mutex.
 unsafe impl Send for Region {}
 // SAFETY: as for `Send`: shared access only reads the immutable address and
 // length or locks the mutex.
@@ -70,6 +78,21 @@ impl Region {
         Region {
             ptr,
             len,
+            dmabuf: None,
+            state: Mutex::new(RegionState {
+                send_memory,
+                ..RegionState::default()
+            }),
+        }
+    }
+
+    /// Wraps a dma-buf range mapped for the CPU.
+    pub(crate) fn dmabuf(dmabuf: DmaBuf) -> Region {
+        let send_memory = dmabuf.send_memory();
+        Region {
+            ptr: dmabuf.as_ptr(),
+            len: dmabuf.len(),
+            dmabuf: Some(dmabuf),
             state: Mutex::new(RegionState {
                 send_memory,
                 ..RegionState::default()
@@ -119,6 +142,7 @@ impl Region {
         offset: usize,
         len: usize,
         released: Arc<AtomicBool>,
+        read: Option<CpuRead>,
     ) -> Result<Payload> {
         let end = offset.checked_add(len).filter(|&end| end <= self.len);
         if end.is_none() {
@@ -143,8 +167,38 @@ impl Region {
                 len,
                 region: Arc::clone(self),
                 released,
+                _read: read,
             },
         })
+    }
+
+    /// Opens the CPU's read of a dma-buf region for one send (none for
+    /// host memory): before the link is locked, as the exporter may first
+    /// wait for the writes it has pending.
+    pub(crate) fn begin_cpu_read(self: &Arc<Region>) -> Result<Option<CpuRead>> {
+        let Some(dmabuf) = &self.dmabuf else {
+            return Ok(None);
+        };
+        dmabuf.begin_read()?;
+        Ok(Some(CpuRead {
+            region: Arc::clone(self),
+        }))
+    }
+}
+
+/// A CPU read of a dma-buf region, open while a send's payload may be read
+/// (retransmissions read it again): ended when dropped, with the payload
+/// or on a failure before there was one.
+#[derive(Debug)]
+pub(crate) struct CpuRead {
+    region: Arc<Region>,
+}
+
+impl Drop for CpuRead {
+    fn drop(&mut self) {
+        if let Some(dmabuf) = &self.region.dmabuf {
+            dmabuf.end_read();
+        }
     }
 }
 
@@ -434,6 +488,8 @@ enum Data {
         region: Arc<Region>,
         /// Set when the engine lets go of the payload.
         released: Arc<AtomicBool>,
+        /// A dma-buf's CPU read, ended with the payload.
+        _read: Option<CpuRead>,
     },
     /// A blocking send's bytes, read in place (see [`SendLoan`]).
     Loan(Arc<SendLoan>),
@@ -475,7 +531,10 @@ impl AsRef<[u8]> for Payload {
                 // `barlink_register_buffer` and `barlink_post_send_buffer`,
                 // the caller keeps that memory valid and does not write it
                 // until the completion of this send is reported, which
-                // happens only after this payload is dropped.
+                // happens only after this payload is dropped. A dma-buf's
+                // CPU mapping lives as long as its region, which the payload
+                // holds, and the contract of `barlink_register_dmabuf`
+                // keeps every writer, CPU or device, off the range as long.
                 unsafe { std::slice::from_raw_parts(*ptr, *len) }
             }
             Data::Loan(loan) => loan.bytes(),
@@ -584,7 +643,7 @@ mod tests {
         let region = Arc::new(Region::new(buf.as_ptr(), buf.len()));
         let mut copies = SendCopies::default();
         let (flag, release) = copies.flag();
-        let payload = region.payload(0, 64, flag).unwrap();
+        let payload = region.payload(0, 64, flag, None).unwrap();
         let Release::Flag(first) = &release else {
             panic!("a registered range's release is a flag")
         };
@@ -596,7 +655,7 @@ mod tests {
         assert_eq!(Arc::as_ptr(&flag), first, "the spare flag is taken");
         assert!(!release.is_released(), "a reused flag starts unset");
         // One whose payload is still held is not kept.
-        let payload = region.payload(0, 64, flag).unwrap();
+        let payload = region.payload(0, 64, flag, None).unwrap();
         copies.reclaim(release);
         assert!(copies.flags.is_empty());
         drop(payload);

@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -461,6 +462,29 @@ int main(void) {
     check("register_buffer(len SIZE_MAX)", barlink_register_buffer(small, SIZE_MAX, &buffer),
           BARLINK_INVALID_ARGUMENT);
     check("register_buffer(NULL out)", barlink_register_buffer(small, 8, NULL),
+          BARLINK_INVALID_ARGUMENT);
+    /* dma-buf registration: what is not an open dma-buf, and bad ranges. */
+    buffer = (barlink_buffer *)&stats;
+    check("register_dmabuf(fd -1)", barlink_register_dmabuf(-1, 0, 4096, &buffer),
+          BARLINK_INVALID_ARGUMENT);
+    check_true("a failed register_dmabuf leaves *buffer NULL", buffer == NULL);
+    int not_dmabuf = memfd_create("barlink-misuse", MFD_CLOEXEC);
+    check_true("memfd_create", not_dmabuf >= 0 && ftruncate(not_dmabuf, 8192) == 0);
+    check("register_dmabuf(a memfd)", barlink_register_dmabuf(not_dmabuf, 0, 4096, &buffer),
+          BARLINK_INVALID_ARGUMENT);
+    check_true("the refusal says it is not a dma-buf",
+               strstr(barlink_last_error(), "not a dma-buf") != NULL);
+    check("register_dmabuf(len 0)", barlink_register_dmabuf(not_dmabuf, 0, 0, &buffer),
+          BARLINK_INVALID_ARGUMENT);
+    check("register_dmabuf(len SIZE_MAX)",
+          barlink_register_dmabuf(not_dmabuf, 0, SIZE_MAX, &buffer), BARLINK_INVALID_ARGUMENT);
+    check("register_dmabuf(offset UINT64_MAX, a memfd)",
+          barlink_register_dmabuf(not_dmabuf, UINT64_MAX, 4096, &buffer),
+          BARLINK_INVALID_ARGUMENT);
+    check("register_dmabuf(NULL out)", barlink_register_dmabuf(not_dmabuf, 0, 4096, NULL),
+          BARLINK_INVALID_ARGUMENT);
+    close(not_dmabuf);
+    check("register_dmabuf(closed fd)", barlink_register_dmabuf(not_dmabuf, 0, 4096, &buffer),
           BARLINK_INVALID_ARGUMENT);
 
     /* A real link. */

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use barlink_ffi::barlink_status::*;
 use barlink_ffi::*;
 
+pub mod dmabuf;
+
 /// The library's defaults, as `barlink_config_init` fills them, for a test
 /// to change a field of.
 pub fn default_config() -> barlink_config {
@@ -59,7 +61,16 @@ unsafe impl Send for SendConfig {}
 
 /// A connected pair: (accepted, connected).
 pub fn pair(config: Option<&barlink_config>) -> (*mut barlink_link, *mut barlink_link) {
-    let name = unique_name("pair");
+    pair_at(unique_name("pair"), config, 5000)
+}
+
+/// A pair connected at `name` (a local name or a node's address), each
+/// side's setup given `timeout_ms`: (accepted, connected).
+pub fn pair_at(
+    name: std::ffi::CString,
+    config: Option<&barlink_config>,
+    timeout_ms: u32,
+) -> (*mut barlink_link, *mut barlink_link) {
     let config_ptr = config.map_or(ptr::null(), |c| c as *const _);
     let mut listener = ptr::null_mut();
     // SAFETY: valid name, config and out-pointer.
@@ -72,13 +83,13 @@ pub fn pair(config: Option<&barlink_config>) -> (*mut barlink_link, *mut barlink
             .as_ref()
             .map_or(ptr::null(), |c| &c.0 as *const _);
         // SAFETY: valid name, config and out-pointer.
-        let status = unsafe { barlink_connect(name.as_ptr(), config_ptr, 5000, &mut link) };
+        let status = unsafe { barlink_connect(name.as_ptr(), config_ptr, timeout_ms, &mut link) };
         assert_eq!(status, BARLINK_OK, "{}", last_error());
         link as usize
     });
     let mut accepted = ptr::null_mut();
     // SAFETY: valid out-pointer.
-    let status = unsafe { barlink_accept(listener, 5000, &mut accepted) };
+    let status = unsafe { barlink_accept(listener, timeout_ms, &mut accepted) };
     assert_eq!(status, BARLINK_OK, "{}", last_error());
     let connected = connector.join().unwrap() as *mut barlink_link;
     assert_eq!(barlink_listener_close(listener), BARLINK_OK);

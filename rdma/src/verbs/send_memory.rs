@@ -20,6 +20,7 @@
 #![allow(unsafe_code)]
 
 use std::fmt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -46,6 +47,10 @@ pub(crate) struct Entry {
     in_flight: AtomicUsize,
     /// Owned memory is kept alive here (`SendMemory::new`).
     _owner: Option<Arc<[u8]>>,
+    /// A dma-buf the memory maps, and the offset into it where the memory
+    /// starts: devices register the dma-buf itself
+    /// (`SendMemory::register_dmabuf_raw`).
+    dmabuf: Option<(OwnedFd, u64)>,
     regions: Mutex<Regions>,
 }
 
@@ -86,14 +91,26 @@ impl Entry {
         if let Some((_, found)) = regions.by_domain.iter().find(|(k, _)| *k == key) {
             return found.as_ref().ok().cloned();
         }
-        // SAFETY: `start..start + len` is memory the program keeps mapped
-        // while the entry is registered and until every write from it has
-        // completed (the contract of `SendMemory::register_raw`, which
-        // `in_flight` lets it keep; or owned by `_owner`, which every
-        // write's `Hold` keeps alive); the device only reads it
-        // (LOCAL_READ), and barlink never makes a Rust reference to it
-        // from this region.
-        let made = unsafe { pd.register_raw(self.start as *mut u8, self.len, Access::LOCAL_READ) };
+        let made = match &self.dmabuf {
+            // The device maps the dma-buf's pages itself and addresses them
+            // at the CPU's mapping, so that payloads found by their address
+            // name the same bytes.
+            Some((fd, offset)) => pd.register_dmabuf(
+                fd.as_fd(),
+                *offset,
+                self.len,
+                self.start as u64,
+                Access::LOCAL_READ,
+            ),
+            // SAFETY: `start..start + len` is memory the program keeps
+            // mapped while the entry is registered and until every write
+            // from it has completed (the contract of
+            // `SendMemory::register_raw`, which `in_flight` lets it keep; or
+            // owned by `_owner`, which every write's `Hold` keeps alive);
+            // the device only reads it (LOCAL_READ), and barlink never makes
+            // a Rust reference to it from this region.
+            None => unsafe { pd.register_raw(self.start as *mut u8, self.len, Access::LOCAL_READ) },
+        };
         let made = made.map(Arc::new).map_err(|error| {
             tracing::warn!(
                 %error,
@@ -227,7 +244,7 @@ impl SendMemory {
     /// send from it reads what the caller wrote.
     pub fn new(bytes: Arc<[u8]>) -> Result<SendMemory, RdmaError> {
         let (start, len) = (bytes.as_ptr() as usize, bytes.len());
-        SendMemory::insert(start, len, Some(bytes))
+        SendMemory::insert(start, len, Some(bytes), None)
     }
 
     /// Registers `len` bytes at `ptr`, memory the caller owns (a C
@@ -241,10 +258,33 @@ impl SendMemory {
     /// reads it; a change in between is caught by the peer and sent again,
     /// changed).
     pub unsafe fn register_raw(ptr: *const u8, len: usize) -> Result<SendMemory, RdmaError> {
-        SendMemory::insert(ptr as usize, len, None)
+        SendMemory::insert(ptr as usize, len, None, None)
     }
 
-    fn insert(start: usize, len: usize, owner: Option<Arc<[u8]>>) -> Result<SendMemory, RdmaError> {
+    /// Registers `len` bytes at `ptr`, the CPU's mapping of `len` bytes at
+    /// `offset` in the dma-buf behind `fd`: devices register the dma-buf
+    /// (`ibv_reg_dmabuf_mr`) rather than the mapping, so that the NIC reads
+    /// the exporter's memory (a GPU's) directly. A device that refuses
+    /// dma-bufs (soft-RoCE does) sends through the staging area.
+    ///
+    /// # Safety
+    /// As for [`SendMemory::register_raw`], with `ptr..ptr + len` mapping
+    /// that range of the dma-buf.
+    pub unsafe fn register_dmabuf_raw(
+        ptr: *const u8,
+        len: usize,
+        fd: OwnedFd,
+        offset: u64,
+    ) -> Result<SendMemory, RdmaError> {
+        SendMemory::insert(ptr as usize, len, None, Some((fd, offset)))
+    }
+
+    fn insert(
+        start: usize,
+        len: usize,
+        owner: Option<Arc<[u8]>>,
+        dmabuf: Option<(OwnedFd, u64)>,
+    ) -> Result<SendMemory, RdmaError> {
         if len == 0 || start == 0 || start.checked_add(len).is_none() {
             return Err(RdmaError::InvalidArgument {
                 what: format!("send memory of {len} bytes at {start:#x}: give a non-empty range"),
@@ -254,6 +294,7 @@ impl SendMemory {
             start,
             len,
             _owner: owner,
+            dmabuf,
             in_flight: AtomicUsize::new(0),
             regions: Mutex::new(Regions::default()),
         });
