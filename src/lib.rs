@@ -16,7 +16,8 @@
 //! - [`connect()`]: one call that picks BAR P2P, a host-memory bounce or
 //!   RDMA for a peer and says why;
 //! - [`loan`]: when a face's blocking send stops reading the caller's
-//!   bytes in place and copies them.
+//!   bytes in place and copies them;
+//! - [`logging`]: stderr logging as `BARLINK_LOG` says, for every face.
 //!
 //! See `docs/ARCHITECTURE.md` for how they fit together.
 #![forbid(unsafe_code)]
@@ -36,6 +37,7 @@ pub mod doctor;
 pub mod gpu;
 pub mod listen;
 pub mod loan;
+pub mod logging;
 pub use connect::{
     BarEnds, BarRef, ConnectError, ConnectOptions, Connection, PathDecision, PathKind, Peer, Role,
     choose_path, connect,

@@ -43,35 +43,9 @@ enum Command {
     BenchGpuPeer(cli::bench::gpu::plan::GpuPeerPlan),
 }
 
-/// Logs to stderr as `BARLINK_LOG` says: a level (`debug`), or targets
-/// with levels (`barlink_transport=debug,barlink_rdma=trace`). Unset: only
-/// warnings and errors. A value that does not parse is reported and
-/// ignored, never fatal.
-fn init_logging() {
-    use tracing_subscriber::filter::{LevelFilter, Targets};
-    use tracing_subscriber::prelude::*;
-    let filter = match std::env::var("BARLINK_LOG") {
-        Ok(spec) if !spec.trim().is_empty() => match spec.parse::<Targets>() {
-            Ok(targets) => targets,
-            Err(error) => {
-                eprintln!(
-                    "barlink: BARLINK_LOG={spec:?} is not a log filter ({error}); use e.g. debug or barlink_transport=debug"
-                );
-                Targets::new().with_default(LevelFilter::WARN)
-            }
-        },
-        _ => Targets::new().with_default(LevelFilter::WARN),
-    };
-    let layer = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(false);
-    tracing_subscriber::registry()
-        .with(layer.with_filter(filter))
-        .init();
-}
-
 fn main() -> ExitCode {
-    init_logging();
+    // Warnings unless BARLINK_LOG says otherwise.
+    barlink::logging::to_stderr(Some(tracing_subscriber::filter::LevelFilter::WARN));
     let cli = Cli::parse();
     // A limit on the kernels that names none would be ignored deep in the
     // transport; refuse it here, before any figure is taken without it.

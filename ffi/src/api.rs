@@ -36,6 +36,15 @@ const VERSION: &CStr =
         Err(_) => panic!("the package version contains a NUL"),
     };
 
+/// Logs to stderr as `BARLINK_LOG` says, from a process's first listen,
+/// connect or registration on; silent while it is unset.
+fn start_logging() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        barlink::logging::to_stderr(None);
+    });
+}
+
 fn key<T>(handle: *const T) -> u64 {
     handle.addr() as u64
 }
@@ -382,6 +391,7 @@ pub unsafe extern "C" fn barlink_listen(
     listener: *mut *mut barlink_listener,
 ) -> barlink_status {
     boundary("barlink_listen", || {
+        start_logging();
         check_out(listener, "listener")?;
         // SAFETY: checked; writable by contract.
         unsafe { put(listener, ptr::null_mut()) };
@@ -457,6 +467,7 @@ pub unsafe extern "C" fn barlink_connect(
     link: *mut *mut barlink_link,
 ) -> barlink_status {
     boundary("barlink_connect", || {
+        start_logging();
         check_out(link, "link")?;
         // SAFETY: checked; writable by contract.
         unsafe { put(link, ptr::null_mut()) };
@@ -1222,6 +1233,7 @@ pub unsafe extern "C" fn barlink_register_buffer(
     buffer: *mut *mut barlink_buffer,
 ) -> barlink_status {
     boundary("barlink_register_buffer", || {
+        start_logging();
         check_out(buffer, "buffer")?;
         // SAFETY: checked; writable by contract.
         unsafe { put(buffer, ptr::null_mut()) };
@@ -1279,6 +1291,7 @@ pub unsafe extern "C" fn barlink_register_dmabuf(
     buffer: *mut *mut barlink_buffer,
 ) -> barlink_status {
     boundary("barlink_register_dmabuf", || {
+        start_logging();
         check_out(buffer, "buffer")?;
         // SAFETY: checked; writable by contract.
         unsafe { put(buffer, ptr::null_mut()) };

@@ -24,6 +24,8 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _barlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    // Stderr logging as BARLINK_LOG says; silent while it is unset.
+    barlink::logging::to_stderr(None);
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("SetupError", py.get_type::<errors::SetupError>())?;
     m.add("LinkFailed", py.get_type::<errors::LinkFailed>())?;

@@ -802,3 +802,31 @@ def test_an_exchange_that_timed_out_leaves_no_target_lent(echo):
     echo.send(b"late" * 250)
     assert echo.recv(timeout=10) == b"late" * 250
     assert buf == bytearray(1 << 20)
+
+
+_LOG_CHILD = """
+import sys, threading, barlink
+name = sys.argv[1]
+other = threading.Thread(target=lambda: barlink.connect(name, "connect", 10.0).close())
+other.start()
+barlink.connect(name, "accept", 10.0).close()
+other.join()
+"""
+
+
+@pytest.mark.parametrize("value, shown", [(None, False), ("warn", False), ("info", True)])
+def test_the_log_goes_to_stderr_only_as_barlink_log_says(name, value, shown):
+    env = {k: v for k, v in os.environ.items() if k != "BARLINK_LOG"}
+    if value is not None:
+        env["BARLINK_LOG"] = value
+    done = subprocess.run(
+        [sys.executable, "-c", _LOG_CHILD, name],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert ("memfd rings exchanged" in done.stderr) == shown, done.stderr
+    if value is None:
+        assert done.stderr == "", "unset, the package says nothing"
