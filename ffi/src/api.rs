@@ -610,7 +610,7 @@ pub unsafe extern "C" fn barlink_send(
         // SAFETY: forwarded caller contract; the slice lives for this call.
         let data = unsafe { bytes(data, len, "data")? };
         // A short message on a ring link with room goes the direct way.
-        if data.len() < COPY_UNLOCKED_FROM && cell.lock()?.send_copy_direct(data)? {
+        if data.len() < COPY_UNLOCKED_FROM && cell.lock()?.send_copy_direct(data, None)?.is_some() {
             return Ok(());
         }
         // Lent bytes are settled before the call returns, whatever happens
@@ -944,6 +944,15 @@ pub unsafe extern "C" fn barlink_post_send(
         // SAFETY: forwarded caller contract; the slice lives for this call.
         let data = unsafe { bytes(data, len, "data")? };
         let mut state = cell.lock()?;
+        // A short message on a ring link goes the direct way, as a
+        // blocking send's does.
+        if data.len() < COPY_UNLOCKED_FROM
+            && let Some(msg_id) = state.send_copy_direct(data, Some(user_tag))?
+        {
+            // SAFETY: as above.
+            unsafe { put(request, msg_id + 1) };
+            return Ok(());
+        }
         let spare = state.spare_to_post(data.len())?;
         let (payload, released) = if data.len() < COPY_UNLOCKED_FROM {
             fill_copy(spare, data)?

@@ -150,33 +150,39 @@ impl LinkState {
         RecvRound::Idle
     }
 
-    /// A blocking send of `data` copied and queued at once by
-    /// [`LinkState::queue_direct`]; `Ok(false)` when the general way must
-    /// take it (a link of another medium, a full queue, a copy past
-    /// `send_queue_bytes`, bytes it would lend), with nothing sent (a copy
-    /// made for a full queue goes back to the spares; completions may
-    /// have been collected).
-    pub(crate) fn send_copy_direct(&mut self, data: &[u8]) -> Result<bool> {
+    /// A short send of `data` copied and queued at once by
+    /// [`LinkState::queue_direct`]: a blocking one, or a posted one
+    /// (`posted`: its user tag) whose completion is reported. The message
+    /// id, or `None` when the general way must take it (a link of another
+    /// medium, a full queue, a copy past `send_queue_bytes`, bytes a
+    /// blocking send would lend), with nothing sent (a copy made for a
+    /// full queue goes back to the spares; completions may have been
+    /// collected).
+    pub(crate) fn send_copy_direct(
+        &mut self,
+        data: &[u8],
+        posted: Option<u64>,
+    ) -> Result<Option<u64>> {
         if !self.ready_for_direct_send() {
-            return Ok(false);
+            return Ok(None);
         }
         self.check_len(data.len())?;
-        if self.lends(data) {
-            return Ok(false);
+        if posted.is_none() && self.lends(data) {
+            return Ok(None);
         }
         if !self.copy_fits(data.len()) {
             // Acknowledgements counted since may make room.
             self.collect(None);
             if !self.copy_fits(data.len()) {
-                return Ok(false);
+                return Ok(None);
             }
         }
         let (payload, released) = self.copy_payload(data)?;
-        match self.queue_direct(payload, released, 0, false) {
-            Ok(_) => Ok(true),
+        match self.queue_direct(payload, released, posted.unwrap_or(0), posted.is_some()) {
+            Ok(id) => Ok(Some(id)),
             Err((payload, released)) => {
                 self.keep_unsent(payload, released);
-                Ok(false)
+                Ok(None)
             }
         }
     }
