@@ -889,9 +889,9 @@ impl LinkState {
         released: Release,
         user_tag: u64,
     ) -> Result<u64> {
-        // A short message on a ring link goes the direct way, as a
-        // blocking send's does.
-        let direct = payload.as_ref().len() < COPY_UNLOCKED_FROM && self.ready_for_direct_send();
+        // A message on a ring link goes the direct way, as a blocking
+        // send's does.
+        let direct = self.ready_for_direct_send();
         let (payload, released) = if direct {
             match self.queue_direct(payload, released, user_tag, true) {
                 Ok(msg_id) => return Ok(msg_id + 1),

@@ -1,6 +1,7 @@
-//! The direct way of a short send (blocking or posted) and a receive in
-//! place on a ring link (docs/ARCHITECTURE.md, design changes 85 and 87):
-//! the answer to a small message goes through the ring link's own calls,
+//! The direct way of a send (a short blocking one, any posted one) and a
+//! receive in place on a ring link (docs/ARCHITECTURE.md, design changes
+//! 85, 87 and 89): the answer to a small message goes through the ring
+//! link's own calls,
 //! with the C face's bookkeeping kept as a step keeps it but done once the
 //! message is out, and a waiting receive keeps the link's lock across its
 //! idle rounds until another call waits for it.
@@ -198,8 +199,9 @@ impl LinkState {
         open && self.end.is_none()
     }
 
-    /// Queues a short send's payload (made with `released`) on a ring link
-    /// through the ring link's own calls and writes it out in one round,
+    /// Queues a send's payload (made with `released`) on a ring link
+    /// through the ring link's own calls and writes what the ring takes of
+    /// it in one round,
     /// then keeps its request as [`LinkState::try_send`] keeps it (a
     /// posted one `report`s its completion with `user_tag`) and collects
     /// what earlier rounds completed. The message id, or the payload back
