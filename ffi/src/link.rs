@@ -496,17 +496,28 @@ impl LinkState {
             ended = link.check_open().err();
         }
         if ended.is_some() {
-            // The link is over: keep every message delivered before the
-            // end (nothing more can come), then let it go.
-            while let Ok(Some(delivery)) = link.try_recv_delivery() {
-                self.message_bytes_received += delivery.len() as u64;
-                self.received.push_back(delivery);
-            }
+            self.keep_delivered();
         }
-        let moved = activity(link.engine_stats()) != before;
+        let moved = self
+            .link
+            .as_ref()
+            .is_some_and(|link| activity(link.engine_stats()) != before);
         self.collect(ended);
         self.settle_recvs();
         moved
+    }
+
+    /// Before a link that ended goes: keeps every message delivered before
+    /// the end (nothing more can come), as every round that finds an end
+    /// must.
+    pub(crate) fn keep_delivered(&mut self) {
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        while let Ok(Some(delivery)) = link.try_recv_delivery() {
+            self.message_bytes_received += delivery.len() as u64;
+            self.received.push_back(delivery);
+        }
     }
 
     /// Completes the posted receives that delivered messages are for, and

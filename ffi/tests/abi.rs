@@ -552,6 +552,78 @@ fn a_short_post_whose_round_finds_the_peer_closed_fails_with_why() {
     assert_eq!(barlink_close(a, 100), BARLINK_OK);
 }
 
+/// The messages a peer sent before it closed are kept when the round of
+/// a send's direct way is the one that finds the close: received in
+/// order (one of them by a receive posted before), and then the end.
+#[test]
+fn messages_sent_before_a_close_that_a_send_finds_are_kept() {
+    for way in ["send", "post", "posted receive"] {
+        let (a, b) = pair(None);
+        for i in 0..3u8 {
+            assert_eq!(send(b, &[i; 100]), BARLINK_OK, "{}", last_error());
+        }
+        // a's first round reads the three and takes one, its second (past
+        // the engine's acknowledgement delay) acknowledges them; the
+        // other two stay in a's link.
+        assert_eq!(barlink_progress(a), BARLINK_OK);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert_eq!(barlink_progress(a), BARLINK_OK);
+        // With its messages acknowledged, b's close goes out at once and
+        // waits in a's ring (b then waits for an answer a does not give).
+        let status = barlink_close(b, 200);
+        assert!(
+            status == BARLINK_OK || status == BARLINK_TIMEOUT,
+            "{way}: {status:?}: {}",
+            last_error()
+        );
+        let mut posted = [vec![0u8; 100], vec![0u8; 100]];
+        let [first, second] = &mut posted;
+        let requests = if way == "posted receive" {
+            vec![post_recv(a, first, 1), post_recv(a, second, 2)]
+        } else {
+            Vec::new()
+        };
+        let message = [7u8; 64];
+        if way == "send" {
+            assert_eq!(send(a, &message), BARLINK_OK, "{}", last_error());
+        } else {
+            let mut request = 0;
+            // SAFETY: a live slice; `request` is writable.
+            let status = unsafe {
+                barlink_post_send(a, message.as_ptr().cast(), message.len(), 8, &mut request)
+            };
+            assert_eq!(status, BARLINK_OK, "{way}: {}", last_error());
+            let mut done = completions(a, 1 + requests.len());
+            done.sort_by_key(|c| c.user_tag);
+            let sent = done.pop().unwrap();
+            assert_eq!((sent.user_tag, sent.status), (8, BARLINK_CLOSED), "{way}");
+            for (c, request) in done.iter().zip(&requests) {
+                assert_eq!(
+                    (c.request, c.status, c.bytes),
+                    (*request, BARLINK_OK, 100),
+                    "{way}"
+                );
+            }
+        }
+        let mut next = 0u8;
+        for buf in posted.iter().take(requests.len()) {
+            assert_eq!(buf, &[next; 100], "{way}: posted receive {next}");
+            next += 1;
+        }
+        let mut buf = [0u8; 100];
+        for i in next..3 {
+            assert_eq!(
+                recv(a, &mut buf, 1000),
+                (BARLINK_OK, 100),
+                "{way}: message {i}"
+            );
+            assert_eq!(buf, [i; 100], "{way}");
+        }
+        expect(recv(a, &mut buf, 1000).0, BARLINK_CLOSED, "closed");
+        assert_eq!(barlink_close(a, 100), BARLINK_OK);
+    }
+}
+
 /// A receive still posted when the peer closes completes with why the
 /// link ended; one posted on a closed link is refused.
 #[test]

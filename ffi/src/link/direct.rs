@@ -1,7 +1,7 @@
 //! The direct way of a send (a short blocking one, any posted one) and a
-//! receive in place on a ring link (docs/ARCHITECTURE.md, design changes
-//! 85, 87 and 89): the answer to a small message goes through the ring
-//! link's own calls,
+//! receive in place on a local (host-memory) ring link
+//! (docs/ARCHITECTURE.md, design changes 85, 87 and 89): the answer to a
+//! small message goes through the ring link's own calls,
 //! with the C face's bookkeeping kept as a step keeps it but done once the
 //! message is out, and a waiting receive keeps the link's lock across its
 //! idle rounds until another call waits for it.
@@ -230,8 +230,16 @@ impl LinkState {
         self.keep_request(id, len, released, user_tag, report);
         // The message is queued either way: an end fails it through its
         // request. Completions earlier rounds brought are collected now,
-        // so that their copies come back for reuse.
-        self.collect(ended);
+        // so that their copies come back for reuse; an end keeps what was
+        // delivered before it and settles the posted receives, as a step
+        // does.
+        if ended.is_some() {
+            self.keep_delivered();
+            self.collect(ended);
+            self.settle_recvs();
+        } else {
+            self.collect(None);
+        }
         Ok(id)
     }
 }
