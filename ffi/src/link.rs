@@ -900,8 +900,8 @@ impl LinkState {
         released: Release,
         user_tag: u64,
     ) -> Result<u64> {
-        // A message on a ring link goes the direct way, as a blocking
-        // send's does.
+        // A message on a local (host-memory) ring link goes the direct
+        // way, as a blocking send's does.
         let direct = self.ready_for_direct_send();
         let (payload, released) = if direct {
             match self.queue_direct(payload, released, user_tag, true) {
