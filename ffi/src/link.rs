@@ -911,10 +911,23 @@ impl LinkState {
         } else {
             (payload, released)
         };
+        self.post_queued(payload, released, user_tag)
+            .map(|msg_id| msg_id + 1)
+    }
+
+    /// Queues a posted send's payload the general way, with a step; the
+    /// message id, or `BARLINK_WOULD_BLOCK` when the queue is full (the
+    /// payload's copy goes back to the spares).
+    pub(crate) fn post_queued(
+        &mut self,
+        payload: Payload,
+        released: Release,
+        user_tag: u64,
+    ) -> Result<u64> {
         match self.try_send(payload, released, user_tag, true)? {
             Ok(msg_id) => {
                 self.step();
-                Ok(msg_id + 1)
+                Ok(msg_id)
             }
             Err((payload, released)) => {
                 self.keep_unsent(payload, released);

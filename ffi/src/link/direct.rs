@@ -155,10 +155,11 @@ impl LinkState {
     /// [`LinkState::queue_direct`]: a blocking one, or a posted one
     /// (`posted`: its user tag) whose completion is reported. The message
     /// id, or `None` when the general way must take it (a link of another
-    /// medium, a full queue, a copy past `send_queue_bytes`, bytes a
-    /// blocking send would lend), with nothing sent (a copy made for a
-    /// full queue goes back to the spares; completions may have been
-    /// collected).
+    /// medium, a copy past `send_queue_bytes`, bytes a blocking send
+    /// would lend, a full queue for a blocking send), with nothing sent
+    /// (completions may have been collected). A post that finds the queue
+    /// full goes on the general way with the copy it made, which gives
+    /// `BARLINK_WOULD_BLOCK` and keeps the copy for the retry.
     pub(crate) fn send_copy_direct(
         &mut self,
         data: &[u8],
@@ -181,10 +182,13 @@ impl LinkState {
         let (payload, released) = self.copy_payload(data)?;
         match self.queue_direct(payload, released, posted.unwrap_or(0), posted.is_some()) {
             Ok(id) => Ok(Some(id)),
-            Err((payload, released)) => {
-                self.keep_unsent(payload, released);
-                Ok(None)
-            }
+            Err((payload, released)) => match posted {
+                Some(user_tag) => self.post_queued(payload, released, user_tag).map(Some),
+                None => {
+                    self.keep_unsent(payload, released);
+                    Ok(None)
+                }
+            },
         }
     }
 
