@@ -188,6 +188,16 @@ public:
         return s;
     }
 
+    // Registers `buffer` with this link's device now rather than at the
+    // first post from it. True when posts from it go in place; false when
+    // the NIC refused it (barlink_last_error() says why): posts still work,
+    // through the link's staging copy.
+    bool register_buffer(const Buffer& buffer) {
+        barlink_status s = check(barlink_link_register_buffer(handle_, buffer.get()),
+                                 "barlink_link_register_buffer", {BARLINK_NOT_AVAILABLE});
+        return s == BARLINK_OK;
+    }
+
     // Zero-copy post of a registered range; returns the request id, or 0
     // when the send queue is full (poll, then retry).
     uint64_t post(const Buffer& buffer, size_t offset, size_t len, uint64_t user_tag) {

@@ -143,6 +143,10 @@ int prefill(const Plan& plan, const Route& route, size_t inflight) {
     barlink::Buffer registered(pool.data(), pool.size());
     barlink::Link link = barlink::Link::connect(route.name, link_config(route, false), route.setup_timeout_ms);
     link.set_close_timeout_ms(5000);
+    // Asked at setup, not at the first post: a NIC that refuses the pool
+    // says so here, and the blocks then go through the staging copy.
+    if (!link.register_buffer(registered))
+        std::fprintf(stderr, "prefill: %s\n", barlink_last_error());
     if (link.send(&plan, sizeof plan, 5000) != BARLINK_OK) {
         std::fprintf(stderr, "prefill: the plan could not be queued\n");
         return 1;

@@ -56,7 +56,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 12
+#define BARLINK_ABI_VERSION_MINOR 13
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -599,6 +599,25 @@ enum barlink_status barlink_post_send_buffer(struct barlink_link *link,
                                              size_t len,
                                              uint64_t user_tag,
                                              uint64_t *request);
+
+// Registers `buffer` (from `barlink_register_buffer` or
+// `barlink_register_dmabuf`) with `link`'s device now, rather than at the
+// first send from it over the link, and says whether those sends go in
+// place. Over RDMA the NIC registers the memory (`ibv_reg_mr`, or
+// `ibv_reg_dmabuf_mr` for a dma-buf), once per link: `BARLINK_OK` when it
+// did, and `barlink_post_send_buffer` then sends without a copy;
+// `BARLINK_NOT_AVAILABLE`, with the NIC's reason in `barlink_last_error`,
+// when it refused (a NIC without dma-buf support, memory it cannot pin):
+// sends from the buffer still work, copied through the link's staging
+// area. Other links read registered memory with the CPU and answer
+// `BARLINK_OK` at once. Registration can take milliseconds for large
+// buffers, during which the link is not driven: call it at setup, not per
+// message (a deregistration meanwhile is `BARLINK_BUSY`). On a link that
+// ended, the status it ended with (`BARLINK_PEER_LOST`, ...);
+// `BARLINK_INVALID_HANDLE` for a closed link or a deregistered buffer.
+// (ABI 0.13.)
+enum barlink_status barlink_link_register_buffer(struct barlink_link *link,
+                                                 struct barlink_buffer *buffer);
 
 // Drives the link once and takes up to `max` completions of posted sends,
 // oldest first, into `completions`; `*count` says how many. Each

@@ -1055,6 +1055,34 @@ pub unsafe extern "C" fn barlink_post_send_buffer(
     })
 }
 
+/// Registers `buffer` (from `barlink_register_buffer` or
+/// `barlink_register_dmabuf`) with `link`'s device now, rather than at the
+/// first send from it over the link, and says whether those sends go in
+/// place. Over RDMA the NIC registers the memory (`ibv_reg_mr`, or
+/// `ibv_reg_dmabuf_mr` for a dma-buf), once per link: `BARLINK_OK` when it
+/// did, and `barlink_post_send_buffer` then sends without a copy;
+/// `BARLINK_NOT_AVAILABLE`, with the NIC's reason in `barlink_last_error`,
+/// when it refused (a NIC without dma-buf support, memory it cannot pin):
+/// sends from the buffer still work, copied through the link's staging
+/// area. Other links read registered memory with the CPU and answer
+/// `BARLINK_OK` at once. Registration can take milliseconds for large
+/// buffers, during which the link is not driven: call it at setup, not per
+/// message (a deregistration meanwhile is `BARLINK_BUSY`). On a link that
+/// ended, the status it ended with (`BARLINK_PEER_LOST`, ...);
+/// `BARLINK_INVALID_HANDLE` for a closed link or a deregistered buffer.
+/// (ABI 0.13.)
+#[unsafe(no_mangle)]
+pub extern "C" fn barlink_link_register_buffer(
+    link: *mut barlink_link,
+    buffer: *mut barlink_buffer,
+) -> barlink_status {
+    boundary("barlink_link_register_buffer", || {
+        let cell = registry::link(key(link))?;
+        let region = registry::buffer(key(buffer))?;
+        cell.lock()?.register_region(&region)
+    })
+}
+
 /// Drives the link once and takes up to `max` completions of posted sends,
 /// oldest first, into `completions`; `*count` says how many. Each
 /// completion is reported once. `completions` may be NULL when `max` is 0

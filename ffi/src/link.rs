@@ -31,12 +31,13 @@ use crate::completions::Completions;
 use crate::config::SendLimits;
 use crate::error::{Error, Result};
 use crate::held::{HeldMessages, Lent};
-use crate::payload::{CallerMemory, CpuRead, Payload, Region, Release, SendCopies, SendLoan};
+use crate::payload::{CallerMemory, Payload, Release, SendCopies, SendLoan};
 use crate::recv::{PostedRecvs, RECV_REQUEST};
 use crate::types::barlink_status::{self, *};
 use crate::types::{barlink_completion, barlink_stats};
 
 mod direct;
+mod registered;
 mod rounds;
 
 pub(crate) use rounds::{Pace, Rounds};
@@ -946,21 +947,6 @@ impl LinkState {
     pub(crate) fn keep_unsent(&mut self, payload: Payload, released: Release) {
         drop(payload);
         self.send_copies.reclaim(released);
-    }
-
-    /// A registered range as a payload (for `post`), holding its CPU read
-    /// if it is a dma-buf's.
-    pub(crate) fn registered_payload(
-        &mut self,
-        region: &Arc<Region>,
-        offset: usize,
-        len: usize,
-        read: Option<CpuRead>,
-    ) -> Result<(Payload, Release)> {
-        self.check_len(len)?;
-        let (flag, released) = self.send_copies.flag();
-        let payload = region.payload(offset, len, flag, read)?;
-        Ok((payload, released))
     }
 
     /// One step of a receive into `into`: the next message lands in the

@@ -19,7 +19,9 @@ use barlink_transport::MessageId;
 
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Result};
-use crate::types::barlink_status::{BARLINK_BUSY, BARLINK_INVALID_HANDLE, BARLINK_OUT_OF_MEMORY};
+use crate::types::barlink_status::{
+    BARLINK_BUSY, BARLINK_INVALID_HANDLE, BARLINK_NOT_AVAILABLE, BARLINK_OUT_OF_MEMORY,
+};
 
 /// Caller memory registered with `barlink_register_buffer`, or a dma-buf
 /// range registered with `barlink_register_dmabuf`.
@@ -40,8 +42,12 @@ struct RegionState {
     /// Deregistered: no new sends.
     dead: bool,
     /// What lets RDMA links read the region in place; dropped (and the
-    /// devices' registrations with it) on deregistration.
-    send_memory: Option<SendMemory>,
+    /// devices' registrations with it) on deregistration. Shared only with
+    /// a registration in progress, which deregistration waits for.
+    send_memory: Option<Arc<SendMemory>>,
+    /// `barlink_link_register_buffer` calls registering it with a device
+    /// now, outside this lock: deregistration is refused meanwhile.
+    registering: u32,
 }
 
 // SAFETY: `Region` stores the caller's address and length (or owns the
@@ -74,7 +80,9 @@ impl Region {
         // the peer acknowledged it, so after the write that read it), and
         // is not modified while a send of it is in flight. The registration
         // is dropped at deregistration (`retire`).
-        let send_memory = unsafe { SendMemory::register_raw(ptr, len) }.ok();
+        let send_memory = unsafe { SendMemory::register_raw(ptr, len) }
+            .ok()
+            .map(Arc::new);
         Region {
             ptr,
             len,
@@ -88,7 +96,7 @@ impl Region {
 
     /// Wraps a dma-buf range mapped for the CPU.
     pub(crate) fn dmabuf(dmabuf: DmaBuf) -> Region {
-        let send_memory = dmabuf.send_memory();
+        let send_memory = dmabuf.send_memory().map(Arc::new);
         Region {
             ptr: dmabuf.as_ptr(),
             len: dmabuf.len(),
@@ -103,6 +111,51 @@ impl Region {
     fn state(&self) -> std::sync::MutexGuard<'_, RegionState> {
         // Counting cannot leave the state half-updated: ignore poisoning.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `register` on what lets RDMA links read the region in place,
+    /// outside the region's lock (a device may take milliseconds to pin a
+    /// large buffer, and sends from it must not wait for that);
+    /// `BARLINK_INVALID_HANDLE` once it was deregistered.
+    pub(crate) fn with_send_memory(
+        &self,
+        register: impl FnOnce(&SendMemory) -> Result<()>,
+    ) -> Result<()> {
+        let memory = {
+            let mut state = self.state();
+            if state.dead {
+                return Err(Error::new(
+                    BARLINK_INVALID_HANDLE,
+                    "the buffer was deregistered meanwhile",
+                ));
+            }
+            let Some(memory) = state.send_memory.clone() else {
+                return Err(Error::new(
+                    BARLINK_NOT_AVAILABLE,
+                    "barlink could not offer this buffer to RDMA devices (a dma-buf whose descriptor could not be duplicated: too many open files?); sends from it copy through the staging area",
+                ));
+            };
+            state.registering += 1;
+            memory
+        };
+        /// Lets the send memory go, then ends the registration's count
+        /// (also when it unwinds): a deregistration that finds the count at
+        /// zero drops the last reference.
+        struct Registering<'a> {
+            region: &'a Region,
+            memory: Option<Arc<SendMemory>>,
+        }
+        impl Drop for Registering<'_> {
+            fn drop(&mut self) {
+                self.memory = None;
+                self.region.state().registering -= 1;
+            }
+        }
+        let registering = Registering {
+            region: self,
+            memory: Some(memory),
+        };
+        register(registering.memory.as_deref().expect("set just above"))
     }
 
     /// Refuses deregistration while sends from it are in flight; otherwise
@@ -121,7 +174,16 @@ impl Region {
         // The engine lets go of a payload when its message is acknowledged,
         // but an RDMA resend of it may still be queued, and a closing link's
         // queue pair goes after its engine: the NIC reads until those end.
-        let writes = state.send_memory.as_ref().map_or(0, SendMemory::in_flight);
+        if state.registering > 0 {
+            return Err(Error::new(
+                BARLINK_BUSY,
+                "the buffer is being registered with a link's device (barlink_link_register_buffer on another thread): try again once that call returned",
+            ));
+        }
+        let writes = state
+            .send_memory
+            .as_deref()
+            .map_or(0, SendMemory::in_flight);
         if writes > 0 {
             return Err(Error::new(
                 BARLINK_BUSY,
@@ -660,6 +722,32 @@ mod tests {
         assert!(copies.flags.is_empty());
         drop(payload);
         region.retire().unwrap();
+    }
+
+    /// A registration with a device runs outside the region's lock: sends
+    /// from the region go meanwhile, deregistration waits for it, and a
+    /// deregistered region is not registered.
+    #[test]
+    fn deregistration_waits_for_a_registration_in_progress() {
+        let buf = vec![5u8; 256];
+        let region = Arc::new(Region::new(buf.as_ptr(), buf.len()));
+        let mut copies = SendCopies::default();
+        region
+            .with_send_memory(|memory| {
+                assert_eq!(memory.len(), 256);
+                let (flag, _release) = copies.flag();
+                let payload = region.payload(0, 64, flag, None)?;
+                drop(payload);
+                let busy = region.retire().expect_err("retired while registering");
+                assert_eq!(busy.status, BARLINK_BUSY, "{busy:?}");
+                Ok(())
+            })
+            .unwrap();
+        region.retire().unwrap();
+        let gone = region
+            .with_send_memory(|_| panic!("a deregistered region was offered"))
+            .expect_err("registered after deregistration");
+        assert_eq!(gone.status, BARLINK_INVALID_HANDLE);
     }
 
     #[test]

@@ -263,3 +263,68 @@ fn arrives_and_completes(a: *mut barlink_link, b: *mut barlink_link, request: u6
         last_error()
     );
 }
+
+/// A link whose sends the CPU reads (shared memory here) needs no device
+/// registration: registering a buffer with it answers at once, and the
+/// handles are checked as everywhere else.
+#[test]
+fn registering_a_buffer_with_a_ring_link_answers_at_once_and_checks_handles() {
+    let (a, b) = pair(None);
+    let memory = vec![3u8; 8192];
+    let mut buffer = ptr::null_mut();
+    // SAFETY: `memory` outlives the registration and is not modified.
+    let status =
+        unsafe { barlink_register_buffer(memory.as_ptr().cast(), memory.len(), &mut buffer) };
+    assert_eq!(status, BARLINK_OK);
+    assert_eq!(
+        barlink_link_register_buffer(a, buffer),
+        BARLINK_OK,
+        "{}",
+        last_error()
+    );
+    assert_eq!(barlink_link_register_buffer(b, buffer), BARLINK_OK);
+    // Asked again, the same answer.
+    assert_eq!(barlink_link_register_buffer(a, buffer), BARLINK_OK);
+    // Swapped and null handles.
+    let swapped =
+        barlink_link_register_buffer(buffer.cast::<barlink_link>(), a.cast::<barlink_buffer>());
+    expect(
+        swapped,
+        BARLINK_INVALID_HANDLE,
+        "a buffer handle was passed",
+    );
+    let null_buffer = barlink_link_register_buffer(a, ptr::null_mut());
+    expect(null_buffer, BARLINK_INVALID_HANDLE, "buffer handle is NULL");
+    let null_link = barlink_link_register_buffer(ptr::null_mut(), buffer);
+    expect(null_link, BARLINK_INVALID_HANDLE, "link handle is NULL");
+    // Sends from it still go and arrive.
+    let mut request = 0;
+    let mut buf = vec![0u8; 8192];
+    // SAFETY: valid out-pointer; the range is registered.
+    let status = unsafe { barlink_post_send_buffer(a, buffer, 0, 8192, 1, &mut request) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    arrives_and_completes(a, b, request, &mut buf);
+    assert_eq!(buf, memory);
+    assert_eq!(barlink_deregister_buffer(buffer), BARLINK_OK);
+    let deregistered = barlink_link_register_buffer(a, buffer);
+    expect(
+        deregistered,
+        BARLINK_INVALID_HANDLE,
+        "buffer handle was already closed",
+    );
+    // A live buffer on a closed link.
+    let mut live = ptr::null_mut();
+    // SAFETY: `memory` outlives the registration and is not modified.
+    let status =
+        unsafe { barlink_register_buffer(memory.as_ptr().cast(), memory.len(), &mut live) };
+    assert_eq!(status, BARLINK_OK);
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    let closed = barlink_link_register_buffer(a, live);
+    expect(
+        closed,
+        BARLINK_INVALID_HANDLE,
+        "link handle was already closed",
+    );
+    assert_eq!(barlink_deregister_buffer(live), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}

@@ -22,7 +22,7 @@ use crate::oob::{self, Hello, OobError, OobListener, OobOptions, OobStream};
 use crate::verbs::{
     Access, CompletionQueue, Context, Gid, LinkLayer, Mtu, ProtectionDomain, QpConfig,
     QpConnectOptions, QpEndpoint, QueuePair, RegisteredMemory, RemoteAddr, RemoteRegion,
-    WorkCompletion, send_memory,
+    SendMemory, WorkCompletion, send_memory,
 };
 
 /// Completions taken per poll call.
@@ -86,6 +86,15 @@ impl VerbsQueue {
     /// The queue pair (for its state and number).
     pub fn qp(&self) -> &QueuePair {
         &self.qp
+    }
+
+    /// Registers `memory` with this queue's device now, rather than at the
+    /// first send from it, so that a program learns up front whether its
+    /// sends from it go in place; `Err` says why the device refused it
+    /// (sends from it then go through the staging area). Asked once per
+    /// device: a second call answers as the first did.
+    pub fn register_send_memory(&self, memory: &SendMemory) -> Result<(), RdmaError> {
+        send_memory::register_in(&self.pd, memory)
     }
 
     fn poll(

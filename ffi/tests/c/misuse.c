@@ -154,6 +154,13 @@ static void tcp_peer_gone(const barlink_config *config) {
     check("sending 1 MiB messages to a TCP peer that exited (no SIGPIPE)", result,
           BARLINK_PEER_LOST);
     check_true("reported within 5 s (peer timeout 500 ms)", t1.tv_sec - t0.tv_sec < 5);
+    char spare[64];
+    barlink_buffer *buffer = NULL;
+    check("register_buffer (beside a lost link)", barlink_register_buffer(spare, sizeof spare, &buffer),
+          BARLINK_OK);
+    check("link_register_buffer(link whose peer was lost)",
+          barlink_link_register_buffer(link, buffer), BARLINK_PEER_LOST);
+    check("deregister_buffer (beside a lost link)", barlink_deregister_buffer(buffer), BARLINK_OK);
     check("close the link to the exited peer", barlink_close(link, 1000), BARLINK_OK);
     check("listener_close (tcp, peer exited)", barlink_listener_close(listener), BARLINK_OK);
 }
@@ -378,6 +385,8 @@ int main(void) {
     check("deregister_buffer(NULL)", barlink_deregister_buffer(NULL), BARLINK_INVALID_HANDLE);
     check("post_send_buffer(NULL, NULL)",
           barlink_post_send_buffer(NULL, NULL, 0, 1, 0, &request), BARLINK_INVALID_HANDLE);
+    check("link_register_buffer(NULL, NULL)", barlink_link_register_buffer(NULL, NULL),
+          BARLINK_INVALID_HANDLE);
 
     /* Forged handles: garbage values and pointers to real memory. */
     check("close(forged 0x1234)", barlink_close((barlink_link *)(uintptr_t)0x1234, 0),
@@ -554,6 +563,16 @@ int main(void) {
           barlink_post_send_buffer(link, buffer, SIZE_MAX, 2, 0, &request), BARLINK_INVALID_ARGUMENT);
     check("buffer handle passed as a link", barlink_progress((barlink_link *)(void *)buffer),
           BARLINK_INVALID_HANDLE);
+    check("link_register_buffer(NULL buffer)", barlink_link_register_buffer(link, NULL),
+          BARLINK_INVALID_HANDLE);
+    check("link_register_buffer(handles swapped)",
+          barlink_link_register_buffer((barlink_link *)(void *)buffer, (barlink_buffer *)(void *)link),
+          BARLINK_INVALID_HANDLE);
+    check("link_register_buffer(forged buffer)",
+          barlink_link_register_buffer(link, (barlink_buffer *)(uintptr_t)0x1234),
+          BARLINK_INVALID_HANDLE);
+    check("link_register_buffer (a ring link needs no device registration)",
+          barlink_link_register_buffer(link, buffer), BARLINK_OK);
     check("post_send_buffer(4096 bytes)",
           barlink_post_send_buffer(link, buffer, 4096, 4096, 42, &request), BARLINK_OK);
     barlink_status busy = barlink_deregister_buffer(buffer);
@@ -575,6 +594,8 @@ int main(void) {
           BARLINK_INVALID_HANDLE);
     check("post_send_buffer(deregistered)",
           barlink_post_send_buffer(link, buffer, 0, 1, 0, &request), BARLINK_INVALID_HANDLE);
+    check("link_register_buffer(deregistered)", barlink_link_register_buffer(link, buffer),
+          BARLINK_INVALID_HANDLE);
     free(memory);
 
     check("get_stats", barlink_get_stats(link, &stats), BARLINK_OK);

@@ -236,16 +236,7 @@ pub fn exchange(
     receiver
         .join()
         .expect("the receiver found every byte intact");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        match barlink_deregister_buffer(buffer) {
-            BARLINK_OK => break,
-            BARLINK_BUSY if std::time::Instant::now() < deadline => {
-                let _ = barlink_progress(a);
-            }
-            status => panic!("deregister: {status:?}: {}", last_error()),
-        }
-    }
+    deregister_when_idle(a, buffer);
     let mut stats = barlink_stats {
         struct_size: std::mem::size_of::<barlink_stats>() as u32,
         ..barlink_stats::default()
@@ -253,4 +244,20 @@ pub fn exchange(
     // SAFETY: a whole, writable stats struct of the size given.
     assert_eq!(unsafe { barlink_get_stats(a, &mut stats) }, BARLINK_OK);
     stats
+}
+
+/// Deregisters `buffer` once no RDMA write from it is in flight, driving
+/// `link` meanwhile (a write's completion can come after the message's
+/// acknowledgement), for at most 30 s.
+pub fn deregister_when_idle(link: *mut barlink_link, buffer: *mut barlink_buffer) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match barlink_deregister_buffer(buffer) {
+            BARLINK_OK => break,
+            BARLINK_BUSY if std::time::Instant::now() < deadline => {
+                let _ = barlink_progress(link);
+            }
+            status => panic!("deregister: {status:?}: {}", last_error()),
+        }
+    }
 }

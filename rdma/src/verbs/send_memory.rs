@@ -38,7 +38,7 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 /// A domain's registration of an entry, or why the device refused it
 /// (asked once per domain, not once per packet).
-type DomainRegion = (usize, Result<Arc<MemoryRegion>, String>);
+type DomainRegion = (usize, Result<Arc<MemoryRegion>, RdmaError>);
 
 pub(crate) struct Entry {
     start: usize,
@@ -81,15 +81,17 @@ impl Entry {
     }
 
     /// The domain's registration of the whole entry, made now if it is the
-    /// first time; `None` if the device refused it (logged once).
-    fn region_in(&self, pd: &ProtectionDomain) -> Option<Arc<MemoryRegion>> {
+    /// first time, or why the device refused it (logged once).
+    fn region_in(&self, pd: &ProtectionDomain) -> Result<Arc<MemoryRegion>, RdmaError> {
         let key = pd.identity();
         let mut regions = self.regions();
         if regions.dropped {
-            return None;
+            return Err(RdmaError::InvalidArgument {
+                what: "the send memory was dropped".into(),
+            });
         }
         if let Some((_, found)) = regions.by_domain.iter().find(|(k, _)| *k == key) {
-            return found.as_ref().ok().cloned();
+            return found.clone();
         }
         let made = match &self.dmabuf {
             // The device maps the dma-buf's pages itself and addresses them
@@ -111,18 +113,16 @@ impl Entry {
             // a Rust reference to it from this region.
             None => unsafe { pd.register_raw(self.start as *mut u8, self.len, Access::LOCAL_READ) },
         };
-        let made = made.map(Arc::new).map_err(|error| {
+        let made = made.map(Arc::new).inspect_err(|error| {
             tracing::warn!(
                 %error,
                 device = pd.device_name(),
                 bytes = self.len,
                 "send memory could not be registered; its sends go through the staging area"
             );
-            error.to_string()
         });
-        let found = made.as_ref().ok().cloned();
-        regions.by_domain.push((key, made));
-        found
+        regions.by_domain.push((key, made.clone()));
+        made
     }
 }
 
@@ -172,7 +172,7 @@ pub(crate) fn in_place(pd: &ProtectionDomain, payload: &[u8]) -> Option<(Sge, Ho
         return None;
     }
     let entry = entry_of(payload)?;
-    let region = entry.region_in(pd)?;
+    let region = entry.region_in(pd).ok()?;
     let offset = payload.as_ptr() as usize - entry.start;
     let sge = region.sge(offset, payload.len()).ok()?;
     Some((sge, Hold::new(entry, Some(region))))
@@ -195,6 +195,12 @@ impl Hold {
             _region: region,
         }
     }
+}
+
+/// Registers `memory` in `pd` now, if it is not yet, rather than at the
+/// first send from it; or says why the device refuses it (asked once).
+pub(crate) fn register_in(pd: &ProtectionDomain, memory: &SendMemory) -> Result<(), RdmaError> {
+    memory.entry.region_in(pd).map(drop)
 }
 
 /// Drops every registration made in `pd`: its links are gone, and the
