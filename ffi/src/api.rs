@@ -606,98 +606,101 @@ pub unsafe extern "C" fn barlink_send(
     timeout_ms: u32,
 ) -> barlink_status {
     boundary("barlink_send", || {
-        let cell = registry::link(key(link))?;
-        // SAFETY: forwarded caller contract; the slice lives for this call.
-        let data = unsafe { bytes(data, len, "data")? };
-        // A short message on a ring link with room goes the direct way.
-        if data.len() < COPY_UNLOCKED_FROM && cell.lock()?.send_copy_direct(data, None)?.is_some() {
-            return Ok(());
-        }
-        // Lent bytes are settled before the call returns, whatever happens
-        // (a panic included): the guard copies them or ends the link.
-        let mut loan = SettleLoan {
-            cell: &cell,
-            msg_id: None,
-            loan: None,
-            settled: false,
-        };
-        // A long copy that fits now is made outside the lock, so that a
-        // progress thread moves the link meanwhile; its bytes stay reserved
-        // under send_queue_bytes until the step that queues it. Else the
-        // payload is made in the first step that finds room for it, under
-        // that step's lock (one lock fewer); a full queue gives it back to
-        // the slot for the next step.
-        let mut slot = None;
-        let mut reserved = 0;
-        if data.len() >= COPY_UNLOCKED_FROM {
-            let mut state = cell.lock()?;
-            if let Some(spare) = state.spare_to_send(data)? {
-                state.reserve_copy(data.len());
-                drop(state);
-                reserved = data.len();
-                match fill_copy(spare, data) {
-                    Ok(filled) => slot = Some(filled),
-                    Err(error) => {
-                        cell.lock_even_if_closed().end_reservation(reserved);
-                        return Err(error);
+        registry::with_link(key(link), |cell| {
+            // SAFETY: forwarded caller contract; the slice lives for this call.
+            let data = unsafe { bytes(data, len, "data")? };
+            // A short message on a ring link with room goes the direct way.
+            if data.len() < COPY_UNLOCKED_FROM
+                && cell.lock()?.send_copy_direct(data, None)?.is_some()
+            {
+                return Ok(());
+            }
+            // Lent bytes are settled before the call returns, whatever happens
+            // (a panic included): the guard copies them or ends the link.
+            let mut loan = SettleLoan {
+                cell,
+                msg_id: None,
+                loan: None,
+                settled: false,
+            };
+            // A long copy that fits now is made outside the lock, so that a
+            // progress thread moves the link meanwhile; its bytes stay reserved
+            // under send_queue_bytes until the step that queues it. Else the
+            // payload is made in the first step that finds room for it, under
+            // that step's lock (one lock fewer); a full queue gives it back to
+            // the slot for the next step.
+            let mut slot = None;
+            let mut reserved = 0;
+            if data.len() >= COPY_UNLOCKED_FROM {
+                let mut state = cell.lock()?;
+                if let Some(spare) = state.spare_to_send(data)? {
+                    state.reserve_copy(data.len());
+                    drop(state);
+                    reserved = data.len();
+                    match fill_copy(spare, data) {
+                        Ok(filled) => slot = Some(filled),
+                        Err(error) => {
+                            cell.lock_even_if_closed().end_reservation(reserved);
+                            return Err(error);
+                        }
                     }
                 }
             }
-        }
-        let sent = cell.blocking(millis(timeout_ms), |state| {
-            if reserved > 0 {
-                state.end_reservation(reserved);
-                reserved = 0;
-            }
-            if slot.is_none() {
-                state.check_len(data.len())?;
-                // The copies held for unacknowledged sends are at their
-                // limit: wait for acknowledgements, driving the link. (A
-                // lent message waits too: it may need a copy.)
-                if !state.copy_fits(data.len()) {
-                    return Ok(Step::Again {
-                        moved: state.step(),
-                    });
+            let sent = cell.blocking(millis(timeout_ms), |state| {
+                if reserved > 0 {
+                    state.end_reservation(reserved);
+                    reserved = 0;
                 }
-                let (payload, released, lent) = state.blocking_payload(data)?;
-                slot = Some((payload, released));
-                loan.loan = lent;
+                if slot.is_none() {
+                    state.check_len(data.len())?;
+                    // The copies held for unacknowledged sends are at their
+                    // limit: wait for acknowledgements, driving the link. (A
+                    // lent message waits too: it may need a copy.)
+                    if !state.copy_fits(data.len()) {
+                        return Ok(Step::Again {
+                            moved: state.step(),
+                        });
+                    }
+                    let (payload, released, lent) = state.blocking_payload(data)?;
+                    slot = Some((payload, released));
+                    loan.loan = lent;
+                }
+                state.send_step(&mut slot)
+            });
+            if reserved > 0 {
+                // No step ran (the link was closed or broken meanwhile).
+                cell.lock_even_if_closed().end_reservation(reserved);
             }
-            state.send_step(&mut slot)
-        });
-        if reserved > 0 {
-            // No step ran (the link was closed or broken meanwhile).
-            cell.lock_even_if_closed().end_reservation(reserved);
-        }
-        // Timed out (or failed) with the payload still here: keep a copy
-        // for the retry, as a full queue's post does; lent bytes just go.
-        if let Some((payload, released)) = slot.take()
-            && let Ok(mut state) = cell.lock()
-        {
-            state.keep_unsent(payload, released);
-        }
-        let msg_id = sent?;
-        if loan.loan.is_none() {
-            return Ok(()); // copied: nothing lent
-        }
-        loan.msg_id = Some(msg_id);
-        // Drive the link while the message moves, until the peer
-        // acknowledges it. Once it has not moved for about as long as
-        // copying the bytes would take (a peer slow to answer, or not
-        // reading now), or has moved slowly for long, copy them (if still
-        // unacknowledged) and return.
-        let mut wait = LoanWait::new(data.len(), Instant::now());
-        let waited = cell.blocking(millis(timeout_ms), |state| {
-            if state.loan_ended(msg_id) {
-                return Ok(Step::Done(()));
+            // Timed out (or failed) with the payload still here: keep a copy
+            // for the retry, as a full queue's post does; lent bytes just go.
+            if let Some((payload, released)) = slot.take()
+                && let Ok(mut state) = cell.lock()
+            {
+                state.keep_unsent(payload, released);
             }
-            let moved = state.step();
-            if wait.should_copy(state.engine_stats(), Instant::now()) {
-                return Ok(Step::Done(()));
+            let msg_id = sent?;
+            if loan.loan.is_none() {
+                return Ok(()); // copied: nothing lent
             }
-            Ok(Step::Again { moved })
-        });
-        loan.finish(waited)
+            loan.msg_id = Some(msg_id);
+            // Drive the link while the message moves, until the peer
+            // acknowledges it. Once it has not moved for about as long as
+            // copying the bytes would take (a peer slow to answer, or not
+            // reading now), or has moved slowly for long, copy them (if still
+            // unacknowledged) and return.
+            let mut wait = LoanWait::new(data.len(), Instant::now());
+            let waited = cell.blocking(millis(timeout_ms), |state| {
+                if state.loan_ended(msg_id) {
+                    return Ok(Step::Done(()));
+                }
+                let moved = state.step();
+                if wait.should_copy(state.engine_stats(), Instant::now()) {
+                    return Ok(Step::Done(()));
+                }
+                Ok(Step::Again { moved })
+            });
+            loan.finish(waited)
+        })
     })
 }
 
@@ -792,41 +795,44 @@ pub unsafe extern "C" fn barlink_recv(
         // SAFETY: checked; writable by contract.
         unsafe { put(len, 0) };
         check_recv_buffer(buf, capacity)?;
-        let cell = registry::link(key(link))?;
-        let mut deliver = |message: &[u8]| {
-            // SAFETY: `message.len() <= capacity` (recv_step checks it) and
-            // `buf` is writable for `capacity` bytes by contract (non-null
-            // when capacity > 0; nothing is copied when the message is
-            // empty). The message is in barlink's buffer or in another
-            // call's, never in this one's.
-            unsafe { ptr::copy_nonoverlapping(message.as_ptr(), buf.cast::<u8>(), message.len()) }
-        };
-        // The buffer is lent to the link for the call: the message lands
-        // in it. The guard takes it back before returning, whatever the
-        // outcome (a panic caught at the boundary included), so barlink
-        // writes it only during the call.
-        let mut into = LentForCall {
-            cell: &cell,
-            into: RecvInto::new(buf.cast::<u8>(), capacity),
-        };
-        let result = cell.blocking(millis(timeout_ms), |state| {
-            state.recv_step(&mut into.into, &mut deliver)
-        });
-        drop(into);
-        match result {
-            Ok(n) => {
-                // SAFETY: as above.
-                unsafe { put(len, n) };
-                Ok(())
-            }
-            Err(error) => {
-                if let Some(needed) = error.needed {
-                    // SAFETY: as above.
-                    unsafe { put(len, needed) };
+        registry::with_link(key(link), |cell| {
+            let mut deliver = |message: &[u8]| {
+                // SAFETY: `message.len() <= capacity` (recv_step checks it) and
+                // `buf` is writable for `capacity` bytes by contract (non-null
+                // when capacity > 0; nothing is copied when the message is
+                // empty). The message is in barlink's buffer or in another
+                // call's, never in this one's.
+                unsafe {
+                    ptr::copy_nonoverlapping(message.as_ptr(), buf.cast::<u8>(), message.len())
                 }
-                Err(error)
+            };
+            // The buffer is lent to the link for the call: the message lands
+            // in it. The guard takes it back before returning, whatever the
+            // outcome (a panic caught at the boundary included), so barlink
+            // writes it only during the call.
+            let mut into = LentForCall {
+                cell,
+                into: RecvInto::new(buf.cast::<u8>(), capacity),
+            };
+            let result = cell.blocking(millis(timeout_ms), |state| {
+                state.recv_step(&mut into.into, &mut deliver)
+            });
+            drop(into);
+            match result {
+                Ok(n) => {
+                    // SAFETY: as above.
+                    unsafe { put(len, n) };
+                    Ok(())
+                }
+                Err(error) => {
+                    if let Some(needed) = error.needed {
+                        // SAFETY: as above.
+                        unsafe { put(len, needed) };
+                    }
+                    Err(error)
+                }
             }
-        }
+        })
     })
 }
 
@@ -857,16 +863,17 @@ pub unsafe extern "C" fn barlink_recv_message(
         };
         // SAFETY: checked; writable by contract.
         unsafe { put(message, empty) };
-        let cell = registry::link(key(link))?;
-        let lent = cell.recv_message(millis(timeout_ms))?;
-        let received = barlink_message {
-            data: lent.ptr.cast(),
-            len: lent.len,
-            id: lent.id,
-        };
-        // SAFETY: as above.
-        unsafe { put(message, received) };
-        Ok(())
+        registry::with_link(key(link), |cell| {
+            let lent = cell.recv_message(millis(timeout_ms))?;
+            let received = barlink_message {
+                data: lent.ptr.cast(),
+                len: lent.len,
+                id: lent.id,
+            };
+            // SAFETY: as above.
+            unsafe { put(message, received) };
+            Ok(())
+        })
     })
 }
 
@@ -893,11 +900,12 @@ pub unsafe extern "C" fn barlink_release_message(
         // SAFETY: non-null and aligned; readable by contract; every field
         // is an integer or a raw pointer (any bit pattern is valid).
         let message = unsafe { message.read() };
-        let cell = registry::link(key(link))?;
-        cell.lock()?.release_message(Lent {
-            ptr: message.data.cast(),
-            len: message.len,
-            id: message.id,
+        registry::with_link(key(link), |cell| {
+            cell.lock()?.release_message(Lent {
+                ptr: message.data.cast(),
+                len: message.len,
+                id: message.id,
+            })
         })
     })
 }
@@ -910,8 +918,9 @@ pub unsafe extern "C" fn barlink_release_message(
 #[unsafe(no_mangle)]
 pub extern "C" fn barlink_flush(link: *mut barlink_link, timeout_ms: u32) -> barlink_status {
     boundary("barlink_flush", || {
-        let cell = registry::link(key(link))?;
-        cell.blocking(millis(timeout_ms), |state| state.flush_step())
+        registry::with_link(key(link), |cell| {
+            cell.blocking(millis(timeout_ms), |state| state.flush_step())
+        })
     })
 }
 
@@ -940,36 +949,37 @@ pub unsafe extern "C" fn barlink_post_send(
         check_out(request, "request")?;
         // SAFETY: checked; writable by contract.
         unsafe { put(request, 0) };
-        let cell = registry::link(key(link))?;
-        // SAFETY: forwarded caller contract; the slice lives for this call.
-        let data = unsafe { bytes(data, len, "data")? };
-        let mut state = cell.lock()?;
-        // A short message on a ring link goes the direct way, as a
-        // blocking send's does.
-        if data.len() < COPY_UNLOCKED_FROM
-            && let Some(msg_id) = state.send_copy_direct(data, Some(user_tag))?
-        {
+        registry::with_link(key(link), |cell| {
+            // SAFETY: forwarded caller contract; the slice lives for this call.
+            let data = unsafe { bytes(data, len, "data")? };
+            let mut state = cell.lock()?;
+            // A short message on a ring link goes the direct way, as a
+            // blocking send's does.
+            if data.len() < COPY_UNLOCKED_FROM
+                && let Some(msg_id) = state.send_copy_direct(data, Some(user_tag))?
+            {
+                // SAFETY: as above.
+                unsafe { put(request, msg_id + 1) };
+                return Ok(());
+            }
+            let spare = state.spare_to_post(data.len())?;
+            let (payload, released) = if data.len() < COPY_UNLOCKED_FROM {
+                fill_copy(spare, data)?
+            } else {
+                // Outside the lock, so that a progress thread (or a call on
+                // another thread) moves the link while the bytes are copied;
+                // the reservation keeps other calls within send_queue_bytes.
+                state.reserve_copy(data.len());
+                drop(state);
+                let filled = fill_copy(spare, data);
+                state = cell.lock_after_copy(data.len())?;
+                filled?
+            };
+            let id = state.post(payload, released, user_tag)?;
             // SAFETY: as above.
-            unsafe { put(request, msg_id + 1) };
-            return Ok(());
-        }
-        let spare = state.spare_to_post(data.len())?;
-        let (payload, released) = if data.len() < COPY_UNLOCKED_FROM {
-            fill_copy(spare, data)?
-        } else {
-            // Outside the lock, so that a progress thread (or a call on
-            // another thread) moves the link while the bytes are copied;
-            // the reservation keeps other calls within send_queue_bytes.
-            state.reserve_copy(data.len());
-            drop(state);
-            let filled = fill_copy(spare, data);
-            state = cell.lock_after_copy(data.len())?;
-            filled?
-        };
-        let id = state.post(payload, released, user_tag)?;
-        // SAFETY: as above.
-        unsafe { put(request, id) };
-        Ok(())
+            unsafe { put(request, id) };
+            Ok(())
+        })
     })
 }
 
@@ -1008,12 +1018,13 @@ pub unsafe extern "C" fn barlink_post_recv(
         // SAFETY: checked; writable by contract.
         unsafe { put(request, 0) };
         check_recv_buffer(buf, capacity)?;
-        let cell = registry::link(key(link))?;
-        let memory = CallerMemory::new(buf.cast::<u8>(), capacity);
-        let id = cell.lock()?.post_recv(memory, capacity, user_tag)?;
-        // SAFETY: as above.
-        unsafe { put(request, id) };
-        Ok(())
+        registry::with_link(key(link), |cell| {
+            let memory = CallerMemory::new(buf.cast::<u8>(), capacity);
+            let id = cell.lock()?.post_recv(memory, capacity, user_tag)?;
+            // SAFETY: as above.
+            unsafe { put(request, id) };
+            Ok(())
+        })
     })
 }
 
@@ -1043,15 +1054,16 @@ pub unsafe extern "C" fn barlink_post_send_buffer(
         check_out(request, "request")?;
         // SAFETY: checked; writable by contract.
         unsafe { put(request, 0) };
-        let cell = registry::link(key(link))?;
-        let region = registry::buffer(key(buffer))?;
-        let read = region.begin_cpu_read()?;
-        let mut state = cell.lock()?;
-        let (payload, released) = state.registered_payload(&region, offset, len, read)?;
-        let id = state.post(payload, released, user_tag)?;
-        // SAFETY: as above.
-        unsafe { put(request, id) };
-        Ok(())
+        registry::with_link(key(link), |cell| {
+            let region = registry::buffer(key(buffer))?;
+            let read = region.begin_cpu_read()?;
+            let mut state = cell.lock()?;
+            let (payload, released) = state.registered_payload(&region, offset, len, read)?;
+            let id = state.post(payload, released, user_tag)?;
+            // SAFETY: as above.
+            unsafe { put(request, id) };
+            Ok(())
+        })
     })
 }
 
@@ -1105,19 +1117,20 @@ pub unsafe extern "C" fn barlink_poll(
         if max > 0 {
             check_out(completions, "completions")?;
         }
-        let cell = registry::link(key(link))?;
-        let mut written = 0;
-        let taken = cell.lock()?.poll(max, |completion| {
-            debug_assert!(written < max, "poll handed over more than max");
-            // SAFETY: `poll` hands over at most `max` completions, so
-            // written < max; the array holds `max` writable, aligned
-            // (checked) elements by contract.
-            unsafe { completions.add(written).write(completion) };
-            written += 1;
-        });
-        // SAFETY: as above.
-        unsafe { put(count, taken) };
-        Ok(())
+        registry::with_link(key(link), |cell| {
+            let mut written = 0;
+            let taken = cell.lock()?.poll(max, |completion| {
+                debug_assert!(written < max, "poll handed over more than max");
+                // SAFETY: `poll` hands over at most `max` completions, so
+                // written < max; the array holds `max` writable, aligned
+                // (checked) elements by contract.
+                unsafe { completions.add(written).write(completion) };
+                written += 1;
+            });
+            // SAFETY: as above.
+            unsafe { put(count, taken) };
+            Ok(())
+        })
     })
 }
 
@@ -1129,14 +1142,13 @@ pub unsafe extern "C" fn barlink_poll(
 #[unsafe(no_mangle)]
 pub extern "C" fn barlink_test(link: *mut barlink_link, request: u64) -> barlink_status {
     boundary("barlink_test", || {
-        let cell = registry::link(key(link))?;
-        match cell.lock()?.test(request)? {
+        registry::with_link(key(link), |cell| match cell.lock()?.test(request)? {
             Step::Done(()) => Ok(()),
             Step::Again { .. } => Err(Error::fixed(
                 BARLINK_PENDING,
                 c"barlink_test: the request has not completed yet",
             )),
-        }
+        })
     })
 }
 
@@ -1149,8 +1161,9 @@ pub extern "C" fn barlink_wait(
     timeout_ms: u32,
 ) -> barlink_status {
     boundary("barlink_wait", || {
-        let cell = registry::link(key(link))?;
-        cell.blocking(millis(timeout_ms), |state| state.test(request))
+        registry::with_link(key(link), |cell| {
+            cell.blocking(millis(timeout_ms), |state| state.test(request))
+        })
     })
 }
 
@@ -1241,8 +1254,7 @@ pub extern "C" fn barlink_cancel(link: *mut barlink_link, request: u64) -> barli
 #[unsafe(no_mangle)]
 pub extern "C" fn barlink_progress(link: *mut barlink_link) -> barlink_status {
     boundary("barlink_progress", || {
-        let cell = registry::link(key(link))?;
-        cell.lock()?.progress()
+        registry::with_link(key(link), |cell| cell.lock()?.progress())
     })
 }
 
@@ -1413,6 +1425,7 @@ pub unsafe extern "C" fn barlink_get_stats(
 mod direct_tests {
     use std::ffi::CString;
     use std::ptr;
+    use std::sync::Arc;
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
@@ -1444,6 +1457,90 @@ mod direct_tests {
         assert_eq!(status, BARLINK_OK);
         assert_eq!(barlink_listener_close(listener), BARLINK_OK);
         (accepted as usize, connector.join().unwrap())
+    }
+
+    /// Threads keep strong references to the links they looked up lately
+    /// (`registry::with_link`): a link closed elsewhere is let go at each
+    /// thread's next lookup of a link, and its handle is refused there.
+    #[test]
+    fn a_closed_link_is_let_go_by_the_threads_that_looked_it_up() {
+        let stats_of = |link: usize| {
+            let mut stats = barlink_stats {
+                struct_size: size_of::<barlink_stats>() as u32,
+                ..barlink_stats::default()
+            };
+            // SAFETY: a valid stats struct.
+            unsafe { barlink_get_stats(link as *mut barlink_link, &mut stats) }
+        };
+        let (a, b) = pair("cache-closed");
+        let (c, d) = pair("cache-open");
+        let b_cell = Arc::downgrade(&registry::link(b as u64).unwrap());
+        // b holds memory of its own when it is closed: a message received
+        // in place and not given back, and copies kept from its sends.
+        for _ in 0..2 {
+            // SAFETY: four readable bytes.
+            let status =
+                unsafe { barlink_send(a as *mut barlink_link, b"ping".as_ptr().cast(), 4, 5000) };
+            assert_eq!(status, BARLINK_OK);
+            // SAFETY: as above.
+            let status =
+                unsafe { barlink_send(b as *mut barlink_link, b"pong".as_ptr().cast(), 4, 5000) };
+            assert_eq!(status, BARLINK_OK);
+        }
+        let mut held = barlink_message {
+            data: ptr::null(),
+            len: 0,
+            id: 0,
+        };
+        // SAFETY: a writable message.
+        let status = unsafe { barlink_recv_message(b as *mut barlink_link, &mut held, 5000) };
+        assert_eq!(status, BARLINK_OK);
+        let (to_other, other_hears) = std::sync::mpsc::channel::<()>();
+        let (other_says, from_other) = std::sync::mpsc::channel::<i32>();
+        let other = std::thread::spawn(move || {
+            other_says.send(stats_of(b) as i32).unwrap();
+            other_hears.recv().unwrap();
+            // b was closed meanwhile: refused, then any lookup lets go.
+            other_says.send(stats_of(b) as i32).unwrap();
+            other_says.send(stats_of(c) as i32).unwrap();
+            other_hears.recv().unwrap();
+        });
+        assert_eq!(from_other.recv().unwrap(), BARLINK_OK as i32);
+        // Closed on threads of their own, so that this thread's cache and
+        // the other's still hold b.
+        let closing_b = std::thread::spawn(move || barlink_close(b as *mut barlink_link, 5000));
+        let closing_a = std::thread::spawn(move || barlink_close(a as *mut barlink_link, 5000));
+        assert_eq!(closing_b.join().unwrap(), BARLINK_OK);
+        assert_eq!(closing_a.join().unwrap(), BARLINK_OK);
+        let kept = b_cell.upgrade().expect("the threads' caches still hold b");
+        assert!(
+            kept.lock_even_if_closed().holds_nothing(),
+            "the close left memory in the cell that the caches keep"
+        );
+        drop(kept);
+        to_other.send(()).unwrap();
+        assert_eq!(
+            from_other.recv().unwrap(),
+            crate::types::barlink_status::BARLINK_INVALID_HANDLE as i32
+        );
+        assert_eq!(from_other.recv().unwrap(), BARLINK_OK as i32);
+        assert_eq!(stats_of(c), BARLINK_OK);
+        assert!(
+            b_cell.upgrade().is_none(),
+            "a closed link outlived both threads' next lookups"
+        );
+        to_other.send(()).unwrap();
+        other.join().unwrap();
+        // The closing thread lets its own reference go at once.
+        assert_eq!(stats_of(d), BARLINK_OK);
+        let d_cell = Arc::downgrade(&registry::link(d as u64).unwrap());
+        let closing_c = std::thread::spawn(move || barlink_close(c as *mut barlink_link, 5000));
+        assert_eq!(barlink_close(d as *mut barlink_link, 5000), BARLINK_OK);
+        assert_eq!(closing_c.join().unwrap(), BARLINK_OK);
+        assert!(
+            d_cell.upgrade().is_none(),
+            "the thread that closed d still holds it"
+        );
     }
 
     /// Calls on a link whose receive in place waits while holding its

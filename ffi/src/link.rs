@@ -415,11 +415,23 @@ impl LinkCell {
         state.recvs = PostedRecvs::default();
         state.done.clear();
         state.received.clear();
+        // Freed now, not with the cell: threads that used the link keep
+        // the emptied cell until their next lookup (`registry::with_link`).
+        state.held = HeldMessages::default();
+        state.send_copies = SendCopies::default();
+        state.loan_outcomes.clear();
         result
     }
 }
 
 impl LinkState {
+    /// Whether the state holds no memory of the link's: no message lent
+    /// out, no spare copy, no loan's outcome.
+    #[cfg(test)]
+    pub(crate) fn holds_nothing(&self) -> bool {
+        self.held.len() == 0 && self.send_copies.is_empty() && self.loan_outcomes.is_empty()
+    }
+
     pub(crate) fn end_error(&self) -> Option<Error> {
         self.end
             .as_ref()

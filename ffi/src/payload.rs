@@ -310,6 +310,12 @@ impl SendCopies {
     /// too large: a copy's capacity is what counts against
     /// `send_queue_bytes`), else a new empty one. [`fill_copy`] makes it
     /// a payload, without the link's lock where the copy is long.
+    /// Whether no copy is kept.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.spares.is_empty()
+    }
+
     pub(crate) fn take(&mut self, len: usize) -> Arc<Vec<u8>> {
         let most = len.saturating_mul(4).max(64 << 10);
         let fit = |b: &Arc<Vec<u8>>| (len..=most).contains(&b.capacity());

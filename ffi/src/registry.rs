@@ -6,7 +6,11 @@
 //! up: a null, closed, forged or wrong-kind handle is an error with a message
 //! that says which, never a dereference of freed memory. Closing removes the
 //! entry; the object itself is reference-counted, so a thread still inside a
-//! call on it finishes safely (and sees it closed at its next step).
+//! call on it finishes safely (and sees it closed at its next step). Each
+//! thread remembers its last few lookups of links (strong references, so
+//! that a call on a link it uses touches no shared count) and of buffers
+//! (weak ones); a removal makes every thread's remembered lookups of that
+//! kind stale, and a thread lets them go at its next lookup.
 #![forbid(unsafe_code)]
 
 use std::cell::RefCell;
@@ -141,6 +145,15 @@ fn remove(value: u64, kind: Kind) -> Result<Object> {
         if let Some(removals) = cached_removals(kind) {
             removals.fetch_add(1, Ordering::Release);
         }
+        // The closing thread lets its reference go now (other threads at
+        // their next lookup of a link).
+        if kind == Kind::Link {
+            let _ = LAST_LINKS.try_with(|recent| {
+                if let Ok(mut recent) = recent.try_borrow_mut() {
+                    recent.clear();
+                }
+            });
+        }
     }
     removed
 }
@@ -169,77 +182,98 @@ const CACHED: usize = 4;
 
 /// A thread's last lookups of one kind of handle, the newest first: each
 /// its handle value, its kind's removals count as read before the lookup,
-/// and the object. Weak references: the cache never keeps a closed
-/// handle's object alive.
-struct Recent<T> {
-    entries: [Option<(u64, u64, Weak<T>)>; CACHED],
+/// and the object (`P`: a strong or a weak reference to it).
+struct Recent<P> {
+    entries: [Option<(u64, u64, P)>; CACHED],
 }
 
-impl<T> Recent<T> {
-    const fn new() -> Recent<T> {
+impl<P> Recent<P> {
+    const fn new() -> Recent<P> {
         Recent {
             entries: [None, None, None, None],
         }
     }
 
-    /// The object this thread looked `value` up as lately, if no handle
-    /// was removed since.
-    fn find(&self, value: u64, removals: u64) -> Option<Arc<T>> {
+    /// What this thread looked `value` up as lately, if no handle of its
+    /// kind was removed since.
+    fn find(&self, value: u64, removals: u64) -> Option<&P> {
         self.entries.iter().find_map(|entry| match entry {
-            Some((cached, seen, object)) if *cached == value && *seen == removals => {
-                object.upgrade()
-            }
+            Some((cached, seen, object)) if *cached == value && *seen == removals => Some(object),
             _ => None,
         })
     }
 
-    fn remember(&mut self, value: u64, removals: u64, object: &Arc<T>) {
-        // An entry left stale for this handle by a removal elsewhere is
-        // replaced, not kept beside the new one, so live handles are not
-        // crowded out.
+    fn remember(&mut self, value: u64, removals: u64, object: P) {
+        // Entries from before a removal are let go: one may be the removed
+        // object's (a strong reference would keep it), and the others are
+        // looked up again at their next use.
+        for entry in &mut self.entries {
+            if entry.as_ref().is_some_and(|(_, seen, _)| *seen != removals) {
+                *entry = None;
+            }
+        }
+        // An entry for this handle is replaced, not kept beside the new
+        // one, so live handles are not crowded out.
         let end = self
             .entries
             .iter()
-            .position(|entry| entry.as_ref().is_some_and(|(cached, ..)| *cached == value))
+            .position(|entry| entry.as_ref().is_none_or(|(cached, ..)| *cached == value))
             .unwrap_or(CACHED - 1);
         self.entries[..=end].rotate_right(1);
-        self.entries[0] = Some((value, removals, Arc::downgrade(object)));
+        self.entries[0] = Some((value, removals, object));
+    }
+
+    fn clear(&mut self) {
+        self.entries = [None, None, None, None];
     }
 }
 
 thread_local! {
-    /// Every call on a link or buffer looks its handle up: with these,
-    /// the registry's lock and hash stay out of the way.
-    static LAST_LINKS: RefCell<Recent<LinkCell>> = const { RefCell::new(Recent::new()) };
-    static LAST_BUFFERS: RefCell<Recent<Region>> = const { RefCell::new(Recent::new()) };
+    /// Every call on a link looks its handle up: with this, the registry's
+    /// lock and hash stay out of the way, and so does the link's reference
+    /// count (two atomic updates a call, on every message's way). Strong
+    /// references: a link closed on another thread keeps only its emptied
+    /// cell here (the close dropped the link itself) until this thread's
+    /// next lookup of a link.
+    static LAST_LINKS: RefCell<Recent<Arc<LinkCell>>> = const { RefCell::new(Recent::new()) };
+    /// Weak references: a deregistered buffer, which may hold a dma-buf's
+    /// mapping, is never kept alive by a thread's cache.
+    static LAST_BUFFERS: RefCell<Recent<Weak<Region>>> = const { RefCell::new(Recent::new()) };
 }
 
-/// `value` through this thread's `cache`, valid while `removed` (its
-/// kind's removals count) stays, else through the registry (remembered
-/// for the next lookup); `unwrap` takes the object of its kind.
-fn lookup<T>(
-    cache: &'static std::thread::LocalKey<RefCell<Recent<T>>>,
-    removed: &AtomicU64,
+/// Runs `body` on the link `value` names: on this thread's cached
+/// reference when it looked the handle up lately and no link was removed
+/// since, else on the registry's (remembered for the next call).
+pub(crate) fn with_link<R>(
     value: u64,
-    kind: Kind,
-    unwrap: impl FnOnce(Object) -> Option<Arc<T>>,
-) -> Result<Arc<T>> {
+    body: impl FnOnce(&Arc<LinkCell>) -> Result<R>,
+) -> Result<R> {
     // Read before the lookup (see `remove`).
-    let removals = removed.load(Ordering::Acquire);
-    let cached = cache
-        .try_with(|recent| recent.try_borrow().ok()?.find(value, removals))
-        .ok()
-        .flatten();
-    if let Some(object) = cached {
-        return Ok(object);
+    let removals = LINK_REMOVALS.load(Ordering::Acquire);
+    let mut body = Some(body);
+    // The body runs under the cache's shared borrow: a lookup inside it
+    // still finds, and only a miss inside it goes unremembered.
+    let cached = LAST_LINKS.try_with(|recent| {
+        let recent = recent.try_borrow().ok()?;
+        let cell = recent.find(value, removals)?;
+        body.take().map(|body| body(cell))
+    });
+    if let Ok(Some(result)) = cached {
+        return result;
     }
-    let object = unwrap(get(value, kind)?).ok_or_else(|| explain(value, kind))?;
-    let _ = cache.try_with(|recent| {
+    let cell = match get(value, Kind::Link)? {
+        Object::Link(cell) => cell,
+        _ => return Err(explain(value, Kind::Link)),
+    };
+    let _ = LAST_LINKS.try_with(|recent| {
         if let Ok(mut recent) = recent.try_borrow_mut() {
-            recent.remember(value, removals, &object);
+            recent.remember(value, removals, Arc::clone(&cell));
         }
     });
-    Ok(object)
+    match body.take() {
+        Some(body) => body(&cell),
+        None => unreachable!("the body runs only when the cache answers"),
+    }
 }
 
 pub(crate) fn insert_link(cell: Arc<LinkCell>) -> Result<u64> {
@@ -255,16 +289,7 @@ pub(crate) fn insert_buffer(region: Arc<Region>) -> Result<u64> {
 }
 
 pub(crate) fn link(value: u64) -> Result<Arc<LinkCell>> {
-    lookup(
-        &LAST_LINKS,
-        &LINK_REMOVALS,
-        value,
-        Kind::Link,
-        |object| match object {
-            Object::Link(cell) => Some(cell),
-            _ => None,
-        },
-    )
+    with_link(value, |cell| Ok(Arc::clone(cell)))
 }
 
 pub(crate) fn listener(value: u64) -> Result<Arc<ListenerCell>> {
@@ -275,16 +300,25 @@ pub(crate) fn listener(value: u64) -> Result<Arc<ListenerCell>> {
 }
 
 pub(crate) fn buffer(value: u64) -> Result<Arc<Region>> {
-    lookup(
-        &LAST_BUFFERS,
-        &BUFFER_REMOVALS,
-        value,
-        Kind::Buffer,
-        |object| match object {
-            Object::Buffer(region) => Some(region),
-            _ => None,
-        },
-    )
+    // Read before the lookup (see `remove`).
+    let removals = BUFFER_REMOVALS.load(Ordering::Acquire);
+    let cached = LAST_BUFFERS
+        .try_with(|recent| recent.try_borrow().ok()?.find(value, removals)?.upgrade())
+        .ok()
+        .flatten();
+    if let Some(region) = cached {
+        return Ok(region);
+    }
+    let region = match get(value, Kind::Buffer)? {
+        Object::Buffer(region) => region,
+        _ => return Err(explain(value, Kind::Buffer)),
+    };
+    let _ = LAST_BUFFERS.try_with(|recent| {
+        if let Ok(mut recent) = recent.try_borrow_mut() {
+            recent.remember(value, removals, Arc::downgrade(&region));
+        }
+    });
+    Ok(region)
 }
 
 pub(crate) fn remove_link(value: u64) -> Result<Arc<LinkCell>> {
