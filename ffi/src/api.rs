@@ -1055,14 +1055,15 @@ pub unsafe extern "C" fn barlink_post_send_buffer(
         // SAFETY: checked; writable by contract.
         unsafe { put(request, 0) };
         registry::with_link(key(link), |cell| {
-            let region = registry::buffer(key(buffer))?;
-            let read = region.begin_cpu_read()?;
-            let mut state = cell.lock()?;
-            let (payload, released) = state.registered_payload(&region, offset, len, read)?;
-            let id = state.post(payload, released, user_tag)?;
-            // SAFETY: as above.
-            unsafe { put(request, id) };
-            Ok(())
+            registry::with_buffer(key(buffer), |region| {
+                let read = region.begin_cpu_read()?;
+                let mut state = cell.lock()?;
+                let (payload, released) = state.registered_payload(region, offset, len, read)?;
+                let id = state.post(payload, released, user_tag)?;
+                // SAFETY: as above.
+                unsafe { put(request, id) };
+                Ok(())
+            })
         })
     })
 }
@@ -1089,9 +1090,9 @@ pub extern "C" fn barlink_link_register_buffer(
     buffer: *mut barlink_buffer,
 ) -> barlink_status {
     boundary("barlink_link_register_buffer", || {
-        let cell = registry::link(key(link))?;
-        let region = registry::buffer(key(buffer))?;
-        cell.lock()?.register_region(&region)
+        registry::with_link(key(link), |cell| {
+            registry::with_buffer(key(buffer), |region| cell.lock()?.register_region(region))
+        })
     })
 }
 
@@ -1378,7 +1379,10 @@ pub unsafe extern "C" fn barlink_register_dmabuf(
 #[unsafe(no_mangle)]
 pub extern "C" fn barlink_deregister_buffer(buffer: *mut barlink_buffer) -> barlink_status {
     boundary("barlink_deregister_buffer", || {
-        registry::remove_buffer_if(key(buffer), |region| region.retire())
+        // A dma-buf's mapping is let go here, after the registry's lock.
+        let unmapped = registry::remove_buffer_if(key(buffer), |region| region.retire())?;
+        drop(unmapped);
+        Ok(())
     })
 }
 

@@ -178,11 +178,12 @@ impl DmaBuf {
     /// dma-buf itself, at the addresses of the CPU's mapping.
     pub(crate) fn send_memory(&self) -> Option<SendMemory> {
         let fd = self.fd.try_clone().ok()?;
-        // SAFETY: the range stays mapped while the `Region` holding this
-        // `DmaBuf` lives; the region drops the `SendMemory` at
-        // deregistration, which waits for every write from it (its
-        // `in_flight` at 0); and no range is modified while a send from it
-        // is in flight (the contract of `barlink_register_dmabuf`).
+        // SAFETY: the range stays mapped until the region's deregistration
+        // (`Region::retire`), which is refused while a write from the
+        // `SendMemory` is in flight (its `in_flight` above 0) or a
+        // registration of it is in progress, and drops the `SendMemory`
+        // before this mapping; and no range is modified while a send from
+        // it is in flight (the contract of `barlink_register_dmabuf`).
         unsafe { SendMemory::register_dmabuf_raw(self.as_ptr(), self.len, fd, self.offset) }.ok()
     }
 
@@ -225,8 +226,11 @@ impl DmaBuf {
 impl Drop for DmaBuf {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, of this length, unmapped once;
-        // no pointer into it outlives the `Region` that owns this value
-        // (payloads hold the region).
+        // nothing reads through a pointer into it once the last `Arc` to
+        // this value goes: the region holds one until its deregistration,
+        // which is refused while payloads from it are in flight, marks it
+        // dead so that no new payload reads it, and each payload's CPU
+        // read holds another.
         if let Err(error) = unsafe { rustix::mm::munmap(self.map.as_ptr().cast(), self.map_len) } {
             tracing::warn!(%error, "munmap of a dma-buf mapping");
         }

@@ -28,11 +28,9 @@ use crate::types::barlink_status::{
 pub(crate) struct Region {
     ptr: *const u8,
     len: usize,
+    /// `ptr..ptr+len` is a dma-buf's CPU mapping (`RegionState::dmabuf`).
+    from_dmabuf: bool,
     state: Mutex<RegionState>,
-    /// The dma-buf whose CPU mapping `ptr..ptr+len` is; unmapped when the
-    /// last payload from it is gone. Declared last so that it is dropped
-    /// after the state's send memory has left the registry.
-    dmabuf: Option<DmaBuf>,
 }
 
 #[derive(Debug, Default)]
@@ -48,10 +46,15 @@ struct RegionState {
     /// `barlink_link_register_buffer` calls registering it with a device
     /// now, outside this lock: deregistration is refused meanwhile.
     registering: u32,
+    /// The dma-buf whose CPU mapping `ptr..ptr+len` is: unmapped at
+    /// deregistration, or after it once the last CPU read open then ends
+    /// (no payload from the region is left by then). Declared after the
+    /// send memory, so that a region dropped whole lets that go first.
+    dmabuf: Option<Arc<DmaBuf>>,
 }
 
-// SAFETY: `Region` stores the caller's address and length (or owns the
-// mapping of a dma-buf, `DmaBuf`, itself `Send`); it reads the memory only
+// SAFETY: `Region` stores the caller's address and length (or, in its
+// state, the mapping of a dma-buf, `DmaBuf`, itself `Send`); it reads the memory only
 // through `Payload::as_ref`, under the contract of `barlink_register_buffer`
 // or `barlink_register_dmabuf` (valid and unchanged while sends are in
 // flight), which does not depend on the thread. The state is behind a
@@ -86,7 +89,7 @@ impl Region {
         Region {
             ptr,
             len,
-            dmabuf: None,
+            from_dmabuf: false,
             state: Mutex::new(RegionState {
                 send_memory,
                 ..RegionState::default()
@@ -100,9 +103,10 @@ impl Region {
         Region {
             ptr: dmabuf.as_ptr(),
             len: dmabuf.len(),
-            dmabuf: Some(dmabuf),
+            from_dmabuf: true,
             state: Mutex::new(RegionState {
                 send_memory,
+                dmabuf: Some(Arc::new(dmabuf)),
                 ..RegionState::default()
             }),
         }
@@ -160,7 +164,7 @@ impl Region {
 
     /// Refuses deregistration while sends from it are in flight; otherwise
     /// marks it dead so that no new send starts from it.
-    pub(crate) fn retire(&self) -> Result<()> {
+    pub(crate) fn retire(&self) -> Result<Option<Arc<DmaBuf>>> {
         let mut state = self.state();
         if state.in_flight > 0 {
             return Err(Error::new(
@@ -194,7 +198,10 @@ impl Region {
         }
         state.dead = true;
         state.send_memory = None;
-        Ok(())
+        // Unmapped by the caller now (outside the registry's lock), not
+        // when the last reference to the region goes: threads keep the
+        // regions they looked up lately.
+        Ok(state.dmabuf.take())
     }
 
     /// A payload reading `len` bytes at `offset` of the region, counted as
@@ -229,7 +236,7 @@ impl Region {
                 len,
                 region: Arc::clone(self),
                 released,
-                _read: read,
+                read,
             },
         })
     }
@@ -237,14 +244,21 @@ impl Region {
     /// Opens the CPU's read of a dma-buf region for one send (none for
     /// host memory): before the link is locked, as the exporter may first
     /// wait for the writes it has pending.
-    pub(crate) fn begin_cpu_read(self: &Arc<Region>) -> Result<Option<CpuRead>> {
-        let Some(dmabuf) = &self.dmabuf else {
+    pub(crate) fn begin_cpu_read(&self) -> Result<Option<CpuRead>> {
+        if !self.from_dmabuf {
             return Ok(None);
+        }
+        let dmabuf = match &self.state().dmabuf {
+            Some(dmabuf) => Arc::clone(dmabuf),
+            None => {
+                return Err(Error::new(
+                    BARLINK_INVALID_HANDLE,
+                    "the buffer handle was deregistered",
+                ));
+            }
         };
         dmabuf.begin_read()?;
-        Ok(Some(CpuRead {
-            region: Arc::clone(self),
-        }))
+        Ok(Some(CpuRead { dmabuf }))
     }
 }
 
@@ -253,14 +267,12 @@ impl Region {
 /// or on a failure before there was one.
 #[derive(Debug)]
 pub(crate) struct CpuRead {
-    region: Arc<Region>,
+    dmabuf: Arc<DmaBuf>,
 }
 
 impl Drop for CpuRead {
     fn drop(&mut self) {
-        if let Some(dmabuf) = &self.region.dmabuf {
-            dmabuf.end_read();
-        }
+        self.dmabuf.end_read();
     }
 }
 
@@ -557,7 +569,7 @@ enum Data {
         /// Set when the engine lets go of the payload.
         released: Arc<AtomicBool>,
         /// A dma-buf's CPU read, ended with the payload.
-        _read: Option<CpuRead>,
+        read: Option<CpuRead>,
     },
     /// A blocking send's bytes, read in place (see [`SendLoan`]).
     Loan(Arc<SendLoan>),
@@ -600,9 +612,11 @@ impl AsRef<[u8]> for Payload {
                 // the caller keeps that memory valid and does not write it
                 // until the completion of this send is reported, which
                 // happens only after this payload is dropped. A dma-buf's
-                // CPU mapping lives as long as its region, which the payload
-                // holds, and the contract of `barlink_register_dmabuf`
-                // keeps every writer, CPU or device, off the range as long.
+                // CPU mapping stays while the payload lives: deregistration,
+                // which unmaps it, is refused while the region counts the
+                // payload in flight; and the contract of
+                // `barlink_register_dmabuf` keeps every writer, CPU or
+                // device, off the range as long.
                 unsafe { std::slice::from_raw_parts(*ptr, *len) }
             }
             Data::Loan(loan) => loan.bytes(),
@@ -614,9 +628,15 @@ impl Drop for Payload {
     fn drop(&mut self) {
         // An owned copy's release is its count falling (see `SendCopies`).
         if let Data::Registered {
-            region, released, ..
-        } = &self.data
+            region,
+            released,
+            read,
+            ..
+        } = &mut self.data
         {
+            // The CPU read ends first: a deregistration that finds nothing
+            // in flight finds no read open either.
+            drop(read.take());
             let mut state = region.state();
             state.in_flight = state.in_flight.saturating_sub(1);
             drop(state);

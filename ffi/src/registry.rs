@@ -7,15 +7,15 @@
 //! that says which, never a dereference of freed memory. Closing removes the
 //! entry; the object itself is reference-counted, so a thread still inside a
 //! call on it finishes safely (and sees it closed at its next step). Each
-//! thread remembers its last few lookups of links (strong references, so
-//! that a call on a link it uses touches no shared count) and of buffers
-//! (weak ones); a removal makes every thread's remembered lookups of that
-//! kind stale, and a thread lets them go at its next lookup.
+//! thread remembers its last few lookups of links and of buffers (strong
+//! references, so that a call on an object it uses touches no shared
+//! count); a removal makes every thread's remembered lookups of that kind
+//! stale, and a thread lets them go at its next lookup.
 #![forbid(unsafe_code)]
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, RwLock, Weak};
+use std::sync::{Arc, LazyLock, RwLock};
 
 use crate::error::{Error, Result};
 use crate::ids::IdMap;
@@ -148,11 +148,7 @@ fn remove(value: u64, kind: Kind) -> Result<Object> {
         // The closing thread lets its reference go now (other threads at
         // their next lookup of a link).
         if kind == Kind::Link {
-            let _ = LAST_LINKS.try_with(|recent| {
-                if let Ok(mut recent) = recent.try_borrow_mut() {
-                    recent.clear();
-                }
-            });
+            forget_cached(&LAST_LINKS);
         }
     }
     removed
@@ -182,7 +178,7 @@ const CACHED: usize = 4;
 
 /// A thread's last lookups of one kind of handle, the newest first: each
 /// its handle value, its kind's removals count as read before the lookup,
-/// and the object (`P`: a strong or a weak reference to it).
+/// and the object (`P`: a strong reference to it).
 struct Recent<P> {
     entries: [Option<(u64, u64, P)>; CACHED],
 }
@@ -228,52 +224,103 @@ impl<P> Recent<P> {
     }
 }
 
+/// A thread's cache of one kind's lookups.
+type Cache<T> = std::thread::LocalKey<RefCell<Recent<Arc<T>>>>;
+
 thread_local! {
-    /// Every call on a link looks its handle up: with this, the registry's
-    /// lock and hash stay out of the way, and so does the link's reference
-    /// count (two atomic updates a call, on every message's way). Strong
-    /// references: a link closed on another thread keeps only its emptied
-    /// cell here (the close dropped the link itself) until this thread's
-    /// next lookup of a link.
+    /// Every call on a link or buffer looks its handle up: with these, the
+    /// registry's lock and hash stay out of the way, and so does the
+    /// object's reference count (two atomic updates a lookup, on every
+    /// message's way). Strong references: an object removed on another
+    /// thread stays here until this thread's next lookup of its kind, so a
+    /// close and a deregistration free what the object held themselves
+    /// (the link, its messages and copies; the dma-buf mapping), leaving
+    /// only an empty shell to wait.
     static LAST_LINKS: RefCell<Recent<Arc<LinkCell>>> = const { RefCell::new(Recent::new()) };
-    /// Weak references: a deregistered buffer, which may hold a dma-buf's
-    /// mapping, is never kept alive by a thread's cache.
-    static LAST_BUFFERS: RefCell<Recent<Weak<Region>>> = const { RefCell::new(Recent::new()) };
+    static LAST_BUFFERS: RefCell<Recent<Arc<Region>>> = const { RefCell::new(Recent::new()) };
 }
 
-/// Runs `body` on the link `value` names: on this thread's cached
-/// reference when it looked the handle up lately and no link was removed
-/// since, else on the registry's (remembered for the next call).
-pub(crate) fn with_link<R>(
+/// Runs `body` on the object `value` names: on this thread's cached
+/// reference when it looked the handle up lately and no handle of its
+/// kind was removed since, else on the registry's (remembered for the
+/// next call). `unwrap` takes the object of its kind.
+fn with_cached<T, R>(
+    cache: &'static Cache<T>,
+    removed: &AtomicU64,
     value: u64,
-    body: impl FnOnce(&Arc<LinkCell>) -> Result<R>,
+    kind: Kind,
+    unwrap: impl FnOnce(Object) -> Option<Arc<T>>,
+    body: impl FnOnce(&Arc<T>) -> Result<R>,
 ) -> Result<R> {
     // Read before the lookup (see `remove`).
-    let removals = LINK_REMOVALS.load(Ordering::Acquire);
+    let removals = removed.load(Ordering::Acquire);
     let mut body = Some(body);
     // The body runs under the cache's shared borrow: a lookup inside it
     // still finds, and only a miss inside it goes unremembered.
-    let cached = LAST_LINKS.try_with(|recent| {
+    let cached = cache.try_with(|recent| {
         let recent = recent.try_borrow().ok()?;
-        let cell = recent.find(value, removals)?;
-        body.take().map(|body| body(cell))
+        let object = recent.find(value, removals)?;
+        body.take().map(|body| body(object))
     });
     if let Ok(Some(result)) = cached {
         return result;
     }
-    let cell = match get(value, Kind::Link)? {
-        Object::Link(cell) => cell,
-        _ => return Err(explain(value, Kind::Link)),
-    };
-    let _ = LAST_LINKS.try_with(|recent| {
+    let object = unwrap(get(value, kind)?).ok_or_else(|| explain(value, kind))?;
+    let _ = cache.try_with(|recent| {
         if let Ok(mut recent) = recent.try_borrow_mut() {
-            recent.remember(value, removals, Arc::clone(&cell));
+            recent.remember(value, removals, Arc::clone(&object));
         }
     });
     match body.take() {
-        Some(body) => body(&cell),
+        Some(body) => body(&object),
         None => unreachable!("the body runs only when the cache answers"),
     }
+}
+
+/// Lets go of this thread's cached lookups of `cache`'s kind (a removal
+/// made them stale).
+fn forget_cached<T>(cache: &'static Cache<T>) {
+    let _ = cache.try_with(|recent| {
+        if let Ok(mut recent) = recent.try_borrow_mut() {
+            recent.clear();
+        }
+    });
+}
+
+/// Runs `body` on the link `value` names (see [`with_cached`]).
+pub(crate) fn with_link<R>(
+    value: u64,
+    body: impl FnOnce(&Arc<LinkCell>) -> Result<R>,
+) -> Result<R> {
+    with_cached(
+        &LAST_LINKS,
+        &LINK_REMOVALS,
+        value,
+        Kind::Link,
+        |object| match object {
+            Object::Link(cell) => Some(cell),
+            _ => None,
+        },
+        body,
+    )
+}
+
+/// Runs `body` on the buffer `value` names (see [`with_cached`]).
+pub(crate) fn with_buffer<R>(
+    value: u64,
+    body: impl FnOnce(&Arc<Region>) -> Result<R>,
+) -> Result<R> {
+    with_cached(
+        &LAST_BUFFERS,
+        &BUFFER_REMOVALS,
+        value,
+        Kind::Buffer,
+        |object| match object {
+            Object::Buffer(region) => Some(region),
+            _ => None,
+        },
+        body,
+    )
 }
 
 pub(crate) fn insert_link(cell: Arc<LinkCell>) -> Result<u64> {
@@ -299,28 +346,6 @@ pub(crate) fn listener(value: u64) -> Result<Arc<ListenerCell>> {
     }
 }
 
-pub(crate) fn buffer(value: u64) -> Result<Arc<Region>> {
-    // Read before the lookup (see `remove`).
-    let removals = BUFFER_REMOVALS.load(Ordering::Acquire);
-    let cached = LAST_BUFFERS
-        .try_with(|recent| recent.try_borrow().ok()?.find(value, removals)?.upgrade())
-        .ok()
-        .flatten();
-    if let Some(region) = cached {
-        return Ok(region);
-    }
-    let region = match get(value, Kind::Buffer)? {
-        Object::Buffer(region) => region,
-        _ => return Err(explain(value, Kind::Buffer)),
-    };
-    let _ = LAST_BUFFERS.try_with(|recent| {
-        if let Ok(mut recent) = recent.try_borrow_mut() {
-            recent.remember(value, removals, Arc::downgrade(&region));
-        }
-    });
-    Ok(region)
-}
-
 pub(crate) fn remove_link(value: u64) -> Result<Arc<LinkCell>> {
     match remove(value, Kind::Link)? {
         Object::Link(cell) => Ok(cell),
@@ -336,24 +361,27 @@ pub(crate) fn remove_listener(value: u64) -> Result<Arc<ListenerCell>> {
 }
 
 /// Removes a buffer handle if `check` allows it, under the registry's
-/// lock so that no lookup through the registry races in between. A thread
+/// lock so that no lookup through the registry races in between; returns
+/// what `check` gave, for the caller to drop after the lock. A thread
 /// may still find the buffer in its cache meanwhile; `check`
 /// (`Region::retire`) marks it dead under the region's own lock, so a
 /// post from it is refused all the same.
-pub(crate) fn remove_buffer_if(
+pub(crate) fn remove_buffer_if<T>(
     value: u64,
-    check: impl FnOnce(&Region) -> Result<()>,
-) -> Result<()> {
+    check: impl FnOnce(&Region) -> Result<T>,
+) -> Result<T> {
     if value >> ID_BITS != Kind::Buffer as u64 {
         return Err(explain(value, Kind::Buffer));
     }
     let mut objects = objects_write();
-    match objects.get(&value) {
+    let checked = match objects.get(&value) {
         Some(Object::Buffer(region)) => check(region)?,
         _ => return Err(explain(value, Kind::Buffer)),
-    }
+    };
     objects.remove(&value);
     // As in `remove`: no thread's cached lookup of it is good any more.
     BUFFER_REMOVALS.fetch_add(1, Ordering::Release);
-    Ok(())
+    drop(objects);
+    forget_cached(&LAST_BUFFERS);
+    Ok(checked)
 }

@@ -110,6 +110,24 @@ fn guest_a_dmabuf_registration_outlives_the_callers_descriptor_and_checks_ranges
     let DmaBuf { fd, .. } = dmabuf;
     drop(fd);
     let (a, b) = pair(None);
+    // barlink holds two descriptors of the dma-buf (its mapping's and
+    // the NICs'), until the deregistration, even while another thread
+    // that looked the buffer up keeps it in its cache.
+    let fds_registered = open_fds();
+    let (to_looker, looker_hears) = std::sync::mpsc::channel::<()>();
+    let (looker_says, from_looker) = std::sync::mpsc::channel::<(barlink_status, String)>();
+    let looker = std::thread::spawn({
+        let (a, buffer) = (a as usize, buffer as usize);
+        move || {
+            let status =
+                barlink_link_register_buffer(a as *mut barlink_link, buffer as *mut barlink_buffer);
+            looker_says.send((status, support::last_error())).unwrap();
+            looker_hears.recv().unwrap();
+        }
+    });
+    // Looked up (and cached there) before the deregistration below.
+    let (status, why) = from_looker.recv().unwrap();
+    assert_eq!(status, BARLINK_OK, "{why}");
     let mut request = 0;
     // SAFETY: a writable out-pointer.
     let status = unsafe { barlink_post_send_buffer(a, buffer, len - 10, 11, 0, &mut request) };
@@ -120,8 +138,22 @@ fn guest_a_dmabuf_registration_outlives_the_callers_descriptor_and_checks_ranges
     );
     let stats = exchange(a, b, buffer, 0, 16 << 10, 8);
     assert_eq!(stats.messages_sent, 8);
+    assert_eq!(
+        open_fds(),
+        fds_registered - 2,
+        "the deregistered dma-buf is still open"
+    );
+    to_looker.send(()).unwrap();
+    looker.join().unwrap();
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+/// This process's open file descriptors.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("reading /proc/self/fd")
+        .count()
 }
 
 /// Over RDMA the link offers the NIC the dma-buf itself. Soft-RoCE refuses
