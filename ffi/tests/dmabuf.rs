@@ -21,7 +21,7 @@ mod support;
 mod guest_support;
 
 use guest_support::{in_guest, say, skipped, wait_with_deadline};
-use support::dmabuf::{DmaBuf, deregister_when_idle, exchange, register, vgem_dmabuf};
+use support::dmabuf::{DmaBuf, exchange, pattern, register, vgem_dmabuf};
 use support::{expect, last_error, pair, pair_at};
 
 fn register_raw(fd: i32, offset: u64, len: usize) -> (barlink_status, *mut barlink_buffer) {
@@ -227,7 +227,8 @@ fn dmabuf_over_rdma_in_a_process_of_its_own() {
         "{CHILD}: registering the dma-buf with the link's NIC: {}",
         last_error()
     ));
-    let host = vec![1u8; 64 << 10];
+    // Host memory holding the pattern `exchange` checks.
+    let host: Vec<u8> = (0..64 << 10).map(pattern).collect();
     let mut host_buffer = std::ptr::null_mut();
     // SAFETY: `host` outlives the registration and is not modified.
     let status =
@@ -240,12 +241,11 @@ fn dmabuf_over_rdma_in_a_process_of_its_own() {
         last_error()
     );
     // What it registered, its NIC reads in place.
-    let host_stats = exchange_host(a, b, host_buffer, host.len());
+    let host_stats = exchange(a, b, host_buffer, 0, host.len(), 1);
     assert!(
         host_stats.packets_sent_in_place > 0,
         "the registered host buffer was copied: {host_stats:?}"
     );
-    deregister_when_idle(a, host_buffer);
     // Asked again, the same refusal.
     let status = barlink_link_register_buffer(a, buffer);
     expect(
@@ -268,46 +268,4 @@ fn dmabuf_over_rdma_in_a_process_of_its_own() {
     );
     assert_eq!(barlink_close(a, 5000), BARLINK_OK);
     assert_eq!(barlink_close(b, 5000), BARLINK_OK);
-}
-
-/// Sends the first `len` bytes of `buffer` from `a` to `b` as one
-/// message, receives it, and returns `a`'s stats once it is acknowledged.
-fn exchange_host(
-    a: *mut barlink_link,
-    b: *mut barlink_link,
-    buffer: *mut barlink_buffer,
-    len: usize,
-) -> barlink_stats {
-    let mut request = 0;
-    // SAFETY: a writable out-pointer; the range is registered.
-    let status = unsafe { barlink_post_send_buffer(a, buffer, 0, len, 7, &mut request) };
-    assert_eq!(status, BARLINK_OK, "{}", last_error());
-    let receiver = std::thread::spawn({
-        let b = b as usize;
-        move || {
-            let mut buf = vec![0u8; len];
-            let (status, got) = support::recv(b as *mut barlink_link, &mut buf, 60_000);
-            assert_eq!(status, BARLINK_OK, "{}", last_error());
-            assert_eq!(got, len);
-            assert!(
-                buf.iter().all(|&byte| byte == 1),
-                "the host message arrived changed"
-            );
-            let _ = barlink_progress(b as *mut barlink_link);
-        }
-    });
-    assert_eq!(
-        barlink_wait(a, request, 60_000),
-        BARLINK_OK,
-        "{}",
-        last_error()
-    );
-    receiver.join().expect("the host message arrived intact");
-    let mut stats = barlink_stats {
-        struct_size: std::mem::size_of::<barlink_stats>() as u32,
-        ..barlink_stats::default()
-    };
-    // SAFETY: a valid stats struct.
-    assert_eq!(unsafe { barlink_get_stats(a, &mut stats) }, BARLINK_OK);
-    stats
 }

@@ -18,11 +18,7 @@ fn posted_zero_copy_sends_complete_once() {
     let blocks = 64usize;
     let block = 65536usize;
     let memory: Vec<u8> = (0..blocks * block).map(|i| (i * 31 / 7) as u8).collect();
-    let mut buffer = ptr::null_mut();
-    // SAFETY: memory outlives the registration and is not modified.
-    let status =
-        unsafe { barlink_register_buffer(memory.as_ptr().cast(), memory.len(), &mut buffer) };
-    assert_eq!(status, BARLINK_OK);
+    let buffer = register(&memory);
     let receiver = std::thread::spawn({
         let b = b as usize;
         move || {
@@ -130,11 +126,7 @@ fn posted_zero_copy_sends_complete_once() {
 fn zero_copy_posts_reuse_their_flags_unset_and_refuse_a_deregistered_buffer() {
     let (a, b) = pair(None);
     let first = vec![5u8; 4096];
-    let mut buffer = ptr::null_mut();
-    // SAFETY: `first` outlives the registration and is not modified.
-    let status =
-        unsafe { barlink_register_buffer(first.as_ptr().cast(), first.len(), &mut buffer) };
-    assert_eq!(status, BARLINK_OK);
+    let buffer = register(&first);
     let mut buf = vec![0u8; 4096];
     for tag in 0..4 {
         let mut request = 0;
@@ -158,9 +150,7 @@ fn zero_copy_posts_reuse_their_flags_unset_and_refuse_a_deregistered_buffer() {
     // The next post takes a release flag the ones above let go of: it
     // starts unset, so the send is pending until the peer has it.
     let more = vec![9u8; 4096];
-    // SAFETY: `more` outlives the registration and is not modified.
-    let status = unsafe { barlink_register_buffer(more.as_ptr().cast(), more.len(), &mut buffer) };
-    assert_eq!(status, BARLINK_OK);
+    let buffer = register(&more);
     // SAFETY: valid out-pointer; the range is registered.
     let status = unsafe { barlink_post_send_buffer(a, buffer, 0, 4096, 7, &mut request) };
     assert_eq!(status, BARLINK_OK, "{}", last_error());
@@ -223,9 +213,7 @@ fn peer_loss_fails_posted_sends_and_releases_memory() {
     // The peer goes silent: its handle is never driven again.
     let _ = b;
     let memory = vec![1u8; 1 << 20];
-    let mut buffer = ptr::null_mut();
-    // SAFETY: memory outlives the registration.
-    unsafe { barlink_register_buffer(memory.as_ptr().cast(), memory.len(), &mut buffer) };
+    let buffer = register(&memory);
     let mut last = 0;
     for i in 0..16 {
         // SAFETY: valid out-pointer; registered range.
@@ -271,11 +259,7 @@ fn arrives_and_completes(a: *mut barlink_link, b: *mut barlink_link, request: u6
 fn registering_a_buffer_with_a_ring_link_answers_at_once_and_checks_handles() {
     let (a, b) = pair(None);
     let memory = vec![3u8; 8192];
-    let mut buffer = ptr::null_mut();
-    // SAFETY: `memory` outlives the registration and is not modified.
-    let status =
-        unsafe { barlink_register_buffer(memory.as_ptr().cast(), memory.len(), &mut buffer) };
-    assert_eq!(status, BARLINK_OK);
+    let buffer = register(&memory);
     assert_eq!(
         barlink_link_register_buffer(a, buffer),
         BARLINK_OK,
@@ -313,11 +297,7 @@ fn registering_a_buffer_with_a_ring_link_answers_at_once_and_checks_handles() {
         "buffer handle was already closed",
     );
     // A live buffer on a closed link.
-    let mut live = ptr::null_mut();
-    // SAFETY: `memory` outlives the registration and is not modified.
-    let status =
-        unsafe { barlink_register_buffer(memory.as_ptr().cast(), memory.len(), &mut live) };
-    assert_eq!(status, BARLINK_OK);
+    let live = register(&memory);
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     let closed = barlink_link_register_buffer(a, live);
     expect(
@@ -327,4 +307,16 @@ fn registering_a_buffer_with_a_ring_link_answers_at_once_and_checks_handles() {
     );
     assert_eq!(barlink_deregister_buffer(live), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+/// Registers `memory`, which the test keeps alive and unmodified until it
+/// deregisters it.
+fn register(memory: &[u8]) -> *mut barlink_buffer {
+    let mut buffer = ptr::null_mut();
+    // SAFETY: a readable range and a writable out-pointer; the caller keeps
+    // the range valid and unmodified while it is registered.
+    let status =
+        unsafe { barlink_register_buffer(memory.as_ptr().cast(), memory.len(), &mut buffer) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    buffer
 }
