@@ -10,13 +10,17 @@
 //! freeing the wrong memory.
 #![forbid(unsafe_code)]
 
-use crate::error::{Error, Result};
-use crate::ids::IdMap;
+use std::collections::VecDeque;
 
-/// The messages a link's caller holds, by id.
+use crate::error::{Error, Result};
+
+/// The messages a link's caller holds, by id: in the order they were
+/// handed out, which is the order of their ids. A receiver usually gives
+/// each back before or with the next (the first is the one), and holds
+/// few at a time: a search among them costs less than a hash.
 #[derive(Debug, Default)]
 pub(crate) struct HeldMessages {
-    messages: IdMap<Vec<u8>>,
+    messages: VecDeque<(u64, Vec<u8>)>,
     next_id: u64,
 }
 
@@ -40,24 +44,31 @@ impl HeldMessages {
             len: data.len(),
             id: self.next_id,
         };
-        self.messages.insert(lent.id, data);
+        self.messages.push_back((lent.id, data));
         lent
     }
 
     /// Takes back the message the caller describes, if this link lent it
     /// exactly so.
     pub(crate) fn release(&mut self, lent: Lent) -> Result<Vec<u8>> {
-        let matches = self
-            .messages
-            .get(&lent.id)
-            .is_some_and(|data| data.as_ptr().addr() == lent.ptr.addr() && data.len() == lent.len);
-        if !matches {
-            return Err(Error::invalid(format!(
+        let at = match self.messages.front() {
+            Some((first, _)) if *first == lent.id => Some(0),
+            _ => self
+                .messages
+                .binary_search_by_key(&lent.id, |(id, _)| *id)
+                .ok(),
+        };
+        let matches = at.is_some_and(|at| {
+            let data = &self.messages[at].1;
+            data.as_ptr().addr() == lent.ptr.addr() && data.len() == lent.len
+        });
+        match at {
+            Some(at) if matches => Ok(self.messages.remove(at).expect("found above").1),
+            _ => Err(Error::invalid(format!(
                 "message {} ({} bytes) is not held from this link: released already, or from another link",
                 lent.id, lent.len
-            )));
+            ))),
         }
-        Ok(self.messages.remove(&lent.id).expect("checked above"))
     }
 
     /// How many the caller holds.
@@ -92,5 +103,20 @@ mod tests {
         );
         assert_eq!(held.release(second).unwrap(), Vec::<u8>::new());
         assert_eq!(held.len(), 0);
+    }
+
+    #[test]
+    fn messages_come_back_in_any_order() {
+        let mut held = HeldMessages::default();
+        let lent: Vec<Lent> = (0..6u8).map(|n| held.hold(vec![n; 4])).collect();
+        for &at in &[3, 0, 5, 1, 4, 2] {
+            assert_eq!(held.release(lent[at]).unwrap(), vec![at as u8; 4]);
+            assert!(held.release(lent[at]).is_err(), "released twice");
+        }
+        assert_eq!(held.len(), 0);
+        let later = held.hold(vec![9]);
+        assert!(later.id > lent[5].id, "ids keep growing");
+        assert!(held.release(lent[2]).is_err());
+        assert_eq!(held.release(later).unwrap(), vec![9]);
     }
 }
