@@ -127,6 +127,47 @@ private:
     barlink_buffer* handle_ = nullptr;
 };
 
+// A message received in place (Link::recv_message): read size() bytes at
+// data() where barlink holds them. The next receive into the same Message
+// gives it back in the same call; so do reset() and the destructor.
+// Destroy or reset it before its Link is closed or moved from (closing
+// gives back what is still held, and data() then dangles).
+class Message {
+public:
+    Message() = default;
+    ~Message() { reset(); }
+    Message(Message&& other) noexcept
+        : link_(std::exchange(other.link_, nullptr)), message_(std::exchange(other.message_, {})) {}
+    Message& operator=(Message&& other) noexcept {
+        if (this != &other) {
+            reset();
+            link_ = std::exchange(other.link_, nullptr);
+            message_ = std::exchange(other.message_, {});
+        }
+        return *this;
+    }
+    Message(const Message&) = delete;
+    Message& operator=(const Message&) = delete;
+
+    const unsigned char* data() const noexcept {
+        return static_cast<const unsigned char*>(message_.data);
+    }
+    size_t size() const noexcept { return message_.len; }
+    explicit operator bool() const noexcept { return message_.id != 0; }
+
+    // Gives the message back now.
+    void reset() noexcept {
+        if (link_ && message_.id != 0) barlink_release_message(link_, &message_);
+        link_ = nullptr;
+        message_ = {};
+    }
+
+private:
+    friend class Link;
+    barlink_link* link_ = nullptr;
+    barlink_message message_{};
+};
+
 // A link. Every call drives its progress; nothing runs in the background.
 class Link {
 public:
@@ -186,6 +227,16 @@ public:
         }
         if (s == BARLINK_OK) out.resize(len);
         return s;
+    }
+
+    // Receives the next message in place into `message`, giving back the
+    // one it held (in the same call when it is this link's): OK, TIMEOUT
+    // or CLOSED (the peer closed); on any but OK `message` holds nothing.
+    barlink_status recv_message(Message& message, uint32_t timeout_ms) {
+        if (message.link_ != handle_) message.reset();
+        message.link_ = handle_;
+        return check(barlink_release_and_recv_message(handle_, &message.message_, timeout_ms),
+                     "barlink_release_and_recv_message", {BARLINK_TIMEOUT, BARLINK_CLOSED});
     }
 
     // Registers `buffer` with this link's device now rather than at the

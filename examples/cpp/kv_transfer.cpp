@@ -152,9 +152,11 @@ int prefill(const Plan& plan, const Route& route, size_t inflight) {
         return 1;
     }
 
-    // Decode allocates its pool for the plan, then says it is ready.
-    std::vector<unsigned char> ready;
-    if (link.recv(ready, 30000) != BARLINK_OK) {
+    // Decode allocates its pool for the plan, then says it is ready. Its
+    // two answers are read where barlink holds them (declared after the
+    // link: given back before it closes).
+    barlink::Message answer;
+    if (link.recv_message(answer, 30000) != BARLINK_OK) {
         std::fprintf(stderr, "prefill: decode never said it was ready\n");
         return 1;
     }
@@ -185,14 +187,15 @@ int prefill(const Plan& plan, const Route& route, size_t inflight) {
     }
     double elapsed = seconds_since(start);
 
-    std::vector<unsigned char> reply(sizeof(Verdict));
-    barlink_status s = link.recv(reply, 30000);
-    if (s != BARLINK_OK || reply.size() != sizeof(Verdict)) {
+    // The next receive gives "ready" back.
+    barlink_status s = link.recv_message(answer, 30000);
+    if (s != BARLINK_OK || answer.size() != sizeof(Verdict)) {
         std::fprintf(stderr, "prefill: no verdict from decode (%s)\n", barlink_status_string(s));
         return 1;
     }
     Verdict verdict;
-    std::memcpy(&verdict, reply.data(), sizeof verdict);
+    std::memcpy(&verdict, answer.data(), sizeof verdict);
+    answer.reset();
     barlink_stats stats = link.stats();
     std::printf("prefill: sent %zu KV blocks (%.1f MiB) zero-copy in %.3f s: %.2f GB/s acknowledged; "
                 "retransmits %" PRIu64 ", crc failures %" PRIu64 "; read in place by the NIC: %" PRIu64

@@ -8,9 +8,9 @@
  * answering requests reaps its last answer's completion), so every round
  * trip still holds one post, one receive and one completion a side. The
  * child receives
- * in place (barlink_recv_message, giving each message back with
- * barlink_release_message when it next receives: the Rust link's receive,
- * no copy after the checked one) or, with --recv copy,
+ * in place (barlink_release_and_recv_message: each message given back as
+ * the next is received, in one call, as the Rust link's recv_into hands
+ * its last buffer back; no copy after the checked one) or, with --recv copy,
  * with barlink_recv into its own buffer; it checks the first and last
  * bytes of every message; or, with --recv posted, into its own pool, where
  * it keeps receives posted ahead (barlink_post_recv) and takes each with
@@ -105,14 +105,15 @@ static void fill(unsigned char *buf, size_t len) {
 /* The message received in place last, held until the next receive (or
  * release_held) gives it back, as the Rust bench's receiver hands its
  * last buffer back when it next receives (`recv_into`), before it waits:
- * in both benches the answering side gives back after it has answered. */
+ * in both benches the answering side gives back after it has answered.
+ * barlink_release_and_recv_message gives it back and receives the next in
+ * one call; a zeroed message (id 0) holds nothing. */
 static barlink_message held;
-static int holding = 0;
 
 static void release_held(barlink_link *link) {
-    if (holding) {
+    if (held.id != 0) {
         TRY("release_message", barlink_release_message(link, &held));
-        holding = 0;
+        memset(&held, 0, sizeof held);
     }
 }
 
@@ -189,9 +190,7 @@ static size_t receive(barlink_link *link, unsigned char *buf, size_t max) {
         TRY("recv", barlink_recv(link, buf, max, &len, TIMEOUT_MS));
         return len;
     }
-    release_held(link);
-    TRY("recv_message", barlink_recv_message(link, &held, TIMEOUT_MS));
-    holding = 1;
+    TRY("release_and_recv_message", barlink_release_and_recv_message(link, &held, TIMEOUT_MS));
     len = held.len;
     if (len > max) die("a message longer than the largest size", BARLINK_BUFFER_TOO_SMALL);
     if (len > 0) {

@@ -18,8 +18,9 @@
 //! `barlink_post_send`; `c-post-send-buffer`: `barlink_post_send_buffer`
 //! from a registered buffer; a posted message's completion is waited for
 //! once that side's next message is posted, as `ffi_bench` does) and a
-//! receive in place (`barlink_recv_message`, giving the last message back
-//! with `barlink_release_message` first), with the default config but for
+//! receive in place (`barlink_release_and_recv_message`, giving the last
+//! message back in the same call; with a library older than ABI 0.14,
+//! `barlink_release_message` then `barlink_recv_message`), with the default config but for
 //! the peer timeout; the Rust side `send_blocking` of one shared
 //! buffer and `recv_into`, with the C defaults' MTU and window. Each
 //! link's peer timeout is [`TIMEOUT`]: a link sits unpolled while the
@@ -102,6 +103,9 @@ struct CAbi {
     deregister_buffer: unsafe extern "C" fn(Buffer) -> Status,
     recv_message: unsafe extern "C" fn(Link, *mut barlink_message, u32) -> Status,
     release_message: unsafe extern "C" fn(Link, *const barlink_message) -> Status,
+    /// ABI 0.14; a library before it gives back and receives in two calls.
+    release_and_recv_message:
+        Option<unsafe extern "C" fn(Link, *mut barlink_message, u32) -> Status>,
     close: unsafe extern "C" fn(Link, u32) -> Status,
     listener_close: unsafe extern "C" fn(ListenerHandle) -> Status,
     last_error: unsafe extern "C" fn() -> *const c_char,
@@ -136,6 +140,10 @@ impl CAbi {
                 deregister_buffer: sym!("barlink_deregister_buffer"),
                 recv_message: sym!("barlink_recv_message"),
                 release_message: sym!("barlink_release_message"),
+                release_and_recv_message: lib
+                    .get(b"barlink_release_and_recv_message\0")
+                    .ok()
+                    .map(|symbol| *symbol),
                 close: sym!("barlink_close"),
                 listener_close: sym!("barlink_listener_close"),
                 last_error: sym!("barlink_last_error"),
@@ -302,22 +310,29 @@ impl<'a> CLink<'a> {
         }
     }
 
-    /// The next message's first byte and length, received in place.
+    /// The next message's first byte and length, received in place, the
+    /// last one given back in the same call.
     fn recv(&mut self) -> Result<(u8, usize), String> {
-        if let Some(held) = self.held.take() {
-            // SAFETY: `held` is a message this link lent and that was not
-            // given back yet.
-            let status = unsafe { (self.abi.release_message)(self.link, &held) };
-            self.abi.check(status, "barlink_release_message")?;
-        }
-        let mut message = barlink_message {
+        let mut message = self.held.take().unwrap_or(barlink_message {
             data: std::ptr::null(),
             len: 0,
             id: 0,
-        };
-        // SAFETY: `link` is an open handle; `message` is writable.
-        let status = unsafe { (self.abi.recv_message)(self.link, &mut message, TIMEOUT_MS) };
-        self.abi.check(status, "barlink_recv_message")?;
+        });
+        if let Some(release_and_recv) = self.abi.release_and_recv_message {
+            // SAFETY: `link` is an open handle; `message` is zeroed or a
+            // message this link lent and that was not given back yet.
+            let status = unsafe { release_and_recv(self.link, &mut message, TIMEOUT_MS) };
+            self.abi.check(status, "barlink_release_and_recv_message")?;
+        } else {
+            if message.id != 0 {
+                // SAFETY: as above.
+                let status = unsafe { (self.abi.release_message)(self.link, &message) };
+                self.abi.check(status, "barlink_release_message")?;
+            }
+            // SAFETY: `link` is an open handle; `message` is writable.
+            let status = unsafe { (self.abi.recv_message)(self.link, &mut message, TIMEOUT_MS) };
+            self.abi.check(status, "barlink_recv_message")?;
+        }
         self.held = Some(message);
         let first = if message.len == 0 {
             0
@@ -563,7 +578,7 @@ fn print(figures: &[Figures], args: &Args) {
         println!("# cpu: {cpu}");
         println!(
             "# {} B one-way, {} turns of {} round trips a link and mode (C ABI: the mode's send, \
-             barlink_recv_message; Rust ring link: send_blocking, recv_into); C - Rust: the median \
+             barlink_release_and_recv_message; Rust ring link: send_blocking, recv_into); C - Rust: the median \
              of the turns' gaps, with their quartiles",
             args.size, args.turns, args.per_turn
         );

@@ -56,7 +56,7 @@
 
 // Minor version of the C ABI: grows when functions, status codes or struct
 // fields are added.
-#define BARLINK_ABI_VERSION_MINOR 13
+#define BARLINK_ABI_VERSION_MINOR 14
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -505,7 +505,8 @@ enum barlink_status barlink_recv(struct barlink_link *link,
 // one round of progress and return): on `BARLINK_OK`, `*message` says
 // where it lies in barlink's memory and how long it is. No copy is made
 // after the checked one out of the medium. Read it there, then give it
-// back with `barlink_release_message`; until then its memory is not
+// back with `barlink_release_message` (or with the next receive,
+// `barlink_release_and_recv_message`); until then its memory is not
 // reused, so hold few at a time. Messages that arrived before the link
 // ended are still received; then the call returns why it ended.
 // `BARLINK_BUSY` while posted receives are pending (they come first). On
@@ -516,6 +517,25 @@ enum barlink_status barlink_recv(struct barlink_link *link,
 enum barlink_status barlink_recv_message(struct barlink_link *link,
                                          struct barlink_message *message,
                                          uint32_t timeout_ms);
+
+// Gives back the message `*message` holds, then receives the next in
+// place into `*message`, as `barlink_release_message` followed by
+// `barlink_recv_message` would, in one call (and one turn of the link's
+// lock): the loop of a receiver that reads each message where it lies,
+// as the Rust link's `recv_into` hands its last buffer back. A
+// `*message` whose `id` is 0 (zeroed, as a failed receive leaves it)
+// holds nothing to give back: start the loop with a zeroed
+// `barlink_message`. A message this link did not lend is refused with
+// `BARLINK_INVALID_ARGUMENT` and nothing is received. On any status but
+// `BARLINK_OK`, `*message` is zeroed: the message it held is given back,
+// or was not this link's to give. (ABI 0.14.)
+//
+// # Safety
+// `message` is NULL (refused) or points to a readable and writable
+// `barlink_message`.
+enum barlink_status barlink_release_and_recv_message(struct barlink_link *link,
+                                                     struct barlink_message *message,
+                                                     uint32_t timeout_ms);
 
 // Gives back a message `barlink_recv_message` lent: its memory goes on to
 // hold a later message, and `message->data` must not be read again. A

@@ -840,7 +840,8 @@ pub unsafe extern "C" fn barlink_recv(
 /// one round of progress and return): on `BARLINK_OK`, `*message` says
 /// where it lies in barlink's memory and how long it is. No copy is made
 /// after the checked one out of the medium. Read it there, then give it
-/// back with `barlink_release_message`; until then its memory is not
+/// back with `barlink_release_message` (or with the next receive,
+/// `barlink_release_and_recv_message`); until then its memory is not
 /// reused, so hold few at a time. Messages that arrived before the link
 /// ended are still received; then the call returns why it ended.
 /// `BARLINK_BUSY` while posted receives are pending (they come first). On
@@ -856,24 +857,75 @@ pub unsafe extern "C" fn barlink_recv_message(
 ) -> barlink_status {
     boundary("barlink_recv_message", || {
         check_out(message, "message")?;
-        let empty = barlink_message {
-            data: ptr::null(),
-            len: 0,
-            id: 0,
-        };
         // SAFETY: checked; writable by contract.
-        unsafe { put(message, empty) };
-        registry::with_link(key(link), |cell| {
-            let lent = cell.recv_message(millis(timeout_ms))?;
-            let received = barlink_message {
-                data: lent.ptr.cast(),
-                len: lent.len,
-                id: lent.id,
-            };
-            // SAFETY: as above.
-            unsafe { put(message, received) };
-            Ok(())
-        })
+        unsafe { recv_message_into(link, message, None, timeout_ms) }
+    })
+}
+
+/// Gives back the message `*message` holds, then receives the next in
+/// place into `*message`, as `barlink_release_message` followed by
+/// `barlink_recv_message` would, in one call (and one turn of the link's
+/// lock): the loop of a receiver that reads each message where it lies,
+/// as the Rust link's `recv_into` hands its last buffer back. A
+/// `*message` whose `id` is 0 (zeroed, as a failed receive leaves it)
+/// holds nothing to give back: start the loop with a zeroed
+/// `barlink_message`. A message this link did not lend is refused with
+/// `BARLINK_INVALID_ARGUMENT` and nothing is received. On any status but
+/// `BARLINK_OK`, `*message` is zeroed: the message it held is given back,
+/// or was not this link's to give. (ABI 0.14.)
+///
+/// # Safety
+/// `message` is NULL (refused) or points to a readable and writable
+/// `barlink_message`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn barlink_release_and_recv_message(
+    link: *mut barlink_link,
+    message: *mut barlink_message,
+    timeout_ms: u32,
+) -> barlink_status {
+    boundary("barlink_release_and_recv_message", || {
+        check_out(message, "message")?;
+        // SAFETY: checked (non-null, aligned); readable by contract; every
+        // field is an integer or a raw pointer (any bit pattern is valid).
+        let held = unsafe { message.read() };
+        let give_back = (held.id != 0).then_some(Lent {
+            ptr: held.data.cast(),
+            len: held.len,
+            id: held.id,
+        });
+        // SAFETY: checked; writable by contract.
+        unsafe { recv_message_into(link, message, give_back, timeout_ms) }
+    })
+}
+
+/// Zeroes `*message`, then receives the next message in place into it,
+/// giving `give_back` back first (see `barlink_release_and_recv_message`).
+///
+/// # Safety
+/// `message` is non-null, aligned and writable.
+unsafe fn recv_message_into(
+    link: *mut barlink_link,
+    message: *mut barlink_message,
+    give_back: Option<Lent>,
+    timeout_ms: u32,
+) -> Result<()> {
+    let empty = barlink_message {
+        data: ptr::null(),
+        len: 0,
+        id: 0,
+    };
+    // SAFETY: by this function's contract.
+    unsafe { put(message, empty) };
+    registry::with_link(key(link), |cell| {
+        let lent = cell.recv_message(millis(timeout_ms), give_back)?;
+        let received = barlink_message {
+            data: lent.ptr.cast(),
+            len: lent.len,
+            id: lent.id,
+        };
+        // SAFETY: by this function's contract.
+        unsafe { put(message, received) };
+        Ok(())
     })
 }
 

@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_void};
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
 /// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 13;
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 14;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.

@@ -1,5 +1,6 @@
 //! Receiving through the C ABI: in place (`barlink_recv_message`, held
-//! until released once), posted receives cancelled (`barlink_cancel`) or
+//! until released once, or given back with the next receive by
+//! `barlink_release_and_recv_message`), posted receives cancelled (`barlink_cancel`) or
 //! waited for one by one (`barlink_wait_completion`), and the engine's
 //! flow control kept (a receiver that takes nothing
 //! holds its sender back).
@@ -129,6 +130,79 @@ fn messages_received_in_place_are_held_until_released_once() {
     assert_eq!(barlink_progress(b), BARLINK_OK);
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+/// A receiver that gives each message back with its next receive holds
+/// one at a time; a message not this link's is refused and nothing is
+/// received; a failed call leaves the message zeroed, given back.
+#[test]
+fn each_receive_gives_the_last_message_back() {
+    let (a, b) = pair(None);
+    let driver = drive(a);
+    let sent: Vec<Vec<u8>> = (0..20u8).map(|n| vec![n; 1 + 997 * n as usize]).collect();
+    for data in &sent {
+        assert_eq!(send(a, data), BARLINK_OK);
+    }
+    let next = |link, message: *mut barlink_message, timeout_ms| {
+        // SAFETY: message is NULL on purpose, or readable and writable.
+        unsafe { barlink_release_and_recv_message(link, message, timeout_ms) }
+    };
+    let mut message = barlink_message {
+        data: ptr::null(),
+        len: 0,
+        id: 0,
+    };
+    for data in &sent[..10] {
+        assert_eq!(next(b, &mut message, 5000), BARLINK_OK, "{}", last_error());
+        assert_eq!(&held_bytes(&message), data);
+        assert_eq!(held_count(b), 1);
+    }
+    // Refused: another link's (none of a's), changed, NULL. Nothing is
+    // received meanwhile, and the message stays held.
+    let kept = message;
+    let mut changed = barlink_message {
+        len: kept.len + 1,
+        ..kept
+    };
+    expect(
+        next(b, &mut changed, 5000),
+        BARLINK_INVALID_ARGUMENT,
+        "not held from this link",
+    );
+    assert!(changed.data.is_null() && changed.len == 0 && changed.id == 0);
+    let mut foreign = kept;
+    expect(
+        next(a, &mut foreign, 0),
+        BARLINK_INVALID_ARGUMENT,
+        "not held from this link",
+    );
+    expect(
+        next(b, ptr::null_mut(), 0),
+        BARLINK_INVALID_ARGUMENT,
+        "message is NULL",
+    );
+    assert_eq!(held_count(b), 1);
+    // The plain calls mix with it: released by id, received next in line.
+    // SAFETY: kept was lent by b and not released.
+    assert_eq!(unsafe { barlink_release_message(b, &kept) }, BARLINK_OK);
+    let (status, plain) = recv_message(b, 5000);
+    assert_eq!((status, held_bytes(&plain)), (BARLINK_OK, sent[10].clone()));
+    message = plain;
+    for data in &sent[11..] {
+        assert_eq!(next(b, &mut message, 5000), BARLINK_OK, "{}", last_error());
+        assert_eq!(&held_bytes(&message), data);
+    }
+    assert_eq!(held_count(b), 1);
+    // Nothing more: the last is given back, the message zeroed, and a
+    // zeroed message gives nothing back.
+    expect(next(b, &mut message, 10), BARLINK_TIMEOUT, "timed out");
+    assert!(message.data.is_null() && message.len == 0 && message.id == 0);
+    assert_eq!(held_count(b), 0);
+    expect(next(b, &mut message, 0), BARLINK_TIMEOUT, "timed out");
+    drop(driver);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+    expect(next(b, &mut message, 0), BARLINK_INVALID_HANDLE, "closed");
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
 }
 
 /// A side that drives its link but receives nothing holds the sender

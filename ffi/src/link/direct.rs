@@ -48,11 +48,17 @@ impl LinkCell {
     /// across idle rounds, until another call waits for it, and lends the
     /// message a round delivers to the caller at once
     /// ([`LinkState::recv_message_round`]); otherwise it steps as
-    /// [`LinkCell::blocking`] does.
-    pub(crate) fn recv_message(&self, timeout: Duration) -> Result<Lent> {
+    /// [`LinkCell::blocking`] does. `give_back`, a message received in
+    /// place before, is released under the first round's lock first: the
+    /// Rust link's `recv_into` hands its last buffer back so, in one call.
+    pub(crate) fn recv_message(&self, timeout: Duration, give_back: Option<Lent>) -> Result<Lent> {
         let mut rounds = Rounds::new(timeout);
+        let mut give_back = give_back;
         loop {
             let mut state = self.lock()?;
+            if let Some(lent) = give_back.take() {
+                state.release_message(lent)?;
+            }
             let give_way = loop {
                 let (moved, stepped) = match state.recv_message_round(!rounds.started()) {
                     RecvRound::Delivered(lent) => return Ok(lent),

@@ -629,6 +629,30 @@ int main(void) {
     check("release_message(NULL)", barlink_release_message(link, NULL), BARLINK_INVALID_ARGUMENT);
     check("release_message(NULL link)", barlink_release_message(NULL, &held),
           BARLINK_INVALID_HANDLE);
+    /* Given back with the next receive: a zeroed message holds nothing; a
+       message not lent (changed) is refused, zeroed, nothing received. */
+    barlink_message next;
+    memset(&next, 0, sizeof next);
+    check("release_and_recv_message(NULL message)", barlink_release_and_recv_message(link, NULL, 0),
+          BARLINK_INVALID_ARGUMENT);
+    check("release_and_recv_message(NULL link)", barlink_release_and_recv_message(NULL, &next, 0),
+          BARLINK_INVALID_HANDLE);
+    check("send for a receive that gives back", barlink_send(link, "first", 5, 5000), BARLINK_OK);
+    check("release_and_recv_message (nothing held)", barlink_release_and_recv_message(link, &next, 10000),
+          BARLINK_OK);
+    check_true("the first echo is read in place", next.len == 5 && memcmp(next.data, "first", 5) == 0);
+    check("send for the next", barlink_send(link, "second", 6, 5000), BARLINK_OK);
+    check("release_and_recv_message (gives the first back)",
+          barlink_release_and_recv_message(link, &next, 10000), BARLINK_OK);
+    check_true("the second echo is read in place", next.len == 6 && memcmp(next.data, "second", 6) == 0);
+    check("get_stats", barlink_get_stats(link, &stats), BARLINK_OK);
+    check_true("stats: only the second held", stats.messages_held == 1);
+    barlink_message changed = next;
+    changed.id += 1000;
+    check("release_and_recv_message(a message not lent)",
+          barlink_release_and_recv_message(link, &changed, 0), BARLINK_INVALID_ARGUMENT);
+    check_true("a refused message is zeroed", changed.data == NULL && changed.len == 0 && changed.id == 0);
+    check("release_message (the second)", barlink_release_message(link, &next), BARLINK_OK);
     check("send for a message held at close", barlink_send(link, "held", 4, 5000), BARLINK_OK);
     check("recv_message held at close", barlink_recv_message(link, &held, 10000), BARLINK_OK);
     check("get_stats", barlink_get_stats(link, &stats), BARLINK_OK);
