@@ -35,7 +35,7 @@ use barlink_topology::{Bdf, PathChoice, PathPolicy, Topology};
 use barlink_transport::auth::PeerAuth;
 use barlink_transport::engine::MessageId;
 use barlink_transport::link::{
-    AllowedPeers, IoError, LinkConfig, RingLink, SetupError, pair_windows,
+    AllowedPeers, IoError, LinkConfig, RingLink, SentBack, SetupError, pair_windows,
 };
 use barlink_transport::tcp::{self, SocketBuffers, TcpLink, TcpLinkOptions};
 use barlink_transport::window::{ShmOptions, ShmWindow};
@@ -576,6 +576,25 @@ impl<B: AsRef<[u8]>> Connection<B> {
     /// complete in the order they were queued.
     pub fn completed(&mut self) -> u64 {
         each_link!(self, link => link.completed())
+    }
+
+    /// Keeps the buffers of sends the engine is done with for
+    /// [`Connection::sent_back_mut`] (see
+    /// [`barlink_transport::link::Link::keep_sent_buffers`]).
+    pub fn keep_sent_buffers(&mut self) {
+        each_link!(self, link => link.keep_sent_buffers())
+    }
+
+    /// The sends the engine let go of and not yet taken, oldest first, to
+    /// take in place (see
+    /// [`barlink_transport::link::Link::sent_back_mut`]).
+    pub fn sent_back_mut(&mut self) -> Option<&mut std::collections::VecDeque<SentBack<B>>> {
+        each_link!(self, link => link.sent_back_mut())
+    }
+
+    /// Whether a send's buffer waits to be taken.
+    pub fn has_sent_back(&mut self) -> bool {
+        each_link!(self, link => link.has_sent_back())
     }
 
     /// Why the link can carry no more messages, if it cannot (the peer

@@ -16,7 +16,7 @@ use barlink::loan::LoanWait;
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Result, boundary, last_error_ptr};
 use crate::held::Lent;
-use crate::link::{COPY_UNLOCKED_FROM, RecvInto, Step};
+use crate::link::{COPY_UNLOCKED_FROM, LentForCall, RecvInto, SettleLoan, Step};
 use crate::payload::{CallerMemory, Region, fill_copy};
 use crate::peer::{ConfigTexts, ListenerCell, Setup, connect_link};
 use crate::registry;
@@ -617,12 +617,7 @@ pub unsafe extern "C" fn barlink_send(
             }
             // Lent bytes are settled before the call returns, whatever happens
             // (a panic included): the guard copies them or ends the link.
-            let mut loan = SettleLoan {
-                cell,
-                msg_id: None,
-                loan: None,
-                settled: false,
-            };
+            let mut loan = SettleLoan::new(cell);
             // A long copy that fits now is made outside the lock, so that a
             // progress thread moves the link meanwhile; its bytes stay reserved
             // under send_queue_bytes until the step that queues it. Else the
@@ -704,65 +699,6 @@ pub unsafe extern "C" fn barlink_send(
     })
 }
 
-/// A blocking send's loan of the caller's bytes to the link, settled
-/// before the call returns: by its outcome, or by a copy in the bytes'
-/// place ([`LinkState::settle_loan`]), also when the call unwinds.
-struct SettleLoan<'a> {
-    cell: &'a crate::link::LinkCell,
-    /// The lent message's id, once the call learned it.
-    msg_id: Option<u64>,
-    /// The call's handle to its lent bytes; `None` while nothing is lent.
-    loan: Option<std::sync::Weak<crate::payload::SendLoan>>,
-    settled: bool,
-}
-
-impl SettleLoan<'_> {
-    /// Settles the loan once the wait for the acknowledgement ended: by
-    /// the message's outcome, or by a copy. A wait that timed out leaves
-    /// the message queued with its copy, as a copying send's; any other
-    /// error of the wait is returned once the loan is settled.
-    fn finish(&mut self, waited: Result<()>) -> Result<()> {
-        self.settled = true;
-        let Some(loan) = &self.loan else {
-            return waited;
-        };
-        self.cell
-            .lock_even_if_closed()
-            .settle_loan(self.msg_id, loan)?;
-        match waited {
-            Err(error) if error.status != BARLINK_TIMEOUT => Err(error),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl Drop for SettleLoan<'_> {
-    fn drop(&mut self) {
-        if !self.settled
-            && let Some(loan) = &self.loan
-        {
-            let _ = self
-                .cell
-                .lock_even_if_closed()
-                .settle_loan(self.msg_id, loan);
-        }
-    }
-}
-
-/// A `barlink_recv` call's buffer, taken back from the link when dropped.
-struct LentForCall<'a> {
-    cell: &'a crate::link::LinkCell,
-    into: RecvInto,
-}
-
-impl Drop for LentForCall<'_> {
-    fn drop(&mut self) {
-        if let Some(id) = self.into.posted.take() {
-            self.cell.reclaim(id);
-        }
-    }
-}
-
 /// Receives the next message into `buf` (`capacity` bytes), waiting at most
 /// `timeout_ms` (0: do one round of progress and return). On `BARLINK_OK`,
 /// `*len` is the message's length. On `BARLINK_BUFFER_TOO_SMALL`, `*len`
@@ -810,10 +746,7 @@ pub unsafe extern "C" fn barlink_recv(
             // in it. The guard takes it back before returning, whatever the
             // outcome (a panic caught at the boundary included), so barlink
             // writes it only during the call.
-            let mut into = LentForCall {
-                cell,
-                into: RecvInto::new(buf.cast::<u8>(), capacity),
-            };
+            let mut into = LentForCall::new(cell, RecvInto::new(buf.cast::<u8>(), capacity));
             let result = cell.blocking(millis(timeout_ms), |state| {
                 state.recv_step(&mut into.into, &mut deliver)
             });

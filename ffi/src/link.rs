@@ -8,12 +8,13 @@
 //!
 //! Completions: the engine completes messages in order (cumulative
 //! acknowledgement) and, when a session ends, fails every message still
-//! queued. It lets go of a message's buffer exactly then, which the
-//! request sees ([`Release`]: the payload's drop sets a registered
-//! range's flag; a copy's count falls to one). So after a step, the
-//! released requests are a prefix of the queue in message order; the
-//! first `k` of them succeeded, where `k` is how much
-//! `RingLink::completed` grew, and the rest failed.
+//! queued. It lets go of a message's buffer exactly then, and the link
+//! hands it back with the message's outcome (`Link::keep_sent_buffers`):
+//! the request is marked with the outcome and the buffer's copy goes back
+//! to the spares ([`SendCopies::give_back`]), with no count shared
+//! between the two. The marked requests at the front of the queue, in
+//! message order, become completions; once the link is gone (dropping it
+//! dropped every payload it held), all of them, failed.
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, VecDeque};
@@ -37,9 +38,13 @@ use crate::types::barlink_status::{self, *};
 use crate::types::{barlink_completion, barlink_stats};
 
 mod direct;
+mod guards;
 mod registered;
+mod requests;
 mod rounds;
 
+pub(crate) use guards::{LentForCall, SettleLoan};
+use requests::Request;
 pub(crate) use rounds::{Pace, Rounds};
 
 /// Shortest message whose send copy is made outside the link's lock
@@ -73,18 +78,6 @@ pub(crate) struct LinkCell {
 }
 
 #[derive(Debug)]
-struct Request {
-    user_tag: u64,
-    len: u64,
-    released: Release,
-    /// Posted (reported through poll/test) rather than sent blocking.
-    report: bool,
-    /// A blocking send that lent its bytes waits for the outcome
-    /// (`LinkState::loan_outcomes`).
-    awaited: bool,
-}
-
-#[derive(Debug)]
 pub(crate) struct LinkState {
     /// `None` once the link ended: dropping it released every payload.
     link: Option<Connection<Payload>>,
@@ -112,8 +105,6 @@ pub(crate) struct LinkState {
     send_copies: SendCopies,
     /// Completions of posted sends not yet reported, by request id.
     done: Completions,
-    /// `RingLink::completed` when last looked at.
-    completed_seen: u64,
     /// Why the link ended.
     end: Option<(barlink_status, String)>,
     /// A message (sent or posted) failed: a flush cannot succeed any more.
@@ -236,8 +227,11 @@ impl LinkCell {
         Ok(cell)
     }
 
-    fn new(link: Connection<Payload>, limits: SendLimits) -> LinkCell {
+    fn new(mut link: Connection<Payload>, limits: SendLimits) -> LinkCell {
         let path = link.decision.to_string();
+        // Each payload comes back with its outcome (see the module's
+        // comment on completions).
+        link.keep_sent_buffers();
         LinkCell {
             lock_waiters: AtomicU32::new(0),
             #[cfg(test)]
@@ -254,7 +248,6 @@ impl LinkCell {
                 held: HeldMessages::default(),
                 send_copies: SendCopies::default(),
                 done: Completions::default(),
-                completed_seen: 0,
                 end: None,
                 any_failed: false,
                 final_stats: Stats::default(),
@@ -475,7 +468,7 @@ impl LinkState {
                 if self.waiting
                     && self.received.is_empty()
                     && link.messages_ready() == 0
-                    && nothing_to_collect(link, self.completed_seen, &self.requests)
+                    && !link.has_sent_back()
                     && link.check_open().is_ok() =>
             {
                 return false;
@@ -501,7 +494,7 @@ impl LinkState {
             && self.for_delivery
             && ended.is_none()
             && self.recvs.is_empty()
-            && nothing_to_collect(link, self.completed_seen, &self.requests)
+            && !link.has_sent_back()
         {
             return true;
         }
@@ -571,14 +564,13 @@ impl LinkState {
         Ok(request)
     }
 
-    /// Turns released payloads into completions; ends the link on `ended`.
+    /// Turns the payloads the link handed back into completions; ends the
+    /// link on `ended`.
     fn collect(&mut self, ended: Option<IoError>) {
+        self.take_sent_back();
         let Some(link) = self.link.as_mut() else {
             return;
         };
-        let completed = link.completed();
-        let succeeded = completed.saturating_sub(self.completed_seen);
-        self.completed_seen = completed;
         if let Some(error) = ended {
             self.end = Some(end_of(&error));
             self.final_stats = link.engine_stats().clone();
@@ -587,75 +579,7 @@ impl LinkState {
             // barlink reads none of the caller's memory.
             self.link = None;
         }
-        self.complete_released(succeeded);
-    }
-
-    /// Turns the requests whose payloads the link let go of, oldest first,
-    /// into completions: the first `succeeded` of them were acknowledged.
-    fn complete_released(&mut self, mut succeeded: u64) {
-        while let Some((_, front)) = self.requests.front() {
-            if !front.released.is_released() {
-                break;
-            }
-            let (msg_id, request) = self.requests.pop_front().expect("checked above");
-            let read_in_place = request.released.was_read_in_place();
-            self.copies_held -= request.released.copy_bytes();
-            self.send_copies.reclaim(request.released);
-            let status = if succeeded > 0 {
-                succeeded -= 1;
-                self.message_bytes_sent += request.len;
-                BARLINK_OK
-            } else {
-                self.any_failed = true;
-                match &self.end {
-                    Some((status, _)) => *status,
-                    // A session ended without the link ending: the peer
-                    // restarted.
-                    None => BARLINK_LINK_FAILED,
-                }
-            };
-            if read_in_place && status == BARLINK_OK {
-                self.messages_lent += 1;
-            }
-            if request.awaited {
-                self.loan_outcomes.insert(msg_id, status);
-            }
-            if request.report {
-                let id = msg_id + 1;
-                self.done.insert(barlink_completion {
-                    request: id,
-                    user_tag: request.user_tag,
-                    bytes: request.len,
-                    status,
-                    reserved: 0,
-                });
-            }
-        }
-    }
-
-    /// Keeps the request of message `id` (`len` bytes, its payload made
-    /// with `released`), queued just now, until its completion: counted
-    /// as copied and held where barlink made the copy, reported with
-    /// `user_tag` if `report`, its outcome kept for the call that lent
-    /// the bytes if they are lent.
-    fn keep_request(&mut self, id: u64, len: u64, released: Release, user_tag: u64, report: bool) {
-        debug_assert!(
-            self.requests.back().is_none_or(|(last, _)| *last < id),
-            "the engine numbers messages in order"
-        );
-        self.messages_copied += u64::from(matches!(released, Release::Copy(_)));
-        self.copies_held += released.copy_bytes();
-        let awaited = matches!(released, Release::Loan(_));
-        self.requests.push_back((
-            id,
-            Request {
-                user_tag,
-                len,
-                released,
-                report,
-                awaited,
-            },
-        ));
+        self.complete_released();
     }
 
     /// Queues `payload` (created with `released`); gives both back when
@@ -727,7 +651,7 @@ impl LinkState {
     /// may bring acknowledgements); [`crate::payload::fill_copy`] makes it
     /// the payload. A copy made outside the lock reserves its bytes first
     /// ([`LinkState::reserve_copy`]).
-    pub(crate) fn spare_to_post(&mut self, len: usize) -> Result<Arc<Vec<u8>>> {
+    pub(crate) fn spare_to_post(&mut self, len: usize) -> Result<Vec<u8>> {
         self.check_len(len)?;
         if !self.copy_fits(len) {
             self.step();
@@ -747,7 +671,7 @@ impl LinkState {
     /// copies (it does not lend: see [`LinkState::blocking_payload`]) and
     /// the copy fits under the limit now; else the send makes its payload
     /// in its steps.
-    pub(crate) fn spare_to_send(&mut self, data: &[u8]) -> Result<Option<Arc<Vec<u8>>>> {
+    pub(crate) fn spare_to_send(&mut self, data: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_len(data.len())?;
         if self.lends(data) || !self.copy_fits(data.len()) {
             return Ok(None);
@@ -821,6 +745,8 @@ impl LinkState {
     /// memory. `Ok` means the message was acknowledged or is queued with
     /// its copy (or was never queued).
     pub(crate) fn settle_loan(&mut self, msg_id: Option<u64>, loan: &Weak<SendLoan>) -> Result<()> {
+        // A payload handed back and not yet collected still holds a count.
+        self.collect(None);
         if let Some(status) = msg_id.and_then(|id| self.loan_outcomes.remove(&id)) {
             return match status {
                 BARLINK_OK => Ok(()),
@@ -871,18 +797,16 @@ impl LinkState {
 
     /// Ends the link for `why`, as a failure found inside it does.
     fn abandon(&mut self, status: barlink_status, why: String) {
-        let Some(mut link) = self.link.take() else {
+        self.take_sent_back();
+        let Some(link) = self.link.take() else {
             return;
         };
-        let completed = link.completed();
-        let succeeded = completed.saturating_sub(self.completed_seen);
-        self.completed_seen = completed;
         self.final_stats = link.engine_stats().clone();
         self.final_in_place = link.sent_in_place();
         self.end.get_or_insert((status, why));
         // Dropping the link drops every payload it held.
         drop(link);
-        self.complete_released(succeeded);
+        self.complete_released();
     }
 
     /// One step of a blocking send of `payload` (taken out of `slot`):
@@ -957,7 +881,7 @@ impl LinkState {
     /// full): a caller retrying a full queue should not allocate a copy
     /// per try, so the copy goes back to the spares.
     pub(crate) fn keep_unsent(&mut self, payload: Payload, released: Release) {
-        drop(payload);
+        self.send_copies.give_back(payload);
         self.send_copies.reclaim(released);
     }
 
@@ -1324,21 +1248,6 @@ fn closed_meanwhile() -> Error {
         BARLINK_CLOSED,
         "the link was closed (barlink_close) while this call was using it",
     )
-}
-
-/// Whether the link holds nothing for [`LinkState::collect`]: no
-/// acknowledgement counted since `completed_seen`, and the oldest request's
-/// payload still held. A peer's restart fails sends by releasing them
-/// without counting them, so the count alone would not show those.
-fn nothing_to_collect(
-    link: &mut Connection<Payload>,
-    completed_seen: u64,
-    requests: &VecDeque<(u64, Request)>,
-) -> bool {
-    link.completed() == completed_seen
-        && requests
-            .front()
-            .is_none_or(|(_, request)| !request.released.is_released())
 }
 
 fn activity(stats: &Stats) -> (u64, u64) {

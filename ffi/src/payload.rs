@@ -5,13 +5,13 @@
 //! acknowledged it or the link ended, and reads every fragment and every
 //! retransmission from it. For a registered range, `B` is a pointer into the
 //! caller's memory: the payload goes from there straight into the peer's
-//! ring. Dropping a `Payload` is the moment barlink stops reading that
-//! memory, which its request then sees ([`Release`]); for a registered
-//! range, the completion reported afterwards is the caller's permission
-//! to reuse it.
+//! ring. The link hands each payload back once the engine is done with it
+//! (`Link::keep_sent_buffers`): a copy goes back to the spares, and
+//! dropping any other is the moment barlink stops reading that memory;
+//! for a registered range, the completion reported afterwards is the
+//! caller's permission to reuse it.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use barlink::rdma::SendMemory;
@@ -210,7 +210,6 @@ impl Region {
         self: &Arc<Region>,
         offset: usize,
         len: usize,
-        released: Arc<AtomicBool>,
         read: Option<CpuRead>,
     ) -> Result<Payload> {
         let end = offset.checked_add(len).filter(|&end| end <= self.len);
@@ -235,7 +234,6 @@ impl Region {
                 ptr: self.ptr.wrapping_add(offset),
                 len,
                 region: Arc::clone(self),
-                released,
                 read,
             },
         })
@@ -280,41 +278,34 @@ impl Drop for CpuRead {
 /// into: an allocation per message costs page faults and zeroing by the
 /// kernel above the allocator's mmap threshold (128 KiB), at every send.
 ///
-/// A copy is shared by the payload the link holds and the request that
-/// waits for it; once the link lets go of the payload, the request holds
-/// the copy alone (its count is one), which is what says it was released.
-/// A link's state owns its copies: no lock or flag per message, and no
-/// allocation once a copy that fits is kept; small messages feel each.
+/// A copy belongs to the payload the link holds until the link hands the
+/// payload back ([`SendCopies::give_back`]); its request keeps only its
+/// capacity. A link's state owns its copies: no lock, flag or shared
+/// count per message, and no allocation once a copy that fits is kept;
+/// small messages feel each.
 #[derive(Debug, Default)]
 pub(crate) struct SendCopies {
-    /// Released copies, oldest first, each held here only.
-    spares: Vec<Arc<Vec<u8>>>,
+    /// Copies the link handed back, oldest first.
+    spares: Vec<Vec<u8>>,
     /// Their capacities' total.
     bytes: usize,
-    /// Release flags of registered ranges the link let go of, each held
-    /// here only: a zero-copy post takes one rather than allocating.
-    flags: Vec<Arc<AtomicBool>>,
 }
 
 /// Most spare send copies a link keeps, and most bytes in all.
 const MAX_SPARE_SENDS: usize = 64;
 const MAX_SPARE_SEND_BYTES: usize = 64 << 20;
-/// Most spare release flags a link keeps.
-const MAX_SPARE_FLAGS: usize = 64;
 
 impl SendCopies {
-    /// A payload holding a copy of `data`, and what tells its request
-    /// that the link let go of it. Allocation failure is an error, never
-    /// an abort.
+    /// A payload holding a copy of `data`, and its request's record of
+    /// it. Allocation failure is an error, never an abort.
     pub(crate) fn copy(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
         fill_copy(self.take(data.len()), data)
     }
 
-    /// `data` in a spare that fits, or a new buffer.
-    fn copy_of(&mut self, data: &[u8]) -> Result<Arc<Vec<u8>>> {
-        let mut copy = self.take(data.len());
-        fill(&mut copy, data)?;
-        Ok(copy)
+    /// Whether no copy is kept.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.spares.is_empty()
     }
 
     /// A spare that holds `len` bytes without growing if one is kept (the
@@ -322,15 +313,9 @@ impl SendCopies {
     /// too large: a copy's capacity is what counts against
     /// `send_queue_bytes`), else a new empty one. [`fill_copy`] makes it
     /// a payload, without the link's lock where the copy is long.
-    /// Whether no copy is kept.
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.spares.is_empty()
-    }
-
-    pub(crate) fn take(&mut self, len: usize) -> Arc<Vec<u8>> {
+    pub(crate) fn take(&mut self, len: usize) -> Vec<u8> {
         let most = len.saturating_mul(4).max(64 << 10);
-        let fit = |b: &Arc<Vec<u8>>| (len..=most).contains(&b.capacity());
+        let fit = |b: &Vec<u8>| (len..=most).contains(&b.capacity());
         // Messages of one size in a row (the usual stream) find theirs last.
         let fits = match self.spares.last() {
             Some(newest) if fit(newest) => Some(self.spares.len() - 1),
@@ -348,7 +333,7 @@ impl SendCopies {
                 self.bytes -= copy.capacity();
                 copy
             }
-            None => Arc::new(Vec::new()),
+            None => Vec::new(),
         }
     }
 
@@ -362,51 +347,41 @@ impl SendCopies {
         if loan.backup.get().is_some() {
             return Ok(0);
         }
-        let copy = self.copy_of(loan.caller_bytes())?;
+        let mut copy = self.take(loan.len);
+        fill(&mut copy, loan.caller_bytes())?;
         let capacity = copy.capacity() as u64;
         // Set once: checked above, under the link's lock.
         let _ = loan.backup.set(copy);
         Ok(capacity)
     }
 
-    /// Keeps the copy of a request the link let go of (or never took),
-    /// for a later send (a lent one only if it was backed up), and a
-    /// registered range's release flag for a later post.
-    pub(crate) fn reclaim(&mut self, released: Release) {
-        match released {
-            Release::Copy(copy) => self.give(copy),
-            Release::Loan(loan) => {
-                if let Ok(loan) = Arc::try_unwrap(loan)
-                    && let Some(copy) = loan.backup.into_inner()
-                {
-                    self.give(copy);
-                }
-            }
-            Release::Flag(flag) => {
-                // Held here only once the payload that sets it was dropped.
-                if Arc::strong_count(&flag) == 1 && self.flags.len() < MAX_SPARE_FLAGS {
-                    flag.store(false, Ordering::Relaxed);
-                    self.flags.push(flag);
-                }
-            }
+    /// A payload the link handed back (or that never went in): its copy
+    /// is kept for a later send; any other is dropped, which ends
+    /// barlink's reading of the memory it names.
+    pub(crate) fn give_back(&mut self, mut payload: Payload) {
+        if let Data::Owned(copy) = &mut payload.data {
+            let copy = std::mem::take(copy);
+            // A copy has nothing else to end: no drop to run.
+            std::mem::forget(payload);
+            self.give(copy);
         }
     }
 
-    /// A registered range's release flag, unset, for its payload: a spare
-    /// one if kept, else a new one.
-    pub(crate) fn flag(&mut self) -> (Arc<AtomicBool>, Release) {
-        let flag = self
-            .flags
-            .pop()
-            .unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
-        (Arc::clone(&flag), Release::Flag(flag))
+    /// Keeps the backup copy of a finished request's lent bytes, once the
+    /// link let go of them, for a later send.
+    pub(crate) fn reclaim(&mut self, released: Release) {
+        if let Release::Loan(loan) = released
+            && let Ok(loan) = Arc::try_unwrap(loan)
+            && let Some(copy) = loan.backup.into_inner()
+        {
+            self.give(copy);
+        }
     }
 
-    /// Keeps a released copy for a later send, within the limits (the
-    /// oldest go); one still shared is not kept.
-    fn give(&mut self, copy: Arc<Vec<u8>>) {
+    /// Keeps a copy for a later send, within the limits (the oldest go).
+    fn give(&mut self, copy: Vec<u8>) {
         let capacity = copy.capacity();
-        if capacity == 0 || capacity > MAX_SPARE_SEND_BYTES || Arc::strong_count(&copy) != 1 {
+        if capacity == 0 || capacity > MAX_SPARE_SEND_BYTES {
             return;
         }
         self.bytes += capacity;
@@ -419,42 +394,42 @@ impl SendCopies {
 }
 
 /// A payload holding a copy of `data` in `copy` (a buffer from
-/// [`SendCopies::take`], held by nobody else), and what tells its request
-/// that the link let go of it. Allocation failure is an error, never an
-/// abort. Needs no link state: a long copy is made without the link's
-/// lock, so that a progress thread moves the link meanwhile.
-pub(crate) fn fill_copy(mut copy: Arc<Vec<u8>>, data: &[u8]) -> Result<(Payload, Release)> {
+/// [`SendCopies::take`]), and its request's record of it. Allocation
+/// failure is an error, never an abort. Needs no link state: a long copy
+/// is made without the link's lock, so that a progress thread moves the
+/// link meanwhile.
+pub(crate) fn fill_copy(mut copy: Vec<u8>, data: &[u8]) -> Result<(Payload, Release)> {
     fill(&mut copy, data)?;
+    let capacity = copy.capacity() as u64;
     let payload = Payload {
-        data: Data::Owned(Arc::clone(&copy)),
+        data: Data::Owned(copy),
     };
-    Ok((payload, Release::Copy(copy)))
+    Ok((payload, Release::Copy { capacity }))
 }
 
 /// Puts `data` in `copy`, in place of what it held.
-fn fill(copy: &mut Arc<Vec<u8>>, data: &[u8]) -> Result<()> {
-    let bytes = Arc::get_mut(copy).expect("a spare copy is held by nobody else");
-    bytes.clear();
-    bytes.try_reserve_exact(data.len()).map_err(|_| {
+fn fill(copy: &mut Vec<u8>, data: &[u8]) -> Result<()> {
+    copy.clear();
+    copy.try_reserve_exact(data.len()).map_err(|_| {
         Error::new(
             BARLINK_OUT_OF_MEMORY,
             format!("cannot allocate {} bytes for the message copy", data.len()),
         )
     })?;
-    bytes.extend_from_slice(data);
+    copy.extend_from_slice(data);
     Ok(())
 }
 
-/// How a send's request learns that barlink no longer reads its bytes.
+/// What a send's request keeps of its payload's memory until the link
+/// hands the payload back.
 #[derive(Debug)]
 pub(crate) enum Release {
-    /// A copy barlink made: released once the link dropped its payload
-    /// (the request then holds the copy alone).
-    Copy(Arc<Vec<u8>>),
-    /// A registered range: the payload's drop sets the flag.
-    Flag(Arc<AtomicBool>),
-    /// The caller's bytes lent for a `barlink_send` call: released once the
-    /// link dropped its payload (the request then holds the loan alone).
+    /// A copy barlink made, of `capacity` bytes (the payload holds it).
+    Copy { capacity: u64 },
+    /// A registered range of the caller's.
+    Registered,
+    /// The caller's bytes lent for a `barlink_send` call: the request and
+    /// the payload share the loan, and the call holds a weak handle to it.
     Loan(Arc<SendLoan>),
 }
 
@@ -463,18 +438,9 @@ impl Release {
     /// against `send_queue_bytes`); 0 for the caller's registered memory.
     pub(crate) fn copy_bytes(&self) -> u64 {
         match self {
-            Release::Copy(copy) => copy.capacity() as u64,
-            Release::Flag(_) => 0,
+            Release::Copy { capacity } => *capacity,
+            Release::Registered => 0,
             Release::Loan(loan) => loan.backup.get().map_or(0, |copy| copy.capacity() as u64),
-        }
-    }
-
-    /// Whether the link let go of the payload.
-    pub(crate) fn is_released(&self) -> bool {
-        match self {
-            Release::Copy(copy) => Arc::strong_count(copy) == 1,
-            Release::Flag(flag) => flag.load(Ordering::Acquire),
-            Release::Loan(loan) => Arc::strong_count(loan) == 1,
         }
     }
 
@@ -494,7 +460,7 @@ pub(crate) struct SendLoan {
     len: usize,
     /// The copy that replaced the caller's bytes; set at most once, by
     /// the lending call, under the link's lock.
-    backup: OnceLock<Arc<Vec<u8>>>,
+    backup: OnceLock<Vec<u8>>,
 }
 
 // SAFETY: `SendLoan` stores the caller's address and length and reads
@@ -560,14 +526,12 @@ impl SendLoan {
 }
 
 enum Data {
-    /// A copy barlink owns (its request holds it too, see [`SendCopies`]).
-    Owned(Arc<Vec<u8>>),
+    /// A copy barlink owns (see [`SendCopies`]).
+    Owned(Vec<u8>),
     Registered {
         ptr: *const u8,
         len: usize,
         region: Arc<Region>,
-        /// Set when the engine lets go of the payload.
-        released: Arc<AtomicBool>,
         /// A dma-buf's CPU read, ended with the payload.
         read: Option<CpuRead>,
     },
@@ -626,21 +590,12 @@ impl AsRef<[u8]> for Payload {
 
 impl Drop for Payload {
     fn drop(&mut self) {
-        // An owned copy's release is its count falling (see `SendCopies`).
-        if let Data::Registered {
-            region,
-            released,
-            read,
-            ..
-        } = &mut self.data
-        {
+        if let Data::Registered { region, read, .. } = &mut self.data {
             // The CPU read ends first: a deregistration that finds nothing
             // in flight finds no read open either.
             drop(read.take());
             let mut state = region.state();
             state.in_flight = state.in_flight.saturating_sub(1);
-            drop(state);
-            released.store(true, Ordering::Release);
         }
     }
 }
@@ -726,27 +681,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_release_flag_is_reused_unset_once_its_payload_is_dropped() {
+    fn a_registered_payload_is_in_flight_until_dropped() {
         let buf = vec![5u8; 256];
         let region = Arc::new(Region::new(buf.as_ptr(), buf.len()));
         let mut copies = SendCopies::default();
-        let (flag, release) = copies.flag();
-        let payload = region.payload(0, 64, flag, None).unwrap();
-        let Release::Flag(first) = &release else {
-            panic!("a registered range's release is a flag")
-        };
-        let first = Arc::as_ptr(first);
-        drop(payload);
-        assert!(release.is_released());
-        copies.reclaim(release);
-        let (flag, release) = copies.flag();
-        assert_eq!(Arc::as_ptr(&flag), first, "the spare flag is taken");
-        assert!(!release.is_released(), "a reused flag starts unset");
-        // One whose payload is still held is not kept.
-        let payload = region.payload(0, 64, flag, None).unwrap();
-        copies.reclaim(release);
-        assert!(copies.flags.is_empty());
-        drop(payload);
+        let payload = region.payload(8, 64, None).unwrap();
+        assert_eq!(payload.as_ref(), &buf[8..72]);
+        let busy = region.retire().expect_err("retired with a send in flight");
+        assert_eq!(busy.status, BARLINK_BUSY, "{busy:?}");
+        // Handed back, it is dropped: nothing is kept of it.
+        copies.give_back(payload);
+        assert!(copies.is_empty());
         region.retire().unwrap();
     }
 
@@ -757,12 +702,10 @@ mod tests {
     fn deregistration_waits_for_a_registration_in_progress() {
         let buf = vec![5u8; 256];
         let region = Arc::new(Region::new(buf.as_ptr(), buf.len()));
-        let mut copies = SendCopies::default();
         region
             .with_send_memory(|memory| {
                 assert_eq!(memory.len(), 256);
-                let (flag, _release) = copies.flag();
-                let payload = region.payload(0, 64, flag, None)?;
+                let payload = region.payload(0, 64, None)?;
                 drop(payload);
                 let busy = region.retire().expect_err("retired while registering");
                 assert_eq!(busy.status, BARLINK_BUSY, "{busy:?}");
@@ -777,34 +720,25 @@ mod tests {
     }
 
     #[test]
-    fn send_copies_are_reused_once_released_and_within_their_limits() {
+    fn send_copies_are_reused_once_handed_back_and_within_their_limits() {
         let mut copies = SendCopies::default();
         let (payload, release) = copies.copy(&[7u8; 1000]).unwrap();
         assert_eq!(payload.as_ref(), &[7u8; 1000][..]);
-        assert!(!release.is_released(), "the link still holds the payload");
-        drop(payload);
-        assert!(release.is_released());
-        let Release::Copy(copy) = &release else {
-            panic!("a copy's release is the copy")
-        };
-        let first = Arc::as_ptr(copy);
-        copies.reclaim(release);
+        assert_eq!(release.copy_bytes(), 1000);
+        let first = payload.as_ref().as_ptr();
+        copies.give_back(payload);
         // A later message that fits goes into the same copy.
         let (payload, release) = copies.copy(&[9u8; 600]).unwrap();
         assert_eq!(payload.as_ref(), &[9u8; 600][..]);
-        let Release::Copy(copy) = &release else {
-            panic!("a copy's release is the copy")
-        };
-        assert_eq!(Arc::as_ptr(copy), first);
-        // One still shared (its payload alive) is not kept.
-        copies.reclaim(release);
-        assert!(copies.spares.is_empty());
+        assert_eq!(payload.as_ref().as_ptr(), first);
+        assert_eq!(release.copy_bytes(), 1000, "its capacity counts");
+        assert!(copies.is_empty());
         drop(payload);
         for _ in 0..MAX_SPARE_SENDS + 6 {
-            copies.give(Arc::new(vec![7u8; 1000]));
+            copies.give(vec![7u8; 1000]);
         }
         assert_eq!(copies.spares.len(), MAX_SPARE_SENDS);
-        copies.give(Arc::new(Vec::with_capacity(MAX_SPARE_SEND_BYTES + 1)));
+        copies.give(Vec::with_capacity(MAX_SPARE_SEND_BYTES + 1));
         assert!(
             copies
                 .spares
@@ -813,11 +747,40 @@ mod tests {
         );
         // Large ones push the oldest out: never more than the byte limit.
         for _ in 0..8 {
-            copies.give(Arc::new(Vec::with_capacity(16 << 20)));
+            copies.give(Vec::with_capacity(16 << 20));
         }
         let total: usize = copies.spares.iter().map(|b| b.capacity()).sum();
         assert!(total <= MAX_SPARE_SEND_BYTES, "{total}");
         assert_eq!(copies.bytes, total, "the running total is the sum");
+    }
+
+    /// A lent payload's backup copy comes back to the spares once the
+    /// request finishes; the caller's bytes are read until then.
+    #[test]
+    fn a_loans_backup_is_kept_once_the_request_finishes() {
+        let mut copies = SendCopies::default();
+        let data = vec![3u8; 5000];
+        let (payload, release, weak) = SendLoan::new(&data);
+        assert_eq!(payload.as_ref().as_ptr(), data.as_ptr(), "read in place");
+        assert!(release.was_read_in_place());
+        let loan = weak.upgrade().unwrap();
+        assert_eq!(copies.back_up(&loan).unwrap(), 5000);
+        assert_eq!(copies.back_up(&loan).unwrap(), 0, "backed up once");
+        drop(loan);
+        assert_ne!(
+            payload.as_ref().as_ptr(),
+            data.as_ptr(),
+            "the backup is read"
+        );
+        assert_eq!(payload.as_ref(), &data[..]);
+        assert_eq!(release.copy_bytes(), 5000);
+        copies.give_back(payload);
+        assert!(
+            copies.is_empty(),
+            "a loan's payload holds no copy of its own"
+        );
+        copies.reclaim(release);
+        assert_eq!(copies.spares.len(), 1, "the backup is kept");
     }
 
     /// A copy's capacity is what counts against `send_queue_bytes`: a small
@@ -827,7 +790,7 @@ mod tests {
     fn a_small_message_does_not_take_a_large_spare() {
         let mut copies = SendCopies::default();
         for capacity in [16 << 20, 1 << 20, 300 << 10] {
-            copies.give(Arc::new(Vec::with_capacity(capacity)));
+            copies.give(Vec::with_capacity(capacity));
         }
         let (_payload, release) = copies.copy(&[1u8; 100]).unwrap();
         assert!(release.copy_bytes() < 64 << 10, "{}", release.copy_bytes());

@@ -23,9 +23,8 @@ impl LinkState {
         read: Option<CpuRead>,
     ) -> Result<(Payload, Release)> {
         self.check_len(len)?;
-        let (flag, released) = self.send_copies.flag();
-        let payload = region.payload(offset, len, flag, read)?;
-        Ok((payload, released))
+        let payload = region.payload(offset, len, read)?;
+        Ok((payload, Release::Registered))
     }
 
     /// Registers `region` with the link's RDMA device now rather than at

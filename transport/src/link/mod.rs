@@ -28,6 +28,7 @@ pub use medium::{IndexStats, Intake, Medium, MediumError, REPUBLISH_EVERY, Repea
 pub use named::{NamedOptions, Side, connect_named, create_named_ring, pair_windows};
 pub use thread::{ProgressOptions, ProgressThread};
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -682,6 +683,17 @@ impl<W: Window> Medium for RingMedium<W> {
     }
 }
 
+/// A send the engine is done with, given back to a caller that keeps its
+/// buffers ([`Link::keep_sent_buffers`]).
+#[derive(Debug)]
+pub struct SentBack<B> {
+    pub id: MessageId,
+    pub buf: B,
+    /// The peer acknowledged every packet; `false`: the message failed
+    /// with its session (the peer restarted, or the link ended).
+    pub acknowledged: bool,
+}
+
 /// An engine bound to a ring in each direction: the link over memory
 /// windows. See [`Link`] for the calls.
 pub type RingLink<W, B = Vec<u8>> = Link<RingMedium<W>, B>;
@@ -696,6 +708,10 @@ pub struct Link<M: Medium, B: AsRef<[u8]> = Vec<u8>> {
     medium: M,
     clock: Clock,
     completed: u64,
+    /// The buffers of sends the engine is done with, in the order it let
+    /// go of them, kept for a caller that asked ([`Link::keep_sent_buffers`]);
+    /// `None`: dropped at once.
+    sent_back: Option<VecDeque<SentBack<B>>>,
     closed: Option<LinkError>,
     medium_error: Option<String>,
     /// Rounds of a blocking call in a row that moved nothing.
@@ -747,6 +763,7 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             medium,
             clock: Clock::start(),
             completed: 0,
+            sent_back: None,
             closed: None,
             medium_error: None,
             idle_rounds: 0,
@@ -778,6 +795,32 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     /// Messages whose every packet the peer acknowledged, so far.
     pub fn completed(&self) -> u64 {
         self.completed
+    }
+
+    /// From now on, keeps the buffer of each send the engine is done with
+    /// (acknowledged, or failed with its session) for [`Link::take_sent`],
+    /// rather than dropping it: a caller that reuses its buffers, or
+    /// settles each message by its own outcome, gets them back without
+    /// sharing them. A caller that asks must take them, or they pile up.
+    pub fn keep_sent_buffers(&mut self) {
+        self.sent_back.get_or_insert_with(VecDeque::new);
+    }
+
+    /// The oldest send the engine let go of and not yet taken (see
+    /// [`Link::keep_sent_buffers`]).
+    pub fn take_sent(&mut self) -> Option<SentBack<B>> {
+        self.sent_back.as_mut()?.pop_front()
+    }
+
+    /// The sends the engine let go of and not yet taken, oldest first, to
+    /// take in place; `None` unless kept ([`Link::keep_sent_buffers`]).
+    pub fn sent_back_mut(&mut self) -> Option<&mut VecDeque<SentBack<B>>> {
+        self.sent_back.as_mut()
+    }
+
+    /// Whether a send's buffer waits for [`Link::take_sent`].
+    pub fn has_sent_back(&self) -> bool {
+        self.sent_back.as_ref().is_some_and(|back| !back.is_empty())
     }
 
     /// Moves packets both ways and processes timers once. Returns whether
@@ -909,10 +952,26 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     fn take_events(&mut self) {
         while let Some(event) = self.engine.poll_other_event() {
             match event {
-                Event::SendComplete { .. } => self.completed += 1,
-                Event::SendFailed { error, .. } => {
+                Event::SendComplete { id, buf } => {
+                    self.completed += 1;
+                    if let Some(back) = &mut self.sent_back {
+                        back.push_back(SentBack {
+                            id,
+                            buf,
+                            acknowledged: true,
+                        });
+                    }
+                }
+                Event::SendFailed { id, buf, error } => {
                     tracing::warn!(%error, "a send failed");
                     self.closed.get_or_insert(error);
+                    if let Some(back) = &mut self.sent_back {
+                        back.push_back(SentBack {
+                            id,
+                            buf,
+                            acknowledged: false,
+                        });
+                    }
                 }
                 Event::Closed { reason } => {
                     match &reason {
