@@ -149,24 +149,35 @@ pub(crate) fn boundary(
     }
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => BARLINK_OK,
-        Ok(Err(error)) => {
-            set_last_error(match error.message {
-                Message::Static(text) => LastError::Static(text),
-                Message::Owned(text) => owned(&format!("{function}: {text}")),
-                Message::TimedOut { after_ms } => LastError::TimedOut { function, after_ms },
-            });
-            error.status
-        }
-        Err(panic) => {
-            let detail = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "(no message)".to_string());
-            set_last_error(owned(&format!(
-                "{function}: internal error (a bug in barlink, please report it): {detail}"
-            )));
-            BARLINK_INTERNAL
-        }
+        Ok(Err(error)) => failed(function, error),
+        Err(panic) => panicked(function, &*panic),
     }
+}
+
+/// Keeps a failed call's message for the thread; its status. Out of the
+/// way of the calls' own code, which every message runs.
+#[cold]
+#[inline(never)]
+fn failed(function: &'static str, error: Error) -> barlink_status {
+    set_last_error(match error.message {
+        Message::Static(text) => LastError::Static(text),
+        Message::Owned(text) => owned(&format!("{function}: {text}")),
+        Message::TimedOut { after_ms } => LastError::TimedOut { function, after_ms },
+    });
+    error.status
+}
+
+/// Keeps a panic's message for the thread: `BARLINK_INTERNAL`.
+#[cold]
+#[inline(never)]
+fn panicked(function: &'static str, panic: &(dyn std::any::Any + Send)) -> barlink_status {
+    let detail = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string());
+    set_last_error(owned(&format!(
+        "{function}: internal error (a bug in barlink, please report it): {detail}"
+    )));
+    BARLINK_INTERNAL
 }

@@ -265,16 +265,32 @@ fn with_cached<T, R>(
     if let Ok(Some(result)) = cached {
         return result;
     }
+    match body.take() {
+        Some(body) => look_up_and_remember(cache, removals, value, kind, unwrap, body),
+        None => unreachable!("the body runs only when the cache answers"),
+    }
+}
+
+/// [`with_cached`] when the thread's cache has no answer: the registry's
+/// lookup, remembered for the next call. Out of the way of the calls'
+/// own code, which every message runs.
+#[cold]
+#[inline(never)]
+fn look_up_and_remember<T, R>(
+    cache: &'static Cache<T>,
+    removals: u64,
+    value: u64,
+    kind: Kind,
+    unwrap: impl FnOnce(Object) -> Option<Arc<T>>,
+    body: impl FnOnce(&Arc<T>) -> Result<R>,
+) -> Result<R> {
     let object = unwrap(get(value, kind)?).ok_or_else(|| explain(value, kind))?;
     let _ = cache.try_with(|recent| {
         if let Ok(mut recent) = recent.try_borrow_mut() {
             recent.remember(value, removals, Arc::clone(&object));
         }
     });
-    match body.take() {
-        Some(body) => body(&object),
-        None => unreachable!("the body runs only when the cache answers"),
-    }
+    body(&object)
 }
 
 /// Lets go of this thread's cached lookups of `cache`'s kind (a removal
