@@ -525,10 +525,13 @@ enum barlink_status barlink_recv_message(struct barlink_link *link,
 // as the Rust link's `recv_into` hands its last buffer back. A
 // `*message` whose `id` is 0 (zeroed, as a failed receive leaves it)
 // holds nothing to give back: start the loop with a zeroed
-// `barlink_message`. A message this link did not lend is refused with
-// `BARLINK_INVALID_ARGUMENT` and nothing is received. On any status but
-// `BARLINK_OK`, `*message` is zeroed: the message it held is given back,
-// or was not this link's to give. (ABI 0.14.)
+// `barlink_message`. A message this link did not lend (released
+// already, from another link, or changed) is refused with
+// `BARLINK_INVALID_ARGUMENT`: nothing is received and `*message` is left
+// as it was, and so it is when the call cannot reach the link
+// (`BARLINK_INVALID_HANDLE`: a closed link gave back all it held;
+// `BARLINK_INTERNAL`). On any other status but `BARLINK_OK`, `*message`
+// is zeroed, its message given back. (ABI 0.14.)
 //
 // # Safety
 // `message` is NULL (refused) or points to a readable and writable

@@ -802,10 +802,13 @@ pub unsafe extern "C" fn barlink_recv_message(
 /// as the Rust link's `recv_into` hands its last buffer back. A
 /// `*message` whose `id` is 0 (zeroed, as a failed receive leaves it)
 /// holds nothing to give back: start the loop with a zeroed
-/// `barlink_message`. A message this link did not lend is refused with
-/// `BARLINK_INVALID_ARGUMENT` and nothing is received. On any status but
-/// `BARLINK_OK`, `*message` is zeroed: the message it held is given back,
-/// or was not this link's to give. (ABI 0.14.)
+/// `barlink_message`. A message this link did not lend (released
+/// already, from another link, or changed) is refused with
+/// `BARLINK_INVALID_ARGUMENT`: nothing is received and `*message` is left
+/// as it was, and so it is when the call cannot reach the link
+/// (`BARLINK_INVALID_HANDLE`: a closed link gave back all it held;
+/// `BARLINK_INTERNAL`). On any other status but `BARLINK_OK`, `*message`
+/// is zeroed, its message given back. (ABI 0.14.)
 ///
 /// # Safety
 /// `message` is NULL (refused) or points to a readable and writable
@@ -831,8 +834,10 @@ pub unsafe extern "C" fn barlink_release_and_recv_message(
     })
 }
 
-/// Zeroes `*message`, then receives the next message in place into it,
-/// giving `give_back` back first (see `barlink_release_and_recv_message`).
+/// Receives the next message in place into `*message`, giving
+/// `give_back` back first (see `barlink_release_and_recv_message`):
+/// `*message` is zeroed once its message is given back, at once if there
+/// is none to give.
 ///
 /// # Safety
 /// `message` is non-null, aligned and writable.
@@ -842,15 +847,20 @@ unsafe fn recv_message_into(
     give_back: Option<Lent>,
     timeout_ms: u32,
 ) -> Result<()> {
-    let empty = barlink_message {
-        data: ptr::null(),
-        len: 0,
-        id: 0,
+    let zero = || {
+        let empty = barlink_message {
+            data: ptr::null(),
+            len: 0,
+            id: 0,
+        };
+        // SAFETY: by this function's contract.
+        unsafe { put(message, empty) };
     };
-    // SAFETY: by this function's contract.
-    unsafe { put(message, empty) };
+    if give_back.is_none() {
+        zero();
+    }
     registry::with_link(key(link), |cell| {
-        let lent = cell.recv_message(millis(timeout_ms), give_back)?;
+        let lent = cell.recv_message(millis(timeout_ms), give_back, zero)?;
         let received = barlink_message {
             data: lent.ptr.cast(),
             len: lent.len,

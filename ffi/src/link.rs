@@ -746,7 +746,11 @@ impl LinkState {
     /// its copy (or was never queued).
     pub(crate) fn settle_loan(&mut self, msg_id: Option<u64>, loan: &Weak<SendLoan>) -> Result<()> {
         // A payload handed back and not yet collected still holds a count.
-        self.collect(None);
+        // Not while unwinding: the state a panic left is not collected
+        // (a second panic would abort); a needless backup is all it costs.
+        if !std::thread::panicking() {
+            self.collect(None);
+        }
         if let Some(status) = msg_id.and_then(|id| self.loan_outcomes.remove(&id)) {
             return match status {
                 BARLINK_OK => Ok(()),
@@ -766,11 +770,12 @@ impl LinkState {
             // Its outcome is reported to nobody now: the call returns.
             request.awaited = false;
         }
-        // The request holds one count, the link's payload the other.
+        // The request holds one count, the link's payload (in the engine,
+        // or handed back and not yet collected) the other.
         let Some(loan) = loan.upgrade().filter(|_| loan.strong_count() > 2) else {
-            // The link let go of the bytes, but an earlier message holds
-            // the completions back: none of the caller's memory is read
-            // any more, and the link's end, if it failed, shows later.
+            // The link let go of the bytes (the message was never queued,
+            // or its outcome was taken already): none of the caller's
+            // memory is read any more.
             return Ok(());
         };
         match self.send_copies.back_up(&loan) {

@@ -485,10 +485,10 @@ impl fmt::Debug for SendLoan {
 
 impl SendLoan {
     /// Lends `data` (a `barlink_send` call's bytes) as a payload. The
-    /// returned release says when the link let go of it; the weak handle
-    /// is the call's, to back it up ([`SendCopies::back_up`]) before it
-    /// returns if the link still holds it. The call must not return while
-    /// the link holds the payload without a backup.
+    /// returned release is the request's share of the loan; the weak
+    /// handle is the call's, to back it up ([`SendCopies::back_up`])
+    /// before it returns if the link still holds the payload. The call
+    /// must not return while the link holds the payload without a backup.
     pub(crate) fn new(data: &[u8]) -> (Payload, Release, Weak<SendLoan>) {
         let loan = Arc::new(SendLoan {
             ptr: data.as_ptr(),

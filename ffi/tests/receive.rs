@@ -133,8 +133,9 @@ fn messages_received_in_place_are_held_until_released_once() {
 }
 
 /// A receiver that gives each message back with its next receive holds
-/// one at a time; a message not this link's is refused and nothing is
-/// received; a failed call leaves the message zeroed, given back.
+/// one at a time; a message not this link's is refused, left as it was,
+/// and nothing is received; any other failure leaves the message zeroed,
+/// given back.
 #[test]
 fn each_receive_gives_the_last_message_back() {
     let (a, b) = pair(None);
@@ -169,12 +170,20 @@ fn each_receive_gives_the_last_message_back() {
         BARLINK_INVALID_ARGUMENT,
         "not held from this link",
     );
-    assert!(changed.data.is_null() && changed.len == 0 && changed.id == 0);
+    assert_eq!(
+        (changed.data, changed.len, changed.id),
+        (kept.data, kept.len + 1, kept.id),
+        "a refused message is left as it was"
+    );
     let mut foreign = kept;
     expect(
         next(a, &mut foreign, 0),
         BARLINK_INVALID_ARGUMENT,
         "not held from this link",
+    );
+    assert_eq!(
+        foreign.id, kept.id,
+        "another link's message is left as it was"
     );
     expect(
         next(b, ptr::null_mut(), 0),

@@ -123,7 +123,7 @@ fn posted_zero_copy_sends_complete_once() {
 }
 
 #[test]
-fn zero_copy_posts_reuse_their_flags_unset_and_refuse_a_deregistered_buffer() {
+fn zero_copy_posts_wait_for_the_peer_and_refuse_a_deregistered_buffer() {
     let (a, b) = pair(None);
     let first = vec![5u8; 4096];
     let buffer = register(&first);
@@ -147,8 +147,7 @@ fn zero_copy_posts_reuse_their_flags_unset_and_refuse_a_deregistered_buffer() {
     // SAFETY: valid out-pointer; the handle is checked, not dereferenced.
     let status = unsafe { barlink_post_send_buffer(a, buffer, 0, 1, 0, &mut request) };
     expect(status, BARLINK_INVALID_HANDLE, "already closed");
-    // The next post takes a release flag the ones above let go of: it
-    // starts unset, so the send is pending until the peer has it.
+    // A post after others completed is pending until the peer has it.
     let more = vec![9u8; 4096];
     let buffer = register(&more);
     // SAFETY: valid out-pointer; the range is registered.
@@ -168,6 +167,70 @@ fn zero_copy_posts_reuse_their_flags_unset_and_refuse_a_deregistered_buffer() {
         "{}",
         last_error()
     );
+    assert_eq!(barlink_close(a, 1000), BARLINK_OK);
+    assert_eq!(barlink_close(b, 1000), BARLINK_OK);
+}
+
+/// A zero-copy send's buffer is let go of once the peer acknowledged
+/// it, also when the acknowledgement came with a message a receive in
+/// place took and the next receive on the link waits: deregistration
+/// does not wait for that receive to end.
+#[test]
+fn an_acknowledged_buffer_is_let_go_while_a_receive_waits() {
+    let (a, b) = pair(None);
+    let memory = vec![3u8; 4096];
+    let buffer = register(&memory);
+    let mut request = 0;
+    // SAFETY: valid out-pointer; the range is registered.
+    let status = unsafe { barlink_post_send_buffer(a, buffer, 0, 4096, 1, &mut request) };
+    assert_eq!(status, BARLINK_OK, "{}", last_error());
+    // b takes it and answers: the acknowledgement goes with the answer.
+    let mut buf = vec![0u8; 4096];
+    let (status, len) = recv(b, &mut buf, 5000);
+    assert_eq!((status, len), (BARLINK_OK, 4096), "{}", last_error());
+    assert_eq!(send(b, b"answer"), BARLINK_OK);
+    let waiter = std::thread::spawn({
+        let a = a as usize;
+        move || {
+            let a = a as *mut barlink_link;
+            let mut message = barlink_message {
+                data: ptr::null(),
+                len: 0,
+                id: 0,
+            };
+            let mut lengths = Vec::new();
+            for _ in 0..2 {
+                // SAFETY: message is readable and writable.
+                let status = unsafe { barlink_release_and_recv_message(a, &mut message, 20_000) };
+                lengths.push((status, message.len));
+            }
+            lengths
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match barlink_deregister_buffer(buffer) {
+            BARLINK_OK => break,
+            status => {
+                expect(status, BARLINK_BUSY, "in flight");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the acknowledged buffer was held while a receive waited"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+    assert!(!waiter.is_finished(), "the second receive still waits");
+    assert_eq!(send(b, b"done"), BARLINK_OK);
+    let lengths = waiter.join().unwrap();
+    assert_eq!(
+        lengths,
+        [(BARLINK_OK, 6), (BARLINK_OK, 4)],
+        "{}",
+        last_error()
+    );
+    // Closing gives back the message the waiter holds.
     assert_eq!(barlink_close(a, 1000), BARLINK_OK);
     assert_eq!(barlink_close(b, 1000), BARLINK_OK);
 }

@@ -49,15 +49,26 @@ impl LinkCell {
     /// message a round delivers to the caller at once
     /// ([`LinkState::recv_message_round`]); otherwise it steps as
     /// [`LinkCell::blocking`] does. `give_back`, a message received in
-    /// place before, is released under the first round's lock first: the
-    /// Rust link's `recv_into` hands its last buffer back so, in one call.
-    pub(crate) fn recv_message(&self, timeout: Duration, give_back: Option<Lent>) -> Result<Lent> {
+    /// place before, is released under the first round's lock first (the
+    /// Rust link's `recv_into` hands its last buffer back so, in one call),
+    /// and `given_back` runs once it is (at once if there is none); a
+    /// refused release returns before it runs.
+    pub(crate) fn recv_message(
+        &self,
+        timeout: Duration,
+        give_back: Option<Lent>,
+        given_back: impl FnOnce(),
+    ) -> Result<Lent> {
         let mut rounds = Rounds::new(timeout);
         let mut give_back = give_back;
+        let mut given_back = Some(given_back);
         loop {
             let mut state = self.lock()?;
             if let Some(lent) = give_back.take() {
                 state.release_message(lent)?;
+            }
+            if let Some(given_back) = given_back.take() {
+                given_back();
             }
             let give_way = loop {
                 let (moved, stepped) = match state.recv_message_round(!rounds.started()) {
@@ -149,9 +160,10 @@ impl LinkState {
             self.message_bytes_received += delivery.len() as u64;
             return RecvRound::Delivered(self.hold(delivery));
         }
-        if moved || ring.check_open().is_err() {
-            // Completions, or an end: a step collects them (its round
-            // finds what this one moved already).
+        if moved || ring.has_sent_back() || ring.check_open().is_err() {
+            // Completions (payloads handed back hold memory until they are
+            // taken: a registered range's send, a copy), or an end: a step
+            // collects them (its round finds what this one moved already).
             return RecvRound::Step;
         }
         RecvRound::Idle
