@@ -21,7 +21,9 @@ use barlink_transport::window::{FaultConfig, FaultWindow, HeapWindow, Window, Wi
 use barlink_transport::{Delivery, EngineConfig, LinkError, RecvTarget};
 
 mod common;
-use common::ring_links::{TIMEOUT, answer_for, engine_config, message, stream, thread_links};
+use common::ring_links::{
+    TIMEOUT, answer_for, engine_config, linked_in_one_thread, message, stream, thread_links,
+};
 
 #[test]
 fn ten_thousand_mixed_messages_between_threads_arrive_intact_in_order() {
@@ -202,22 +204,6 @@ fn messages_that_land_around_the_cache_arrive_intact_through_faults() {
         "faults were injected and caught: {:?}",
         b.engine().stats()
     );
-}
-
-/// Two ring links over heap windows, driven by the calling thread, with
-/// their session up (a first message from `a` has reached `b`), so that
-/// `a` can fill `b`'s ring before `b` receives.
-fn linked_in_one_thread() -> (RingLink<Arc<HeapWindow>>, RingLink<Arc<HeapWindow>>) {
-    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    let (mut a, mut b) = thread_links(window_a, window_b, |w| w, |w| w);
-    a.send_blocking(vec![7u8; 8], TIMEOUT).unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    while b.try_recv().unwrap().is_none() {
-        a.progress().unwrap();
-        assert!(Instant::now() < deadline, "the session did not come up");
-    }
-    (a, b)
 }
 
 #[test]

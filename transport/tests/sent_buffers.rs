@@ -1,33 +1,10 @@
 //! A link that keeps its sent buffers (`Link::keep_sent_buffers`) hands
 //! each back once the engine is done with it, with its id and outcome.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use barlink_transport::link::RingLink;
-use barlink_transport::window::HeapWindow;
-
 mod common;
-use common::ring_links::{TIMEOUT, thread_links};
-
-/// Two ring links over heap windows, driven by the calling thread, with
-/// their session up and its first message acknowledged.
-fn linked_in_one_thread() -> (RingLink<Arc<HeapWindow>>, RingLink<Arc<HeapWindow>>) {
-    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
-    let (mut a, mut b) = thread_links(window_a, window_b, |w| w, |w| w);
-    a.send_blocking(vec![7u8; 8], TIMEOUT).unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    while a.completed() < 1 {
-        while b.try_recv().unwrap().is_some() {}
-        a.progress().unwrap();
-        assert!(
-            Instant::now() < deadline,
-            "the first message was not acknowledged"
-        );
-    }
-    (a, b)
-}
+use common::ring_links::{TIMEOUT, linked_in_one_thread};
 
 /// A link asked to keep its sent buffers hands each back once the peer
 /// acknowledged it, in order, with its id; one not asked drops them.

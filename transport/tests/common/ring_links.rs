@@ -1,6 +1,7 @@
 //! Ring links between threads over memory windows: two links, and a
 //! seeded stream of messages that the receiver checks one by one.
 
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -8,7 +9,7 @@ use barlink_transport::EngineConfig;
 use barlink_transport::link::{RingLink, init_ring};
 use barlink_transport::ring::Geometry;
 use barlink_transport::rng::SplitMix64;
-use barlink_transport::window::Window;
+use barlink_transport::window::{HeapWindow, Window};
 
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -97,4 +98,20 @@ pub fn answer_for<W: Window>(link: &mut RingLink<W>, how_long: Duration) {
     while Instant::now() < until {
         link.progress().unwrap();
     }
+}
+
+/// Two ring links over heap windows, driven by the calling thread, with
+/// their session up (a first message from `a` has reached `b`), so that
+/// `a` can fill `b`'s ring before `b` receives.
+pub fn linked_in_one_thread() -> (RingLink<Arc<HeapWindow>>, RingLink<Arc<HeapWindow>>) {
+    let window_a = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let window_b = Arc::new(HeapWindow::new(1 << 20).unwrap());
+    let (mut a, mut b) = thread_links(window_a, window_b, |w| w, |w| w);
+    a.send_blocking(vec![7u8; 8], TIMEOUT).unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while b.try_recv().unwrap().is_none() {
+        a.progress().unwrap();
+        assert!(Instant::now() < deadline, "the session did not come up");
+    }
+    (a, b)
 }
