@@ -824,11 +824,7 @@ pub unsafe extern "C" fn barlink_release_and_recv_message(
         // SAFETY: checked (non-null, aligned); readable by contract; every
         // field is an integer or a raw pointer (any bit pattern is valid).
         let held = unsafe { message.read() };
-        let give_back = (held.id != 0).then_some(Lent {
-            ptr: held.data.cast(),
-            len: held.len,
-            id: held.id,
-        });
+        let give_back = (held.id != 0).then_some(Lent::from(held));
         // SAFETY: checked; writable by contract.
         unsafe { recv_message_into(link, message, give_back, timeout_ms) }
     })
@@ -861,13 +857,8 @@ unsafe fn recv_message_into(
     }
     registry::with_link(key(link), |cell| {
         let lent = cell.recv_message(millis(timeout_ms), give_back, zero)?;
-        let received = barlink_message {
-            data: lent.ptr.cast(),
-            len: lent.len,
-            id: lent.id,
-        };
         // SAFETY: by this function's contract.
-        unsafe { put(message, received) };
+        unsafe { put(message, lent.into()) };
         Ok(())
     })
 }
@@ -896,11 +887,7 @@ pub unsafe extern "C" fn barlink_release_message(
         // is an integer or a raw pointer (any bit pattern is valid).
         let message = unsafe { message.read() };
         registry::with_link(key(link), |cell| {
-            cell.lock()?.release_message(Lent {
-                ptr: message.data.cast(),
-                len: message.len,
-                id: message.id,
-            })
+            cell.lock()?.release_message(Lent::from(message))
         })
     })
 }

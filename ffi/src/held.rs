@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 
 use crate::error::{Error, Result};
+use crate::types::barlink_message;
 
 /// The messages a link's caller holds, by id: in the order they were
 /// handed out, which is the order of their ids. A receiver usually gives
@@ -32,6 +33,28 @@ pub(crate) struct Lent {
     pub(crate) ptr: *const u8,
     pub(crate) len: usize,
     pub(crate) id: u64,
+}
+
+/// What the caller passes back describes the message it was lent.
+impl From<barlink_message> for Lent {
+    fn from(message: barlink_message) -> Lent {
+        Lent {
+            ptr: message.data.cast(),
+            len: message.len,
+            id: message.id,
+        }
+    }
+}
+
+/// What the caller is told of a message lent to it.
+impl From<Lent> for barlink_message {
+    fn from(lent: Lent) -> barlink_message {
+        barlink_message {
+            data: lent.ptr.cast(),
+            len: lent.len,
+            id: lent.id,
+        }
+    }
 }
 
 impl HeldMessages {

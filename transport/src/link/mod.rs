@@ -818,6 +818,18 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
         self.sent_back.as_mut()
     }
 
+    /// Keeps a finished send's buffer for the caller if it asked
+    /// ([`Link::keep_sent_buffers`]), else drops it.
+    fn hand_back(&mut self, id: MessageId, buf: B, acknowledged: bool) {
+        if let Some(back) = &mut self.sent_back {
+            back.push_back(SentBack {
+                id,
+                buf,
+                acknowledged,
+            });
+        }
+    }
+
     /// Whether a send's buffer waits for [`Link::take_sent`].
     pub fn has_sent_back(&self) -> bool {
         self.sent_back.as_ref().is_some_and(|back| !back.is_empty())
@@ -954,24 +966,12 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
             match event {
                 Event::SendComplete { id, buf } => {
                     self.completed += 1;
-                    if let Some(back) = &mut self.sent_back {
-                        back.push_back(SentBack {
-                            id,
-                            buf,
-                            acknowledged: true,
-                        });
-                    }
+                    self.hand_back(id, buf, true);
                 }
                 Event::SendFailed { id, buf, error } => {
                     tracing::warn!(%error, "a send failed");
                     self.closed.get_or_insert(error);
-                    if let Some(back) = &mut self.sent_back {
-                        back.push_back(SentBack {
-                            id,
-                            buf,
-                            acknowledged: false,
-                        });
-                    }
+                    self.hand_back(id, buf, false);
                 }
                 Event::Closed { reason } => {
                     match &reason {
