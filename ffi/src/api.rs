@@ -656,8 +656,8 @@ pub unsafe extern "C" fn barlink_send(
                             moved: state.step(),
                         });
                     }
-                    let (payload, released, lent) = state.blocking_payload(data)?;
-                    slot = Some((payload, released));
+                    let (payload, source, lent) = state.blocking_payload(data)?;
+                    slot = Some((payload, source));
                     loan.loan = lent;
                 }
                 state.send_step(&mut slot)
@@ -668,10 +668,10 @@ pub unsafe extern "C" fn barlink_send(
             }
             // Timed out (or failed) with the payload still here: keep a copy
             // for the retry, as a full queue's post does; lent bytes just go.
-            if let Some((payload, released)) = slot.take()
+            if let Some((payload, source)) = slot.take()
                 && let Ok(mut state) = cell.lock()
             {
-                state.keep_unsent(payload, released);
+                state.keep_unsent(payload, source);
             }
             let msg_id = sent?;
             if loan.loan.is_none() {
@@ -945,7 +945,7 @@ pub unsafe extern "C" fn barlink_post_send(
                 return Ok(());
             }
             let spare = state.spare_to_post(data.len())?;
-            let (payload, released) = if data.len() < COPY_UNLOCKED_FROM {
+            let (payload, source) = if data.len() < COPY_UNLOCKED_FROM {
                 fill_copy(spare, data)?
             } else {
                 // Outside the lock, so that a progress thread (or a call on
@@ -957,7 +957,7 @@ pub unsafe extern "C" fn barlink_post_send(
                 state = cell.lock_after_copy(data.len())?;
                 filled?
             };
-            let id = state.post(payload, released, user_tag)?;
+            let id = state.post(payload, source, user_tag)?;
             // SAFETY: as above.
             unsafe { put(request, id) };
             Ok(())
@@ -1040,8 +1040,8 @@ pub unsafe extern "C" fn barlink_post_send_buffer(
             registry::with_buffer(key(buffer), |region| {
                 let read = region.begin_cpu_read()?;
                 let mut state = cell.lock()?;
-                let (payload, released) = state.registered_payload(region, offset, len, read)?;
-                let id = state.post(payload, released, user_tag)?;
+                let (payload, source) = state.registered_payload(region, offset, len, read)?;
+                let id = state.post(payload, source, user_tag)?;
                 // SAFETY: as above.
                 unsafe { put(request, id) };
                 Ok(())

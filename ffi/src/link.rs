@@ -32,7 +32,7 @@ use crate::completions::Completions;
 use crate::config::SendLimits;
 use crate::error::{Error, Result};
 use crate::held::{HeldMessages, Lent};
-use crate::payload::{CallerMemory, Payload, Release, SendCopies, SendLoan};
+use crate::payload::{CallerMemory, Payload, PayloadSource, SendCopies, SendLoan};
 use crate::recv::{PostedRecvs, RECV_REQUEST};
 use crate::types::barlink_status::{self, *};
 use crate::types::{barlink_completion, barlink_stats};
@@ -579,18 +579,18 @@ impl LinkState {
             // barlink reads none of the caller's memory.
             self.link = None;
         }
-        self.complete_released();
+        self.complete_returned();
     }
 
-    /// Queues `payload` (created with `released`); gives both back when
+    /// Queues `payload` (created with `source`); gives both back when
     /// the send queue is full.
     fn try_send(
         &mut self,
         payload: Payload,
-        released: Release,
+        source: PayloadSource,
         user_tag: u64,
         report: bool,
-    ) -> Result<std::result::Result<u64, (Payload, Release)>> {
+    ) -> Result<std::result::Result<u64, (Payload, PayloadSource)>> {
         if let Some(error) = self.end_error() {
             return Err(error);
         }
@@ -600,10 +600,10 @@ impl LinkState {
         let len = payload.as_ref().len() as u64;
         match link.try_send(payload) {
             Ok(MessageId(id)) => {
-                self.keep_request(id, len, released, user_tag, report);
+                self.keep_request(id, len, source, user_tag, report);
                 Ok(Ok(id))
             }
-            Err(SendError::QueueFull(payload)) => Ok(Err((payload, released))),
+            Err(SendError::QueueFull(payload)) => Ok(Err((payload, source))),
             Err(SendError::TooLong { len, max, .. }) => Err(Error::new(
                 BARLINK_MESSAGE_TOO_LONG,
                 format!("message of {len} bytes exceeds max_message_bytes {max}"),
@@ -634,7 +634,7 @@ impl LinkState {
     /// Copies `data` into a buffer barlink owns (its length already passed
     /// [`LinkState::check_len`], before the send-queue limit was asked),
     /// refusing allocation failure without aborting.
-    pub(crate) fn copy_payload(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
+    pub(crate) fn copy_payload(&mut self, data: &[u8]) -> Result<(Payload, PayloadSource)> {
         self.send_copies.copy(data)
     }
 
@@ -714,13 +714,13 @@ impl LinkState {
     pub(crate) fn blocking_payload(
         &mut self,
         data: &[u8],
-    ) -> Result<(Payload, Release, Option<Weak<SendLoan>>)> {
+    ) -> Result<(Payload, PayloadSource, Option<Weak<SendLoan>>)> {
         if self.lends(data) {
-            let (payload, released, loan) = SendLoan::new(data);
-            return Ok((payload, released, Some(loan)));
+            let (payload, source, loan) = SendLoan::new(data);
+            return Ok((payload, source, Some(loan)));
         }
-        let (payload, released) = self.copy_payload(data)?;
-        Ok((payload, released, None))
+        let (payload, source) = self.copy_payload(data)?;
+        Ok((payload, source, None))
     }
 
     /// The engine's counters: the link's, or its last ones once it ended.
@@ -811,19 +811,22 @@ impl LinkState {
         self.end.get_or_insert((status, why));
         // Dropping the link drops every payload it held.
         drop(link);
-        self.complete_released();
+        self.complete_returned();
     }
 
     /// One step of a blocking send of `payload` (taken out of `slot`):
     /// the message's id once it is queued.
-    pub(crate) fn send_step(&mut self, slot: &mut Option<(Payload, Release)>) -> Result<Step<u64>> {
-        let Some((payload, released)) = slot.take() else {
+    pub(crate) fn send_step(
+        &mut self,
+        slot: &mut Option<(Payload, PayloadSource)>,
+    ) -> Result<Step<u64>> {
+        let Some((payload, source)) = slot.take() else {
             return Err(Error::new(
                 BARLINK_INTERNAL,
                 "a blocking send stepped with no payload to queue",
             ));
         };
-        match self.try_send(payload, released, 0, false)? {
+        match self.try_send(payload, source, 0, false)? {
             Ok(msg_id) => {
                 self.step();
                 Ok(Step::Done(msg_id))
@@ -839,21 +842,21 @@ impl LinkState {
     pub(crate) fn post(
         &mut self,
         payload: Payload,
-        released: Release,
+        source: PayloadSource,
         user_tag: u64,
     ) -> Result<u64> {
         // A message on a local (host-memory) ring link goes the direct
         // way, as a blocking send's does.
         let direct = self.ready_for_direct_send();
-        let (payload, released) = if direct {
-            match self.queue_direct(payload, released, user_tag, true) {
+        let (payload, source) = if direct {
+            match self.queue_direct(payload, source, user_tag, true) {
                 Ok(msg_id) => return Ok(msg_id + 1),
                 Err(back) => back,
             }
         } else {
-            (payload, released)
+            (payload, source)
         };
-        self.post_queued(payload, released, user_tag)
+        self.post_queued(payload, source, user_tag)
             .map(|msg_id| msg_id + 1)
     }
 
@@ -863,16 +866,16 @@ impl LinkState {
     pub(crate) fn post_queued(
         &mut self,
         payload: Payload,
-        released: Release,
+        source: PayloadSource,
         user_tag: u64,
     ) -> Result<u64> {
-        match self.try_send(payload, released, user_tag, true)? {
+        match self.try_send(payload, source, user_tag, true)? {
             Ok(msg_id) => {
                 self.step();
                 Ok(msg_id)
             }
-            Err((payload, released)) => {
-                self.keep_unsent(payload, released);
+            Err((payload, source)) => {
+                self.keep_unsent(payload, source);
                 self.step();
                 Err(Error::fixed(
                     BARLINK_WOULD_BLOCK,
@@ -885,9 +888,9 @@ impl LinkState {
     /// Takes back a send's payload that never went into the queue (it was
     /// full): a caller retrying a full queue should not allocate a copy
     /// per try, so the copy goes back to the spares.
-    pub(crate) fn keep_unsent(&mut self, payload: Payload, released: Release) {
+    pub(crate) fn keep_unsent(&mut self, payload: Payload, source: PayloadSource) {
         self.send_copies.give_back(payload);
-        self.send_copies.reclaim(released);
+        self.send_copies.reclaim(source);
     }
 
     /// One step of a receive into `into`: the next message lands in the

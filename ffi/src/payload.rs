@@ -298,7 +298,7 @@ const MAX_SPARE_SEND_BYTES: usize = 64 << 20;
 impl SendCopies {
     /// A payload holding a copy of `data`, and its request's record of
     /// it. Allocation failure is an error, never an abort.
-    pub(crate) fn copy(&mut self, data: &[u8]) -> Result<(Payload, Release)> {
+    pub(crate) fn copy(&mut self, data: &[u8]) -> Result<(Payload, PayloadSource)> {
         fill_copy(self.take(data.len()), data)
     }
 
@@ -369,8 +369,8 @@ impl SendCopies {
 
     /// Keeps the backup copy of a finished request's lent bytes, once the
     /// link let go of them, for a later send.
-    pub(crate) fn reclaim(&mut self, released: Release) {
-        if let Release::Loan(loan) = released
+    pub(crate) fn reclaim(&mut self, source: PayloadSource) {
+        if let PayloadSource::Loan(loan) = source
             && let Ok(loan) = Arc::try_unwrap(loan)
             && let Some(copy) = loan.backup.into_inner()
         {
@@ -398,13 +398,13 @@ impl SendCopies {
 /// failure is an error, never an abort. Needs no link state: a long copy
 /// is made without the link's lock, so that a progress thread moves the
 /// link meanwhile.
-pub(crate) fn fill_copy(mut copy: Vec<u8>, data: &[u8]) -> Result<(Payload, Release)> {
+pub(crate) fn fill_copy(mut copy: Vec<u8>, data: &[u8]) -> Result<(Payload, PayloadSource)> {
     fill(&mut copy, data)?;
     let capacity = copy.capacity() as u64;
     let payload = Payload {
         data: Data::Owned(copy),
     };
-    Ok((payload, Release::Copy { capacity }))
+    Ok((payload, PayloadSource::Copy { capacity }))
 }
 
 /// Puts `data` in `copy`, in place of what it held.
@@ -420,10 +420,10 @@ fn fill(copy: &mut Vec<u8>, data: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// What a send's request keeps of its payload's memory until the link
-/// hands the payload back.
+/// Whose memory a send's payload reads: what its request keeps of it
+/// until the link hands the payload back with the message's outcome.
 #[derive(Debug)]
-pub(crate) enum Release {
+pub(crate) enum PayloadSource {
     /// A copy barlink made, of `capacity` bytes (the payload holds it).
     Copy { capacity: u64 },
     /// A registered range of the caller's.
@@ -433,21 +433,21 @@ pub(crate) enum Release {
     Loan(Arc<SendLoan>),
 }
 
-impl Release {
+impl PayloadSource {
     /// The memory a copy barlink made takes (its capacity, which counts
     /// against `send_queue_bytes`); 0 for the caller's registered memory.
     pub(crate) fn copy_bytes(&self) -> u64 {
         match self {
-            Release::Copy { capacity } => *capacity,
-            Release::Registered => 0,
-            Release::Loan(loan) => loan.backup.get().map_or(0, |copy| copy.capacity() as u64),
+            PayloadSource::Copy { capacity } => *capacity,
+            PayloadSource::Registered => 0,
+            PayloadSource::Loan(loan) => loan.backup.get().map_or(0, |copy| copy.capacity() as u64),
         }
     }
 
     /// A loan the link read from the caller's memory to the end, copying
     /// nothing.
     pub(crate) fn was_read_in_place(&self) -> bool {
-        matches!(self, Release::Loan(loan) if loan.backup.get().is_none())
+        matches!(self, PayloadSource::Loan(loan) if loan.backup.get().is_none())
     }
 }
 
@@ -489,7 +489,7 @@ impl SendLoan {
     /// handle is the call's, to back it up ([`SendCopies::back_up`])
     /// before it returns if the link still holds the payload. The call
     /// must not return while the link holds the payload without a backup.
-    pub(crate) fn new(data: &[u8]) -> (Payload, Release, Weak<SendLoan>) {
+    pub(crate) fn new(data: &[u8]) -> (Payload, PayloadSource, Weak<SendLoan>) {
         let loan = Arc::new(SendLoan {
             ptr: data.as_ptr(),
             len: data.len(),
@@ -499,7 +499,7 @@ impl SendLoan {
         let payload = Payload {
             data: Data::Loan(Arc::clone(&loan)),
         };
-        (payload, Release::Loan(loan), weak)
+        (payload, PayloadSource::Loan(loan), weak)
     }
 
     /// The bytes as the link reads them: the backup once there is one,

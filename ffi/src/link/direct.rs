@@ -16,7 +16,7 @@ use barlink_transport::engine::MessageId;
 use super::{LinkCell, LinkState, Pace, Rounds, Step};
 use crate::error::Result;
 use crate::held::Lent;
-use crate::payload::{Payload, Release};
+use crate::payload::{Payload, PayloadSource};
 
 /// Spins a receive that gave the lock up waits for the waiting call to
 /// take it, before it yields the CPU instead (a woken thread takes some
@@ -197,13 +197,13 @@ impl LinkState {
                 return Ok(None);
             }
         }
-        let (payload, released) = self.copy_payload(data)?;
-        match self.queue_direct(payload, released, posted.unwrap_or(0), posted.is_some()) {
+        let (payload, source) = self.copy_payload(data)?;
+        match self.queue_direct(payload, source, posted.unwrap_or(0), posted.is_some()) {
             Ok(id) => Ok(Some(id)),
-            Err((payload, released)) => match posted {
-                Some(user_tag) => self.post_queued(payload, released, user_tag).map(Some),
+            Err((payload, source)) => match posted {
+                Some(user_tag) => self.post_queued(payload, source, user_tag).map(Some),
                 None => {
-                    self.keep_unsent(payload, released);
+                    self.keep_unsent(payload, source);
                     Ok(None)
                 }
             },
@@ -221,7 +221,7 @@ impl LinkState {
         open && self.end.is_none()
     }
 
-    /// Queues a send's payload (made with `released`) on a ring link
+    /// Queues a send's payload (made with `source`) on a ring link
     /// through the ring link's own calls and writes what the ring takes of
     /// it in one round,
     /// then keeps its request as [`LinkState::try_send`] keeps it (a
@@ -232,24 +232,24 @@ impl LinkState {
     pub(crate) fn queue_direct(
         &mut self,
         payload: Payload,
-        released: Release,
+        source: PayloadSource,
         user_tag: u64,
         report: bool,
-    ) -> std::result::Result<u64, (Payload, Release)> {
+    ) -> std::result::Result<u64, (Payload, PayloadSource)> {
         let Some(AnyLink::HostBounce(ring)) = self.link.as_mut().map(|link| &mut link.link) else {
-            return Err((payload, released));
+            return Err((payload, source));
         };
         let len = payload.as_ref().len() as u64;
         let id = match ring.send(payload) {
             Ok(MessageId(id)) => id,
-            Err(error) => return Err((error.into_buf(), released)),
+            Err(error) => return Err((error.into_buf(), source)),
         };
         // Out first: the bookkeeping waits until the peer has the message.
         // A round that failed, or that found the link ended (a close or a
         // lost peer, which fail what was queued), ends it here as a step
         // would, so that every request fails with why.
         let ended = ring.progress().err().or_else(|| ring.check_open().err());
-        self.keep_request(id, len, released, user_tag, report);
+        self.keep_request(id, len, source, user_tag, report);
         // The message is queued either way: an end fails it through its
         // request. Completions earlier rounds brought are collected now,
         // so that their copies come back for reuse; an end keeps what was

@@ -9,7 +9,7 @@ use barlink::connect::AnyLink;
 
 use super::LinkState;
 use crate::error::{Error, Result};
-use crate::payload::{CpuRead, Payload, Region, Release};
+use crate::payload::{CpuRead, Payload, PayloadSource, Region};
 use crate::types::barlink_status::{BARLINK_CLOSED, BARLINK_NOT_AVAILABLE};
 
 impl LinkState {
@@ -21,10 +21,10 @@ impl LinkState {
         offset: usize,
         len: usize,
         read: Option<CpuRead>,
-    ) -> Result<(Payload, Release)> {
+    ) -> Result<(Payload, PayloadSource)> {
         self.check_len(len)?;
         let payload = region.payload(offset, len, read)?;
-        Ok((payload, Release::Registered))
+        Ok((payload, PayloadSource::Registered))
     }
 
     /// Registers `region` with the link's RDMA device now rather than at

@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 use super::LinkState;
-use crate::payload::Release;
+use crate::payload::PayloadSource;
 use crate::types::barlink_completion;
 use crate::types::barlink_status::{BARLINK_LINK_FAILED, BARLINK_OK};
 
@@ -13,7 +13,7 @@ use crate::types::barlink_status::{BARLINK_LINK_FAILED, BARLINK_OK};
 pub(super) struct Request {
     pub(super) user_tag: u64,
     pub(super) len: u64,
-    pub(super) released: Release,
+    pub(super) source: PayloadSource,
     /// Posted (reported through poll/test) rather than sent blocking.
     pub(super) report: bool,
     /// A blocking send that lent its bytes waits for the outcome
@@ -53,7 +53,7 @@ impl LinkState {
 
     /// Turns the requests whose payloads the link handed back (all of
     /// them once the link is gone), oldest first, into completions.
-    pub(super) fn complete_released(&mut self) {
+    pub(super) fn complete_returned(&mut self) {
         let link_gone = self.link.is_none();
         while let Some((_, front)) = self.requests.front() {
             let acknowledged = match front.returned {
@@ -63,9 +63,9 @@ impl LinkState {
                 None => break,
             };
             let (msg_id, request) = self.requests.pop_front().expect("checked above");
-            let read_in_place = request.released.was_read_in_place();
-            self.copies_held -= request.released.copy_bytes();
-            self.send_copies.reclaim(request.released);
+            let read_in_place = request.source.was_read_in_place();
+            self.copies_held -= request.source.copy_bytes();
+            self.send_copies.reclaim(request.source);
             let status = if acknowledged {
                 self.message_bytes_sent += request.len;
                 BARLINK_OK
@@ -98,7 +98,7 @@ impl LinkState {
     }
 
     /// Keeps the request of message `id` (`len` bytes, its payload made
-    /// with `released`), queued just now, until its completion: counted
+    /// with `source`), queued just now, until its completion: counted
     /// as copied and held where barlink made the copy, reported with
     /// `user_tag` if `report`, its outcome kept for the call that lent
     /// the bytes if they are lent.
@@ -106,7 +106,7 @@ impl LinkState {
         &mut self,
         id: u64,
         len: u64,
-        released: Release,
+        source: PayloadSource,
         user_tag: u64,
         report: bool,
     ) {
@@ -114,15 +114,15 @@ impl LinkState {
             self.requests.back().is_none_or(|(last, _)| *last < id),
             "the engine numbers messages in order"
         );
-        self.messages_copied += u64::from(matches!(released, Release::Copy { .. }));
-        self.copies_held += released.copy_bytes();
-        let awaited = matches!(released, Release::Loan(_));
+        self.messages_copied += u64::from(matches!(source, PayloadSource::Copy { .. }));
+        self.copies_held += source.copy_bytes();
+        let awaited = matches!(source, PayloadSource::Loan(_));
         self.requests.push_back((
             id,
             Request {
                 user_tag,
                 len,
-                released,
+                source,
                 report,
                 awaited,
                 returned: None,
