@@ -418,7 +418,7 @@ pub fn bytes_from<'py>(
         // SAFETY: `bytes` is a bytes object; its buffer holds `len` bytes.
         unsafe { ffi::PyBytes_AsString(bytes.as_ptr()) }.cast::<u8>(),
     );
-    py.detach(move || {
+    crate::exit::detached(py, move || {
         // SAFETY: nobody else sees the new object yet, so writing its
         // `len` bytes (from Rust memory, no overlap) races nothing; the
         // object stays alive (`bytes`) across this call.

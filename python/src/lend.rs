@@ -113,7 +113,7 @@ pub fn send_lent(
     };
     let waited = lend_and_wait(shared, py, loan, timeout, started, &mut settle.index);
     settle.acknowledged = matches!(waited, Ok(true));
-    py.detach(|| settle.settle());
+    crate::exit::detached(py, || settle.settle());
     // The view goes back to Python before the call returns, whatever
     // happened, so that the caller may resize or free its buffer.
     shared.graveyard.release(py);

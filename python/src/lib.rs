@@ -13,6 +13,7 @@
 mod buffer;
 mod collective;
 mod errors;
+mod exit;
 mod lend;
 mod link;
 mod options;
@@ -26,6 +27,7 @@ fn _barlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     // Stderr logging as BARLINK_LOG says; silent while it is unset.
     barlink::logging::to_stderr(None);
+    exit::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("SetupError", py.get_type::<errors::SetupError>())?;
     m.add("LinkFailed", py.get_type::<errors::LinkFailed>())?;

@@ -404,7 +404,7 @@ impl Shared {
             let slice = deadline.slice();
             // The slice in stretches of at most HOLD under the lock; the
             // clock is read once the first stretch came back empty.
-            let result = py.detach(|| {
+            let result = crate::exit::detached(py, || {
                 let mut started: Option<Instant> = None;
                 loop {
                     let left = started.map_or(slice, |at| slice.saturating_sub(at.elapsed()));
@@ -616,7 +616,7 @@ impl Link {
                  in line; receive it with a buffer of at least {len} bytes"
             )));
         }
-        py.detach(|| landing.range_mut(0..len).copy_from_slice(&message));
+        crate::exit::detached(py, || landing.range_mut(0..len).copy_from_slice(&message));
         self.shared.spares.keep(message);
         Ok(len)
     }
@@ -663,7 +663,7 @@ impl Link {
         } else if view.len() <= COPY_WITH_GIL_UP_TO {
             Payload::Copied(view.bytes().to_vec())
         } else {
-            Payload::Copied(py.detach(|| view.bytes().to_vec()))
+            Payload::Copied(crate::exit::detached(py, || view.bytes().to_vec()))
         };
         self.send_all(py, payload, timeout)
     }
@@ -740,7 +740,7 @@ impl Link {
         if message.len() <= COPY_WITH_GIL_UP_TO {
             view.write_prefix(&message);
         } else {
-            py.detach(|| view.write_prefix(&message));
+            crate::exit::detached(py, || view.write_prefix(&message));
         }
         let len = message.len();
         self.shared.spares.keep(message);
@@ -808,7 +808,7 @@ impl Link {
             return Ok(());
         };
         let limit = deadline.timeout.unwrap_or_default();
-        let result = py.detach(move || {
+        let result = crate::exit::detached(py, move || {
             let result = conn.close(limit);
             drop(conn);
             result

@@ -161,8 +161,7 @@ pub fn connect(
             .map_err(PyValueError::new_err)?,
         ..ConnectOptions::default()
     };
-    let conn = py
-        .detach(|| barlink::connect(&peer, role, &options))
+    let conn = crate::exit::detached(py, || barlink::connect(&peer, role, &options))
         .map_err(errors::connect_error)?;
     Ok(Link::new(conn, options.engine.max_payload_len() as usize))
 }
@@ -176,7 +175,7 @@ fn discover(sysfs_root: &Path) -> PyResult<Topology> {
 #[pyfunction]
 #[pyo3(signature = (sysfs_root=PathBuf::from("/")))]
 pub fn topology_json(py: Python<'_>, sysfs_root: PathBuf) -> PyResult<String> {
-    let topology = py.detach(|| discover(&sysfs_root))?;
+    let topology = crate::exit::detached(py, || discover(&sysfs_root))?;
     Ok(render::topo_json(&topology).to_string())
 }
 
@@ -184,7 +183,7 @@ pub fn topology_json(py: Python<'_>, sysfs_root: PathBuf) -> PyResult<String> {
 #[pyfunction]
 #[pyo3(signature = (sysfs_root=PathBuf::from("/")))]
 pub fn doctor_json(py: Python<'_>, sysfs_root: PathBuf) -> PyResult<String> {
-    let topology = py.detach(|| discover(&sysfs_root))?;
+    let topology = crate::exit::detached(py, || discover(&sysfs_root))?;
     Ok(barlink::doctor::report(&topology).to_json().to_string())
 }
 

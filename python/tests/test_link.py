@@ -633,9 +633,6 @@ for _ in range(30):
     current[0] = barlink.Exchange.chain(link, link, steps, chunk=8192)
     current[0].wait(timeout=30)
 stop.set()
-# Joined before exit: a daemon thread still inside a call when the
-# interpreter finalizes is ended by a forced unwind, which aborts the
-# process ("exception not rethrown") after "ok" was printed.
 poller.join(timeout=30)
 print("ok" if not poller.is_alive() else "the poller did not stop")
 """
@@ -648,6 +645,59 @@ def test_an_exchange_polled_from_another_thread_while_it_runs_finishes(name, spa
     # waited for the lock with the GIL hung both (in its own process, so
     # that a hang fails the test instead of stopping the suite).
     _prints_ok_beside_an_echo(_POLLED_WHILE_RUNNING, name, spawn, timeout=90)
+
+
+# Leaves a daemon thread receiving in a loop, each call returning after
+# 50 ms, and exits; prints "ok".
+_EXITS_WHILE_A_DAEMON_RECEIVES = """
+import sys, threading, time
+import barlink
+link = barlink.connect(sys.argv[1], "accept", 10.0, peer_timeout=10.0)
+def receive():
+    while True:
+        try:
+            link.recv(timeout=0.05)
+        except TimeoutError:
+            pass
+threading.Thread(target=receive, daemon=True).start()
+time.sleep(0.3)
+print("ok")
+"""
+
+
+def test_a_daemon_thread_receiving_at_exit_lets_the_process_exit(name, spawn):
+    # CPython (before 3.14) unwinds a thread that takes the GIL back while
+    # the interpreter finalizes; through a call's Rust frames that aborted
+    # the process ("exception not rethrown", status 134) in every run. A
+    # call that returns then parks its thread instead.
+    for run in range(3):
+        _prints_ok_beside_an_echo(_EXITS_WHILE_A_DAEMON_RECEIVES, f"{name}-{run}", spawn,
+                                  timeout=60)
+
+
+# Leaves a daemon thread running exchanges back to back, and exits;
+# prints "ok".
+_EXITS_WHILE_A_DAEMON_EXCHANGES = """
+import sys, threading, time
+import numpy as np
+import barlink
+link = barlink.connect(sys.argv[1], "accept", 10.0, peer_timeout=10.0)
+def exchange():
+    a, b = np.ones(300_000, np.uint8), np.zeros(300_000, np.uint8)
+    while True:
+        barlink.Exchange.chain(link, link, [(a, b, False)], chunk=8192).wait(timeout=30)
+threading.Thread(target=exchange, daemon=True).start()
+time.sleep(0.3)
+print("ok")
+"""
+
+
+def test_a_daemon_thread_exchanging_at_exit_lets_the_process_exit(name, spawn):
+    # As above, for a thread that drives an exchange, which holds the
+    # exchange's lock while it moves data.
+    for run in range(3):
+        _prints_ok_beside_an_echo(_EXITS_WHILE_A_DAEMON_EXCHANGES, f"{name}-{run}", spawn,
+                                  timeout=60)
 
 
 _FINALIZER_ASKS_WHILE_RELEASED = """

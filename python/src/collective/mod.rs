@@ -850,7 +850,7 @@ impl Exchange {
             match self.progress.try_lock() {
                 Ok(guard) => return guard,
                 Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
-                Err(TryLockError::WouldBlock) => py.detach(|| drop(self.lock())),
+                Err(TryLockError::WouldBlock) => crate::exit::detached(py, || drop(self.lock())),
             }
         }
     }
@@ -867,7 +867,10 @@ impl Exchange {
                 return Err(failure.raise());
             }
             Progress::Running(halves) => {
-                let outcome = py.detach(|| halves.drive(slice));
+                // Parked at the interpreter's exit, a thread keeps the
+                // exchange's lock: only a call on this exchange made by
+                // the exit itself would wait for it.
+                let outcome = crate::exit::detached(py, || halves.drive(slice));
                 (outcome, halves.take_released())
             }
         };
@@ -1259,10 +1262,13 @@ pub fn combine(
     if a == b && !a.is_empty() {
         // The same memory on both sides: combine with a copy of it.
         let copy = source.bytes().to_vec();
-        return py
-            .detach(|| reduce::combine(target.bytes_mut(), &copy, parsed_dtype, parsed_op))
-            .map_err(|e| PyValueError::new_err(e.to_string()));
+        return crate::exit::detached(py, || {
+            reduce::combine(target.bytes_mut(), &copy, parsed_dtype, parsed_op)
+        })
+        .map_err(|e| PyValueError::new_err(e.to_string()));
     }
-    py.detach(|| reduce::combine(target.bytes_mut(), source.bytes(), parsed_dtype, parsed_op))
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+    crate::exit::detached(py, || {
+        reduce::combine(target.bytes_mut(), source.bytes(), parsed_dtype, parsed_op)
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
 }
