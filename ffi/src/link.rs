@@ -582,7 +582,7 @@ impl LinkState {
         self.complete_returned();
     }
 
-    /// Queues `payload` (created with `source`); gives both back when
+    /// Queues `payload` (whose memory `source` names); gives both back when
     /// the send queue is full.
     fn try_send(
         &mut self,

@@ -5,27 +5,42 @@
 //! thread that takes the GIL back by unwinding it (`pthread_exit`), and
 //! that unwinding meets the Rust frames of the call and aborts the
 //! process ("exception not rethrown"): a daemon thread receiving in a
-//! loop crashed every program that exited while it ran. So the module
-//! registers an `atexit` handler, which runs after every thread that is
-//! not a daemon has been joined and after the program's own handlers,
-//! just before finalization; from then on a call that returns in any
-//! other thread parks that thread until the process ends, as CPython
-//! 3.14 itself parks such threads.
+//! loop crashed every program that exited while it ran. So, on those
+//! versions, importing the module registers an `atexit` handler; from the
+//! moment it runs, a call that returns in any thread but the exiting one
+//! parks that thread until the process ends, as CPython 3.14 parks such
+//! threads itself (at finalization proper, a little later than here:
+//! `atexit` runs the handlers registered before the module's import after
+//! this one).
 #![deny(unsafe_code)]
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::thread::{self, ThreadId};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::types::PyCFunction;
 
-/// The thread that runs the interpreter's exit: set once it began.
-static EXITING: OnceLock<ThreadId> = OnceLock::new();
+/// Set by the `atexit` handler: calls that end from now on park.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// The thread that runs the exit, which goes on.
+static EXIT_THREAD: OnceLock<ThreadId> = OnceLock::new();
+/// Threads between a call's end, where they found no exit marked, and
+/// the GIL taken back: the handler lets them through before it returns.
+static RETURNING: AtomicUsize = AtomicUsize::new(0);
 
-/// Registers the handler that marks the interpreter's exit.
+/// How long the handler waits for calls that ended before the mark to
+/// take the GIL back: each needs a moment, unless the machine stalls.
+const RETURNING_WAIT: Duration = Duration::from_secs(1);
+
+/// Registers the handler that marks the interpreter's exit, where CPython
+/// would otherwise end a returning call's thread by unwinding it.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    if py.version_info() >= (3, 14) {
+        return Ok(());
+    }
     let on_exit = PyCFunction::new_closure(
         py,
         Some(c"_barlink_interpreter_exits"),
@@ -39,37 +54,62 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Marks the exit, then lets the GIL go a moment: a thread whose call
-/// returned just before, and that waits for the GIL, takes it while the
-/// interpreter still lets it, and parks at its next call's end.
+/// Marks the exit, then lets the GIL go until every call that ended
+/// before the mark has taken it back, while the interpreter still lets
+/// it. `RETURNING` is raised before the mark is read and `EXITING` set
+/// before `RETURNING` is read, both in one total order (`SeqCst`): a call
+/// either sees the mark and parks, or is counted here and waited for.
 fn interpreter_exits(py: Python<'_>) {
-    let _ = EXITING.set(thread::current().id());
-    py.detach(|| thread::sleep(Duration::from_millis(2)));
+    let _ = EXIT_THREAD.set(thread::current().id());
+    EXITING.store(true, SeqCst);
+    py.detach(|| {
+        let deadline = Instant::now() + RETURNING_WAIT;
+        while RETURNING.load(SeqCst) > 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_micros(100));
+        }
+    });
 }
 
 /// Runs `f` without the GIL, as [`Python::detach`] does; a call that
-/// ends after the interpreter began to exit parks its thread rather than
-/// take the GIL back (the thread that runs the exit goes on). A lock the
-/// caller holds across this call stays held by a parked thread: no code
-/// the exit runs may need it.
+/// ends after the interpreter began to exit, by returning or by a panic,
+/// parks its thread rather than take the GIL back (the thread that runs
+/// the exit goes on). Whatever the caller holds across this call, a Rust
+/// lock or a Python one, stays held by a parked thread: nothing the exit
+/// runs may wait for it.
 pub(crate) fn detached<T, F>(py: Python<'_>, f: F) -> T
 where
     F: Send + FnOnce() -> T,
     T: Send,
 {
+    let _returned = GilBack;
     py.detach(|| {
-        let result = f();
-        park_if_exiting();
-        result
+        let _end = CallEnd;
+        f()
     })
 }
 
-fn park_if_exiting() {
-    if let Some(exit_thread) = EXITING.get()
-        && *exit_thread != thread::current().id()
-    {
-        loop {
-            thread::park();
+/// Dropped where a call's GIL-free part ends: counts the thread as
+/// returning, or parks it if the exit is marked.
+struct CallEnd;
+
+impl Drop for CallEnd {
+    fn drop(&mut self) {
+        RETURNING.fetch_add(1, SeqCst);
+        if EXITING.load(SeqCst) && EXIT_THREAD.get() != Some(&thread::current().id()) {
+            RETURNING.fetch_sub(1, SeqCst);
+            loop {
+                thread::park();
+            }
         }
+    }
+}
+
+/// Dropped once the GIL is back (or the call unwound past it): the
+/// thread no longer counts as returning.
+struct GilBack;
+
+impl Drop for GilBack {
+    fn drop(&mut self) {
+        RETURNING.fetch_sub(1, SeqCst);
     }
 }

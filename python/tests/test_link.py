@@ -647,57 +647,40 @@ def test_an_exchange_polled_from_another_thread_while_it_runs_finishes(name, spa
     _prints_ok_beside_an_echo(_POLLED_WHILE_RUNNING, name, spawn, timeout=90)
 
 
-# Leaves a daemon thread receiving in a loop, each call returning after
-# 50 ms, and exits; prints "ok".
-_EXITS_WHILE_A_DAEMON_RECEIVES = """
+# A daemon thread inside barlink's calls when the program exits: one
+# receiving in a loop, each call returning after 1 ms, or one running
+# exchanges back to back (its drive holds the exchange's lock). Each
+# script prints "ok" and exits.
+_DAEMON_AT_EXIT = """
 import sys, threading, time
+import numpy as np
 import barlink
 link = barlink.connect(sys.argv[1], "accept", 10.0, peer_timeout=10.0)
 def receive():
     while True:
         try:
-            link.recv(timeout=0.05)
+            link.recv(timeout=0.001)
         except TimeoutError:
             pass
-threading.Thread(target=receive, daemon=True).start()
+def exchange():
+    a, b = np.ones(300_000, np.uint8), np.zeros(300_000, np.uint8)
+    while True:
+        barlink.Exchange.chain(link, link, [(a, b, False)], chunk=8192).wait(timeout=30)
+threading.Thread(target={target}, daemon=True).start()
 time.sleep(0.3)
 print("ok")
 """
 
 
-def test_a_daemon_thread_receiving_at_exit_lets_the_process_exit(name, spawn):
+@pytest.mark.parametrize("target", ["receive", "exchange"])
+def test_a_daemon_thread_inside_a_call_at_exit_lets_the_process_exit(name, spawn, target):
     # CPython (before 3.14) unwinds a thread that takes the GIL back while
     # the interpreter finalizes; through a call's Rust frames that aborted
     # the process ("exception not rethrown", status 134) in every run. A
     # call that returns then parks its thread instead.
     for run in range(3):
-        _prints_ok_beside_an_echo(_EXITS_WHILE_A_DAEMON_RECEIVES, f"{name}-{run}", spawn,
-                                  timeout=60)
-
-
-# Leaves a daemon thread running exchanges back to back, and exits;
-# prints "ok".
-_EXITS_WHILE_A_DAEMON_EXCHANGES = """
-import sys, threading, time
-import numpy as np
-import barlink
-link = barlink.connect(sys.argv[1], "accept", 10.0, peer_timeout=10.0)
-def exchange():
-    a, b = np.ones(300_000, np.uint8), np.zeros(300_000, np.uint8)
-    while True:
-        barlink.Exchange.chain(link, link, [(a, b, False)], chunk=8192).wait(timeout=30)
-threading.Thread(target=exchange, daemon=True).start()
-time.sleep(0.3)
-print("ok")
-"""
-
-
-def test_a_daemon_thread_exchanging_at_exit_lets_the_process_exit(name, spawn):
-    # As above, for a thread that drives an exchange, which holds the
-    # exchange's lock while it moves data.
-    for run in range(3):
-        _prints_ok_beside_an_echo(_EXITS_WHILE_A_DAEMON_EXCHANGES, f"{name}-{run}", spawn,
-                                  timeout=60)
+        _prints_ok_beside_an_echo(_DAEMON_AT_EXIT.format(target=target), f"{name}-{run}",
+                                  spawn, timeout=60)
 
 
 _FINALIZER_ASKS_WHILE_RELEASED = """

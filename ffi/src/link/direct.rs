@@ -221,7 +221,7 @@ impl LinkState {
         open && self.end.is_none()
     }
 
-    /// Queues a send's payload (made with `source`) on a ring link
+    /// Queues a send's payload (whose memory `source` names) on a ring link
     /// through the ring link's own calls and writes what the ring takes of
     /// it in one round,
     /// then keeps its request as [`LinkState::try_send`] keeps it (a

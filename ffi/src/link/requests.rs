@@ -97,11 +97,11 @@ impl LinkState {
         }
     }
 
-    /// Keeps the request of message `id` (`len` bytes, its payload made
-    /// with `source`), queued just now, until its completion: counted
-    /// as copied and held where barlink made the copy, reported with
-    /// `user_tag` if `report`, its outcome kept for the call that lent
-    /// the bytes if they are lent.
+    /// Keeps the request of message `id` (`len` bytes, its payload's
+    /// memory named by `source`), queued just now, until its completion:
+    /// counted as copied and held where barlink made the copy, reported
+    /// with `user_tag` if `report`, its outcome kept for the call that
+    /// lent the bytes if they are lent.
     pub(super) fn keep_request(
         &mut self,
         id: u64,
