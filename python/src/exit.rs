@@ -15,13 +15,16 @@
 #![deny(unsafe_code)]
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::types::PyCFunction;
 
+/// Set where the handler is registered (before 3.14): calls count
+/// themselves as they end only then.
+static WATCHED: AtomicBool = AtomicBool::new(false);
 /// Set by the `atexit` handler: calls that end from now on park.
 static EXITING: AtomicBool = AtomicBool::new(false);
 /// The thread that runs the exit, which goes on.
@@ -51,6 +54,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         },
     )?;
     py.import("atexit")?.call_method1("register", (on_exit,))?;
+    WATCHED.store(true, Relaxed);
     Ok(())
 }
 
@@ -81,6 +85,11 @@ where
     F: Send + FnOnce() -> T,
     T: Send,
 {
+    // Set once at import, before any call: where CPython parks such
+    // threads itself, a call is a plain `detach`.
+    if !WATCHED.load(Relaxed) {
+        return py.detach(f);
+    }
     let _returned = GilBack;
     py.detach(|| {
         let _end = CallEnd;
