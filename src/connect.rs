@@ -462,6 +462,18 @@ impl<B: AsRef<[u8]>> Connection<B> {
         each_link_ref!(self, link => link.engine().stats())
     }
 
+    /// Makes queued message `id` ask for an acknowledgement before its
+    /// last packets ([`Engine::ack_before_tail`](barlink_transport::engine::Engine::ack_before_tail)).
+    pub fn ack_before_tail(&mut self, id: MessageId) -> bool {
+        each_link!(self, link => link.ack_before_tail(id))
+    }
+
+    /// The offset of the first byte of queued message `id` the link may
+    /// still read ([`Engine::needed_from`](barlink_transport::engine::Engine::needed_from)).
+    pub fn needed_from(&self, id: MessageId) -> Option<u64> {
+        each_link_ref!(self, link => link.engine().needed_from(id))
+    }
+
     /// Data packets whose payload the RDMA adapter read in place from send
     /// memory (`barlink::rdma::SendMemory`), and their payload bytes; zero
     /// on other paths, where a registered payload goes into the ring in the

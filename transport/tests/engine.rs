@@ -10,7 +10,8 @@ use barlink_transport::sim::{Faults, PairSide, SimPair};
 use barlink_transport::wire::{self, Packet, PacketKind, Repr};
 use barlink_transport::{Engine, EngineConfig, Event, LinkError, PacketError, SendError, Time};
 use common::{
-    SideLog, assert_delivery_is_exact, connected_pair, drain_events, exchange, forged, payloads,
+    Cuttable, SideLog, assert_delivery_is_exact, connected_pair, drain_events, exchange, forged,
+    payloads,
 };
 
 fn config() -> EngineConfig {
@@ -845,4 +846,126 @@ fn only_data_for_the_caller_counts_as_unreceived() {
     pair.b.recycle_buffer(vec![0; 4096]);
     assert!(pair.b.buffered_bytes() > 0, "spares count as buffered");
     assert!(!pair.b.holds_unreceived(), "but a spare is not data");
+}
+
+/// Sends a message from A (asking for an acknowledgement before its tail
+/// with `before_tail`), hands B the packets up to `last` (by index), and
+/// returns A's packets, the id, and whether B owed an acknowledgement
+/// asked for mid-message after each one.
+fn long_message_in_parts<B: AsRef<[u8]> + std::fmt::Debug>(
+    pair: &mut SimPair<B>,
+    message: B,
+    before_tail: bool,
+    last: usize,
+) -> (Vec<Vec<u8>>, barlink_transport::MessageId, Vec<bool>) {
+    let id = pair.a.send(message).unwrap();
+    if before_tail {
+        assert!(pair.a.ack_before_tail(id));
+    }
+    let mut packets = Vec::new();
+    let mut out = vec![0u8; pair.a.config().mtu];
+    while let Some(len) = pair.a.poll_transmit(pair.now, &mut out) {
+        packets.push(out[..len].to_vec());
+    }
+    let mut owed = Vec::new();
+    for packet in &packets[..=last] {
+        pair.b.handle_packet(pair.now, packet).unwrap();
+        owed.push(pair.b.before_tail_ack_due(pair.now));
+    }
+    (packets, id, owed)
+}
+
+#[test]
+fn a_long_message_asks_for_an_acknowledgement_a_full_packet_before_its_end() {
+    let payload = config().max_payload_len() as usize;
+    let len = payload * 8 + 100;
+    for (before_tail, asked) in [(false, vec![8]), (true, vec![6, 8])] {
+        let mut pair = pair(Faults::none(), 21);
+        for _ in 0..20 {
+            pair.step();
+        }
+        let (packets, id, _) = long_message_in_parts(&mut pair, vec![7u8; len], before_tail, 0);
+        assert_eq!(packets.len(), 9);
+        let flagged: Vec<usize> = packets
+            .iter()
+            .enumerate()
+            .filter(|(_, bytes)| {
+                Packet::new_checked(&bytes[..]).unwrap().flags() & wire::flags::ACK_REQUESTED != 0
+            })
+            .map(|(index, _)| index)
+            .collect();
+        assert_eq!(flagged, asked);
+        assert_eq!(pair.a.needed_from(id), Some(0), "nothing acknowledged yet");
+    }
+    // Too late once that packet went out; not for a message under two
+    // full packets.
+    let mut pair = pair(Faults::none(), 23);
+    for _ in 0..20 {
+        pair.step();
+    }
+    let (_, id, _) = long_message_in_parts(&mut pair, vec![7u8; len], false, 0);
+    assert!(!pair.a.ack_before_tail(id));
+    let short = pair.a.send(vec![7u8; payload * 2 - 1]).unwrap();
+    assert!(!pair.a.ack_before_tail(short));
+    let two = pair.a.send(vec![7u8; payload * 2]).unwrap();
+    assert!(pair.a.ack_before_tail(two));
+}
+
+#[test]
+fn a_buffer_cut_to_the_unacknowledged_tail_is_read_as_the_messages_end() {
+    let config = config();
+    let payload = config.max_payload_len() as usize;
+    let len = payload * 8 + 100;
+    let mut pair: SimPair<Cuttable> =
+        SimPair::new(config.clone(), config, Faults::none(), Faults::none(), 22).unwrap();
+    for _ in 0..20 {
+        pair.step();
+    }
+    let bytes: Vec<u8> = (0..len).map(|at| (at * 7 + at / 251) as u8).collect();
+    let message = Cuttable::new(bytes.clone());
+    // B gets the packets up to the one that asks for an acknowledgement
+    // before the tail; the last two are lost.
+    let (_, id, owed) = long_message_in_parts(&mut pair, message.clone(), true, 6);
+    assert_eq!(owed, [false, false, false, false, false, false, true]);
+    let mut out = vec![0u8; pair.b.config().mtu];
+    let len_ack = pair
+        .b
+        .poll_transmit(pair.now, &mut out)
+        .expect("B acknowledges at once");
+    assert!(!pair.b.before_tail_ack_due(pair.now));
+    pair.a.handle_packet(pair.now, &out[..len_ack]).unwrap();
+    let from = pair.a.needed_from(id).unwrap();
+    assert_eq!(
+        from,
+        (payload * 7) as u64,
+        "the last full packet and the short one"
+    );
+    // A lets go of the rest: what it sends again comes from the tail.
+    message.cut(from as usize);
+    let mut log = SideLog::default();
+    let mut b_log = SideLog::default();
+    for _ in 0..10_000 {
+        if !b_log.delivered.is_empty() && !log.completed.is_empty() {
+            break;
+        }
+        assert!(pair.step(), "the pair stalled");
+        while let Some(event) = pair.a.poll_event() {
+            if let Event::SendComplete { id, .. } = event {
+                log.completed.push(id.0);
+            }
+        }
+        while let Some(delivery) = pair.b.poll_delivery() {
+            if let barlink_transport::Delivery::Message { id, data } = delivery {
+                b_log.delivered.push((id.0, data));
+            }
+        }
+    }
+    assert_eq!(b_log.delivered, [(id.0, bytes)], "intact");
+    assert_eq!(log.completed, [id.0]);
+    assert_eq!(pair.a.needed_from(id), None, "acknowledged");
+    assert_eq!(
+        pair.a.stats().retransmits(),
+        2,
+        "the two lost packets, from the tail"
+    );
 }

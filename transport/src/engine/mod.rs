@@ -255,6 +255,40 @@ impl<B: AsRef<[u8]>> Engine<B> {
         self.sender.has_unsent()
     }
 
+    /// Makes queued message `id` ask for an acknowledgement also on its
+    /// packet a full payload or more before its end, so that a sender that
+    /// waits for the message learns, while the last packets are still on
+    /// their way, that only they are unacknowledged ([`Engine::needed_from`]):
+    /// a blocking send that lends its caller's bytes copies those and
+    /// returns instead of idling while the peer checks them. Call before
+    /// that packet goes out (right after [`Engine::send`]); whether it
+    /// will be asked (not for a message under two full packets). One
+    /// acknowledgement more for the message.
+    pub fn ack_before_tail(&mut self, id: MessageId) -> bool {
+        self.sender.ack_before_tail(id.0)
+    }
+
+    /// The offset of the first byte of queued message `id` that this side
+    /// may still read from its buffer, to send it or send it again; `None`
+    /// once it is not queued (acknowledged, or failed). It only grows, so
+    /// a value read earlier stays true. The buffer may then be replaced by
+    /// one holding only the bytes from that offset on (through interior
+    /// mutability: the engine holds it): a buffer shorter than its message
+    /// is read as the message's last bytes.
+    pub fn needed_from(&self, id: MessageId) -> Option<u64> {
+        self.sender.needed_from(id.0)
+    }
+
+    /// Whether the packet before a message's tail asked for an
+    /// acknowledgement ([`Engine::ack_before_tail`]) that has not gone out
+    /// and may not wait for an answer to carry it: the sender waits for it
+    /// to learn what of the message it still needs. A medium that takes
+    /// packets in batches sends it before it checks the next ones, the
+    /// message's last among them.
+    pub fn before_tail_ack_due(&self, now: Time) -> bool {
+        self.receiver.owes_ack_before_tail() && !self.receiver.may_hold_ack(now, &self.config)
+    }
+
     /// Messages queued and not yet acknowledged.
     pub fn queued_messages(&self) -> usize {
         self.sender.queued_messages()

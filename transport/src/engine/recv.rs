@@ -229,6 +229,9 @@ pub(super) struct Receiver {
     /// The peer asked for an acknowledgement (it is about to wait): due
     /// now, but an answer about to go may carry it.
     ack_requested: bool,
+    /// ... by the packet before a message's tail: its sender waits to learn
+    /// what of the message it still needs (`Engine::ack_before_tail`).
+    ack_requested_before_tail: bool,
     /// Serial of the last intact packet from the peer (0: none yet).
     last_intact_xmit: u32,
     /// Corrupt packets since the last intact one.
@@ -455,6 +458,13 @@ impl Receiver {
         self.ahead_bytes > 0 || self.undelivered_bytes > 0 || self.assembly.is_some()
     }
 
+    /// The packet before a message's tail asked for an acknowledgement
+    /// that has not gone out yet.
+    #[inline]
+    pub(super) fn owes_ack_before_tail(&self) -> bool {
+        self.ack_requested_before_tail
+    }
+
     pub(super) fn wants_ack(&self, now: Time, config: &EngineConfig) -> bool {
         self.ack_now
             || self.ack_requested
@@ -492,6 +502,7 @@ impl Receiver {
     pub(super) fn on_ack_sent(&mut self, credit: u32) {
         self.ack_now = false;
         self.ack_requested = false;
+        self.ack_requested_before_tail = false;
         self.unacked_packets = 0;
         self.ack_deadline = None;
         self.window_edge = self.window_edge.max(self.next_seq + u64::from(credit));
@@ -814,6 +825,8 @@ impl Receiver {
         self.unacked_packets += 1;
         if repr.flags & flags::ACK_REQUESTED != 0 {
             self.ack_requested = true;
+            self.ack_requested_before_tail |= Some(fragment.index)
+                == super::send::tail_ack_index(fragment.msg_len, config.max_payload_len());
         }
         if self.ack_deadline.is_none() {
             self.ack_deadline = Some(now + config.ack_delay);

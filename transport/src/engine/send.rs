@@ -33,6 +33,9 @@ pub(super) struct OutMessage<B> {
     frag_count: u32,
     /// Next fragment to transmit for the first time.
     next_frag: u32,
+    /// Ask for an acknowledgement on the packet before its tail (see
+    /// [`Sender::ack_before_tail`]).
+    ack_before_tail: bool,
 }
 
 /// A data packet sent and not yet cumulatively acknowledged.
@@ -216,6 +219,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
             // bounded to u32::MAX fragments.
             frag_count: u32::try_from(frag_count).expect("fragment count checked by config"),
             next_frag: 0,
+            ack_before_tail: false,
         });
         id
     }
@@ -322,6 +326,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
         let frag_index = message.next_frag;
         message.next_frag += 1;
         let msg_id = message.id;
+        let ack_before_tail = message.ack_before_tail;
         if message.next_frag == message.frag_count {
             self.unstarted += 1;
         }
@@ -340,11 +345,14 @@ impl<B: AsRef<[u8]>> Sender<B> {
         });
         self.push_timer(deadline, seq, xmit);
         let about_to_wait = !self.has_new_data() || !self.may_send_new(config);
+        let fragment = self.fragment_of(msg_id, frag_index);
+        let before_tail =
+            ack_before_tail && Some(frag_index) == self.tail_ack_index(fragment.msg_len);
         Some(DataPacket {
             seq,
-            fragment: self.fragment_of(msg_id, frag_index),
+            fragment,
             retransmission: false,
-            ack_requested: about_to_wait,
+            ack_requested: about_to_wait || before_tail,
         })
     }
 
@@ -386,12 +394,80 @@ impl<B: AsRef<[u8]>> Sender<B> {
         }
     }
 
-    /// The bytes of one fragment, read from the caller's buffer.
+    /// Makes queued message `msg_id` ask for an acknowledgement on the
+    /// packet before its tail ([`Sender::tail_ack_index`]) too, if that
+    /// packet has not gone out yet; whether it will.
+    pub(super) fn ack_before_tail(&mut self, msg_id: u64) -> bool {
+        let payload_size = self.payload_size;
+        let Some(front) = self.outbox.front().map(|message| message.id) else {
+            return false;
+        };
+        let Some(message) = msg_id
+            .checked_sub(front)
+            .and_then(|at| usize::try_from(at).ok())
+            .and_then(|at| self.outbox.get_mut(at))
+        else {
+            return false;
+        };
+        let due = tail_ack_index(message.len, payload_size)
+            .is_some_and(|index| message.next_frag <= index);
+        message.ack_before_tail = due;
+        due
+    }
+
+    /// The fragment of a message of `len` bytes whose packet asks for an
+    /// acknowledgement when [`Sender::ack_before_tail`] asked: the last
+    /// one that ends a full payload or more before the message's end, so
+    /// that what stays unacknowledged after it is one full fragment and
+    /// the short one after it, if any. `None` for messages under two full
+    /// fragments.
+    fn tail_ack_index(&self, len: u64) -> Option<u32> {
+        tail_ack_index(len, self.payload_size)
+    }
+
+    /// The offset of the first byte of message `msg_id` that this side may
+    /// still read: that of its first fragment not yet sent or sent and not
+    /// cumulatively acknowledged (a fragment the peer reported out of
+    /// order counts as needed). `None` once the message is not queued
+    /// (acknowledged, or failed).
+    pub(super) fn needed_from(&self, msg_id: u64) -> Option<u64> {
+        let front = self.outbox.front()?.id;
+        let message = self
+            .outbox
+            .get(usize::try_from(msg_id.checked_sub(front)?).ok()?)?;
+        // In-flight packets are in sequence order, and a message's
+        // fragments are first sent in index order, so its first in-flight
+        // entry holds its lowest unacknowledged fragment.
+        let first = self
+            .in_flight
+            .iter()
+            .find(|entry| entry.msg_id == msg_id)
+            .map_or(message.next_frag, |entry| entry.frag_index);
+        Some((u64::from(first) * u64::from(self.payload_size)).min(message.len))
+    }
+
+    /// The bytes of one fragment, read from the message's buffer. A buffer
+    /// shorter than its message holds the message's last bytes only: the
+    /// caller let go of a prefix that [`Sender::needed_from`] said this
+    /// side no longer reads.
     fn payload(&self, fragment: &Fragment) -> &[u8] {
         let message = self.message(fragment.msg_id);
+        let bytes = message.buf.as_ref();
+        let dropped = message
+            .len
+            .checked_sub(bytes.len() as u64)
+            .expect("a message's buffer never grows");
         let start = u64::from(fragment.index) * u64::from(self.payload_size);
         let end = (start + u64::from(self.payload_size)).min(message.len);
-        &message.buf.as_ref()[start as usize..end as usize]
+        // Never a byte the buffer let go of: a message sent wrong is worse
+        // than a link stopped by the panic.
+        assert!(
+            start >= dropped,
+            "fragment {} of message {} starts at byte {start}, before byte {dropped} where its buffer now begins",
+            fragment.index,
+            fragment.msg_id,
+        );
+        &bytes[(start - dropped) as usize..(end - dropped) as usize]
     }
 
     /// Applies the acknowledgement fields of a packet the peer sent to this
@@ -599,4 +675,11 @@ fn serial_max(current: Option<u32>, candidate: u32) -> u32 {
         Some(current) if !serial_lt(current, candidate) => current,
         _ => candidate,
     }
+}
+
+/// See [`Sender::tail_ack_index`]; the receiver knows such a packet by it.
+pub(super) fn tail_ack_index(len: u64, payload_size: u32) -> Option<u32> {
+    let full = len / u64::from(payload_size);
+    full.checked_sub(2)
+        .and_then(|index| u32::try_from(index).ok())
 }

@@ -600,6 +600,12 @@ impl<W: Window> Medium for RingMedium<W> {
             {
                 self.publish_consumed()?;
             }
+            // The peer waits to learn what of a message it still needs
+            // (`Engine::ack_before_tail`): the round acknowledges before it
+            // checks the packets behind, the message's last ones.
+            if engine.before_tail_ack_due(now) {
+                break;
+            }
         }
         Ok(handed)
     }
@@ -779,6 +785,11 @@ impl<M: Medium, B: AsRef<[u8]>> Link<M, B> {
     /// The engine (statistics, configuration, state).
     pub fn engine(&self) -> &Engine<B> {
         &self.engine
+    }
+
+    /// See [`Engine::ack_before_tail`].
+    pub fn ack_before_tail(&mut self, id: MessageId) -> bool {
+        self.engine.ack_before_tail(id)
     }
 
     /// The medium.

@@ -295,3 +295,38 @@ pub fn faulty_pair(seed: u64, path: ReceivePath, config: EngineConfig) -> SimPai
     while pair.a.poll_event().is_some() {}
     pair
 }
+
+/// A message buffer that can be cut to its last bytes while an engine holds
+/// it, as a blocking send that lent its caller's bytes cuts them to a copy
+/// of what the engine still reads (`Engine::needed_from`). Clones share the
+/// cut. Read before a cut, it is the whole message; after, only the bytes
+/// from the cut on, so an engine that read below the cut would panic.
+#[derive(Debug, Clone)]
+pub struct Cuttable {
+    whole: std::rc::Rc<Vec<u8>>,
+    tail: std::rc::Rc<std::cell::OnceCell<Vec<u8>>>,
+}
+
+impl Cuttable {
+    pub fn new(bytes: Vec<u8>) -> Cuttable {
+        Cuttable {
+            whole: std::rc::Rc::new(bytes),
+            tail: Default::default(),
+        }
+    }
+
+    /// Keeps the bytes from `from` on only (once; later cuts are ignored).
+    pub fn cut(&self, from: usize) {
+        let _ = self.tail.set(self.whole[from..].to_vec());
+    }
+
+    pub fn is_cut(&self) -> bool {
+        self.tail.get().is_some()
+    }
+}
+
+impl AsRef<[u8]> for Cuttable {
+    fn as_ref(&self) -> &[u8] {
+        self.tail.get().map_or(&self.whole[..], |tail| &tail[..])
+    }
+}
