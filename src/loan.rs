@@ -8,7 +8,9 @@
 //! [`LOAN_FROM_PACKETS`] packets or more is lent, and the send waits for
 //! the acknowledgement while the message moves, copying it only once it
 //! has stopped moving for about as long as the copy would take, or has
-//! moved slowly for long.
+//! moved slowly for long. Where the link can say what of the message it
+//! still reads, the send returns sooner, with a copy of the last packets
+//! only ([`copies_tail`]).
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +36,18 @@ const QUIET_MAX: Duration = Duration::from_millis(10);
 /// long as moving it at that speed would, as if it had been copied from
 /// the start.
 const MOVING_BYTES_PER_NS: u64 = 1;
+
+/// Whether a blocking send that lent its bytes copies the `unacknowledged`
+/// bytes at its message's end and returns, on a link whose packets carry
+/// `max_payload` bytes: when they are no more than the last full packet and
+/// the short one after it (what is left once the peer acknowledged the
+/// packet before them, which `Engine::ack_before_tail` asks for).
+/// Waiting instead costs the peer's check of those packets and the
+/// acknowledgement's way back, idle on both sides; the copy costs less, and
+/// the next message goes meanwhile.
+pub fn copies_tail(unacknowledged: u64, max_payload: u64) -> bool {
+    unacknowledged < max_payload.saturating_mul(2)
+}
 
 /// The shortest message a blocking send lends, on a link whose packets
 /// carry `max_payload` bytes.
@@ -135,6 +149,19 @@ mod tests {
         stats.data_packets_sent += 1;
         stats.retransmits_timeout += 1;
         assert!(wait.should_copy(&stats, started + Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn only_the_last_full_packet_and_the_short_one_after_it_are_copied() {
+        let full = 130_992;
+        assert!(copies_tail(0, full));
+        assert!(
+            copies_tail(full + 640, full),
+            "one full packet and a short one"
+        );
+        assert!(copies_tail(2 * full - 1, full));
+        assert!(!copies_tail(2 * full, full), "two full packets");
+        assert!(!copies_tail(1 << 20, full));
     }
 
     #[test]

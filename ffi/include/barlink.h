@@ -55,8 +55,10 @@
 #define BARLINK_ABI_VERSION_MAJOR 0
 
 // Minor version of the C ABI: grows when functions, status codes or struct
-// fields are added.
-#define BARLINK_ABI_VERSION_MINOR 14
+// fields are added, or when what a call does within its meaning changes
+// in a way a program may see (0.15: a long `barlink_send` returns before
+// its last packets are acknowledged).
+#define BARLINK_ABI_VERSION_MINOR 15
 
 // Config flag: back the ring windows with 2 MiB huge pages when the
 // administrator reserved enough, else transparent huge pages.
@@ -300,15 +302,16 @@ typedef struct barlink_stats {
   uint64_t bytes_sent_in_place;
   // Messages of `barlink_send` and `barlink_post_send` whose bytes
   // barlink copied: every `barlink_post_send`, a short `barlink_send`,
-  // a long one the peer did not acknowledge in time, and over RDMA one
-  // from a registered buffer. Counted as the copy is made. Since ABI
-  // version 0.8.
+  // a long one the peer did not acknowledge in time (all of it that
+  // was unacknowledged), and over RDMA one from a registered buffer.
+  // Counted as the copy is made. Since ABI version 0.8.
   uint64_t messages_copied;
   // Long `barlink_send` messages the peer acknowledged while barlink
-  // read them from the caller's memory, copying nothing; counted when
-  // the message completes (possibly after its call returned). A lent
-  // message whose link ended first counts in neither. Since ABI
-  // version 0.8.
+  // read them from the caller's memory, copying nothing, or nothing
+  // but their last full packet and the short one after it, copied as
+  // the call returned (since ABI 0.15); counted when the message
+  // completes (possibly after its call returned). A lent message whose
+  // link ended first counts in neither. Since ABI version 0.8.
   uint64_t messages_lent;
   // Messages that landed in the caller's memory as they arrived, a
   // `barlink_post_recv` buffer or a `barlink_recv` one, with no copy
@@ -457,14 +460,20 @@ enum barlink_status barlink_listener_path(struct barlink_listener *listener,
 // wait). A message shorter than four packets' payload (just under 512
 // KiB at the default MTU) is copied. A longer one is read in place: the
 // call drives the link while the message moves and returns when the
-// peer acknowledges it; once the message has not moved for about as
+// peer acknowledges it, or once every packet went out and the peer
+// acknowledged all but the last full one and the short one after it
+// (the call copies those, for their resend if one is lost, and
+// returns: waiting would leave both sides idle while the peer checks
+// them; since ABI 0.15); once the message has not moved for about as
 // long as a copy would take, has moved slower than 1 GB/s, or
 // `timeout_ms` passed (a second wait of at most `timeout_ms`), the call
-// copies it and returns, the message still queued. Over RDMA, bytes of
+// copies what the peer has not acknowledged and returns, the message
+// still queued. Over RDMA, bytes of
 // a registered buffer are always copied. A long message that the link
 // dropped unacknowledged while the call waited returns why
 // (`BARLINK_PEER_LOST`, ...). `BARLINK_OK` means queued (for a long
-// message, usually acknowledged already): `barlink_flush` waits for every
+// message, sent whole and acknowledged but for its last packets, as a
+// rule): `barlink_flush` waits for every
 // acknowledgement; `messages_copied` and `messages_lent` in
 // `barlink_stats` count which way messages went. `data` may be NULL when
 // `len` is 0.

@@ -39,6 +39,8 @@ pub(crate) struct SendLimits {
     pub(crate) queue_bytes: u64,
     /// Shortest message a blocking send reads in place.
     pub(crate) loan_from: u64,
+    /// Payload bytes of a full packet.
+    pub(crate) max_payload: u64,
 }
 
 impl SendLimits {
@@ -54,6 +56,7 @@ impl SendLimits {
             max_message_len: link.engine.max_message_len,
             queue_bytes,
             loan_from: barlink::loan::lend_from(link.engine.max_payload_len() as usize) as u64,
+            max_payload: u64::from(link.engine.max_payload_len()),
         }
     }
 }

@@ -134,8 +134,12 @@ pub(crate) struct LinkState {
     /// before their call returned (`barlink_stats`).
     messages_copied: u64,
     /// Lent messages the peer acknowledged while the link read them from
-    /// the caller's memory (`barlink_stats`).
+    /// the caller's memory, or all of them but the last packets, copied
+    /// as the call returned (`barlink_stats`).
     messages_lent: u64,
+    /// Lent messages whose call copied their last packets and returned.
+    #[cfg(test)]
+    pub(crate) tails_copied: u64,
     /// `barlink_recv` calls whose message landed in the caller's buffer
     /// as it arrived (`barlink_stats`; posted receives count their own).
     recvs_landed: u64,
@@ -259,6 +263,8 @@ impl LinkCell {
                 copies_reserved: 0,
                 loan_outcomes: BTreeMap::new(),
                 messages_copied: 0,
+                #[cfg(test)]
+                tails_copied: 0,
                 messages_lent: 0,
                 recvs_landed: 0,
             }),
@@ -600,6 +606,11 @@ impl LinkState {
         let len = payload.as_ref().len() as u64;
         match link.try_send(payload) {
             Ok(MessageId(id)) => {
+                if matches!(source, PayloadSource::Loan(_)) {
+                    // Its blocking send returns once only the last packets
+                    // are unacknowledged (`barlink::loan::copies_tail`).
+                    link.ack_before_tail(MessageId(id));
+                }
                 self.keep_request(id, len, source, user_tag, report);
                 Ok(Ok(id))
             }
@@ -731,6 +742,26 @@ impl LinkState {
         }
     }
 
+    /// The offset of the first byte of queued message `msg_id` the link may
+    /// still read; `None` once it let go of the message, or if the link
+    /// ended.
+    fn needed_from(&self, msg_id: u64) -> Option<u64> {
+        self.link.as_ref()?.needed_from(MessageId(msg_id))
+    }
+
+    /// Whether a blocking send that lent message `msg_id` may copy what the
+    /// link still reads of it and return: every packet went out (the peer
+    /// gets the message without another call, unless a packet is lost),
+    /// and only the last ones are unacknowledged
+    /// ([`barlink::loan::copies_tail`]).
+    pub(crate) fn loan_tail_left(&mut self, msg_id: u64, len: usize) -> bool {
+        let Some(from) = self.needed_from(msg_id) else {
+            return false;
+        };
+        barlink::loan::copies_tail(len as u64 - from, self.limits.max_payload)
+            && self.link.as_mut().is_some_and(|link| !link.has_unsent())
+    }
+
     /// Whether the message `msg_id` of a blocking send that lent its
     /// bytes ended (the link let go of them): [`LinkState::settle_loan`]
     /// then says how.
@@ -778,10 +809,22 @@ impl LinkState {
             // memory is read any more.
             return Ok(());
         };
-        match self.send_copies.back_up(&loan) {
+        // Only what the link may still read: the bytes from the first
+        // packet not yet acknowledged on (all of them if it cannot tell).
+        let from = msg_id
+            .and_then(|id| self.needed_from(id))
+            .map_or(0, |from| from as usize);
+        let unacknowledged = loan.message_len().saturating_sub(from) as u64;
+        let tail_only = barlink::loan::copies_tail(unacknowledged, self.limits.max_payload);
+        match self.send_copies.back_up(&loan, from, tail_only) {
             Ok(capacity) => {
                 self.copies_held += capacity;
-                self.messages_copied += u64::from(capacity > 0);
+                // A copy of the last packets only leaves the message lent.
+                self.messages_copied += u64::from(capacity > 0 && !tail_only);
+                #[cfg(test)]
+                {
+                    self.tails_copied += u64::from(tail_only);
+                }
                 Ok(())
             }
             Err(error) => {

@@ -337,21 +337,26 @@ impl SendCopies {
         }
     }
 
-    /// Puts a copy of a lent payload's bytes in their place, so that the
-    /// `barlink_send` that lent them may return before the peer
-    /// acknowledged them; returns the copy's capacity (it counts against
-    /// `send_queue_bytes` from now on), 0 if it has its copy already. The
-    /// link must hold its lock, so that it reads no payload meanwhile, and
-    /// the call that lent the bytes must still be in progress.
-    pub(crate) fn back_up(&mut self, loan: &SendLoan) -> Result<u64> {
+    /// Puts a copy of a lent payload's bytes from offset `from` on in their
+    /// place, so that the `barlink_send` that lent them may return before
+    /// the peer acknowledged them; returns the copy's capacity (it counts
+    /// against `send_queue_bytes` from now on), 0 if it has its copy
+    /// already. `from` is where the link's engine still reads the message
+    /// ([`Connection::needed_from`](barlink::connect::Connection::needed_from)):
+    /// the engine reads a payload shorter than its message as the
+    /// message's last bytes. The link must hold its lock, so that it reads
+    /// no payload meanwhile, and the call that lent the bytes must still
+    /// be in progress.
+    pub(crate) fn back_up(&mut self, loan: &SendLoan, from: usize, tail_only: bool) -> Result<u64> {
         if loan.backup.get().is_some() {
             return Ok(0);
         }
-        let mut copy = self.take(loan.len);
-        fill(&mut copy, loan.caller_bytes())?;
+        let tail = &loan.caller_bytes()[from.min(loan.len)..];
+        let mut copy = self.take(tail.len());
+        fill(&mut copy, tail)?;
         let capacity = copy.capacity() as u64;
         // Set once: checked above, under the link's lock.
-        let _ = loan.backup.set(copy);
+        let _ = loan.backup.set(Backup { copy, tail_only });
         Ok(capacity)
     }
 
@@ -372,7 +377,7 @@ impl SendCopies {
     pub(crate) fn reclaim(&mut self, source: PayloadSource) {
         if let PayloadSource::Loan(loan) = source
             && let Ok(loan) = Arc::try_unwrap(loan)
-            && let Some(copy) = loan.backup.into_inner()
+            && let Some(Backup { copy, .. }) = loan.backup.into_inner()
         {
             self.give(copy);
         }
@@ -440,14 +445,19 @@ impl PayloadSource {
         match self {
             PayloadSource::Copy { capacity } => *capacity,
             PayloadSource::Registered => 0,
-            PayloadSource::Loan(loan) => loan.backup.get().map_or(0, |copy| copy.capacity() as u64),
+            PayloadSource::Loan(loan) => loan
+                .backup
+                .get()
+                .map_or(0, |backup| backup.copy.capacity() as u64),
         }
     }
 
     /// A loan the link read from the caller's memory to the end, copying
-    /// nothing.
-    pub(crate) fn was_read_in_place(&self) -> bool {
-        matches!(self, PayloadSource::Loan(loan) if loan.backup.get().is_none())
+    /// nothing, or to its last packets, which the call copied as it
+    /// returned because only they were still unacknowledged.
+    pub(crate) fn was_lent(&self) -> bool {
+        matches!(self, PayloadSource::Loan(loan)
+            if loan.backup.get().is_none_or(|backup| backup.tail_only))
     }
 }
 
@@ -460,7 +470,16 @@ pub(crate) struct SendLoan {
     len: usize,
     /// The copy that replaced the caller's bytes; set at most once, by
     /// the lending call, under the link's lock.
-    backup: OnceLock<Vec<u8>>,
+    backup: OnceLock<Backup>,
+}
+
+/// A copy of a lent message's bytes, from where the link still read them.
+struct Backup {
+    copy: Vec<u8>,
+    /// Its last packets only, copied because only they were still
+    /// unacknowledged ([`barlink::loan::copies_tail`]): the message still
+    /// counts as lent.
+    tail_only: bool,
 }
 
 // SAFETY: `SendLoan` stores the caller's address and length and reads
@@ -502,11 +521,17 @@ impl SendLoan {
         (payload, PayloadSource::Loan(loan), weak)
     }
 
-    /// The bytes as the link reads them: the backup once there is one,
-    /// else the caller's.
+    /// The length of the lent message.
+    pub(crate) fn message_len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes as the link reads them: the backup once there is one
+    /// (which may hold only the message's last bytes: the engine reads a
+    /// payload shorter than its message as its end), else the caller's.
     fn bytes(&self) -> &[u8] {
         match self.backup.get() {
-            Some(copy) => copy,
+            Some(backup) => &backup.copy,
             None => self.caller_bytes(),
         }
     }
@@ -762,10 +787,14 @@ mod tests {
         let data = vec![3u8; 5000];
         let (payload, release, weak) = SendLoan::new(&data);
         assert_eq!(payload.as_ref().as_ptr(), data.as_ptr(), "read in place");
-        assert!(release.was_read_in_place());
+        assert!(release.was_lent());
         let loan = weak.upgrade().unwrap();
-        assert_eq!(copies.back_up(&loan).unwrap(), 5000);
-        assert_eq!(copies.back_up(&loan).unwrap(), 0, "backed up once");
+        assert_eq!(copies.back_up(&loan, 0, false).unwrap(), 5000);
+        assert_eq!(
+            copies.back_up(&loan, 0, false).unwrap(),
+            0,
+            "backed up once"
+        );
         drop(loan);
         assert_ne!(
             payload.as_ref().as_ptr(),

@@ -14,8 +14,10 @@ use std::ffi::{c_char, c_void};
 /// an older header could break. Compare with `barlink_abi_version() >> 16`.
 pub const BARLINK_ABI_VERSION_MAJOR: u32 = 0;
 /// Minor version of the C ABI: grows when functions, status codes or struct
-/// fields are added.
-pub const BARLINK_ABI_VERSION_MINOR: u32 = 14;
+/// fields are added, or when what a call does within its meaning changes
+/// in a way a program may see (0.15: a long `barlink_send` returns before
+/// its last packets are acknowledged).
+pub const BARLINK_ABI_VERSION_MINOR: u32 = 15;
 
 /// Config flag: back the ring windows with 2 MiB huge pages when the
 /// administrator reserved enough, else transparent huge pages.
@@ -246,15 +248,16 @@ pub struct barlink_stats {
     pub bytes_sent_in_place: u64,
     /// Messages of `barlink_send` and `barlink_post_send` whose bytes
     /// barlink copied: every `barlink_post_send`, a short `barlink_send`,
-    /// a long one the peer did not acknowledge in time, and over RDMA one
-    /// from a registered buffer. Counted as the copy is made. Since ABI
-    /// version 0.8.
+    /// a long one the peer did not acknowledge in time (all of it that
+    /// was unacknowledged), and over RDMA one from a registered buffer.
+    /// Counted as the copy is made. Since ABI version 0.8.
     pub messages_copied: u64,
     /// Long `barlink_send` messages the peer acknowledged while barlink
-    /// read them from the caller's memory, copying nothing; counted when
-    /// the message completes (possibly after its call returned). A lent
-    /// message whose link ended first counts in neither. Since ABI
-    /// version 0.8.
+    /// read them from the caller's memory, copying nothing, or nothing
+    /// but their last full packet and the short one after it, copied as
+    /// the call returned (since ABI 0.15); counted when the message
+    /// completes (possibly after its call returned). A lent message whose
+    /// link ended first counts in neither. Since ABI version 0.8.
     pub messages_lent: u64,
     /// Messages that landed in the caller's memory as they arrived, a
     /// `barlink_post_recv` buffer or a `barlink_recv` one, with no copy

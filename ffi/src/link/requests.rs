@@ -63,7 +63,7 @@ impl LinkState {
                 None => break,
             };
             let (msg_id, request) = self.requests.pop_front().expect("checked above");
-            let read_in_place = request.source.was_read_in_place();
+            let lent = request.source.was_lent();
             self.copies_held -= request.source.copy_bytes();
             self.send_copies.reclaim(request.source);
             let status = if acknowledged {
@@ -78,7 +78,7 @@ impl LinkState {
                     None => BARLINK_LINK_FAILED,
                 }
             };
-            if read_in_place && status == BARLINK_OK {
+            if lent && status == BARLINK_OK {
                 self.messages_lent += 1;
             }
             if request.awaited {
