@@ -302,14 +302,17 @@ typedef struct barlink_stats {
   uint64_t bytes_sent_in_place;
   // Messages of `barlink_send` and `barlink_post_send` whose bytes
   // barlink copied: every `barlink_post_send`, a short `barlink_send`,
-  // a long one the peer did not acknowledge in time (all of it that
-  // was unacknowledged), and over RDMA one from a registered buffer.
-  // Counted as the copy is made. Since ABI version 0.8.
+  // a long one the peer did not acknowledge in time (from its first
+  // packet not acknowledged in order on; when that was under two
+  // packets' payload, the message counts as lent instead), and over
+  // RDMA one from a registered buffer. Counted as the copy is made.
+  // Since ABI version 0.8.
   uint64_t messages_copied;
   // Long `barlink_send` messages the peer acknowledged while barlink
   // read them from the caller's memory, copying nothing, or nothing
   // but their last full packet and the short one after it, copied as
-  // the call returned (since ABI 0.15); counted when the message
+  // the call returned (on links over rings, since ABI 0.15); counted
+  // when the message
   // completes (possibly after its call returned). A lent message whose
   // link ended first counts in neither. Since ABI version 0.8.
   uint64_t messages_lent;
@@ -460,14 +463,15 @@ enum barlink_status barlink_listener_path(struct barlink_listener *listener,
 // wait). A message shorter than four packets' payload (just under 512
 // KiB at the default MTU) is copied. A longer one is read in place: the
 // call drives the link while the message moves and returns when the
-// peer acknowledges it, or once every packet went out and the peer
-// acknowledged all but the last full one and the short one after it
-// (the call copies those, for their resend if one is lost, and
-// returns: waiting would leave both sides idle while the peer checks
-// them; since ABI 0.15); once the message has not moved for about as
-// long as a copy would take, has moved slower than 1 GB/s, or
-// `timeout_ms` passed (a second wait of at most `timeout_ms`), the call
-// copies what the peer has not acknowledged and returns, the message
+// peer acknowledges it, or, on a link over rings (host memory, BAR
+// windows), once every packet went out and the peer acknowledged all
+// but the last full one and the short one after it (the call copies
+// those, for their resend if one is lost, and returns: waiting would
+// leave both sides idle while the peer checks them; since ABI 0.15);
+// once the message has not moved for about as long as a copy would
+// take, has moved slower than 1 GB/s, or `timeout_ms` passed (a second
+// wait of at most `timeout_ms`), the call copies the message from its
+// first packet not acknowledged in order on and returns, the message
 // still queued. Over RDMA, bytes of
 // a registered buffer are always copied. A long message that the link
 // dropped unacknowledged while the call waited returns why

@@ -584,14 +584,15 @@ unsafe fn write_text(text: &str, buf: *mut c_char, capacity: usize, len: *mut us
 /// wait). A message shorter than four packets' payload (just under 512
 /// KiB at the default MTU) is copied. A longer one is read in place: the
 /// call drives the link while the message moves and returns when the
-/// peer acknowledges it, or once every packet went out and the peer
-/// acknowledged all but the last full one and the short one after it
-/// (the call copies those, for their resend if one is lost, and
-/// returns: waiting would leave both sides idle while the peer checks
-/// them; since ABI 0.15); once the message has not moved for about as
-/// long as a copy would take, has moved slower than 1 GB/s, or
-/// `timeout_ms` passed (a second wait of at most `timeout_ms`), the call
-/// copies what the peer has not acknowledged and returns, the message
+/// peer acknowledges it, or, on a link over rings (host memory, BAR
+/// windows), once every packet went out and the peer acknowledged all
+/// but the last full one and the short one after it (the call copies
+/// those, for their resend if one is lost, and returns: waiting would
+/// leave both sides idle while the peer checks them; since ABI 0.15);
+/// once the message has not moved for about as long as a copy would
+/// take, has moved slower than 1 GB/s, or `timeout_ms` passed (a second
+/// wait of at most `timeout_ms`), the call copies the message from its
+/// first packet not acknowledged in order on and returns, the message
 /// still queued. Over RDMA, bytes of
 /// a registered buffer are always copied. A long message that the link
 /// dropped unacknowledged while the call waited returns why
@@ -697,7 +698,7 @@ pub unsafe extern "C" fn barlink_send(
                 let moved = state.step();
                 // Only the last packets unacknowledged: copying them costs
                 // less than waiting for the peer to check them.
-                if state.loan_tail_left(msg_id, data.len()) {
+                if state.may_copy_tail_and_return(msg_id, data.len()) {
                     return Ok(Step::Done(()));
                 }
                 if wait.should_copy(state.engine_stats(), Instant::now()) {

@@ -750,16 +750,24 @@ impl LinkState {
     }
 
     /// Whether a blocking send that lent message `msg_id` may copy what the
-    /// link still reads of it and return: every packet went out (the peer
-    /// gets the message without another call, unless a packet is lost),
-    /// and only the last ones are unacknowledged
-    /// ([`barlink::loan::copies_tail`]).
-    pub(crate) fn loan_tail_left(&mut self, msg_id: u64, len: usize) -> bool {
-        let Some(from) = self.needed_from(msg_id) else {
+    /// link still reads of it and return: on a link over rings (host
+    /// memory, BAR windows), every packet the link queued is in the
+    /// peer's ring (the peer gets the message without another call,
+    /// unless a packet is lost), and only the message's last ones are
+    /// unacknowledged ([`barlink::loan::copies_tail`]). Over TCP a packet
+    /// sent may still wait in the link's own buffer for the socket, and
+    /// over RDMA the receiver acknowledges only after a whole batch: there
+    /// the call waits for the whole message's acknowledgement, as before.
+    pub(crate) fn may_copy_tail_and_return(&mut self, msg_id: u64, len: usize) -> bool {
+        let Some(link) = self.link.as_mut() else {
             return false;
         };
-        barlink::loan::copies_tail(len as u64 - from, self.limits.max_payload)
-            && self.link.as_mut().is_some_and(|link| !link.has_unsent())
+        if !matches!(link.link, AnyLink::HostBounce(_) | AnyLink::BarP2p(_)) || link.has_unsent() {
+            return false;
+        }
+        self.needed_from(msg_id).is_some_and(|from| {
+            barlink::loan::copies_tail(len as u64 - from, self.limits.max_payload)
+        })
     }
 
     /// Whether the message `msg_id` of a blocking send that lent its

@@ -248,14 +248,17 @@ pub struct barlink_stats {
     pub bytes_sent_in_place: u64,
     /// Messages of `barlink_send` and `barlink_post_send` whose bytes
     /// barlink copied: every `barlink_post_send`, a short `barlink_send`,
-    /// a long one the peer did not acknowledge in time (all of it that
-    /// was unacknowledged), and over RDMA one from a registered buffer.
-    /// Counted as the copy is made. Since ABI version 0.8.
+    /// a long one the peer did not acknowledge in time (from its first
+    /// packet not acknowledged in order on; when that was under two
+    /// packets' payload, the message counts as lent instead), and over
+    /// RDMA one from a registered buffer. Counted as the copy is made.
+    /// Since ABI version 0.8.
     pub messages_copied: u64,
     /// Long `barlink_send` messages the peer acknowledged while barlink
     /// read them from the caller's memory, copying nothing, or nothing
     /// but their last full packet and the short one after it, copied as
-    /// the call returned (since ABI 0.15); counted when the message
+    /// the call returned (on links over rings, since ABI 0.15); counted
+    /// when the message
     /// completes (possibly after its call returned). A lent message whose
     /// link ended first counts in neither. Since ABI version 0.8.
     pub messages_lent: u64,

@@ -123,9 +123,6 @@ fn a_closed_link_is_let_go_by_the_threads_that_looked_it_up() {
     );
 }
 
-/// Calls on a link whose receive in place waits while holding its
-/// lock (`link::direct`) get in through the waiters' count, not only
-/// at the receive's yields.
 /// A long blocking send to a peer that reads returns once only its
 /// last packets are unacknowledged, with a copy of those in their
 /// place: the caller overwrites its buffer at once, every message
@@ -220,6 +217,9 @@ fn a_long_blocking_send_returns_with_a_copy_of_its_unacknowledged_tail() {
     assert_eq!(closing_b.join().unwrap(), BARLINK_OK);
 }
 
+/// Calls on a link whose receive in place waits while holding its
+/// lock (`link::direct`) get in through the waiters' count, not only
+/// at the receive's yields.
 #[test]
 fn a_waiting_receive_lets_calls_that_wait_in() {
     let (a, b) = pair("direct-gives-way");

@@ -826,7 +826,7 @@ impl Receiver {
         if repr.flags & flags::ACK_REQUESTED != 0 {
             self.ack_requested = true;
             self.ack_requested_before_tail |= Some(fragment.index)
-                == super::send::tail_ack_index(fragment.msg_len, config.max_payload_len());
+                == super::send::before_tail_index(fragment.msg_len, config.max_payload_len());
         }
         if self.ack_deadline.is_none() {
             self.ack_deadline = Some(now + config.ack_delay);

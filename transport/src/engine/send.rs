@@ -3,7 +3,9 @@
 //!
 //! Messages are kept as the caller's buffers (`B`) until every fragment is
 //! acknowledged; a retransmission re-reads the fragment's range of that
-//! buffer, so there is never a second copy of a payload.
+//! buffer, so the engine never makes a second copy of a payload. (A caller
+//! may swap a buffer for a copy of just its end, once [`Sender::needed_from`]
+//! says the engine reads no more before it: see [`Sender::payload`].)
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -347,7 +349,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
         let about_to_wait = !self.has_new_data() || !self.may_send_new(config);
         let fragment = self.fragment_of(msg_id, frag_index);
         let before_tail =
-            ack_before_tail && Some(frag_index) == self.tail_ack_index(fragment.msg_len);
+            ack_before_tail && Some(frag_index) == self.before_tail_index(fragment.msg_len);
         Some(DataPacket {
             seq,
             fragment,
@@ -395,7 +397,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
     }
 
     /// Makes queued message `msg_id` ask for an acknowledgement on the
-    /// packet before its tail ([`Sender::tail_ack_index`]) too, if that
+    /// packet before its tail ([`Sender::before_tail_index`]) too, if that
     /// packet has not gone out yet; whether it will.
     pub(super) fn ack_before_tail(&mut self, msg_id: u64) -> bool {
         let payload_size = self.payload_size;
@@ -409,7 +411,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
         else {
             return false;
         };
-        let due = tail_ack_index(message.len, payload_size)
+        let due = before_tail_index(message.len, payload_size)
             .is_some_and(|index| message.next_frag <= index);
         message.ack_before_tail = due;
         due
@@ -421,8 +423,8 @@ impl<B: AsRef<[u8]>> Sender<B> {
     /// that what stays unacknowledged after it is one full fragment and
     /// the short one after it, if any. `None` for messages under two full
     /// fragments.
-    fn tail_ack_index(&self, len: u64) -> Option<u32> {
-        tail_ack_index(len, self.payload_size)
+    fn before_tail_index(&self, len: u64) -> Option<u32> {
+        before_tail_index(len, self.payload_size)
     }
 
     /// The offset of the first byte of message `msg_id` that this side may
@@ -441,7 +443,8 @@ impl<B: AsRef<[u8]>> Sender<B> {
         let first = self
             .in_flight
             .iter()
-            .find(|entry| entry.msg_id == msg_id)
+            .find(|entry| entry.msg_id >= msg_id)
+            .filter(|entry| entry.msg_id == msg_id)
             .map_or(message.next_frag, |entry| entry.frag_index);
         Some((u64::from(first) * u64::from(self.payload_size)).min(message.len))
     }
@@ -677,8 +680,8 @@ fn serial_max(current: Option<u32>, candidate: u32) -> u32 {
     }
 }
 
-/// See [`Sender::tail_ack_index`]; the receiver knows such a packet by it.
-pub(super) fn tail_ack_index(len: u64, payload_size: u32) -> Option<u32> {
+/// See [`Sender::before_tail_index`]; the receiver knows such a packet by it.
+pub(super) fn before_tail_index(len: u64, payload_size: u32) -> Option<u32> {
     let full = len / u64::from(payload_size);
     full.checked_sub(2)
         .and_then(|index| u32::try_from(index).ok())
