@@ -197,6 +197,17 @@ pub(crate) enum Step<T> {
     },
 }
 
+/// Whether a blocking send on `link` returns with a copy of its lent
+/// message's last packets once only they are unacknowledged: on links over
+/// rings (host memory, BAR windows), whose packets are in the peer's ring
+/// once sent and whose receiver acknowledges the packet before a tail at
+/// once. Over TCP a packet sent may still wait in the link's own buffer for
+/// the socket, and over RDMA the receiver acknowledges a batch at a time:
+/// there the call waits for the whole message's acknowledgement.
+fn copies_lent_tails<B: AsRef<[u8]>>(link: &AnyLink<B>) -> bool {
+    matches!(link, AnyLink::HostBounce(_) | AnyLink::BarP2p(_))
+}
+
 impl LinkCell {
     /// Wraps a set-up link once it has heard its peer (so both sides know
     /// each other's epoch: a close right after setup reaches the peer),
@@ -606,7 +617,7 @@ impl LinkState {
         let len = payload.as_ref().len() as u64;
         match link.try_send(payload) {
             Ok(MessageId(id)) => {
-                if matches!(source, PayloadSource::Loan(_)) {
+                if matches!(source, PayloadSource::Loan(_)) && copies_lent_tails(&link.link) {
                     // Its blocking send returns once only the last packets
                     // are unacknowledged (`barlink::loan::copies_tail`).
                     link.ack_before_tail(MessageId(id));
@@ -750,19 +761,16 @@ impl LinkState {
     }
 
     /// Whether a blocking send that lent message `msg_id` may copy what the
-    /// link still reads of it and return: on a link over rings (host
-    /// memory, BAR windows), every packet the link queued is in the
+    /// link still reads of it and return: on a link that does so
+    /// ([`copies_lent_tails`]), every packet the link queued is in the
     /// peer's ring (the peer gets the message without another call,
     /// unless a packet is lost), and only the message's last ones are
-    /// unacknowledged ([`barlink::loan::copies_tail`]). Over TCP a packet
-    /// sent may still wait in the link's own buffer for the socket, and
-    /// over RDMA the receiver acknowledges only after a whole batch: there
-    /// the call waits for the whole message's acknowledgement, as before.
+    /// unacknowledged ([`barlink::loan::copies_tail`]).
     pub(crate) fn may_copy_tail_and_return(&mut self, msg_id: u64, len: usize) -> bool {
         let Some(link) = self.link.as_mut() else {
             return false;
         };
-        if !matches!(link.link, AnyLink::HostBounce(_) | AnyLink::BarP2p(_)) || link.has_unsent() {
+        if !copies_lent_tails(&link.link) || link.has_unsent() {
             return false;
         }
         self.needed_from(msg_id).is_some_and(|from| {

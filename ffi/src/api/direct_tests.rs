@@ -14,8 +14,33 @@ use super::{
     barlink_release_message, barlink_send,
 };
 use crate::registry;
-use crate::types::barlink_status::BARLINK_OK;
+use crate::types::barlink_status::{self, BARLINK_OK};
 use crate::types::{barlink_link, barlink_message, barlink_stats};
+
+/// `barlink_get_stats` of `link`: the call's status and the counters.
+fn stats(link: usize) -> (barlink_status, barlink_stats) {
+    let mut stats = barlink_stats {
+        struct_size: size_of::<barlink_stats>() as u32,
+        ..barlink_stats::default()
+    };
+    // SAFETY: a valid stats struct.
+    let status = unsafe { barlink_get_stats(link as *mut barlink_link, &mut stats) };
+    (status, stats)
+}
+
+/// The next message of `link`, received in place (`barlink_recv_message`).
+fn recv_in_place(link: usize, timeout_ms: u32) -> barlink_message {
+    let mut message = barlink_message {
+        data: ptr::null(),
+        len: 0,
+        id: 0,
+    };
+    // SAFETY: a writable message.
+    let status =
+        unsafe { barlink_recv_message(link as *mut barlink_link, &mut message, timeout_ms) };
+    assert_eq!(status, BARLINK_OK);
+    message
+}
 
 /// A connected pair of links on this host: (accepted, connected).
 fn pair(name: &str) -> (usize, usize) {
@@ -44,14 +69,7 @@ fn pair(name: &str) -> (usize, usize) {
 /// thread's next lookup of a link, and its handle is refused there.
 #[test]
 fn a_closed_link_is_let_go_by_the_threads_that_looked_it_up() {
-    let stats_of = |link: usize| {
-        let mut stats = barlink_stats {
-            struct_size: size_of::<barlink_stats>() as u32,
-            ..barlink_stats::default()
-        };
-        // SAFETY: a valid stats struct.
-        unsafe { barlink_get_stats(link as *mut barlink_link, &mut stats) }
-    };
+    let stats_of = |link: usize| stats(link).0;
     let (a, b) = pair("cache-closed");
     let (c, d) = pair("cache-open");
     let b_cell = Arc::downgrade(&registry::link(b as u64).unwrap());
@@ -67,14 +85,7 @@ fn a_closed_link_is_let_go_by_the_threads_that_looked_it_up() {
             unsafe { barlink_send(b as *mut barlink_link, b"pong".as_ptr().cast(), 4, 5000) };
         assert_eq!(status, BARLINK_OK);
     }
-    let mut held = barlink_message {
-        data: ptr::null(),
-        len: 0,
-        id: 0,
-    };
-    // SAFETY: a writable message.
-    let status = unsafe { barlink_recv_message(b as *mut barlink_link, &mut held, 5000) };
-    assert_eq!(status, BARLINK_OK);
+    let _held = recv_in_place(b, 5000);
     let (to_other, other_hears) = std::sync::mpsc::channel::<()>();
     let (other_says, from_other) = std::sync::mpsc::channel::<i32>();
     let other = std::thread::spawn(move || {
@@ -137,15 +148,7 @@ fn a_long_blocking_send_returns_with_a_copy_of_its_unacknowledged_tail() {
         let flushed = Arc::clone(&flushed);
         move || {
             for n in 0..count {
-                let mut message = barlink_message {
-                    data: ptr::null(),
-                    len: 0,
-                    id: 0,
-                };
-                // SAFETY: a writable message.
-                let status =
-                    unsafe { barlink_recv_message(b as *mut barlink_link, &mut message, 10_000) };
-                assert_eq!(status, BARLINK_OK);
+                let message = recv_in_place(b, 10_000);
                 // SAFETY: lent by the link until released.
                 let bytes =
                     unsafe { std::slice::from_raw_parts(message.data.cast::<u8>(), message.len) };
@@ -183,12 +186,7 @@ fn a_long_blocking_send_returns_with_a_copy_of_its_unacknowledged_tail() {
     assert_eq!(barlink_flush(a as *mut barlink_link, 10_000), BARLINK_OK);
     flushed.store(true, Ordering::Relaxed);
     receiver.join().unwrap();
-    let mut stats = barlink_stats {
-        struct_size: size_of::<barlink_stats>() as u32,
-        ..barlink_stats::default()
-    };
-    // SAFETY: a valid stats struct.
-    let status = unsafe { barlink_get_stats(a as *mut barlink_link, &mut stats) };
+    let (status, stats) = stats(a);
     assert_eq!(status, BARLINK_OK);
     assert_eq!(stats.messages_copied + stats.messages_lent, count as u64);
     let tails = registry::link(a as u64)
@@ -224,14 +222,7 @@ fn a_long_blocking_send_returns_with_a_copy_of_its_unacknowledged_tail() {
 fn a_waiting_receive_lets_calls_that_wait_in() {
     let (a, b) = pair("direct-gives-way");
     let receiver = std::thread::spawn(move || {
-        let mut message = barlink_message {
-            data: ptr::null(),
-            len: 0,
-            id: 0,
-        };
-        // SAFETY: a writable message.
-        let status = unsafe { barlink_recv_message(b as *mut barlink_link, &mut message, 10_000) };
-        assert_eq!(status, BARLINK_OK);
+        let message = recv_in_place(b, 10_000);
         // SAFETY: lent by this link, not released yet.
         let status = unsafe { barlink_release_message(b as *mut barlink_link, &message) };
         assert_eq!(status, BARLINK_OK);
@@ -245,13 +236,7 @@ fn a_waiting_receive_lets_calls_that_wait_in() {
             std::time::Instant::now() < deadline,
             "no call on the link was let in through the waiters' count"
         );
-        let mut stats = barlink_stats {
-            struct_size: size_of::<barlink_stats>() as u32,
-            ..barlink_stats::default()
-        };
-        // SAFETY: a valid stats struct.
-        let status = unsafe { barlink_get_stats(b as *mut barlink_link, &mut stats) };
-        assert_eq!(status, BARLINK_OK);
+        assert_eq!(stats(b).0, BARLINK_OK);
         std::thread::sleep(Duration::from_micros(100));
     }
     // SAFETY: four readable bytes.
