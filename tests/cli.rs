@@ -687,13 +687,15 @@ fn doctor_says_whether_remote_setup_is_authenticated() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `--paths barlink,barlink-copied` measures the link twice in one run:
-/// sending one shared buffer, and sending a copy made for each message
-/// (the baseline of the C face's copying calls). Both rows come, in that
-/// order, with every message delivered, the second with its ratio to the
+/// `--paths barlink,barlink-copied,barlink-acked` measures the link three
+/// times in one run: sending one shared buffer, sending a copy made for
+/// each message (the baseline of the C face's copying calls), and sending
+/// the one buffer again only once each message was acknowledged (that of
+/// a blocking C send that lends its bytes). The rows come, in that order,
+/// with every message delivered, the last two with their ratio to the
 /// first.
 #[test]
-fn bench_measures_the_link_sending_copies_beside_the_shared_buffer() {
+fn bench_measures_the_link_sending_copies_and_awaiting_each_message_beside_the_shared_buffer() {
     let output = Command::new(env!("CARGO_BIN_EXE_barlink"))
         .args([
             "bench",
@@ -704,27 +706,34 @@ fn bench_measures_the_link_sending_copies_beside_the_shared_buffer() {
             "--windows",
             "1",
         ])
-        .args(["--paths", "barlink,barlink-copied"])
+        .args(["--paths", "barlink,barlink-copied,barlink-acked"])
         .env_remove("BARLINK_SIZES")
         .output()
         .expect("the barlink binary runs");
     assert!(output.status.success(), "{output:?}");
     let rows = json_rows(&output);
     let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
-    assert_eq!(paths, ["barlink", "barlink-copied"], "{rows:?}");
+    assert_eq!(
+        paths,
+        ["barlink", "barlink-copied", "barlink-acked"],
+        "{rows:?}"
+    );
     for row in &rows {
         assert!(row["gbps"].as_f64().unwrap() > 0.0, "{row}");
         assert_eq!(row["crc_errors"], 0, "{row}");
         assert!(row.get("ratio_to_raw_ring").is_none(), "{row}");
     }
-    // The copies' row says how they compare with the shared buffer's.
+    // The copies' and the awaited messages' rows say how they compare with
+    // the shared buffer's.
     assert!(rows[0].get("ratio_to_barlink").is_none(), "{}", rows[0]);
-    let ratio = rows[1]["ratio_to_barlink"].as_f64().unwrap();
-    let expected = rows[1]["gbps"].as_f64().unwrap() / rows[0]["gbps"].as_f64().unwrap();
-    assert!(
-        (ratio - expected).abs() < 0.01,
-        "{ratio} against {expected}"
-    );
+    for row in &rows[1..] {
+        let ratio = row["ratio_to_barlink"].as_f64().unwrap();
+        let expected = row["gbps"].as_f64().unwrap() / rows[0]["gbps"].as_f64().unwrap();
+        assert!(
+            (ratio - expected).abs() < 0.01,
+            "{ratio} against {expected}: {row}"
+        );
+    }
     // The table says it in a line of its own; alone, the copies have
     // nothing to be compared with.
     let table = |paths: &str| {
@@ -737,9 +746,11 @@ fn bench_measures_the_link_sending_copies_beside_the_shared_buffer() {
         assert!(output.status.success(), "{output:?}");
         stdout(&output)
     };
+    let both = table("barlink,barlink-copied,barlink-acked");
+    assert!(both.contains("a copy made for each message"), "{both}");
     assert!(
-        table("barlink,barlink-copied").contains("a copy made for each message"),
-        "no ratio line"
+        both.contains("each message acknowledged before the next"),
+        "{both}"
     );
     assert!(!table("barlink-copied").contains("a copy made for each message"));
 }

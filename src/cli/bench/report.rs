@@ -235,8 +235,8 @@ pub struct ProcRow {
     pub vs_unix: f64,
     /// `barlink-faults`: goodput relative to the clean barlink run.
     pub vs_clean: Option<f64>,
-    /// `barlink-copied`: speed relative to the link sending its shared
-    /// buffer, where both ran.
+    /// `barlink-copied` and `barlink-acked`: speed relative to the link
+    /// sending its shared buffer, where both ran.
     pub vs_shared: Option<f64>,
 }
 

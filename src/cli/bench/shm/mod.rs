@@ -12,7 +12,11 @@
 //! - `barlink-copied` (asked for by name): the barlink link sending a copy
 //!   of the caller's bytes made for each message, into buffers reused once
 //!   the link lets go of them, as a caller that only borrows its memory
-//!   must (the C face's copying calls do the same).
+//!   must (the C face's copying calls do the same);
+//! - `barlink-acked` (asked for by name): the barlink link sending its one
+//!   buffer again only once each message was acknowledged, as a caller
+//!   that refills one buffer for every message must (the C face's
+//!   blocking send does the same with the bytes it lends).
 //!
 //! The parent sends; a child process (this binary, `bench-peer`) receives.
 //! Bandwidth: a window of messages, then the child's one-byte "got them
@@ -47,13 +51,14 @@ pub use schedule::{Measured, RunError, run_child, run_parent};
 pub(in crate::cli::bench) use watch::watch_parent;
 
 /// Every two-process path, in the order the rows' ratios index them.
-const ALL: [ProcPath; 6] = [
+const ALL: [ProcPath; 7] = [
     ProcPath::Barlink,
     ProcPath::RawRing,
     ProcPath::RawRingCrc,
     ProcPath::UnixSocket,
     ProcPath::BarlinkFaults,
     ProcPath::BarlinkCopied,
+    ProcPath::BarlinkAcked,
 ];
 
 /// `barlink bench` (the default path): both processes, every path, the rows.
@@ -209,7 +214,8 @@ fn print_size(
             vs_raw_ring_crc: ratio(medians[which], medians[2]),
             vs_unix: ratio(medians[which], medians[3]),
             vs_clean: (which == 4).then(|| ratio(medians[4], medians[0])),
-            vs_shared: (which == 5 && medians[0] > 0.0).then(|| ratio(medians[5], medians[0])),
+            vs_shared: (matches!(which, 5 | 6) && medians[0] > 0.0)
+                .then(|| ratio(medians[which], medians[0])),
         };
         print_proc_row(&row, args, config);
     }
@@ -226,6 +232,13 @@ fn print_size(
             "# {:>8}  a copy made for each message: {:.2}x the link sending its shared buffer",
             human_size(size),
             ratio(medians[5], medians[0])
+        );
+    }
+    if medians[6] > 0.0 && medians[0] > 0.0 && !args.output.json {
+        println!(
+            "# {:>8}  each message acknowledged before the next: {:.2}x the link sending its shared buffer",
+            human_size(size),
+            ratio(medians[6], medians[0])
         );
     }
     widest

@@ -150,12 +150,28 @@ impl<M: Medium + Send + 'static> DrivenLink for ProgressThread<M, Arc<[u8]>> {
     }
 }
 
+/// How a link pipe hands its messages to the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sending {
+    /// Another count of the shared buffer: the link may hold many.
+    Shared,
+    /// A copy of the bytes made for each message (a caller that only
+    /// borrows them).
+    Copied,
+    /// The shared buffer, sent again only once the link let go of it (the
+    /// message acknowledged): a caller that refills one buffer for every
+    /// message, as a blocking C `barlink_send` lets its caller do.
+    Acked,
+}
+
 /// A barlink link as a pipe.
 struct LinkPipe<L: DrivenLink> {
     link: L,
-    /// Each message goes as a copy of its bytes made for it (a caller that
-    /// only borrows them), not as another count of the shared buffer.
+    /// Each message goes as a copy of its bytes made for it, not as another
+    /// count of the shared buffer ([`Sending::Copied`]).
     copies: Option<Copies>,
+    /// Each send returns once its message is acknowledged ([`Sending::Acked`]).
+    awaits_each: bool,
 }
 
 impl<L: DrivenLink> Pipe for LinkPipe<L> {
@@ -166,7 +182,11 @@ impl<L: DrivenLink> Pipe for LinkPipe<L> {
         };
         self.link
             .send_blocking(data, STEP_TIMEOUT)
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        if self.awaits_each {
+            self.link.flush(STEP_TIMEOUT).map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
     fn recv_within(
         &mut self,
@@ -245,22 +265,26 @@ fn counters(stats: &barlink_transport::Stats) -> (u64, u64) {
     (stats.retransmits(), stats.crc_failures + stats.malformed)
 }
 
-/// The link as a pipe, driven as `mode` says; `copies`: each message sent
-/// as a copy made for it.
+/// The link as a pipe, driven as `mode` says, handing it messages as
+/// `sending` says.
 pub(super) fn link_pipe<W: Window + Send + 'static>(
     link: RingLink<W, Arc<[u8]>>,
     mode: ProgressMode,
-    copies: bool,
+    sending: Sending,
 ) -> Result<Box<dyn Pipe>, String> {
+    let copies = (sending == Sending::Copied).then(Copies::default);
+    let awaits_each = sending == Sending::Acked;
     Ok(match mode {
         ProgressMode::Poll => Box::new(LinkPipe {
             link,
-            copies: copies.then(Copies::default),
+            copies,
+            awaits_each,
         }),
         ProgressMode::Thread => Box::new(LinkPipe {
             link: ProgressThread::spawn(link, ProgressOptions::default())
                 .map_err(|e| format!("starting the progress thread: {e}"))?,
-            copies: copies.then(Copies::default),
+            copies,
+            awaits_each,
         }),
     })
 }
@@ -320,6 +344,54 @@ mod tests {
         let other = copies.copy_of(&[1u8; 64]);
         assert_eq!(other.len(), 64);
         assert_eq!(copies.sent.len() + copies.spares.len(), 1);
+    }
+
+    /// An acked pipe's send returns only once the link let go of the
+    /// buffer (its message acknowledged), so the caller may refill it; the
+    /// peer gets every message.
+    #[test]
+    fn an_acked_send_returns_once_the_link_let_go_of_its_buffer() {
+        use barlink_transport::link::{LinkConfig, Listener, connect};
+        const MESSAGES: usize = 6;
+        let name = format!("bench-pipes-acked-{}", std::process::id());
+        let listener = Listener::bind(&name).expect("a local name");
+        let receiver = std::thread::spawn(move || {
+            let link = connect(&name, &LinkConfig::default()).expect("connects");
+            let mut pipe = link_pipe(link, ProgressMode::Poll, Sending::Shared).unwrap();
+            let mut buf = Vec::new();
+            let mut lens = Vec::new();
+            for _ in 0..MESSAGES {
+                lens.push(pipe.recv_within(&mut buf, STEP_TIMEOUT).unwrap());
+            }
+            // "Got them", which carries the last acknowledgement.
+            pipe.send(&Arc::from(&[1u8][..])).unwrap();
+            while !pipe.flush_within(STEP_TIMEOUT).unwrap() {}
+            lens
+        });
+        let mut pipe = LinkPipe {
+            link: listener.accept(&LinkConfig::default()).expect("accepts"),
+            copies: None,
+            awaits_each: true,
+        };
+        let message: Arc<[u8]> = Arc::from(vec![5u8; 700_000]);
+        for sent in 1..MESSAGES {
+            pipe.send(&message).unwrap();
+            assert_eq!(
+                Arc::strong_count(&message),
+                1,
+                "message {sent}: the link still holds the buffer"
+            );
+        }
+        // The last one is acknowledged by the peer's answer.
+        let receiving = std::thread::spawn(move || {
+            pipe.send(&message).unwrap();
+            let count = Arc::strong_count(&message);
+            let mut buf = Vec::new();
+            (count, pipe.recv_within(&mut buf, STEP_TIMEOUT).unwrap())
+        });
+        let lens = receiver.join().unwrap();
+        assert_eq!(lens, vec![Some(700_000); MESSAGES]);
+        assert_eq!(receiving.join().unwrap(), (1, Some(1)));
     }
 
     #[test]

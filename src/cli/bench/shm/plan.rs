@@ -22,6 +22,11 @@ pub enum ProcPath {
     /// as a caller that only borrows its memory must: the Rust link doing
     /// what the C face's copying calls do.
     BarlinkCopied,
+    /// barlink sending its one buffer again only once the link let go of
+    /// it (each message acknowledged before the next goes), as a caller
+    /// that refills one buffer for every message must: the Rust link used
+    /// as the C face's blocking `barlink_send` is, when it lends its bytes.
+    BarlinkAcked,
 }
 
 impl ProcPath {
@@ -33,6 +38,7 @@ impl ProcPath {
             ProcPath::UnixSocket => "unix-socket",
             ProcPath::BarlinkFaults => "barlink-faults",
             ProcPath::BarlinkCopied => "barlink-copied",
+            ProcPath::BarlinkAcked => "barlink-acked",
         }
     }
 }

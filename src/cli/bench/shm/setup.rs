@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use barlink_transport::link::{LinkConfig, Listener, RingLink, connect, connect_windows};
 use barlink_transport::window::{FaultConfig, FaultWindow, ShmWindow};
 
-use super::pipes::{Pipe, SocketPipe, link_pipe};
+use super::pipes::{Pipe, Sending, SocketPipe, link_pipe};
 use super::plan::{PeerPlan, ProcPath, STEP_TIMEOUT, link_config};
 use super::raw_ring::RawRingPipe;
 use super::watch::PeerWatch;
@@ -47,12 +47,12 @@ pub(super) fn parent_pipe(
     let config = link_config(plan);
     let name = format!("{}-{}", plan.name, path.name());
     Ok(match path {
-        ProcPath::Barlink | ProcPath::BarlinkCopied => {
+        ProcPath::Barlink | ProcPath::BarlinkCopied | ProcPath::BarlinkAcked => {
             let listener = Listener::bind(&name).map_err(|e| e.to_string())?;
             link_pipe(
                 listener.accept(&config).map_err(|e| e.to_string())?,
                 plan.progress,
-                path == ProcPath::BarlinkCopied,
+                sending(path),
             )?
         }
         ProcPath::BarlinkFaults => {
@@ -63,7 +63,7 @@ pub(super) fn parent_pipe(
             link_pipe(
                 faulty_link(own, peer, &config, plan.fault_rate, plan.seed)?,
                 plan.progress,
-                false,
+                Sending::Shared,
             )?
         }
         ProcPath::RawRing | ProcPath::RawRingCrc => {
@@ -99,21 +99,30 @@ pub(super) fn parent_pipe(
     })
 }
 
+/// How a barlink path hands its messages to the link.
+fn sending(path: ProcPath) -> Sending {
+    match path {
+        ProcPath::BarlinkCopied => Sending::Copied,
+        ProcPath::BarlinkAcked => Sending::Acked,
+        _ => Sending::Shared,
+    }
+}
+
 pub(super) fn child_pipe(plan: &PeerPlan, path: ProcPath) -> Result<Box<dyn Pipe>, String> {
     let config = link_config(plan);
     let name = format!("{}-{}", plan.name, path.name());
     Ok(match path {
-        ProcPath::Barlink | ProcPath::BarlinkCopied => link_pipe(
+        ProcPath::Barlink | ProcPath::BarlinkCopied | ProcPath::BarlinkAcked => link_pipe(
             connect(&name, &config).map_err(|e| e.to_string())?,
             plan.progress,
-            path == ProcPath::BarlinkCopied,
+            sending(path),
         )?,
         ProcPath::BarlinkFaults => {
             let (own, peer) = connect_windows(&name, &config).map_err(|e| e.to_string())?;
             link_pipe(
                 faulty_link(own, peer, &config, plan.fault_rate, !plan.seed)?,
                 plan.progress,
-                false,
+                Sending::Shared,
             )?
         }
         ProcPath::RawRing | ProcPath::RawRingCrc => {
