@@ -13,14 +13,20 @@
 # in turns between one pair of processes: a shared VM's launches differ by
 # more than the gap, and that figure does not see them.
 #
-# Two Rust baselines: `barlink` sends one shared buffer again and again (a
-# count more each time, never a copy), as zero-copy
-# barlink_post_send_buffer does; `barlink-copied` sends a copy of the
-# bytes made for each message (into buffers reused once acknowledged, as
-# the C face reuses its spares), as a Rust caller that only borrows its
-# memory must, and as barlink_post_send and a blocking barlink_send below
-# its lending size (4 packets) do. The latencies are compared with
-# `barlink`'s.
+# Three Rust baselines: `barlink` sends one shared buffer again and again
+# (a count more each time, never a copy, many messages in flight), as
+# zero-copy barlink_post_send_buffer does; `barlink-copied` sends a copy
+# of the bytes made for each message (into buffers reused once
+# acknowledged, as the C face reuses its spares), as a Rust caller that
+# only borrows its memory must, and as barlink_post_send and a blocking
+# barlink_send below its lending size (4 packets) do; `barlink-acked`
+# sends its one buffer again only once the link let go of it (each
+# message acknowledged first), as a Rust caller that refills one buffer
+# for every message must, and as a blocking barlink_send that lends its
+# bytes lets its caller do. "C/Rust" is to `barlink`, "C/Rust same use"
+# to the path that does what the C call did (for a blocking send, by
+# what barlink_get_stats says it did: lent or copied). The latencies are
+# compared with `barlink`'s.
 #
 #   scripts/ffi-bench.sh [--rounds 3] [--sizes 64,4K,64K,1M,16M] [--quick]
 #                        [--recv in-place|copy|posted] [--progress-thread]
@@ -85,7 +91,7 @@ for round in $(seq "$rounds"); do
     : >"$work/c.$round.jsonl"
     for size in ${sizes//,/ }; do
         iters=$(lat_iters "$size")
-        "$barlink" bench --paths barlink,barlink-copied --sizes "$size" --windows "$windows" \
+        "$barlink" bench --paths barlink,barlink-copied,barlink-acked --sizes "$size" --windows "$windows" \
             --bytes-per-window "$bytes" --lat-iters "$iters" --json >>"$work/rust.$round.jsonl"
         "$ffi_bench" --sizes "$(bytes_of "$size")" --windows "$windows" --bytes-per-window "$c_bytes" \
             --lat-iters "$iters" --recv "$recv" $progress --json >>"$work/c.$round.jsonl"
@@ -125,7 +131,16 @@ for size in all_sizes:
         print(f"# note: {size} B: round(s) {', '.join(map(str, left))} left out of the medians: zero copy 2.5x "
               f"off the Rust link, or the Rust link 2.5x slower than in its fastest round (the machine's speed "
               f"changed); their rows are in {work}/c.N.jsonl and rust.N.jsonl")
-ratio, copied_ratio, lat_delta, c_gbps = {}, {}, {}, {}
+ratio, copied_ratio, same_ratio, same_path, lat_delta, c_gbps = {}, {}, {}, {}, {}, {}
+def same_use(row):
+    # The Rust path that does what the C call did: zero copy pipelined,
+    # a copy per message, or (a blocking send that lent its bytes) one
+    # buffer sent again once acknowledged.
+    if row["path"] == "c-post-send-buffer":
+        return "barlink"
+    if row["path"] == "c-send" and row.get("messages_lent", 0) > row.get("messages_copied", 0):
+        return "barlink-acked"
+    return "barlink-copied"
 rust_gbps = {size: [runs[r - 1][0][("barlink", size)]["gbps"] for r in kept[size]] for size in all_sizes}
 for r in range(1, rounds + 1):
     rust, c = runs[r - 1]
@@ -137,15 +152,19 @@ for r in range(1, rounds + 1):
         key = (row["size_bytes"], row["path"])
         ratio.setdefault(key, []).append(row["gbps"] / base["gbps"])
         copied_ratio.setdefault(key, []).append(row["gbps"] / copied["gbps"])
+        same = same_use(row)
+        same_path.setdefault(key, set()).add(same)
+        same_ratio.setdefault(key, []).append(row["gbps"] / rust[(same, row["size_bytes"])]["gbps"])
         c_gbps.setdefault(key, []).append(row["gbps"])
         lat_delta.setdefault(key, []).append(row["lat_p50_us"] - base["lat_p50_us"])
 print(f"# {'size':>10}  {'C path':<20} {'C GB/s':>8} {'Rust GB/s':>10} {'C/Rust':>7}  (rounds' ratios)   "
-      f"{'C/Rust copied':>13}  one-way p50 C - Rust (barlink)")
+      f"{'C/Rust copied':>13}  {'C/Rust same use':<22}  one-way p50 C - Rust (barlink)")
 for (size, path), values in sorted(ratio.items()):
+    same = f"{statistics.median(same_ratio[(size, path)]):.2f} ({'/'.join(sorted(same_path[(size, path)]))})"
     print(f"  {size:>10}  {path:<20} {statistics.median(c_gbps[(size, path)]):>8.2f} "
           f"{statistics.median(rust_gbps[size]):>10.2f} {statistics.median(values):>7.2f}  "
           f"({', '.join(f'{v:.2f}' for v in values)})   {statistics.median(copied_ratio[(size, path)]):>13.2f}  "
-          f"{statistics.median(lat_delta[(size, path)]):+.2f} us")
+          f"{same:<22}  {statistics.median(lat_delta[(size, path)]):+.2f} us")
 PY
 pairs="$target/release/examples/latency_pairs"
 # It takes the C ABI as the default run does: receiving in place, driven by

@@ -27,7 +27,9 @@
  * scripts/ffi-bench.sh builds it and runs it beside `barlink bench --paths
  * barlink` (the Rust link) in the same run, for the ratios. One JSON object
  * per line with --json: path, size_bytes, gbps, lat_p50_us, progress_thread,
- * recv.
+ * recv, and messages_lent and messages_copied (barlink_get_stats over the
+ * mode's timed windows: whether a blocking send lent its bytes or copied
+ * them, which says which Rust path it compares with).
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -294,6 +296,15 @@ static void child(const char *name, unsigned char *buf, size_t max) {
 }
 
 /* Sends one window in `mode`; returns when the child confirmed it. */
+/* The link's counters now. */
+static barlink_stats stats_of(barlink_link *link) {
+    barlink_stats stats;
+    memset(&stats, 0, sizeof stats);
+    stats.struct_size = sizeof stats;
+    TRY("get_stats", barlink_get_stats(link, &stats));
+    return stats;
+}
+
 static void window(barlink_link *link, enum mode mode, const unsigned char *data,
                    barlink_buffer *registered, size_t size, size_t count) {
     uint64_t request;
@@ -407,19 +418,31 @@ int main(int argc, char **argv) {
                recv_how == RECV_IN_PLACE ? "in place"
                : recv_how == RECV_COPY   ? "by copy"
                                          : "into receives posted ahead");
-        printf("# %10s  %-20s %9s %12s\n", "size", "path", "GB/s", "lat p50 us");
+        printf("# %10s  %-20s %9s %12s %6s\n", "size", "path", "GB/s", "lat p50 us", "lent");
     }
     double gbps[MODES][64], lat_p50[MODES];
+    /* Of the messages of each mode's timed windows: lent, and copied. */
+    uint64_t lent[MODES], copied[MODES];
     double *lat = malloc((size_t)lat_iters * sizeof *lat);
     if (!lat) die("allocating the latency samples", BARLINK_OUT_OF_MEMORY);
     for (int s = 0; s < size_count; s++) {
         size_t size = sizes[s], count = count_for(size), len;
         fill(data, size);
+        memset(lent, 0, sizeof lent);
+        memset(copied, 0, sizeof copied);
         for (int w = 0; w < windows; w++) {
             for (int k = 0; k < mode_count; k++) { /* the modes take turns */
+                barlink_stats before = stats_of(link);
                 double t0 = now();
                 window(link, modes[k], data, registered, size, count);
                 gbps[modes[k]][w % 64] = (double)(size * count) / (now() - t0) / 1e9;
+                /* Untimed: a lent message counts once acknowledged, and
+                 * the last ones' acknowledgements may still be on their
+                 * way. */
+                TRY("flush", barlink_flush(link, TIMEOUT_MS));
+                barlink_stats after = stats_of(link);
+                lent[modes[k]] += after.messages_lent - before.messages_lent;
+                copied[modes[k]] += after.messages_copied - before.messages_copied;
             }
         }
         for (int k = 0; k < mode_count; k++) {
@@ -451,11 +474,16 @@ int main(int argc, char **argv) {
             double g = median(gbps[m], windows < 64 ? windows : 64);
             if (json)
                 printf("{\"path\":\"%s\",\"size_bytes\":%zu,\"gbps\":%.3f,\"lat_p50_us\":%.3f,"
-                       "\"progress_thread\":%s,\"recv\":\"%s\"}\n",
+                       "\"progress_thread\":%s,\"recv\":\"%s\",\"messages_lent\":%llu,"
+                       "\"messages_copied\":%llu}\n",
                        mode_names[m], size, g, lat_p50[m], progress_thread ? "true" : "false",
-                       recv_names[recv_how]);
+                       recv_names[recv_how], (unsigned long long)lent[m],
+                       (unsigned long long)copied[m]);
+            else if (lent[m] + copied[m] == 0) /* zero copy: neither */
+                printf("  %10zu  %-20s %9.2f %12.2f %6s\n", size, mode_names[m], g, lat_p50[m], "-");
             else
-                printf("  %10zu  %-20s %9.2f %12.2f\n", size, mode_names[m], g, lat_p50[m]);
+                printf("  %10zu  %-20s %9.2f %12.2f %5.0f%%\n", size, mode_names[m], g, lat_p50[m],
+                       100.0 * (double)lent[m] / (double)(lent[m] + copied[m]));
         }
         fflush(stdout);
     }
