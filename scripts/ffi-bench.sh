@@ -2,10 +2,11 @@
 # The C ABI against the Rust link, between two processes, in the same run:
 # ffi/bench/ffi_bench.c (blocking barlink_send, barlink_post_send + poll,
 # zero-copy barlink_post_send_buffer; default config) and `barlink bench
-# --paths barlink,barlink-copied` (the Rust link the C face wraps) take
-# turns size by size, ROUNDS times; each round's ratio is C / Rust at each
-# size, and the medians of the rounds are printed with the CPU they ran
-# on, beside each C mode's one-way latency less the Rust link's. The
+# --paths barlink,barlink-copied,barlink-acked` (the Rust link the C face
+# wraps) take turns size by size, ROUNDS times; each round's ratio is C /
+# Rust at each size, and the medians of the rounds are printed with the
+# CPU they ran on, beside each C mode's one-way latency less the Rust
+# link's. The
 # latency is the median of 20,000 round trips at sizes up to 4 KiB (the
 # small differences a C call makes are lost among 500 on a shared VM) and
 # of 500 above.
@@ -83,6 +84,12 @@ lat_iters() {
 }
 echo "# scripts/ffi-bench.sh: C ABI / Rust link, $rounds rounds, sizes $sizes, $windows windows of $bytes, C receiving $recv${progress:+, C links with a progress thread}"
 "$barlink" bench --paths barlink --sizes 64 --windows 1 --lat-iters 1 | grep '^# cpu'
+# A barlink from before session 56 (BARLINK_BIN) has no barlink-acked.
+rust_paths=barlink,barlink-copied,barlink-acked
+if ! "$barlink" bench --help | grep -q barlink-acked; then
+    rust_paths=barlink,barlink-copied
+    echo "# note: $barlink has no barlink-acked path: a blocking send that lends has no same-use ratio"
+fi
 # Size by size, the Rust link and then the C ABI: the two runs of a size
 # lie seconds apart, so a change of the machine's speed between them is
 # rarer than across whole runs of every size.
@@ -91,7 +98,7 @@ for round in $(seq "$rounds"); do
     : >"$work/c.$round.jsonl"
     for size in ${sizes//,/ }; do
         iters=$(lat_iters "$size")
-        "$barlink" bench --paths barlink,barlink-copied,barlink-acked --sizes "$size" --windows "$windows" \
+        "$barlink" bench --paths "$rust_paths" --sizes "$size" --windows "$windows" \
             --bytes-per-window "$bytes" --lat-iters "$iters" --json >>"$work/rust.$round.jsonl"
         "$ffi_bench" --sizes "$(bytes_of "$size")" --windows "$windows" --bytes-per-window "$c_bytes" \
             --lat-iters "$iters" --recv "$recv" $progress --json >>"$work/c.$round.jsonl"
@@ -131,16 +138,31 @@ for size in all_sizes:
         print(f"# note: {size} B: round(s) {', '.join(map(str, left))} left out of the medians: zero copy 2.5x "
               f"off the Rust link, or the Rust link 2.5x slower than in its fastest round (the machine's speed "
               f"changed); their rows are in {work}/c.N.jsonl and rust.N.jsonl")
-ratio, copied_ratio, same_ratio, same_path, lat_delta, c_gbps = {}, {}, {}, {}, {}, {}
-def same_use(row):
-    # The Rust path that does what the C call did: zero copy pipelined,
-    # a copy per message, or (a blocking send that lent its bytes) one
-    # buffer sent again once acknowledged.
-    if row["path"] == "c-post-send-buffer":
+ratio, copied_ratio, same_ratio, lat_delta, c_gbps = {}, {}, {}, {}, {}
+# The Rust path that does what each C call did: zero copy pipelined
+# against `barlink`, a copy per message against `barlink-copied`, and a
+# blocking send against `barlink-acked` (one buffer sent again once
+# acknowledged) where it lent most of its messages over the kept rounds
+# (barlink_get_stats, in ffi_bench's rows), else `barlink-copied`. None
+# where that is unknown: an ffi_bench or a barlink from before session 56.
+lent, copied_count = {}, {}
+for r in range(1, rounds + 1):
+    for row in runs[r - 1][1]:
+        if r in kept[row["size_bytes"]] and "messages_lent" in row:
+            key = (row["size_bytes"], row["path"])
+            lent[key] = lent.get(key, 0) + row["messages_lent"]
+            copied_count[key] = copied_count.get(key, 0) + row["messages_copied"]
+def same_use(key, rust):
+    path = key[1]
+    if path == "c-post-send-buffer":
         return "barlink"
-    if row["path"] == "c-send" and row.get("messages_lent", 0) > row.get("messages_copied", 0):
-        return "barlink-acked"
-    return "barlink-copied"
+    if path != "c-send":
+        return "barlink-copied"
+    if key not in lent:
+        return None
+    same = "barlink-acked" if lent[key] > copied_count[key] else "barlink-copied"
+    return same if (same, key[0]) in rust else None
+same_path = {}
 rust_gbps = {size: [runs[r - 1][0][("barlink", size)]["gbps"] for r in kept[size]] for size in all_sizes}
 for r in range(1, rounds + 1):
     rust, c = runs[r - 1]
@@ -152,19 +174,24 @@ for r in range(1, rounds + 1):
         key = (row["size_bytes"], row["path"])
         ratio.setdefault(key, []).append(row["gbps"] / base["gbps"])
         copied_ratio.setdefault(key, []).append(row["gbps"] / copied["gbps"])
-        same = same_use(row)
-        same_path.setdefault(key, set()).add(same)
-        same_ratio.setdefault(key, []).append(row["gbps"] / rust[(same, row["size_bytes"])]["gbps"])
+        same = same_use(key, rust)
+        same_path[key] = same
+        if same is not None:
+            same_ratio.setdefault(key, []).append(row["gbps"] / rust[(same, row["size_bytes"])]["gbps"])
         c_gbps.setdefault(key, []).append(row["gbps"])
         lat_delta.setdefault(key, []).append(row["lat_p50_us"] - base["lat_p50_us"])
+if any(path is None for path in same_path.values()):
+    print("# note: a blocking send's same-use ratio is left out (-): this ffi_bench does not say whether it "
+          "lent or copied, or this barlink has no barlink-acked path (both came in session 56)")
 print(f"# {'size':>10}  {'C path':<20} {'C GB/s':>8} {'Rust GB/s':>10} {'C/Rust':>7}  (rounds' ratios)   "
       f"{'C/Rust copied':>13}  {'C/Rust same use':<22}  one-way p50 C - Rust (barlink)")
 for (size, path), values in sorted(ratio.items()):
-    same = f"{statistics.median(same_ratio[(size, path)]):.2f} ({'/'.join(sorted(same_path[(size, path)]))})"
-    print(f"  {size:>10}  {path:<20} {statistics.median(c_gbps[(size, path)]):>8.2f} "
+    key = (size, path)
+    same = (f"{statistics.median(same_ratio[key]):.2f} ({same_path[key]})" if same_path[key] else "-")
+    print(f"  {size:>10}  {path:<20} {statistics.median(c_gbps[key]):>8.2f} "
           f"{statistics.median(rust_gbps[size]):>10.2f} {statistics.median(values):>7.2f}  "
-          f"({', '.join(f'{v:.2f}' for v in values)})   {statistics.median(copied_ratio[(size, path)]):>13.2f}  "
-          f"{same:<22}  {statistics.median(lat_delta[(size, path)]):+.2f} us")
+          f"({', '.join(f'{v:.2f}' for v in values)})   {statistics.median(copied_ratio[key]):>13.2f}  "
+          f"{same:<22}  {statistics.median(lat_delta[key]):+.2f} us")
 PY
 pairs="$target/release/examples/latency_pairs"
 # It takes the C ABI as the default run does: receiving in place, driven by

@@ -295,7 +295,6 @@ static void child(const char *name, unsigned char *buf, size_t max) {
     free(pool);
 }
 
-/* Sends one window in `mode`; returns when the child confirmed it. */
 /* The link's counters now. */
 static barlink_stats stats_of(barlink_link *link) {
     barlink_stats stats;
@@ -305,6 +304,7 @@ static barlink_stats stats_of(barlink_link *link) {
     return stats;
 }
 
+/* Sends one window in `mode`; returns when the child confirmed it. */
 static void window(barlink_link *link, enum mode mode, const unsigned char *data,
                    barlink_buffer *registered, size_t size, size_t count) {
     uint64_t request;
@@ -432,13 +432,15 @@ int main(int argc, char **argv) {
         memset(copied, 0, sizeof copied);
         for (int w = 0; w < windows; w++) {
             for (int k = 0; k < mode_count; k++) { /* the modes take turns */
+                /* Untimed: a message counts as lent once acknowledged,
+                 * so none of an earlier mode's (or of the latency pings')
+                 * may still be on its way before a window, nor of the
+                 * window's after it. */
+                TRY("flush", barlink_flush(link, TIMEOUT_MS));
                 barlink_stats before = stats_of(link);
                 double t0 = now();
                 window(link, modes[k], data, registered, size, count);
                 gbps[modes[k]][w % 64] = (double)(size * count) / (now() - t0) / 1e9;
-                /* Untimed: a lent message counts once acknowledged, and
-                 * the last ones' acknowledgements may still be on their
-                 * way. */
                 TRY("flush", barlink_flush(link, TIMEOUT_MS));
                 barlink_stats after = stats_of(link);
                 lent[modes[k]] += after.messages_lent - before.messages_lent;

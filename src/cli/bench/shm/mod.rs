@@ -14,9 +14,11 @@
 //!   the link lets go of them, as a caller that only borrows its memory
 //!   must (the C face's copying calls do the same);
 //! - `barlink-acked` (asked for by name): the barlink link sending its one
-//!   buffer again only once each message was acknowledged, as a caller
-//!   that refills one buffer for every message must (the C face's
-//!   blocking send does the same with the bytes it lends).
+//!   buffer again only once each message was acknowledged, as a Rust
+//!   caller that refills one buffer for every message must: the baseline
+//!   of the C face's blocking send that lends its bytes, which gives the
+//!   same promise but returns sooner (it copies the last packets instead
+//!   of waiting for them).
 //!
 //! The parent sends; a child process (this binary, `bench-peer`) receives.
 //! Bandwidth: a window of messages, then the child's one-byte "got them

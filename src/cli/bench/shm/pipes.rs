@@ -160,7 +160,8 @@ pub(super) enum Sending {
     Copied,
     /// The shared buffer, sent again only once the link let go of it (the
     /// message acknowledged): a caller that refills one buffer for every
-    /// message, as a blocking C `barlink_send` lets its caller do.
+    /// message, as a blocking C `barlink_send` lets its caller do (that
+    /// call returns with its last packets copied rather than awaited).
     Acked,
 }
 
@@ -355,26 +356,24 @@ mod tests {
         const MESSAGES: usize = 6;
         let name = format!("bench-pipes-acked-{}", std::process::id());
         let listener = Listener::bind(&name).expect("a local name");
+        let (done, finished) = std::sync::mpsc::channel::<()>();
         let receiver = std::thread::spawn(move || {
             let link = connect(&name, &LinkConfig::default()).expect("connects");
             let mut pipe = link_pipe(link, ProgressMode::Poll, Sending::Shared).unwrap();
             let mut buf = Vec::new();
-            let mut lens = Vec::new();
-            for _ in 0..MESSAGES {
-                lens.push(pipe.recv_within(&mut buf, STEP_TIMEOUT).unwrap());
-            }
-            // "Got them", which carries the last acknowledgement.
+            let lens: Vec<_> = (0..MESSAGES)
+                .map(|_| pipe.recv_within(&mut buf, STEP_TIMEOUT).unwrap())
+                .collect();
+            // "Got them", which carries the last message's acknowledgement;
+            // the link stays up until the sender has read it.
             pipe.send(&Arc::from(&[1u8][..])).unwrap();
-            while !pipe.flush_within(STEP_TIMEOUT).unwrap() {}
+            let _ = finished.recv_timeout(STEP_TIMEOUT);
             lens
         });
-        let mut pipe = LinkPipe {
-            link: listener.accept(&LinkConfig::default()).expect("accepts"),
-            copies: None,
-            awaits_each: true,
-        };
+        let link = listener.accept(&LinkConfig::default()).expect("accepts");
+        let mut pipe = link_pipe(link, ProgressMode::Poll, Sending::Acked).unwrap();
         let message: Arc<[u8]> = Arc::from(vec![5u8; 700_000]);
-        for sent in 1..MESSAGES {
+        for sent in 1..=MESSAGES {
             pipe.send(&message).unwrap();
             assert_eq!(
                 Arc::strong_count(&message),
@@ -382,16 +381,10 @@ mod tests {
                 "message {sent}: the link still holds the buffer"
             );
         }
-        // The last one is acknowledged by the peer's answer.
-        let receiving = std::thread::spawn(move || {
-            pipe.send(&message).unwrap();
-            let count = Arc::strong_count(&message);
-            let mut buf = Vec::new();
-            (count, pipe.recv_within(&mut buf, STEP_TIMEOUT).unwrap())
-        });
-        let lens = receiver.join().unwrap();
-        assert_eq!(lens, vec![Some(700_000); MESSAGES]);
-        assert_eq!(receiving.join().unwrap(), (1, Some(1)));
+        let mut buf = Vec::new();
+        assert_eq!(pipe.recv_within(&mut buf, STEP_TIMEOUT).unwrap(), Some(1));
+        done.send(()).unwrap();
+        assert_eq!(receiver.join().unwrap(), vec![Some(700_000); MESSAGES]);
     }
 
     #[test]

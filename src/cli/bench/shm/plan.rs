@@ -23,9 +23,10 @@ pub enum ProcPath {
     /// what the C face's copying calls do.
     BarlinkCopied,
     /// barlink sending its one buffer again only once the link let go of
-    /// it (each message acknowledged before the next goes), as a caller
-    /// that refills one buffer for every message must: the Rust link used
-    /// as the C face's blocking `barlink_send` is, when it lends its bytes.
+    /// it (each message acknowledged before the next goes), as a Rust
+    /// caller that refills one buffer for every message must: the use a
+    /// blocking C `barlink_send` that lends its bytes serves (that call
+    /// returns sooner, copying the last packets instead of awaiting them).
     BarlinkAcked,
 }
 

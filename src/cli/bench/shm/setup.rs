@@ -99,12 +99,23 @@ pub(super) fn parent_pipe(
     })
 }
 
-/// How a barlink path hands its messages to the link.
+/// How a barlink path's sender (the parent) hands its messages to the
+/// link.
 fn sending(path: ProcPath) -> Sending {
     match path {
         ProcPath::BarlinkCopied => Sending::Copied,
         ProcPath::BarlinkAcked => Sending::Acked,
         _ => Sending::Shared,
+    }
+}
+
+/// How the child hands the link its answers ("got them", the latency
+/// echoes): as the parent sends, but never awaiting them, since the
+/// parent's acknowledgement of an answer comes only with its next message.
+fn answering(path: ProcPath) -> Sending {
+    match sending(path) {
+        Sending::Acked => Sending::Shared,
+        other => other,
     }
 }
 
@@ -115,7 +126,7 @@ pub(super) fn child_pipe(plan: &PeerPlan, path: ProcPath) -> Result<Box<dyn Pipe
         ProcPath::Barlink | ProcPath::BarlinkCopied | ProcPath::BarlinkAcked => link_pipe(
             connect(&name, &config).map_err(|e| e.to_string())?,
             plan.progress,
-            sending(path),
+            answering(path),
         )?,
         ProcPath::BarlinkFaults => {
             let (own, peer) = connect_windows(&name, &config).map_err(|e| e.to_string())?;
@@ -147,4 +158,23 @@ pub(super) fn child_pipe(plan: &PeerPlan, path: ProcPath) -> Result<Box<dyn Pipe
             Box::new(SocketPipe(stream))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_barlink_path_sends_as_its_name_says_and_the_child_never_awaits() {
+        let cases = [
+            (ProcPath::Barlink, Sending::Shared, Sending::Shared),
+            (ProcPath::BarlinkCopied, Sending::Copied, Sending::Copied),
+            (ProcPath::BarlinkAcked, Sending::Acked, Sending::Shared),
+            (ProcPath::BarlinkFaults, Sending::Shared, Sending::Shared),
+        ];
+        for (path, parent, child) in cases {
+            assert_eq!(sending(path), parent, "{}", path.name());
+            assert_eq!(answering(path), child, "{}", path.name());
+        }
+    }
 }
