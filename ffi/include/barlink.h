@@ -312,9 +312,9 @@ typedef struct barlink_stats {
   // read them from the caller's memory, copying nothing, or nothing
   // but their last full packet and the short one after it, copied as
   // the call returned (on links over rings, since ABI 0.15); counted
-  // when the message
-  // completes (possibly after its call returned). A lent message whose
-  // link ended first counts in neither. Since ABI version 0.8.
+  // when the message completes (possibly after its call returned). A
+  // lent message whose link ended first counts in neither. Since ABI
+  // version 0.8.
   uint64_t messages_lent;
   // Messages that landed in the caller's memory as they arrived, a
   // `barlink_post_recv` buffer or a `barlink_recv` one, with no copy

@@ -348,8 +348,8 @@ impl<B: AsRef<[u8]>> Sender<B> {
         self.push_timer(deadline, seq, xmit);
         let about_to_wait = !self.has_new_data() || !self.may_send_new(config);
         let fragment = self.fragment_of(msg_id, frag_index);
-        let before_tail =
-            ack_before_tail && Some(frag_index) == self.before_tail_index(fragment.msg_len);
+        let before_tail = ack_before_tail
+            && Some(frag_index) == before_tail_index(fragment.msg_len, self.payload_size);
         Some(DataPacket {
             seq,
             fragment,
@@ -397,7 +397,7 @@ impl<B: AsRef<[u8]>> Sender<B> {
     }
 
     /// Makes queued message `msg_id` ask for an acknowledgement on the
-    /// packet before its tail ([`Sender::before_tail_index`]) too, if that
+    /// packet before its tail ([`before_tail_index`]) too, if that
     /// packet has not gone out yet; whether it will.
     pub(super) fn ack_before_tail(&mut self, msg_id: u64) -> bool {
         let payload_size = self.payload_size;
@@ -415,16 +415,6 @@ impl<B: AsRef<[u8]>> Sender<B> {
             .is_some_and(|index| message.next_frag <= index);
         message.ack_before_tail = due;
         due
-    }
-
-    /// The fragment of a message of `len` bytes whose packet asks for an
-    /// acknowledgement when [`Sender::ack_before_tail`] asked: the last
-    /// one that ends a full payload or more before the message's end, so
-    /// that what stays unacknowledged after it is one full fragment and
-    /// the short one after it, if any. `None` for messages under two full
-    /// fragments.
-    fn before_tail_index(&self, len: u64) -> Option<u32> {
-        before_tail_index(len, self.payload_size)
     }
 
     /// The offset of the first byte of message `msg_id` that this side may
@@ -680,7 +670,12 @@ fn serial_max(current: Option<u32>, candidate: u32) -> u32 {
     }
 }
 
-/// See [`Sender::before_tail_index`]; the receiver knows such a packet by it.
+/// The fragment of a message of `len` bytes (`payload_size` a fragment)
+/// whose packet asks for an acknowledgement when [`Sender::ack_before_tail`]
+/// asked: the last one that ends a full payload or more before the
+/// message's end, so that what stays unacknowledged after it is one full
+/// fragment and the short one after it, if any. `None` for messages under
+/// two full fragments. The receiver knows such a packet by it.
 pub(super) fn before_tail_index(len: u64, payload_size: u32) -> Option<u32> {
     let full = len / u64::from(payload_size);
     full.checked_sub(2)
